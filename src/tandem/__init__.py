@@ -1,0 +1,3 @@
+"""tandem: a distributed LLM inference server."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from tandem.cli.main import main
+
+raise SystemExit(main())

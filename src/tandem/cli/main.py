@@ -1,0 +1,43 @@
+"""`tandem <command>`: each command lives in `tandem.cli.<command>` and exposes either
+`add_arguments(parser)` + `run(args) -> int`, or `main(argv) -> int` (commands with their own
+sub-commands, like `bench`). Modules are imported only when used."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "serve": "all-in-one on one host: frontend + N workers",
+    "frontend": "OpenAI HTTP frontend (discovers workers)",
+    "worker": "a worker process hosting one engine",
+    "router": "standalone KV-aware router service",
+    "bench": "benchmarks: load generator, indexer, engine, transfer",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = argparse.ArgumentParser(prog="tandem", description="tandem LLM inference server")
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+        for name, help_ in COMMANDS.items():
+            sub.add_parser(name, help=help_)
+        if argv and argv[0] not in ("-h", "--help"):
+            parser.error(
+                f"unknown command '{argv[0]}'; expected one of: {', '.join(sorted(COMMANDS))}"
+            )
+        parser.print_help()
+        return 0 if argv else 2
+    module = importlib.import_module(f"tandem.cli.{argv[0]}")
+    if hasattr(module, "main"):
+        return int(module.main(argv[1:]) or 0)
+    parser = argparse.ArgumentParser(prog=f"tandem {argv[0]}", description=COMMANDS[argv[0]])
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Engines (mocker, native, adapters) and the Worker that hosts one."""

@@ -1,0 +1,107 @@
+"""The `Engine` protocol (DESIGN.md §8) and the registry of engines by name.
+
+An engine is token-in/token-out. The `Worker` (tandem.engines.worker) hosts one engine:
+registers it in discovery, serves its endpoints, assigns event ids to its KV events and
+publishes them with its load metrics, watches cancellation and drains on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.kv_events import KvEvent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineInfo:
+    """What `start()` reports; the Worker turns it into the instance's ModelCard."""
+
+    model_name: str
+    context_length: int
+    block_size: int
+    num_total_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    eos_token_ids: list[int] = field(default_factory=list)
+    tokenizer: str | None = None  # "gguf:<path>" | "hf:<dir>" | None
+    engine: str = "mocker"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineLoad:
+    """A cheap snapshot of the scheduler's state."""
+
+    num_active_blocks: int
+    num_total_blocks: int
+    num_waiting: int
+    num_running: int
+
+
+class Engine(Protocol):
+    async def start(self) -> EngineInfo:
+        """Load weights / allocate the KV pool and start the step loop."""
+        ...
+
+    def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+        """Schedule `request` and stream its outputs; the last has finish_reason set.
+        Closing the iterator early aborts the request and frees its blocks.
+        May be called concurrently for many requests."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Remove the request at the next step and free its blocks (idempotent)."""
+        ...
+
+    def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        """KV events in the order they happened, one list per scheduler step that produced
+        any. Only one consumer (the Worker)."""
+        ...
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        """BlockStored events describing every block currently cached (for a router that
+        meets this worker, or lost track)."""
+        ...
+
+    def load(self) -> EngineLoad: ...
+
+    async def stop(self) -> None:
+        """Stop the step loop; in-flight generate() streams end with finish_reason 'cancelled'."""
+        ...
+
+
+# name -> (module with the engine class, class name, module with add_args/config_from_args)
+_ENGINES: dict[str, tuple[str, str, str]] = {
+    "mocker": ("tandem.engines.mocker.engine", "MockerEngine", "tandem.engines.mocker.args"),
+    "native": ("tandem.engines.native.engine", "NativeEngine", "tandem.engines.native.args"),
+}
+
+
+def engine_names() -> list[str]:
+    return sorted(_ENGINES)
+
+
+def _lookup(name: str) -> tuple[str, str, str]:
+    try:
+        return _ENGINES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown engine '{name}'; expected one of: {', '.join(engine_names())}"
+        ) from None
+
+
+def add_engine_args(name: str, parser: argparse.ArgumentParser) -> None:
+    """Let engine `name` declare its flags (each engine's `args.add_args(parser)`)."""
+    importlib.import_module(_lookup(name)[2]).add_args(parser)
+
+
+def make_engine(name: str, args: argparse.Namespace) -> Engine:
+    """Build engine `name` from parsed flags (`args.config_from_args(ns)` → `Cls(config)`)."""
+    module_name, cls_name, args_module = _lookup(name)
+    config: Any = importlib.import_module(args_module).config_from_args(args)
+    cls: Callable[[Any], Engine] = getattr(importlib.import_module(module_name), cls_name)
+    return cls(config)

@@ -1,0 +1,91 @@
+"""The one error tree of tandem.
+
+The frontend maps these to HTTP status codes and OpenAI error bodies in one place
+(`tandem.frontend.errors`). Messages give the value, what was expected and a hint.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base of every error tandem raises on purpose."""
+
+    status_code: int = 500
+    error_type: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(ServingError):
+    """The client sent something we cannot serve (HTTP 400)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """Prompt (+ max_tokens) does not fit the model's context (HTTP 400)."""
+
+
+class ModelNotFound(ServingError):
+    """The requested model is not served here (HTTP 404)."""
+
+    status_code = 404
+    error_type = "model_not_found"
+
+
+class Overloaded(ServingError):
+    """A bounded queue is full; the client should retry later (HTTP 503 + Retry-After)."""
+
+    status_code = 503
+    error_type = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, param: str | None = None):
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s
+
+
+class RateLimited(Overloaded):
+    """Per-client limit reached (HTTP 429 + Retry-After)."""
+
+    status_code = 429
+    error_type = "rate_limit_exceeded"
+
+
+class NoWorkersAvailable(Overloaded):
+    """No instance serves the endpoint right now (HTTP 503)."""
+
+    error_type = "service_unavailable"
+
+
+class EngineError(ServingError):
+    """The engine failed while serving a request."""
+
+    error_type = "engine_error"
+
+
+class TransferError(ServingError):
+    """A KV transfer failed, timed out or was cancelled."""
+
+    error_type = "transfer_error"
+
+
+class PeerGone(ServingError):
+    """The remote end of a request-plane stream disappeared (connection lost, process died)."""
+
+    status_code = 503
+    error_type = "peer_gone"
+
+
+class DeadlineExceeded(ServingError):
+    """A request's deadline passed before it finished."""
+
+    status_code = 504
+    error_type = "timeout"
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names field, value and allowed range."""

@@ -1,0 +1,49 @@
+"""Instance records kept in discovery (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a worker serves and how its KV cache is shaped; the frontend and router read it."""
+
+    name: str
+    context_length: int
+    block_size: int
+    num_total_blocks: int
+    # where the frontend loads its tokenizer: "gguf:<path>" or "hf:<dir>"; None = no tokenizer
+    tokenizer: str | None = None
+    eos_token_ids: list[int] = msgspec.field(default_factory=list)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    engine: str = "mocker"
+
+
+class Instance(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One registered endpoint of one process. `instance_id` is unique and dies with its lease."""
+
+    version: int = 1
+    instance_id: str
+    namespace: str
+    component: str
+    endpoint: str
+    address: str  # host:port of the process's request-plane server
+    model: ModelCard | None = None
+    # extra runtime config (data-parallel size, disagg role, transfer backends, ...)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return f"{self.namespace}.{self.component}.{self.endpoint}"
+
+
+class InstanceEvent(msgspec.Struct, kw_only=True):
+    kind: Literal["added", "removed"]
+    instance: Instance
+
+
+def endpoint_path(namespace: str, component: str, endpoint: str) -> str:
+    return f"{namespace}.{component}.{endpoint}"

@@ -1,0 +1,103 @@
+"""Token-in/token-out wire types between frontend, router and workers (request plane).
+
+Version 1. Encoded with msgspec msgpack; unknown fields are ignored on decode so newer
+senders can talk to older receivers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+WIRE_VERSION = 1
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How to pick the next token. temperature 0 means greedy; top_k 0 means off."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    # number of top logprobs per token to return; None = no logprobs at all
+    logprobs: int | None = None
+
+
+class StopConditions(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """When generation ends. Stop *strings* are applied by the frontend, not the engine."""
+
+    max_tokens: int
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+class RoutingHints(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Per-request router overrides (DESIGN.md §7)."""
+
+    worker_id: str | None = None  # pinned instance (header x-worker-instance-id)
+    overlap_weight: float | None = None
+    temperature: float | None = None
+
+
+class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a worker's `generate` endpoint receives: tokens, sampling, stop conditions."""
+
+    version: int = WIRE_VERSION
+    request_id: str
+    model: str
+    token_ids: list[int]
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    stop: StopConditions
+    eos_token_ids: list[int] = msgspec.field(default_factory=list)
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    routing: RoutingHints | None = None
+    # absolute wall-clock deadline (time.time() seconds); None = no deadline
+    deadline_s: float | None = None
+    # prefill/decode handoff (DESIGN.md §4); opaque to everyone but tandem.disagg
+    disagg_params: dict[str, Any] | None = None
+    # free-form annotations (e.g. "prefill_only"); engines ignore what they do not know
+    annotations: list[str] = msgspec.field(default_factory=list)
+
+
+class TopLogprob(msgspec.Struct, array_like=True):
+    token_id: int
+    logprob: float
+
+
+class EngineOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One streamed chunk from an engine: new tokens since the last chunk.
+
+    The last chunk of a stream has `finish_reason` set. `num_cached_tokens` is set on the
+    first chunk (prompt tokens served from the prefix cache).
+    """
+
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int | None = None
+    # one logprob per token in token_ids, and per token its top alternatives
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[TopLogprob]] | None = None
+    disagg_params: dict[str, Any] | None = None
+    error: str | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(PreprocessedRequest)
+_output_decoder = msgspec.msgpack.Decoder(EngineOutput)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_request(data: bytes) -> PreprocessedRequest:
+    return _request_decoder.decode(data)
+
+
+def decode_output(data: bytes) -> EngineOutput:
+    return _output_decoder.decode(data)

@@ -1,0 +1,1 @@
+"""Routing: indexer, active-sequence tracking, cost function, policies, replica sync."""

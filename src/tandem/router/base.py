@@ -1,0 +1,53 @@
+"""The `Router` protocol the frontend (or `tandem router`) drives.
+
+`make_router(policy, ...)` in tandem.router.registry builds one by name:
+round_robin, random, least_loaded, kv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tandem.protocols.engine import PreprocessedRequest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouteDecision:
+    instance_id: str
+    address: str
+    overlap_blocks: int = 0  # prompt blocks the chosen worker already holds
+    request_blocks: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Router(Protocol):
+    async def start(self) -> None:
+        """Begin following instances and events (idempotent)."""
+        ...
+
+    async def route(
+        self, request: PreprocessedRequest, *, exclude: frozenset[str] = frozenset()
+    ) -> RouteDecision:
+        """Pick an instance for `request` (honouring request.routing.worker_id) and record
+        it as active there. Raises NoWorkersAvailable when none serves the model, or
+        Overloaded(retry_after_s) when all are busy. Never picks an id in `exclude`."""
+        ...
+
+    def on_first_token(self, request_id: str) -> None:
+        """The request's prefill finished."""
+        ...
+
+    def on_finish(self, request_id: str) -> None:
+        """The request finished, failed or was cancelled (idempotent)."""
+        ...
+
+    def explain(self, request: PreprocessedRequest) -> dict[str, Any]:
+        """Every candidate's inputs to the choice and the choice, without routing."""
+        ...
+
+    def worker_loads(self) -> dict[str, dict[str, float]]:
+        """Per-worker load as the router sees it (for /metrics)."""
+        ...
+
+    async def close(self) -> None: ...

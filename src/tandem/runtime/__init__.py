@@ -1,0 +1,1 @@
+"""Distributed runtime: discovery, request plane, event plane, lifecycle."""

@@ -1,0 +1,132 @@
+"""Protocols of the three planes (DESIGN.md §1). Implementations are chosen by name.
+
+Every implementation is safe to use from one asyncio event loop; none is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
+
+from tandem.protocols.discovery import Instance, InstanceEvent
+
+# ---------------------------------------------------------------- discovery
+
+
+class Discovery(Protocol):
+    """Who serves what, where. Records live as long as their lease (process) does."""
+
+    async def register(self, instance: Instance) -> None:
+        """Publish `instance` and keep it alive (heartbeat / lease keep-alive) until
+        `unregister` or `close`. Raises ValueError if the instance_id is already taken."""
+        ...
+
+    async def unregister(self, instance_id: str) -> None:
+        """Remove the record now (idempotent)."""
+        ...
+
+    async def list_instances(self, prefix: str = "") -> list[Instance]:
+        """Live instances whose `namespace.component.endpoint` path starts with `prefix`."""
+        ...
+
+    def watch(self, prefix: str = "") -> AsyncIterator[InstanceEvent]:
+        """'added' for every live instance first, then changes as they happen. A dead
+        process's records disappear ('removed') within 2 s (file, etcd backends)."""
+        ...
+
+    async def close(self) -> None:
+        """Unregister everything this object registered and stop its background tasks."""
+        ...
+
+
+# ---------------------------------------------------------------- event plane
+
+
+class Subscription(Protocol):
+    """Messages of a subscription, in publish order per publisher. The buffer is bounded:
+    when the consumer falls behind, the oldest messages are dropped and counted
+    (`num_dropped`); receivers of KV events detect the gap by event id."""
+
+    num_dropped: int
+
+    def __aiter__(self) -> AsyncIterator[tuple[str, bytes]]: ...
+
+    async def close(self) -> None: ...
+
+
+class EventBus(Protocol):
+    """Fire-and-forget pub/sub. Subjects are dot-separated; a subscription subject may end
+    in `.>` (any suffix) or use `*` for one token, as in NATS."""
+
+    async def publish(self, subject: str, payload: bytes) -> None: ...
+
+    async def subscribe(self, subject: str) -> Subscription: ...
+
+    async def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- request plane
+
+
+class RequestContext(Protocol):
+    """Server-side view of one in-flight request."""
+
+    request_id: str
+    deadline_s: float | None  # absolute time.time(); None = none
+
+    @property
+    def cancelled(self) -> asyncio.Event:
+        """Set when the client cancels, disconnects or the deadline passes."""
+        ...
+
+
+# A handler receives the request payload and yields response payloads (a stream).
+# Raising a ServingError sends it to the client, which re-raises the same class.
+Handler = Callable[[bytes, RequestContext], AsyncIterator[bytes]]
+
+
+class RequestServer(Protocol):
+    """One per process; serves every endpoint that process registers."""
+
+    @property
+    def address(self) -> str:
+        """host:port clients connect to (valid after start)."""
+        ...
+
+    @property
+    def num_inflight(self) -> int: ...
+
+    def register(self, endpoint_path: str, handler: Handler) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop accepting new requests, wait up to grace_s for in-flight ones, then cancel
+        the rest (clients see PeerGone and may migrate)."""
+        ...
+
+
+class RequestClient(Protocol):
+    """Pooled connections to many servers."""
+
+    def stream(
+        self,
+        address: str,
+        endpoint_path: str,
+        payload: bytes,
+        *,
+        request_id: str,
+        deadline_s: float | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> AsyncIterator[bytes]:
+        """Send one request, yield its response payloads. Closing the iterator early
+        (break, aclose, task cancel) cancels the request on the server.
+        Raises PeerGone if the connection breaks before the stream ends, DeadlineExceeded
+        when the deadline passes, and the server's ServingError subclass if it raised one."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+StopCallback = Callable[[], Awaitable[None]]

@@ -1,0 +1,1 @@
+"""Tokenizers, chat templates, incremental detokenization and block hashing."""

@@ -1,0 +1,64 @@
+"""`RouterConfig`: every knob of the routers (DESIGN.md §7), validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _check_range(name: str, value: float, low: float, high: float | None = None) -> None:
+    if value < low or (high is not None and value > high):
+        upper = "inf" if high is None else str(high)
+        raise ValueError(f"{name}={value} out of range; expected [{low}, {upper}]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterConfig:
+    """Knobs shared by all policies; the KV policy reads most of them.
+
+    `busy_*` thresholds exclude a worker from the choice; `queue_size` 0 means a request
+    that finds every worker busy fails at once with Overloaded(retry_after_s).
+    """
+
+    worker_component: str = "backend"
+    overlap_weight: float = 1.0
+    temperature: float = 0.0
+    busy_active_blocks_fraction: float | None = None  # active KV blocks / total blocks
+    busy_prefill_tokens: int | None = None  # active prefill tokens
+    queue_size: int = 0
+    queue_timeout_s: float = 30.0
+    retry_after_s: float = 1.0
+    use_kv_events: bool = True
+    approx_ttl_s: float = 120.0  # --no-kv-events: how long a routed prefix counts as cached
+    approx_max_blocks: int = 100_000  # --no-kv-events: cap of recorded blocks per worker
+    active_ttl_s: float = 600.0  # an active request not finished after this is swept
+    host_overlap_credit: float = 0.5
+    disk_overlap_credit: float = 0.25
+    block_size: int | None = None  # None = from the workers' model card (else 16)
+    replica_sync: bool = False
+    kv_state_timeout_s: float = 5.0
+    zmq_endpoints: tuple[str, ...] = ()  # engine KV event publishers: "worker_id=tcp://h:p"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_range("overlap_weight", self.overlap_weight, 0.0)
+        _check_range("temperature", self.temperature, 0.0)
+        if self.busy_active_blocks_fraction is not None:
+            _check_range("busy_active_blocks_fraction", self.busy_active_blocks_fraction, 0.0, 1.0)
+        if self.busy_prefill_tokens is not None:
+            _check_range("busy_prefill_tokens", self.busy_prefill_tokens, 1)
+        _check_range("queue_size", self.queue_size, 0)
+        _check_range("queue_timeout_s", self.queue_timeout_s, 0.0)
+        _check_range("retry_after_s", self.retry_after_s, 0.0)
+        _check_range("approx_ttl_s", self.approx_ttl_s, 0.001)
+        _check_range("approx_max_blocks", self.approx_max_blocks, 1)
+        _check_range("active_ttl_s", self.active_ttl_s, 0.001)
+        _check_range("host_overlap_credit", self.host_overlap_credit, 0.0, 1.0)
+        _check_range("disk_overlap_credit", self.disk_overlap_credit, 0.0, 1.0)
+        if self.block_size is not None:
+            _check_range("block_size", self.block_size, 1)
+        _check_range("kv_state_timeout_s", self.kv_state_timeout_s, 0.001)
+        for spec in self.zmq_endpoints:
+            if "=" not in spec:
+                raise ValueError(
+                    f"zmq_endpoints entry {spec!r} malformed; expected 'worker_id=tcp://host:port'"
+                )

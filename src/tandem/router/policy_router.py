@@ -1,0 +1,235 @@
+"""`PolicyRouter`: what every routing policy shares — candidates, pinning, in-flight counts,
+load metrics, the bounded wait when every worker is busy. Subclasses implement `_choose`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tandem.errors import InvalidRequest, NoWorkersAvailable, Overloaded
+from tandem.protocols.discovery import Instance
+from tandem.protocols.engine import PreprocessedRequest
+from tandem.router.base import RouteDecision
+from tandem.router.config import RouterConfig
+from tandem.router.load import LoadTracker
+from tandem.router.source import EventSource, InstanceSource
+
+logger = logging.getLogger(__name__)
+
+
+class AllBusy(Exception):
+    """Raised by `_choose` when every candidate is over a busy threshold."""
+
+
+class PolicyRouter:
+    """Base of the routers. One asyncio loop; `route` may be called concurrently."""
+
+    policy = "base"
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        instances: InstanceSource,
+        events: EventSource | None = None,
+        namespace: str = "tandem",
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.namespace = namespace
+        self._instances = instances
+        self._events = events
+        self._clock = clock
+        self._rng = rng or random.Random(config.seed)
+        self._wake = asyncio.Event()
+        self.loads = LoadTracker(on_update=self._wake.set)
+        self._inflight: dict[str, int] = {}
+        self._request_worker: dict[str, str] = {}
+        self._num_queued = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self.routed_total: dict[str, int] = {}
+
+    def subject(self, name: str) -> str:
+        return f"{self.namespace}.{self.config.worker_component}.{name}"
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._instances.add_listener(self._on_instance_event)
+        if self._events is not None:
+            sub = await self._events.subscribe(self.subject("load_metrics"))
+            self._spawn(self._follow_loads(sub), "load_metrics")
+        await self._start_extra()
+
+    async def _start_extra(self) -> None:
+        """Hook for subclasses (KV events, replica sync)."""
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"router-{name}")
+        task.add_done_callback(self._log_task_end)
+        self._tasks.append(task)
+
+    @staticmethod
+    def _log_task_end(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("router task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _follow_loads(self, sub: Any) -> None:
+        try:
+            async for _subject, payload in sub:
+                self.loads.apply_payload(payload)
+        finally:
+            await sub.close()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                logger.debug("router task ended with an error at close", exc_info=True)
+        self._tasks.clear()
+
+    def _on_instance_event(self, event: Any) -> None:
+        if event.kind == "removed":
+            self._forget_worker(event.instance.instance_id)
+        self._wake.set()
+
+    def _forget_worker(self, worker_id: str) -> None:
+        self.loads.remove_worker(worker_id)
+
+    # ------------------------------------------------------------ routing
+    def candidates(
+        self, request: PreprocessedRequest, exclude: frozenset[str] = frozenset()
+    ) -> list[Instance]:
+        """Live instances allowed for `request`: the pinned one, or all not in `exclude`.
+
+        Raises InvalidRequest for an unknown pinned id, NoWorkersAvailable for none."""
+        live = self._instances.instances
+        pinned = request.routing.worker_id if request.routing else None
+        if pinned is not None:
+            if pinned not in live:
+                known = ", ".join(sorted(live)) or "none"
+                raise InvalidRequest(
+                    f"pinned worker_id '{pinned}' is not a live instance; live: {known}",
+                    param="worker_id",
+                )
+            if pinned in exclude:
+                raise NoWorkersAvailable(f"pinned worker_id '{pinned}' is excluded (failed)")
+            return [live[pinned]]
+        out = [inst for iid, inst in sorted(live.items()) if iid not in exclude]
+        if not out:
+            raise NoWorkersAvailable(
+                f"no live instance of {self.subject('generate')} "
+                f"({len(live)} live, {len(exclude)} excluded)",
+                retry_after_s=self.config.retry_after_s,
+            )
+        return out
+
+    def _choose(
+        self, request: PreprocessedRequest, candidates: Sequence[Instance]
+    ) -> tuple[Instance, dict[str, Any]]:
+        raise NotImplementedError
+
+    async def route(
+        self, request: PreprocessedRequest, *, exclude: frozenset[str] = frozenset()
+    ) -> RouteDecision:
+        deadline = self._clock() + self.config.queue_timeout_s
+        queued = False
+        try:
+            while True:
+                cands = self.candidates(request, exclude)
+                try:
+                    chosen, details = self._choose(request, cands)
+                    break
+                except AllBusy:
+                    queued = await self._wait_not_busy(queued, deadline)
+        finally:
+            if queued:
+                self._num_queued -= 1
+        self._request_worker[request.request_id] = chosen.instance_id
+        self._inflight[chosen.instance_id] = self._inflight.get(chosen.instance_id, 0) + 1
+        self.routed_total[chosen.instance_id] = self.routed_total.get(chosen.instance_id, 0) + 1
+        return self._decision(request, chosen, details)
+
+    def _decision(
+        self, request: PreprocessedRequest, chosen: Instance, details: dict[str, Any]
+    ) -> RouteDecision:
+        return RouteDecision(
+            instance_id=chosen.instance_id, address=chosen.address, details=details
+        )
+
+    async def _wait_not_busy(self, queued: bool, deadline: float) -> bool:
+        """Wait for a change (finish, load update, instance) in the bounded queue."""
+        if not queued:
+            if self._num_queued >= self.config.queue_size:
+                raise Overloaded(
+                    f"all workers are busy and the router queue is full "
+                    f"({self._num_queued}/{self.config.queue_size}); retry later",
+                    retry_after_s=self.config.retry_after_s,
+                )
+            self._num_queued += 1
+        remaining = deadline - self._clock()
+        if remaining <= 0:
+            raise Overloaded(
+                f"all workers stayed busy for {self.config.queue_timeout_s}s in the router queue",
+                retry_after_s=self.config.retry_after_s,
+            )
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=remaining)
+        return True
+
+    def on_first_token(self, request_id: str) -> None:
+        """Nothing to do for load-only policies."""
+
+    def on_finish(self, request_id: str) -> None:
+        worker = self._request_worker.pop(request_id, None)
+        if worker is None:
+            return
+        left = self._inflight.get(worker, 1) - 1
+        if left > 0:
+            self._inflight[worker] = left
+        else:
+            self._inflight.pop(worker, None)
+        self._wake.set()
+
+    def inflight(self, worker_id: str) -> int:
+        return self._inflight.get(worker_id, 0)
+
+    def explain(self, request: PreprocessedRequest) -> dict[str, Any]:
+        cands = self.candidates(request)
+        rows = [{"worker_id": c.instance_id, **self._load_row(c.instance_id)} for c in cands]
+        return {"policy": self.policy, "candidates": rows, "choice": None}
+
+    def _load_row(self, worker_id: str) -> dict[str, float]:
+        row: dict[str, float] = {"inflight": float(self.inflight(worker_id))}
+        load = self.loads.get(worker_id)
+        if load is not None:
+            row["active_blocks"] = float(load.num_active_blocks)
+            row["total_blocks"] = float(load.num_total_blocks)
+            row["waiting"] = float(load.num_waiting)
+            row["running"] = float(load.num_running)
+        return row
+
+    def worker_loads(self) -> dict[str, dict[str, float]]:
+        return {wid: self._load_row(wid) for wid in sorted(self._instances.instances)}
+
+    def metrics_text(self) -> str:
+        """Prometheus text lines the frontend appends to /metrics."""
+        lines = ["# TYPE tandem_router_routed_requests_total counter"]
+        for wid, n in sorted(self.routed_total.items()):
+            lines.append(f'tandem_router_routed_requests_total{{worker_id="{wid}"}} {n}')
+        return "\n".join(lines) + "\n"

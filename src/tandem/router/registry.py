@@ -1,0 +1,52 @@
+"""`make_router(policy, config, ...)`: build a Router by policy name."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tandem.router.base import Router
+from tandem.router.config import RouterConfig
+from tandem.router.simple import LeastLoadedRouter, RandomRouter, RoundRobinRouter
+
+__all__ = ["POLICIES", "RouterConfig", "make_router"]
+
+POLICIES = ("least_loaded", "random", "round_robin")
+
+
+def make_router(
+    policy: str,
+    config: RouterConfig,
+    *,
+    instances: Any,
+    events: Any = None,
+    client: Any = None,
+    namespace: str = "tandem",
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> Router:
+    """A router of `policy` over `instances` (an InstanceSet of the worker `generate`
+    endpoint). `events` (EventBus) feeds load metrics and KV events; `client`
+    (RequestClient) asks workers for their KV state. Call `await router.start()` next.
+
+    Raises ValueError for an unknown policy name."""
+    common: dict[str, Any] = {
+        "instances": instances,
+        "events": events,
+        "namespace": namespace,
+        "clock": clock,
+        "rng": rng,
+    }
+    if policy == "round_robin":
+        return RoundRobinRouter(config, **common)
+    if policy == "random":
+        return RandomRouter(config, **common)
+    if policy == "least_loaded":
+        return LeastLoadedRouter(config, **common)
+    if policy == "kv":
+        from tandem.router.kv_router import KvRouter
+
+        return KvRouter(config, client=client, **common)
+    raise ValueError(f"unknown router policy '{policy}'; expected one of: {', '.join(POLICIES)}")

@@ -117,5 +117,5 @@ def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
         use_kv_events=not ns.no_kv_events,
         replica_sync=bool(ns.router_replica_sync),
         zmq_endpoints=tuple(zmq),
-        **kwargs,
+        **kwargs,  # type: ignore[arg-type]
     )

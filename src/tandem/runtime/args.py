@@ -1,0 +1,54 @@
+"""Runtime flags, with `TANDEM_*` environment fallbacks; declared once, used by every command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+
+from tandem.runtime.config import DISCOVERY_BACKENDS, EVENT_BACKENDS, RuntimeConfig
+
+# flag -> (env var, help); defaults come from RuntimeConfig
+_FLAGS: dict[str, tuple[str, str]] = {
+    "namespace": ("TANDEM_NAMESPACE", "namespace of every endpoint path"),
+    "discovery": ("TANDEM_DISCOVERY", f"discovery backend: {', '.join(DISCOVERY_BACKENDS)}"),
+    "discovery_dir": ("TANDEM_DISCOVERY_DIR", "directory of instance records (file discovery)"),
+    "etcd_url": ("TANDEM_ETCD_URL", "etcd client URL (etcd discovery)"),
+    "events": ("TANDEM_EVENTS", f"event plane backend: {', '.join(EVENT_BACKENDS)}"),
+    "nats_url": ("TANDEM_NATS_URL", "NATS server URL (nats events)"),
+    "host": ("TANDEM_HOST_IP", "address the request-plane server binds and advertises"),
+    "lease_ttl_s": ("TANDEM_LEASE_TTL_S", "seconds a dead process's records outlive it"),
+}
+_FLOATS = {"lease_ttl_s"}
+
+
+def add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    """Add --namespace --discovery --discovery-dir --etcd-url --events --nats-url --host
+    --lease-ttl-s. Unset flags fall back to the env var, then to RuntimeConfig's default.
+    A flag the parser already has (e.g. `--host` of an HTTP server) is skipped; the runtime
+    value then comes from its env var (TANDEM_HOST_IP) or the default."""
+    group = parser.add_argument_group("runtime")
+    for name, (env, help_) in _FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        if any(flag in a.option_strings for a in parser._actions):
+            continue  # the command already owns this flag (e.g. --host of an HTTP server)
+        group.add_argument(
+            flag, dest=f"runtime_{name}", default=None, metavar=env, help=f"{help_} (env {env})"
+        )
+
+
+def runtime_config_from_args(
+    ns: argparse.Namespace, env: Mapping[str, str] | None = None, **overrides: object
+) -> RuntimeConfig:
+    """Flags first, then `TANDEM_*` env vars, then defaults; `overrides` win over all."""
+    environ = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for name, (var, _) in _FLAGS.items():
+        raw = getattr(ns, f"runtime_{name}", None)
+        if raw is None:
+            raw = environ.get(var)
+        if raw is None or raw == "":
+            continue
+        values[name] = float(raw) if name in _FLOATS else raw
+    values.update(overrides)
+    return RuntimeConfig(**values)  # type: ignore[arg-type]

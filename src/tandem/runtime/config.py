@@ -1,0 +1,68 @@
+"""Runtime configuration: which discovery and event-plane backends, where they live.
+
+Built once from flags + `TANDEM_*` env vars (`tandem.runtime.args`), never read deep in the code.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import tempfile
+from dataclasses import dataclass
+
+DISCOVERY_BACKENDS = ("etcd", "file", "memory")
+EVENT_BACKENDS = ("memory", "nats", "zmq")
+
+
+def default_discovery_dir() -> str:
+    """One directory per user on this host, shared by every tandem process of that user."""
+    return os.path.join(tempfile.gettempdir(), f"tandem-{getpass.getuser()}", "discovery")
+
+
+def _check_name(field: str, value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} '{value}'; expected one of: {', '.join(allowed)}")
+
+
+def _check_range(field: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{field}={value} is out of range; expected {lo} <= {field} <= {hi}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    """Everything `open_runtime` needs. Times in seconds."""
+
+    namespace: str = "tandem"
+    discovery: str = "memory"
+    discovery_dir: str | None = None  # file backend; None = default_discovery_dir()
+    etcd_url: str = "http://127.0.0.1:2379"
+    events: str = "memory"
+    nats_url: str = "nats://127.0.0.1:4222"
+    host: str = "127.0.0.1"  # request-plane server bind host (and the address others dial)
+    port: int = 0  # request-plane server port; 0 = any free port
+    # a record/lease outlives its last heartbeat by this long (etcd rounds up to whole seconds
+    # and clamps to its minimum, 2 s with default election settings)
+    lease_ttl_s: float = 2.0
+    poll_interval_s: float = 0.25  # file discovery watch polling period
+    max_inflight_per_connection: int = 1024  # request-plane streams; over it -> Overloaded
+    connect_timeout_s: float = 5.0
+    drain_grace_s: float = 10.0
+    event_buffer_size: int = 10_000  # per subscription; the oldest are dropped beyond it
+
+    def __post_init__(self) -> None:
+        if not self.namespace or "." in self.namespace:
+            raise ValueError(f"namespace={self.namespace!r} must be non-empty without '.'")
+        _check_name("discovery", self.discovery, DISCOVERY_BACKENDS, "discovery")
+        _check_name("events", self.events, EVENT_BACKENDS, "event bus")
+        _check_range("port", self.port, 0, 65535)
+        _check_range("lease_ttl_s", self.lease_ttl_s, 0.5, 3600)
+        _check_range("poll_interval_s", self.poll_interval_s, 0.01, 10)
+        _check_range("max_inflight_per_connection", self.max_inflight_per_connection, 1, 1 << 20)
+        _check_range("connect_timeout_s", self.connect_timeout_s, 0.01, 600)
+        _check_range("drain_grace_s", self.drain_grace_s, 0, 3600)
+        _check_range("event_buffer_size", self.event_buffer_size, 1, 1 << 24)
+
+    @property
+    def resolved_discovery_dir(self) -> str:
+        return self.discovery_dir or default_discovery_dir()

@@ -1,0 +1,1 @@
+"""Event plane backends (DESIGN.md §1): memory, zmq, nats; chosen by `make_event_bus`."""

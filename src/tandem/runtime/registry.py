@@ -1,0 +1,59 @@
+"""Backends chosen by name: `make_discovery(config)`, `make_event_bus(config, discovery)`.
+
+Real backends are imported only when chosen, so `memory` needs nothing else installed.
+"""
+
+from __future__ import annotations
+
+from tandem.runtime.base import Discovery, EventBus
+from tandem.runtime.config import DISCOVERY_BACKENDS, EVENT_BACKENDS, RuntimeConfig
+
+
+def _unknown(what: str, name: str, allowed: tuple[str, ...]) -> ValueError:
+    return ValueError(f"unknown {what} '{name}'; expected one of: {', '.join(sorted(allowed))}")
+
+
+def make_discovery(config: RuntimeConfig) -> Discovery:
+    """A new discovery client for `config.discovery`; the caller closes it."""
+    name = config.discovery
+    if name == "memory":
+        from tandem.runtime.discovery.memory import MemoryDiscovery
+
+        return MemoryDiscovery()
+    if name == "file":
+        from tandem.runtime.discovery.file import FileDiscovery
+
+        return FileDiscovery(
+            config.resolved_discovery_dir,
+            ttl_s=config.lease_ttl_s,
+            poll_interval_s=config.poll_interval_s,
+        )
+    if name == "etcd":
+        from tandem.runtime.discovery.etcd import EtcdDiscovery
+
+        return EtcdDiscovery(config.etcd_url, ttl_s=config.lease_ttl_s)
+    raise _unknown("discovery", name, DISCOVERY_BACKENDS)
+
+
+def make_event_bus(config: RuntimeConfig, discovery: Discovery) -> EventBus:
+    """A new event bus for `config.events`; zmq finds its peers through `discovery`.
+    Async backends connect lazily on first use; the caller closes the bus."""
+    name = config.events
+    if name == "memory":
+        from tandem.runtime.events.memory import MemoryEventBus
+
+        return MemoryEventBus(buffer_size=config.event_buffer_size)
+    if name == "zmq":
+        from tandem.runtime.events.zmq import ZmqEventBus
+
+        return ZmqEventBus(
+            discovery,
+            namespace=config.namespace,
+            host=config.host,
+            buffer_size=config.event_buffer_size,
+        )
+    if name == "nats":
+        from tandem.runtime.events.nats import NatsEventBus
+
+        return NatsEventBus(config.nats_url, buffer_size=config.event_buffer_size)
+    raise _unknown("event bus", name, EVENT_BACKENDS)

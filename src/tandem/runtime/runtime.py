@@ -1,0 +1,130 @@
+"""`open_runtime`: one process's discovery, event bus, request server and client, wired."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from tandem.protocols.discovery import Instance, ModelCard, endpoint_path
+from tandem.runtime.base import Discovery, EventBus, Handler
+from tandem.runtime.config import RuntimeConfig
+from tandem.runtime.instances import InstanceSet
+from tandem.runtime.registry import make_discovery, make_event_bus
+from tandem.runtime.tcp import ResponseStream, TcpRequestClient, TcpRequestServer
+
+logger = logging.getLogger(__name__)
+
+
+class Runtime:
+    """The planes of one process. `server` is started; endpoints served with `serve_endpoint`
+    are unregistered from discovery by `shutdown` (SIGTERM path) or when the runtime closes."""
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        discovery: Discovery,
+        events: EventBus,
+        server: TcpRequestServer,
+        client: TcpRequestClient,
+    ) -> None:
+        self.config, self.discovery, self.events = config, discovery, events
+        self.server, self.client = server, client
+        self.instance_ids: list[str] = []
+
+    @property
+    def namespace(self) -> str:
+        return self.config.namespace
+
+    def endpoint_path(self, component: str, endpoint: str) -> str:
+        return endpoint_path(self.namespace, component, endpoint)
+
+    async def serve_endpoint(
+        self,
+        component: str,
+        endpoint: str,
+        handler: Handler,
+        *,
+        model: ModelCard | None = None,
+        metadata: dict[str, Any] | None = None,
+        instance_id: str | None = None,
+    ) -> Instance:
+        """Serve `handler` at `namespace.component.endpoint` and register it in discovery."""
+        instance = Instance(
+            instance_id=instance_id or uuid.uuid4().hex[:16],
+            namespace=self.namespace,
+            component=component,
+            endpoint=endpoint,
+            address=self.server.address,
+            model=model,
+            metadata=metadata or {},
+        )
+        self.server.register(instance.path, handler)
+        await self.discovery.register(instance)
+        self.instance_ids.append(instance.instance_id)
+        logger.info(
+            "serving %s as instance_id=%s at %s",
+            instance.path,
+            instance.instance_id,
+            instance.address,
+        )
+        return instance
+
+    def instance_set(self, component: str, endpoint: str) -> InstanceSet:
+        """A (not yet started) live view of the instances of `component.endpoint`."""
+        return InstanceSet(self.discovery, self.endpoint_path(component, endpoint))
+
+    def stream(
+        self,
+        instance: Instance,
+        payload: bytes,
+        *,
+        request_id: str,
+        deadline_s: float | None = None,
+    ) -> ResponseStream:
+        return self.client.stream(
+            instance.address, instance.path, payload, request_id=request_id, deadline_s=deadline_s
+        )
+
+    async def unregister_all(self) -> None:
+        ids, self.instance_ids = self.instance_ids, []
+        for instance_id in ids:
+            await self.discovery.unregister(instance_id)
+
+    async def shutdown(self, grace_s: float | None = None) -> None:
+        """Stop accepting → unregister → drain in-flight within `grace_s` → cancel the rest."""
+        grace = self.config.drain_grace_s if grace_s is None else grace_s
+        self.server.stop_accepting()
+        await self.unregister_all()
+        await self.server.stop(grace)
+
+
+@asynccontextmanager
+async def open_runtime(
+    config: RuntimeConfig, *, discovery: Discovery | None = None, events: EventBus | None = None
+) -> AsyncIterator[Runtime]:
+    """Yield a started Runtime. `discovery`/`events` passed in are shared and stay open
+    (the caller owns them); those built here from `config` are closed on exit."""
+    own_discovery = discovery is None
+    disc = make_discovery(config) if discovery is None else discovery
+    bus = make_event_bus(config, disc) if events is None else events
+    server = TcpRequestServer(
+        host=config.host,
+        port=config.port,
+        max_inflight_per_connection=config.max_inflight_per_connection,
+    )
+    client = TcpRequestClient(connect_timeout_s=config.connect_timeout_s)
+    runtime = Runtime(config, disc, bus, server, client)
+    try:
+        await server.start()
+        yield runtime
+    finally:
+        # a graceful drain is the caller's `runtime.shutdown()` (lifecycle); here we just close
+        await runtime.shutdown(grace_s=0.0)
+        await client.close()
+        if events is None:
+            await bus.close()
+        if own_discovery:
+            await disc.close()

@@ -1,0 +1,287 @@
+"""TCP request-plane client: one pooled, multiplexed connection per server address.
+
+`stream()` returns a `ResponseStream` (an async iterator). It connects lazily on the first
+`__anext__`. Closing it early (`aclose`, `async with`, `break` once dropped, or cancelling the
+consuming task) sends CANCEL so the server cancels the handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import deque
+from typing import Any
+
+from tandem import errors
+from tandem.runtime.tcp import frame as fr
+from tandem.runtime.tcp.transport import FrameTransport
+
+_PAUSE_ITEMS = 8192  # buffered, unconsumed response items per connection before pause_reading
+_RESUME_ITEMS = 1024
+
+
+class TcpRequestClient:
+    """Implements `RequestClient`. Safe for concurrent streams on one event loop."""
+
+    def __init__(self, *, connect_timeout_s: float = 5.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._conns: dict[str, _ClientConnection] = {}
+        self._connecting: dict[str, asyncio.Task[_ClientConnection]] = {}
+        self._closed = False
+
+    def stream(
+        self,
+        address: str,
+        endpoint_path: str,
+        payload: bytes,
+        *,
+        request_id: str,
+        deadline_s: float | None = None,
+        connect_timeout_s: float | None = None,
+    ) -> ResponseStream:
+        timeout = self.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
+        return ResponseStream(
+            self, address, (endpoint_path, request_id, deadline_s, payload), timeout
+        )
+
+    async def connection(self, address: str, timeout_s: float) -> _ClientConnection:
+        """The pooled connection to `address`, connecting (once, shared) if needed."""
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        if self._closed:
+            raise errors.PeerGone(f"request client is closed; cannot reach {address}")
+        task = self._connecting.get(address)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._connect(address, timeout_s))
+            self._connecting[address] = task
+            task.add_done_callback(lambda _: self._connecting.pop(address, None))
+        return await asyncio.shield(task)
+
+    async def _connect(self, address: str, timeout_s: float) -> _ClientConnection:
+        host, _, port = address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _ClientConnection(self, address), host, int(port)
+                )
+        except TimeoutError as exc:
+            raise errors.PeerGone(
+                f"cannot connect to {address}: timed out after {timeout_s}s"
+            ) from exc
+        except (OSError, ValueError) as exc:
+            raise errors.PeerGone(f"cannot connect to {address}: {exc}") from exc
+        self._conns[address] = conn
+        return conn
+
+    def _forget(self, conn: _ClientConnection) -> None:
+        if self._conns.get(conn.address) is conn:
+            del self._conns[conn.address]
+
+    async def close(self) -> None:
+        """Close every connection; open streams fail with PeerGone."""
+        self._closed = True
+        for task in list(self._connecting.values()):
+            task.cancel()
+        for conn in list(self._conns.values()):
+            if conn.transport is not None:
+                conn.transport.close()
+        self._conns.clear()
+
+
+class _ClientConnection(FrameTransport):
+    def __init__(self, client: TcpRequestClient, address: str) -> None:
+        super().__init__()
+        self.client, self.address = client, address
+        self.streams: dict[int, _Sink] = {}
+        self._sids = itertools.count(1)
+        self.num_buffered = 0
+        self.read_paused = False
+
+    def open(self, stream: _Sink, request: tuple[str, str, float | None, bytes]) -> int:
+        sid = next(self._sids)
+        self.streams[sid] = stream
+        self.send((fr.REQUEST, sid, *request))
+        return sid
+
+    def cancel(self, sid: int) -> None:
+        if self.streams.pop(sid, None) is not None:
+            self.send((fr.CANCEL, sid))
+
+    def on_frame(self, f: list[Any]) -> None:
+        kind, sid = f[0], f[1]
+        if kind == fr.DATA:
+            st = self.streams.get(sid)
+            if st is not None:
+                st.push(f[2])
+                self.num_buffered += 1
+                if self.num_buffered > _PAUSE_ITEMS and not self.read_paused:
+                    self.read_paused = True
+                    assert self.transport is not None
+                    self.transport.pause_reading()
+        elif kind == fr.END:
+            st = self.streams.pop(sid, None)
+            if st is not None:
+                st.finish(None)
+        elif kind == fr.ERROR:
+            st = self.streams.pop(sid, None)
+            if st is not None:
+                st.finish(fr.error_from_frame(f[2], f[3], f[4]))
+        else:
+            raise fr.FrameError(f"unexpected frame kind {kind} from server {self.address}")
+
+    def consumed(self) -> None:
+        self.num_buffered -= 1
+        if self.read_paused and self.num_buffered < _RESUME_ITEMS and not self.closed:
+            self.read_paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.client._forget(self)
+        why = f"{type(exc).__name__}: {exc}" if exc else "closed by peer"
+        streams, self.streams = self.streams, {}
+        for st in streams.values():
+            st.finish(
+                errors.PeerGone(
+                    f"connection to {self.address} lost ({why}) during request_id={st.request_id}"
+                )
+            )
+
+
+class _Sink:
+    """Receiving side of one stream, held by the connection. Kept apart from ResponseStream
+    so that dropping an unfinished ResponseStream (e.g. `break`) lets `__del__` cancel it."""
+
+    __slots__ = ("buf", "conn", "done", "error", "request", "sid", "timer", "waiter")
+
+    def __init__(self, conn: _ClientConnection, request: tuple[str, str, float | None, bytes]):
+        self.conn, self.request = conn, request
+        self.buf: deque[bytes] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.done = False
+        self.error: BaseException | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.sid = conn.open(self, request)
+        deadline_s = request[2]
+        if deadline_s is not None:
+            self.timer = conn.loop.call_later(deadline_s - time.time(), self.expire)
+
+    @property
+    def request_id(self) -> str:
+        return self.request[1]
+
+    def push(self, payload: bytes) -> None:
+        self.buf.append(payload)
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def finish(self, error: BaseException | None) -> None:
+        if self.done:
+            return
+        self.done, self.error = True, error
+        if self.timer is not None:
+            self.timer.cancel()
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def cancel(self, error: BaseException | None = None) -> None:
+        if not self.done:
+            self.conn.cancel(self.sid)
+        for _ in self.buf:
+            self.conn.consumed()
+        self.buf.clear()
+        self.finish(error)
+
+    def expire(self) -> None:
+        self.cancel(deadline_error(self.request, self.conn.address))
+
+    async def next(self) -> bytes:
+        buf = self.buf
+        while not buf:
+            if self.done:
+                if self.error is not None:
+                    raise self.error
+                raise StopAsyncIteration
+            self.waiter = self.conn.loop.create_future()
+            try:
+                await self.waiter
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
+            finally:
+                self.waiter = None
+        self.conn.consumed()
+        return buf.popleft()
+
+
+def deadline_error(request: tuple[str, str, float | None, bytes], address: str) -> Exception:
+    return errors.DeadlineExceeded(
+        f"request_id={request[1]} to {request[0]} at {address} passed its deadline"
+    )
+
+
+class ResponseStream:
+    """Response payloads of one request. Buffered items are yielded before END or PeerGone."""
+
+    __slots__ = ("_client", "_closed", "_request", "_sink", "_timeout_s", "address")
+
+    def __init__(
+        self,
+        client: TcpRequestClient,
+        address: str,
+        request: tuple[str, str, float | None, bytes],
+        timeout_s: float,
+    ) -> None:
+        self._client, self.address, self._request = client, address, request
+        self._timeout_s = timeout_s
+        self._sink: _Sink | None = None
+        self._closed = False
+
+    @property
+    def request_id(self) -> str:
+        return self._request[1]
+
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        sink = self._sink
+        if sink is None:
+            if self._closed:
+                raise StopAsyncIteration
+            deadline_s = self._request[2]
+            if deadline_s is not None and deadline_s <= time.time():
+                raise deadline_error(self._request, self.address)
+            conn = await self._client.connection(self.address, self._timeout_s)
+            if self._closed:  # closed while connecting
+                raise StopAsyncIteration
+            sink = self._sink = _Sink(conn, self._request)
+        return await sink.next()
+
+    async def aclose(self) -> None:
+        """Stop the stream; cancels the request on the server if it has not ended."""
+        self._close()
+
+    def _close(self) -> None:
+        self._closed = True
+        if self._sink is not None:
+            self._sink.cancel()
+
+    async def __aenter__(self) -> ResponseStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._close()
+
+    def __del__(self) -> None:
+        sink = self._sink
+        if sink is not None and not sink.done:
+            with contextlib.suppress(RuntimeError):  # event loop already closed
+                sink.cancel()

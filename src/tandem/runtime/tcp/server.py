@@ -1,0 +1,229 @@
+"""TCP request-plane server: many endpoints, many connections, many streams per connection.
+
+Hot path: one asyncio.Protocol per connection parses frames in `data_received` (no task per
+frame); each request runs as one task; outgoing frames are batched into one
+`transport.write` per event-loop iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from tandem import errors
+from tandem.runtime.base import Handler
+from tandem.runtime.tcp import frame as fr
+from tandem.runtime.tcp.transport import FrameTransport
+
+logger = logging.getLogger(__name__)
+
+
+class StreamContext:
+    """Server-side state of one request (implements `RequestContext`)."""
+
+    __slots__ = ("_cancelled", "deadline_s", "endpoint_path", "request_id", "task", "timer")
+
+    def __init__(self, request_id: str, endpoint_path: str, deadline_s: float | None) -> None:
+        self.request_id = request_id
+        self.endpoint_path = endpoint_path
+        self.deadline_s = deadline_s
+        self._cancelled = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    @property
+    def cancelled(self) -> asyncio.Event:
+        return self._cancelled
+
+
+class TcpRequestServer:
+    """Serves registered endpoints on `host:port` (port 0 = any free port).
+
+    A connection may carry at most `max_inflight_per_connection` concurrent streams; a
+    request over that bound gets `Overloaded`. After `stop_accepting` (or during `stop`),
+    new requests get `PeerGone` so clients migrate elsewhere."""
+
+    def __init__(
+        self, *, host: str = "127.0.0.1", port: int = 0, max_inflight_per_connection: int = 1024
+    ) -> None:
+        self._host, self._port = host, port
+        self.max_inflight_per_connection = max_inflight_per_connection
+        self.handlers: dict[str, Handler] = {}
+        self._server: asyncio.Server | None = None
+        self._address = ""
+        self._connections: set[_ServerConnection] = set()
+        self._num_inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.accepting = True
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def num_inflight(self) -> int:
+        return self._num_inflight
+
+    def register(self, endpoint_path: str, handler: Handler) -> None:
+        if endpoint_path in self.handlers:
+            raise ValueError(f"endpoint {endpoint_path!r} is already registered")
+        self.handlers[endpoint_path] = handler
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self), self._host, self._port, reuse_address=True
+        )
+        port = self._server.sockets[0].getsockname()[1]
+        self._address = f"{self._host}:{port}"
+        logger.info("request plane listening on %s", self._address)
+
+    def stop_accepting(self) -> None:
+        """Close the listener and refuse new requests on open connections (idempotent)."""
+        self.accepting = False
+        if self._server is not None:
+            self._server.close()
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        self.stop_accepting()
+        if self._num_inflight:
+            logger.info("draining %d in-flight requests (grace %.1fs)", self._num_inflight, grace_s)
+            try:
+                async with asyncio.timeout(grace_s):
+                    await self._idle.wait()
+            except TimeoutError:
+                logger.warning("grace period over; cancelling %d requests", self._num_inflight)
+        for conn in list(self._connections):
+            conn.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def _stream_started(self) -> None:
+        self._num_inflight += 1
+        self._idle.clear()
+
+    def _stream_done(self) -> None:
+        self._num_inflight -= 1
+        if not self._num_inflight:
+            self._idle.set()
+
+
+class _ServerConnection(FrameTransport):
+    def __init__(self, server: TcpRequestServer) -> None:
+        super().__init__()
+        self._srv = server
+        self._streams: dict[int, StreamContext] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._srv._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._srv._connections.discard(self)
+        for sid in list(self._streams):
+            self._cancel(sid)
+
+    def abort(self) -> None:
+        for sid in list(self._streams):
+            self._cancel(sid)
+        if self.transport is not None:
+            self.transport.close()
+
+    def on_frame(self, f: list[Any]) -> None:
+        kind, sid = f[0], f[1]
+        if kind == fr.REQUEST:
+            self._open(sid, f[2], f[3], f[4], f[5])
+        elif kind == fr.CANCEL:
+            self._cancel(sid)
+        else:
+            raise fr.FrameError(f"unexpected frame kind {kind} from a client")
+
+    def _open(
+        self, sid: int, path: str, request_id: str, deadline_s: float | None, payload: bytes
+    ) -> None:
+        srv = self._srv
+        handler = srv.handlers.get(path)
+        if not srv.accepting:
+            return self._fail(sid, errors.PeerGone(f"server {srv.address} is shutting down"))
+        if handler is None:
+            known = ", ".join(sorted(srv.handlers)) or "none"
+            return self._fail(
+                sid,
+                errors.NoWorkersAvailable(
+                    f"no endpoint {path!r} at {srv.address}; serving: {known}"
+                ),
+            )
+        if len(self._streams) >= srv.max_inflight_per_connection:
+            return self._fail(
+                sid,
+                errors.Overloaded(
+                    f"{len(self._streams)} streams in flight on this connection to {srv.address} "
+                    f"(limit {srv.max_inflight_per_connection})"
+                ),
+            )
+        ctx = StreamContext(request_id, path, deadline_s)
+        if deadline_s is not None:
+            remaining = deadline_s - time.time()
+            if remaining <= 0:
+                return self._fail(sid, _deadline_error(ctx))
+            ctx.timer = self.loop.call_later(remaining, self._expire, sid)
+        self._streams[sid] = ctx
+        srv._stream_started()
+        ctx.task = self.loop.create_task(self._serve(sid, handler, payload, ctx))
+
+    def _fail(self, sid: int, exc: errors.ServingError) -> None:
+        self.send(fr.error_frame(sid, exc))
+
+    def _cancel(self, sid: int) -> None:
+        ctx = self._streams.pop(sid, None)
+        if ctx is None:
+            return
+        ctx.cancelled.set()
+        if ctx.timer is not None:
+            ctx.timer.cancel()
+        if ctx.task is not None:
+            ctx.task.cancel()
+
+    def _expire(self, sid: int) -> None:
+        ctx = self._streams.get(sid)
+        if ctx is not None:
+            self._cancel(sid)
+            self._fail(sid, _deadline_error(ctx))
+
+    async def _serve(self, sid: int, handler: Handler, payload: bytes, ctx: StreamContext) -> None:
+        send, streams = self.send, self._streams
+        it = handler(payload, ctx)
+        try:
+            async for item in it:
+                send((fr.DATA, sid, item))
+                if self.write_paused:
+                    await self.wait_writable()
+            if streams.pop(sid, None) is not None:
+                send((fr.END, sid))
+        except errors.ServingError as exc:
+            if streams.pop(sid, None) is not None:
+                self._fail(sid, exc)
+        except Exception as exc:
+            logger.exception(
+                "handler of %s failed request_id=%s", ctx.endpoint_path, ctx.request_id
+            )
+            if streams.pop(sid, None) is not None:
+                self._fail(sid, errors.ServingError(f"{type(exc).__name__}: {exc}"))
+        finally:
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            if ctx.timer is not None:
+                ctx.timer.cancel()
+            streams.pop(sid, None)
+            self._srv._stream_done()
+
+
+def _deadline_error(ctx: StreamContext) -> errors.DeadlineExceeded:
+    return errors.DeadlineExceeded(
+        f"request_id={ctx.request_id} to {ctx.endpoint_path} passed its deadline"
+    )

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tandem.runtime.args import add_runtime_args, runtime_config_from_args
+from tandem.runtime.config import RuntimeConfig
+from tandem.runtime.registry import make_discovery, make_event_bus
+
+
+def test_defaults_are_embedded_backends() -> None:
+    cfg = RuntimeConfig()
+    assert (cfg.discovery, cfg.events, cfg.host) == ("memory", "memory", "127.0.0.1")
+
+
+def test_unknown_backend_names_the_choices() -> None:
+    with pytest.raises(
+        ValueError, match="unknown discovery 'consul'; expected one of: etcd, file, memory"
+    ):
+        RuntimeConfig(discovery="consul")
+    with pytest.raises(
+        ValueError, match="unknown event bus 'kafka'; expected one of: memory, nats, zmq"
+    ):
+        RuntimeConfig(events="kafka")
+
+
+def test_out_of_range_names_field_and_range() -> None:
+    with pytest.raises(ValueError, match=r"lease_ttl_s=0.1 is out of range; expected 0.5 <="):
+        RuntimeConfig(lease_ttl_s=0.1)
+
+
+def test_flags_beat_env_which_beats_defaults() -> None:
+    parser = argparse.ArgumentParser()
+    add_runtime_args(parser)
+    ns = parser.parse_args(["--discovery", "file", "--lease-ttl-s", "3"])
+    env = {"TANDEM_DISCOVERY": "etcd", "TANDEM_EVENTS": "nats", "TANDEM_NAMESPACE": "dev"}
+    cfg = runtime_config_from_args(ns, env)
+    assert (cfg.discovery, cfg.events, cfg.namespace, cfg.lease_ttl_s) == (
+        "file",
+        "nats",
+        "dev",
+        3.0,
+    )
+
+
+def test_existing_host_flag_is_left_to_the_command() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="0.0.0.0")
+    add_runtime_args(parser)
+    ns = parser.parse_args(["--host", "10.0.0.1"])
+    assert runtime_config_from_args(ns, {}).host == "127.0.0.1"
+    assert runtime_config_from_args(ns, {"TANDEM_HOST_IP": "10.1.1.1"}).host == "10.1.1.1"
+
+
+def test_registry_builds_memory_backends() -> None:
+    cfg = RuntimeConfig()
+    disc = make_discovery(cfg)
+    assert type(disc).__name__ == "MemoryDiscovery"
+    assert type(make_event_bus(cfg, disc)).__name__ == "MemoryEventBus"

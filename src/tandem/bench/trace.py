@@ -1,0 +1,126 @@
+"""Mooncake trace replay: JSONL records → `RequestSpec`s with exact token-id prompts.
+
+Record format (one JSON object a line): `timestamp` (ms from trace start), `input_length`,
+`output_length`, `hash_ids` (one id per `block_size`-token block of the prompt). Two requests
+sharing hash id h share the same token block at that position, so they share KV prefix.
+
+Prompt construction contract: block h is `block_size` pseudo-random token ids drawn from a
+generator seeded by (seed, h); the prompt is the concatenation of its blocks trimmed to
+`input_length` (padded with tokens unique to the request when the blocks are too few), then
+clipped to `max_input_length` when one is set. Sends at `timestamp / 1000 / speedup` s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from tandem.bench.workload import DEFAULT_VOCAB_SIZE, FIRST_PLAIN_TOKEN_ID, RequestSpec
+
+# Pad blocks get ids far from any trace's hash ids so they never collide with a real block.
+_PAD_SEED_BASE = 1 << 40
+
+
+class TraceRecord(msgspec.Struct, frozen=True):
+    timestamp: float
+    input_length: int
+    output_length: int
+    hash_ids: list[int] = []
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceConfig:
+    block_size: int = 512
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    speedup: float = 1.0
+    max_requests: int | None = None
+    max_input_length: int | None = None
+    min_output_length: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size} must be >= 1")
+        if self.vocab_size <= FIRST_PLAIN_TOKEN_ID:
+            raise ValueError(f"vocab_size={self.vocab_size} must be > {FIRST_PLAIN_TOKEN_ID}")
+        if self.speedup <= 0:
+            raise ValueError(f"speedup={self.speedup} must be > 0")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"max_requests={self.max_requests} must be >= 1")
+        if self.max_input_length is not None and self.max_input_length < 1:
+            raise ValueError(f"max_input_length={self.max_input_length} must be >= 1")
+
+
+class BlockTokens:
+    """Maps a hash id to its fixed token block; cached, so shared blocks are built once."""
+
+    def __init__(self, block_size: int, vocab_size: int, seed: int = 0) -> None:
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self._cache: dict[int, list[int]] = {}
+
+    def block(self, hash_id: int) -> list[int]:
+        tokens = self._cache.get(hash_id)
+        if tokens is None:
+            rng = np.random.default_rng([self.seed, hash_id])
+            tokens = rng.integers(
+                FIRST_PLAIN_TOKEN_ID, self.vocab_size, size=self.block_size, dtype=np.int64
+            ).tolist()
+            self._cache[hash_id] = tokens
+        return tokens
+
+    def prompt(self, hash_ids: list[int], input_length: int, pad_key: int) -> list[int]:
+        """Concatenated blocks trimmed to `input_length`; pads with blocks unique to `pad_key`."""
+        tokens: list[int] = []
+        for hash_id in hash_ids:
+            if len(tokens) >= input_length:
+                break
+            tokens.extend(self.block(hash_id))
+        pad = 0
+        while len(tokens) < input_length:
+            rng = np.random.default_rng([self.seed, _PAD_SEED_BASE + pad_key, pad])
+            tokens.extend(
+                rng.integers(FIRST_PLAIN_TOKEN_ID, self.vocab_size, size=self.block_size).tolist()
+            )
+            pad += 1
+        return tokens[:input_length]
+
+
+def read_records(path: str | Path, max_requests: int | None = None) -> Iterator[TraceRecord]:
+    decoder = msgspec.json.Decoder(TraceRecord)
+    with open(path, "rb") as f:
+        count = 0
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if max_requests is not None and count >= max_requests:
+                return
+            try:
+                yield decoder.decode(line)
+            except msgspec.DecodeError as exc:
+                raise ValueError(f"{path}:{line_no}: bad trace record: {exc}") from exc
+            count += 1
+
+
+def trace_requests(path: str | Path, config: TraceConfig) -> list[RequestSpec]:
+    """All (or the first `max_requests`) records of a trace as requests with send times."""
+    blocks = BlockTokens(config.block_size, config.vocab_size, config.seed)
+    specs = []
+    for index, record in enumerate(read_records(path, config.max_requests)):
+        length = record.input_length
+        if config.max_input_length is not None:
+            length = min(length, config.max_input_length)
+        specs.append(
+            RequestSpec(
+                token_ids=blocks.prompt(record.hash_ids, length, pad_key=index),
+                max_tokens=max(record.output_length, config.min_output_length),
+                ignore_eos=True,
+                send_at_s=record.timestamp / 1000.0 / config.speedup,
+            )
+        )
+    return specs

@@ -1,0 +1,112 @@
+"""Workloads: what the load generator sends, as a list of `RequestSpec`.
+
+A workload is deterministic for a given seed: the same arguments give the same prompts (token
+ids, or text for chat endpoints) in the same order. Sources: random ISL/OSL prompts, the
+synthetic shared-prefix generator (groups × prompts per group) and Mooncake trace replay
+(`tandem.bench.trace`). Send times, when a workload has them, are seconds from the run's start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Low ids are special tokens in most vocabularies (SmolLM2: 0..16); prompts never use them.
+FIRST_PLAIN_TOKEN_ID = 32
+DEFAULT_VOCAB_SIZE = 49152
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestSpec:
+    """One request to send: a prompt (token ids or text), an output budget, an optional time."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str | None = None
+    max_tokens: int = 16
+    ignore_eos: bool = True
+    send_at_s: float | None = None
+    group_id: int | None = None
+
+    @property
+    def input_length(self) -> int:
+        return len(self.token_ids) if self.token_ids else len((self.text or "").split())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyntheticConfig:
+    """Random prompts of `isl` tokens, or `num_groups` shared prefixes × `prompts_per_group`."""
+
+    isl: int = 128
+    osl: int = 32
+    num_groups: int = 0
+    prompts_per_group: int = 1
+    prefix_len: int = 0
+    suffix_len: int = 0
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("isl", "osl", "prompts_per_group", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("num_groups", "prefix_len", "suffix_len"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.vocab_size <= FIRST_PLAIN_TOKEN_ID:
+            raise ValueError(f"vocab_size={self.vocab_size} must be > {FIRST_PLAIN_TOKEN_ID}")
+        if self.num_groups and self.prefix_len + self.suffix_len < 1:
+            raise ValueError("prefix_len + suffix_len must be >= 1 with num_groups > 0")
+
+
+def random_tokens(rng: np.random.Generator, n: int, vocab_size: int) -> list[int]:
+    """`n` token ids uniform over the plain (non-special) part of the vocabulary."""
+    return rng.integers(FIRST_PLAIN_TOKEN_ID, vocab_size, size=n, dtype=np.int64).tolist()
+
+
+def synthetic_requests(config: SyntheticConfig, num_requests: int) -> list[RequestSpec]:
+    """`num_requests` prompts. With groups, request i belongs to group i % num_groups and uses
+    prompt (i // num_groups) % prompts_per_group of that group: a group's prompts share its prefix,
+    and the schedule cycles through groups so prefixes interleave as they do in real traffic."""
+    rng = np.random.default_rng(config.seed)
+    if not config.num_groups:
+        return [
+            RequestSpec(
+                token_ids=random_tokens(rng, config.isl, config.vocab_size),
+                max_tokens=config.osl,
+            )
+            for _ in range(num_requests)
+        ]
+    prefixes = [
+        random_tokens(rng, config.prefix_len, config.vocab_size) for _ in range(config.num_groups)
+    ]
+    suffixes = [
+        [
+            random_tokens(rng, config.suffix_len, config.vocab_size)
+            for _ in range(config.prompts_per_group)
+        ]
+        for _ in range(config.num_groups)
+    ]
+    specs = []
+    for i in range(num_requests):
+        group = i % config.num_groups
+        prompt = (i // config.num_groups) % config.prompts_per_group
+        specs.append(
+            RequestSpec(
+                token_ids=prefixes[group] + suffixes[group][prompt],
+                max_tokens=config.osl,
+                group_id=group,
+            )
+        )
+    return specs
+
+
+def poisson_send_times(rate_per_s: float, num_requests: int, seed: int = 0) -> list[float]:
+    """Arrival times (s from start) of a Poisson process: exponential gaps with mean 1/rate.
+    The first request goes at t=0."""
+    if rate_per_s <= 0:
+        raise ValueError(f"rate_per_s={rate_per_s} must be > 0")
+    if num_requests <= 0:
+        return []
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=num_requests - 1)
+    return [0.0, *np.cumsum(gaps).tolist()]

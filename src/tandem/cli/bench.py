@@ -1,0 +1,75 @@
+"""`tandem bench`: the load generator, or a named benchmark.
+
+    tandem bench [load options]               load generator against any OpenAI endpoint
+    tandem bench frontend|routers [options]   comparisons that start and stop their own stacks
+    tandem bench indexer|engine|transfer|disagg|kvbm [options]   component benchmarks
+
+A named benchmark is the module `tandem.bench.<name>` exposing `main(argv) -> int`, imported
+only when asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+
+SUBCOMMANDS = {
+    "frontend": "frontend_compare",
+    "routers": "router_compare",
+    "indexer": "indexer",
+    "engine": "engine",
+    "transfer": "transfer",
+    "disagg": "disagg",
+    "kvbm": "kvbm",
+}
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if argv and argv[0] in SUBCOMMANDS:
+        module = importlib.import_module(f"tandem.bench.{SUBCOMMANDS[argv[0]]}")
+        return int(module.main(argv[1:]) or 0)
+    if argv and not argv[0].startswith("-"):
+        raise SystemExit(
+            f"unknown benchmark '{argv[0]}'; expected one of: {', '.join(sorted(SUBCOMMANDS))}"
+        )
+    return run_load_command(argv)
+
+
+def run_load_command(argv: list[str]) -> int:
+    from tandem.bench.args import add_load_arguments, load_config, workload
+    from tandem.bench.loadgen import run_load
+    from tandem.bench.report import format_summary, result_record, summarize, write_json
+
+    parser = argparse.ArgumentParser(
+        prog="tandem bench",
+        description="load generator for OpenAI endpoints; benchmarks: "
+        + ", ".join(sorted(SUBCOMMANDS)),
+    )
+    add_load_arguments(parser)
+    args = parser.parse_args(argv)
+    config = load_config(args)
+    specs = workload(args)
+    run = _run(run_load(config, specs))
+    summary = summarize(run)
+    print(format_summary(summary))
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "config": {k: getattr(config, k) for k in config.__slots__},
+                "summary": summary,
+                "requests": [result_record(r) for r in run.results],
+            },
+        )
+    return 0 if summary["num_ok"] else 1
+
+
+def _run(coro):  # uvloop when present: a cheaper client
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)

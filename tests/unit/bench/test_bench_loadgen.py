@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tandem.bench.loadgen import LoadConfig, run_load
+from tandem.bench.report import summarize
+from tandem.bench.workload import RequestSpec
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _specs(n: int, prompt_len: int = 10) -> list[RequestSpec]:
+    return [
+        RequestSpec(token_ids=list(range(100, 100 + prompt_len)), max_tokens=4) for _ in range(n)
+    ]
+
+
+async def test_ttft_itl_and_cached_tokens_are_measured(fake_openai):
+    url = f"http://127.0.0.1:{fake_openai.port}"
+    config = LoadConfig(url=url, concurrency=2, num_requests=4)
+    run = await run_load(config, _specs(4))
+    assert run.model == "fake-model"  # default: first of /v1/models
+    assert len(run.results) == 4 and all(r.ok for r in run.results)
+    for r in run.results:
+        # the text-less role chunk does not count: TTFT waits for the first text
+        assert r.ttft_s is not None and r.ttft_s >= fake_openai.first_token_delay_s * 0.9
+        assert len(r.itl_s) == fake_openai.num_tokens - 1
+        assert all(gap >= fake_openai.token_gap_s * 0.9 for gap in r.itl_s)
+        assert r.e2e_s >= r.ttft_s + sum(r.itl_s) * 0.99
+        assert (r.prompt_tokens, r.output_tokens, r.cached_tokens) == (10, 4, 5)
+        assert r.saw_done
+    summary = summarize(run)
+    assert summary["cached_fraction"] == pytest.approx(0.5)
+    assert summary["num_errors"] == 0
+    assert summary["ttft_ms"]["p50"] >= fake_openai.first_token_delay_s * 900
+    body = fake_openai.bodies[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["prompt"] == list(range(100, 110)) and body["ignore_eos"] is True
+
+
+async def test_reused_connections_vs_fresh(fake_openai):
+    url = f"http://127.0.0.1:{fake_openai.port}"
+    fake_openai.first_token_delay_s = fake_openai.token_gap_s = 0.0
+    await run_load(LoadConfig(url=url, concurrency=2, num_requests=10), _specs(10))
+    assert len(fake_openai.peers) <= 2  # keep-alive pool: one connection per in-flight slot
+    fake_openai.peers.clear()
+    run = await run_load(
+        LoadConfig(url=url, concurrency=2, num_requests=10, fresh_connections=True), _specs(10)
+    )
+    assert all(r.ok for r in run.results)
+    assert len(fake_openai.peers) == 10
+
+
+async def test_errors_are_counted_by_status(fake_openai):
+    url = f"http://127.0.0.1:{fake_openai.port}"
+    run = await run_load(LoadConfig(url=url, model="bad", num_requests=3), _specs(3))
+    summary = summarize(run)
+    assert summary["num_ok"] == 0 and summary["errors_by_status"] == {"400": 3}
+    assert "bad model" in summary["error_samples"][0]
+
+
+async def test_connection_refused_is_status_zero(fake_openai):
+    url = f"http://127.0.0.1:{fake_openai.port}"
+    await fake_openai.stop()
+    run = await run_load(LoadConfig(url=url, model="m", num_requests=2), _specs(2))
+    assert [r.status for r in run.results] == [0, 0]
+    assert summarize(run)["errors_by_status"] == {"0": 2}
+
+
+async def test_chat_endpoint_and_request_rate(fake_openai):
+    url = f"http://127.0.0.1:{fake_openai.port}"
+    fake_openai.first_token_delay_s = fake_openai.token_gap_s = 0.0
+    config = LoadConfig(url=url, endpoint="chat", request_rate=500.0, num_requests=6)
+    run = await run_load(config, _specs(6, prompt_len=7))
+    assert all(r.ok and r.ttft_s is not None for r in run.results)
+    assert len(fake_openai.bodies[0]["messages"][0]["content"].split()) == 7
+    starts = sorted(r.start_s for r in run.results)
+    assert starts[-1] > starts[0]  # spread over time, not all at once
+
+
+async def test_server_cpu_is_measured_per_pid(fake_openai):
+    url = f"http://127.0.0.1:{fake_openai.port}"
+    fake_openai.first_token_delay_s = fake_openai.token_gap_s = 0.0
+    fake_openai.cpu_burn_s = 0.002
+    config = LoadConfig(url=url, concurrency=4, num_requests=40, server_pids=(os.getpid(),))
+    run = await run_load(config, _specs(40))
+    # the fake server runs in this process and burns >= 2 ms CPU per request
+    assert run.server_cpu_s[os.getpid()] >= 0.06
+    assert summarize(run)["server_cpu_ms_per_request"][str(os.getpid())] >= 1.5

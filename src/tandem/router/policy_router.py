@@ -17,6 +17,7 @@ from tandem.protocols.engine import PreprocessedRequest
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
 from tandem.router.load import LoadTracker
+from tandem.router.metrics import RouterMetrics
 from tandem.router.source import EventSource, InstanceSource
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class PolicyRouter:
         self._num_queued = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
-        self.routed_total: dict[str, int] = {}
+        self.metrics = RouterMetrics()
 
     def subject(self, name: str) -> str:
         return f"{self.namespace}.{self.config.worker_component}.{name}"
@@ -64,6 +65,9 @@ class PolicyRouter:
         if self._started:
             return
         self._started = True
+        start_instances = getattr(self._instances, "start", None)
+        if start_instances is not None:
+            await start_instances()
         self._instances.add_listener(self._on_instance_event)
         if self._events is not None:
             sub = await self._events.subscribe(self.subject("load_metrics"))
@@ -150,6 +154,7 @@ class PolicyRouter:
         queued = False
         try:
             while True:
+                started = time.perf_counter()
                 cands = self.candidates(request, exclude)
                 try:
                     chosen, details = self._choose(request, cands)
@@ -159,14 +164,22 @@ class PolicyRouter:
         finally:
             if queued:
                 self._num_queued -= 1
+        self.on_finish(request.request_id)  # a re-route (migration) replaces the old entry
         self._request_worker[request.request_id] = chosen.instance_id
         self._inflight[chosen.instance_id] = self._inflight.get(chosen.instance_id, 0) + 1
-        self.routed_total[chosen.instance_id] = self.routed_total.get(chosen.instance_id, 0) + 1
-        return self._decision(request, chosen, details)
+        decision = self._record(request, chosen, details)
+        self.metrics.observe_route(
+            chosen.instance_id,
+            decision.overlap_blocks,
+            decision.request_blocks,
+            time.perf_counter() - started,
+        )
+        return decision
 
-    def _decision(
+    def _record(
         self, request: PreprocessedRequest, chosen: Instance, details: dict[str, Any]
     ) -> RouteDecision:
+        """Book the choice (subclasses track more) and build the decision."""
         return RouteDecision(
             instance_id=chosen.instance_id, address=chosen.address, details=details
         )
@@ -229,7 +242,4 @@ class PolicyRouter:
 
     def metrics_text(self) -> str:
         """Prometheus text lines the frontend appends to /metrics."""
-        lines = ["# TYPE tandem_router_routed_requests_total counter"]
-        for wid, n in sorted(self.routed_total.items()):
-            lines.append(f'tandem_router_routed_requests_total{{worker_id="{wid}"}} {n}')
-        return "\n".join(lines) + "\n"
+        return self.metrics.render()

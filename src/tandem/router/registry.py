@@ -13,7 +13,7 @@ from tandem.router.simple import LeastLoadedRouter, RandomRouter, RoundRobinRout
 
 __all__ = ["POLICIES", "RouterConfig", "make_router"]
 
-POLICIES = ("least_loaded", "random", "round_robin")
+POLICIES = ("kv", "least_loaded", "random", "round_robin")
 
 
 def make_router(

@@ -1,0 +1,230 @@
+"""`KvRouter`: routes each request to the worker with the lowest KV-aware cost (DESIGN.md §7),
+fed by KV events (or, with `use_kv_events=False`, by its own decisions) and its own
+active-request tracking (shared with replicas when `replica_sync` is on)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tandem.protocols.discovery import Instance
+from tandem.protocols.engine import PreprocessedRequest
+from tandem.router.active_sequences import ActiveSequences
+from tandem.router.base import RouteDecision
+from tandem.router.cost import CandidateCost, candidate_cost, choose, tiered_overlap
+from tandem.router.indexer import MEDIA, KvIndexer, WorkerKey
+from tandem.router.policy_router import AllBusy, PolicyRouter
+from tandem.tokens.hashing import sequence_hashes
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    block_hashes: list[int]
+    num_tokens: int
+    costs: list[CandidateCost]
+    overlap_weight: float
+    temperature: float
+
+
+class KvRouter(PolicyRouter):
+    """See module doc. Synchronous core; `start` adds the event-plane followers."""
+
+    policy = "kv"
+
+    def __init__(self, config: Any, *, client: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self._client = client
+        self.indexer = KvIndexer()
+        self.active = ActiveSequences(ttl_s=config.active_ttl_s, clock=self._clock)
+        self._last_sweep_s = self._clock()
+        self._pending: Scored | None = None
+
+    @property
+    def block_size(self) -> int:
+        if self.config.block_size is not None:
+            return int(self.config.block_size)
+        for inst in self._instances.instances.values():
+            if inst.model is not None:
+                return inst.model.block_size
+        return DEFAULT_BLOCK_SIZE
+
+    def _forget_worker(self, worker_id: str) -> None:
+        super()._forget_worker(worker_id)
+        self.indexer.remove_worker(worker_id)
+        self.active.remove_worker(worker_id)
+
+    # ------------------------------------------------------------ scoring
+    def request_hashes(self, request: PreprocessedRequest) -> list[int]:
+        return sequence_hashes(
+            request.token_ids,
+            self.block_size,
+            lora_name=request.lora_name,
+            cache_salt=request.cache_salt,
+        )
+
+    def _overlaps(self, hashes: list[int]) -> dict[str, float]:
+        def per_worker(matches: dict[WorkerKey, int]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for key, depth in matches.items():
+                out[key.worker_id] = max(out.get(key.worker_id, 0), depth)
+            return out
+
+        device = per_worker(self.indexer.find_matches(hashes))
+        if not self.indexer.has_tiers():
+            return {w: float(d) for w, d in device.items()}
+        host = per_worker(self.indexer.find_matches(hashes, ("device", "host")))
+        anyt = per_worker(self.indexer.find_matches(hashes, MEDIA))
+        return {
+            w: tiered_overlap(
+                device.get(w, 0),
+                host.get(w, 0),
+                d,
+                host_credit=self.config.host_overlap_credit,
+                disk_credit=self.config.disk_overlap_credit,
+            )
+            for w, d in anyt.items()
+        }
+
+    def _is_busy(self, worker: Instance) -> bool:
+        cfg = self.config
+        wid = worker.instance_id
+        prefill_limit = cfg.busy_prefill_tokens
+        if prefill_limit is not None and self.active.num_prefill_tokens(wid) > prefill_limit:
+            return True
+        if cfg.busy_active_blocks_fraction is not None:
+            load = self.loads.get(wid)
+            if load is not None and load.num_total_blocks:
+                fraction = load.active_fraction
+            elif worker.model is not None and worker.model.num_total_blocks:
+                fraction = self.active.num_active_blocks(wid) / worker.model.num_total_blocks
+            else:
+                fraction = 0.0
+            if fraction > cfg.busy_active_blocks_fraction:
+                return True
+        return False
+
+    def score(self, request: PreprocessedRequest, candidates: Sequence[Instance]) -> Scored:
+        """Every candidate's cost for `request`; mutates nothing."""
+        hashes = self.request_hashes(request)
+        block_size = self.block_size
+        num_tokens = len(request.token_ids)
+        partial = 1 if num_tokens % block_size else 0
+        overlaps = self._overlaps(hashes)
+        cached = self._cached_counts()
+        routing = request.routing
+        weight = self.config.overlap_weight
+        temperature = self.config.temperature
+        if routing is not None and routing.overlap_weight is not None:
+            weight = routing.overlap_weight
+        if routing is not None and routing.temperature is not None:
+            temperature = routing.temperature
+        costs = [
+            candidate_cost(
+                worker_id=c.instance_id,
+                num_tokens=num_tokens,
+                block_size=block_size,
+                overlap_blocks=overlaps.get(c.instance_id, 0.0),
+                active_prefill_tokens=self.active.num_prefill_tokens(c.instance_id),
+                active_blocks=self.active.num_active_blocks(c.instance_id),
+                num_new_blocks=self.active.num_new_blocks(c.instance_id, hashes) + partial,
+                overlap_weight=weight,
+                cached_blocks=cached.get(c.instance_id, 0),
+                is_busy=self._is_busy(c),
+            )
+            for c in candidates
+        ]
+        return Scored(hashes, num_tokens, costs, weight, temperature)
+
+    def _cached_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key in self.indexer.workers:
+            out[key.worker_id] = out.get(key.worker_id, 0) + self.indexer.num_blocks(key)
+        return out
+
+    def _eligible(self, request: PreprocessedRequest, scored: Scored) -> list[CandidateCost]:
+        pinned = request.routing is not None and request.routing.worker_id is not None
+        return [c for c in scored.costs if pinned or not c.is_busy]
+
+    # ------------------------------------------------------------ routing
+    def _choose(
+        self, request: PreprocessedRequest, candidates: Sequence[Instance]
+    ) -> tuple[Instance, dict[str, Any]]:
+        self._maybe_sweep()
+        scored = self.score(request, candidates)
+        eligible = self._eligible(request, scored)
+        if not eligible:
+            raise AllBusy
+        best = choose(eligible, scored.temperature, self._rng)
+        self._pending = scored
+        chosen = next(c for c in candidates if c.instance_id == best.worker_id)
+        return chosen, {"policy": self.policy, "cost": best.cost}
+
+    def _record(
+        self, request: PreprocessedRequest, chosen: Instance, details: dict[str, Any]
+    ) -> RouteDecision:
+        scored, self._pending = self._pending, None
+        assert scored is not None, "_record without a preceding _choose"
+        best = next(c for c in scored.costs if c.worker_id == chosen.instance_id)
+        overlap = int(best.overlap_blocks)
+        prefill_tokens = max(scored.num_tokens - overlap * self.block_size, 0)
+        self.active.add(request.request_id, chosen.instance_id, scored.block_hashes, prefill_tokens)
+        self._after_add(request.request_id, chosen.instance_id, scored, prefill_tokens)
+        return RouteDecision(
+            instance_id=chosen.instance_id,
+            address=chosen.address,
+            overlap_blocks=overlap,
+            request_blocks=len(scored.block_hashes),
+            details=details,
+        )
+
+    def _after_add(
+        self, request_id: str, worker_id: str, scored: Scored, prefill_tokens: int
+    ) -> None:
+        """Hook: approximate mode and replica sync record the choice further."""
+
+    def _maybe_sweep(self) -> None:
+        now = self._clock()
+        if now - self._last_sweep_s >= self.config.active_ttl_s / 10:
+            self._last_sweep_s = now
+            self.active.sweep()
+
+    def on_first_token(self, request_id: str) -> None:
+        self.active.mark_prefilled(request_id)
+
+    def on_finish(self, request_id: str) -> None:
+        self.active.free(request_id)
+        super().on_finish(request_id)
+
+    # ------------------------------------------------------------ introspection
+    def explain(self, request: PreprocessedRequest) -> dict[str, Any]:
+        """Every candidate's overlap, prefill/decode blocks, cost, busy flag, and the worker
+        `route` would pick now (sampled with a copy of the RNG, so nothing changes)."""
+        candidates = self.candidates(request)
+        scored = self.score(request, candidates)
+        eligible = self._eligible(request, scored)
+        choice = choose(eligible, scored.temperature, copy.copy(self._rng)) if eligible else None
+        return {
+            "policy": self.policy,
+            "block_size": self.block_size,
+            "request_tokens": scored.num_tokens,
+            "request_blocks": len(scored.block_hashes),
+            "overlap_weight": scored.overlap_weight,
+            "temperature": scored.temperature,
+            "candidates": [asdict(c) for c in scored.costs],
+            "choice": None if choice is None else choice.worker_id,
+            "all_busy": choice is None,
+        }
+
+    def _load_row(self, worker_id: str) -> dict[str, float]:
+        row = super()._load_row(worker_id)
+        row["router_active_blocks"] = float(self.active.num_active_blocks(worker_id))
+        row["router_prefill_tokens"] = float(self.active.num_prefill_tokens(worker_id))
+        row["cached_blocks"] = float(self._cached_counts().get(worker_id, 0))
+        return row

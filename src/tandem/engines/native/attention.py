@@ -1,0 +1,79 @@
+"""Attention over the paged KV cache, for a flat (varlen) batch of tokens.
+
+Token rows are ordered: first one row per decoding sequence, then each prefill chunk.
+Decode rows are attended in one padded, masked batch; each prefill chunk with one SDPA
+call (causal over its cached prefix + itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True, kw_only=True)
+class PrefillSpan:
+    """Rows [start, end) of the batch are tokens of one sequence at positions
+    [ctx_len - (end - start), ctx_len); `context_slots` are the KV slots of all ctx_len."""
+
+    start: int
+    end: int
+    context_slots: torch.Tensor  # [ctx_len] long
+    mask: torch.Tensor | None  # [q_len, ctx_len] bool; None = no cached prefix (pure causal)
+
+
+@dataclass(slots=True, kw_only=True)
+class AttentionMetadata:
+    """Everything the attention of every layer needs for one step; built once per step."""
+
+    slot_mapping: torch.Tensor  # [T] long: where each row's K/V is written
+    cos: torch.Tensor  # [T, 1, head_dim]
+    sin: torch.Tensor  # [T, 1, head_dim]
+    num_decode: int = 0
+    decode_slots: torch.Tensor | None = None  # [D, max_ctx] long (padding points at slot 0)
+    decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_ctx] bool, True = attend
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    out: torch.Tensor,
+) -> None:
+    """Write this step's k/v [T, kv_heads, d] into the cache, then attention of q
+    [T, heads, d] into `out` [T, heads, d]. k_cache/v_cache: [num_slots, kv_heads, d]."""
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    num_decode = meta.num_decode
+    if num_decode:
+        assert meta.decode_slots is not None
+        qd = q[:num_decode].unsqueeze(2)  # [D, H, 1, d]
+        kd = k_cache[meta.decode_slots].transpose(1, 2)  # [D, KVH, L, d]
+        vd = v_cache[meta.decode_slots].transpose(1, 2)
+        res = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True
+        )
+        out[:num_decode] = res.squeeze(2)
+    for span in meta.prefills:
+        qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, d]
+        if span.mask is None:
+            kp = k[span.start : span.end]
+            vp = v[span.start : span.end]
+        else:
+            kp = k_cache[span.context_slots]
+            vp = v_cache[span.context_slots]
+        res = F.scaled_dot_product_attention(
+            qp,
+            kp.transpose(0, 1).unsqueeze(0),
+            vp.transpose(0, 1).unsqueeze(0),
+            attn_mask=span.mask,
+            is_causal=span.mask is None,
+            enable_gqa=True,
+        )
+        out[span.start : span.end] = res[0].transpose(0, 1)

@@ -1,0 +1,209 @@
+"""Fixed-size KV blocks: allocation, ref-counted sharing, prefix caching, LRU eviction.
+
+A block is free (ref 0) or used (ref > 0). Free blocks that hold a full, hashed block stay
+in the prefix cache (LRU order) until a new allocation evicts them; free uncached blocks are
+handed out first. Every newly computed full block is announced with a BlockStored event,
+every eviction with a BlockRemoved event (DESIGN.md §6), exactly as the mocker does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from tandem.engines.native.sequence import Sequence
+from tandem.protocols.kv_events import BlockRemoved, BlockStored, KvEvent
+
+
+class BlockManager:
+    """Owns the block table of every sequence that holds blocks. Not thread-safe."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks={num_blocks}, block_size={block_size} must be > 0")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[list[int] | None] = [None] * num_blocks
+        self.block_parent: list[int | None] = [None] * num_blocks
+        self.block_lora: list[str | None] = [None] * num_blocks
+        self.hash_to_block: dict[int, int] = {}
+        self.free_uncached: deque[int] = deque(range(num_blocks))
+        self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU first
+        self.tables: dict[int, list[int]] = {}  # seq_id -> block ids
+        self.num_committed: dict[int, int] = {}  # seq_id -> blocks already hashed/announced
+        self.events: list[KvEvent] = []
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_uncached) + len(self.free_cached)
+
+    @property
+    def num_active_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def block_table(self, seq: Sequence) -> list[int]:
+        return self.tables.get(seq.seq_id, [])
+
+    def take_events(self) -> list[KvEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """On a sequence's first schedule: share every cached full block of its prefix (at
+        most (len-1)//block_size blocks: the last token is always computed). Returns the
+        number of tokens served from the cache."""
+        assert seq.seq_id not in self.tables, "match_prefix on a sequence that holds blocks"
+        table: list[int] = []
+        self.tables[seq.seq_id] = table
+        if not self.enable_prefix_caching:
+            self.num_committed[seq.seq_id] = 0
+            return 0
+        bs = self.block_size
+        max_blocks = (len(seq.token_ids) - 1) // bs
+        for i, h in enumerate(seq.full_block_hashes(bs)[:max_blocks]):
+            block = self.hash_to_block.get(h)
+            if block is None or self.block_tokens[block] != seq.token_ids[i * bs : (i + 1) * bs]:
+                break
+            if self.ref_counts[block] == 0:
+                del self.free_cached[block]
+            self.ref_counts[block] += 1
+            table.append(block)
+        self.num_committed[seq.seq_id] = len(table)
+        return len(table) * bs
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks the sequence needs to hold `num_tokens` tokens in total."""
+        have = len(self.tables.get(seq.seq_id, ()))
+        return max(0, -(-num_tokens // self.block_size) - have)
+
+    def ensure_slots(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grow the sequence's table to hold `num_tokens` tokens; False (and no change)
+        when there are not enough free blocks."""
+        needed = self.blocks_needed(seq, num_tokens)
+        if needed > self.num_free_blocks:
+            return False
+        table = self.tables.setdefault(seq.seq_id, [])
+        self.num_committed.setdefault(seq.seq_id, 0)
+        evicted: list[int] = []
+        for _ in range(needed):
+            table.append(self._take_free_block(evicted))
+        if evicted:
+            self.events.append(BlockRemoved(block_hashes=evicted))
+        return True
+
+    def _take_free_block(self, evicted: list[int]) -> int:
+        if self.free_uncached:
+            block = self.free_uncached.popleft()
+        else:
+            block, _ = self.free_cached.popitem(last=False)
+            h = self.block_hash[block]
+            assert h is not None
+            del self.hash_to_block[h]
+            evicted.append(h)
+            self.block_hash[block] = self.block_tokens[block] = self.block_parent[block] = None
+            self.block_lora[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def commit(self, seq: Sequence) -> None:
+        """Hash and announce the sequence's blocks that became full and computed."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        done = self.num_committed[seq.seq_id]
+        num_full = seq.num_computed_tokens // bs
+        if num_full <= done:
+            return
+        hashes = seq.full_block_hashes(bs)
+        table = self.tables[seq.seq_id]
+        stored: list[int] = []
+        for i in range(done, num_full):
+            h, block = hashes[i], table[i]
+            if h in self.hash_to_block or self.block_hash[block] is not None:
+                continue  # an identical block is already cached (computed concurrently)
+            self.hash_to_block[h] = block
+            self.block_hash[block] = h
+            self.block_tokens[block] = seq.token_ids[i * bs : (i + 1) * bs]
+            self.block_parent[block] = hashes[i - 1] if i else None
+            self.block_lora[block] = seq.lora_name
+            stored.append(i)
+        self.num_committed[seq.seq_id] = num_full
+        self._announce(seq, stored, hashes)
+
+    def _announce(self, seq: Sequence, stored: list[int], hashes: list[int]) -> None:
+        bs = self.block_size
+        run: list[int] = []
+        for i in [*stored, -1]:  # one event per run of consecutive blocks
+            if run and i != run[-1] + 1:
+                first = run[0]
+                self.events.append(
+                    BlockStored(
+                        block_hashes=[hashes[j] for j in run],
+                        parent_hash=hashes[first - 1] if first else None,
+                        token_ids=seq.token_ids[first * bs : (run[-1] + 1) * bs],
+                        block_size=bs,
+                        lora_name=seq.lora_name,
+                    )
+                )
+                run = []
+            run.append(i)
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks (tail first, so tails are evicted first)."""
+        table = self.tables.pop(seq.seq_id, None)
+        self.num_committed.pop(seq.seq_id, None)
+        for block in reversed(table or ()):
+            self.ref_counts[block] -= 1
+            assert self.ref_counts[block] >= 0, f"double free of block {block}"
+            if self.ref_counts[block] == 0:
+                if self.block_hash[block] is None:
+                    self.free_uncached.append(block)
+                else:
+                    self.free_cached[block] = None
+
+    def snapshot(self) -> list[KvEvent]:
+        """BlockStored for every cached block, parents before children."""
+        events: list[KvEvent] = []
+        known: set[int] = set()
+        pending = [b for b in range(self.num_blocks) if self.block_hash[b] is not None]
+        while pending:
+            rest = []
+            for b in pending:
+                parent = self.block_parent[b]
+                if parent is None or parent in known or parent not in self.hash_to_block:
+                    h = self.block_hash[b]
+                    assert h is not None
+                    known.add(h)
+                    events.append(
+                        BlockStored(
+                            block_hashes=[h],
+                            parent_hash=parent,
+                            token_ids=list(self.block_tokens[b] or ()),
+                            block_size=self.block_size,
+                            lora_name=self.block_lora[b],
+                        )
+                    )
+                else:
+                    rest.append(b)
+            pending = rest
+        return events
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError when refs, free lists, tables or the hash map disagree."""
+        refs = [0] * self.num_blocks
+        for table in self.tables.values():
+            for block in table:
+                refs[block] += 1
+        assert refs == self.ref_counts, "ref counts differ from the block tables"
+        free = list(self.free_uncached) + list(self.free_cached)
+        assert len(free) == len(set(free)), "a block is free twice"
+        assert all(self.ref_counts[b] == 0 for b in free), "a used block is in a free list"
+        num_used = sum(1 for r in self.ref_counts if r > 0)
+        assert num_used + len(free) == self.num_blocks, "a block is neither used nor free"
+        assert all(self.block_hash[b] is None for b in self.free_uncached)
+        assert all(self.block_hash[b] is not None for b in self.free_cached)
+        for h, block in self.hash_to_block.items():
+            assert self.block_hash[block] == h, f"hash map points at block {block} wrongly"
+        assert sum(h is not None for h in self.block_hash) == len(self.hash_to_block)

@@ -1,0 +1,45 @@
+"""`NativeConfig`: every knob of the native engine, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NativeConfig:
+    """model: a .gguf file, a HF safetensors dir, or None for the SmolLM2 GGUF.
+    num_blocks: explicit KV block count; else derived from kv_cache_memory_gb."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "float32"
+    block_size: int = 16
+    kv_cache_memory_gb: float = 1.0
+    num_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None
+    num_threads: int = 2
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype='{self.dtype}'; expected one of: {', '.join(DTYPES)}")
+        _positive("block_size", self.block_size, 1024)
+        if not 0 < self.kv_cache_memory_gb <= 4096:
+            raise ValueError(f"kv_cache_memory_gb={self.kv_cache_memory_gb} must be in (0, 4096]")
+        if self.num_blocks is not None:
+            _positive("num_blocks", self.num_blocks, 10_000_000)
+        _positive("max_num_seqs", self.max_num_seqs, 65536)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens, 1 << 20)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len, 1 << 22)
+        _positive("num_threads", self.num_threads, 1024)
+
+
+def _positive(name: str, value: int, upper: int) -> None:
+    if not 1 <= value <= upper:
+        raise ValueError(f"{name}={value} must be in [1, {upper}]")

@@ -1,0 +1,127 @@
+"""The synchronous engine: requests in, one `step()` at a time, outputs and KV events out.
+
+`NativeEngine` drives it from a dedicated thread; tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tandem.engines.native.block_manager import BlockManager
+from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.model import LlamaModel
+from tandem.engines.native.model_runner import ModelRunner
+from tandem.engines.native.scheduler import Scheduler
+from tandem.engines.native.sequence import Sequence
+from tandem.errors import ContextLengthExceeded, InvalidRequest
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.kv_events import KvEvent
+
+logger = logging.getLogger(__name__)
+
+
+def num_blocks_for(config: NativeConfig, bytes_per_block: int) -> int:
+    if config.num_blocks is not None:
+        return config.num_blocks
+    return max(1, int(config.kv_cache_memory_gb * (1 << 30)) // bytes_per_block)
+
+
+class EngineCore:
+    """Not thread-safe: one caller at a time (the engine thread)."""
+
+    def __init__(self, config: NativeConfig, model: LlamaModel) -> None:
+        self.config = config
+        self.model = model
+        mc = model.config
+        bytes_per_block = (
+            (2 * mc.num_layers * config.block_size * mc.num_kv_heads * mc.head_dim)
+            * torch.finfo(model.dtype).bits
+            // 8
+        )
+        self.num_blocks = num_blocks_for(config, bytes_per_block)
+        self.max_model_len = min(config.max_model_len or mc.context_length, mc.context_length)
+        self.block_manager = BlockManager(
+            self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size, seed=config.seed)
+        self.seqs: dict[str, Sequence] = {}
+
+    def add(self, request: PreprocessedRequest) -> Sequence:
+        """Queue a request; raises InvalidRequest / ContextLengthExceeded when it cannot fit."""
+        if request.request_id in self.seqs:
+            raise InvalidRequest(f"request_id={request.request_id} is already running")
+        num_prompt = len(request.token_ids)
+        if num_prompt == 0:
+            raise InvalidRequest("token_ids is empty; expected at least one prompt token")
+        total = num_prompt + request.stop.max_tokens
+        limit = min(self.max_model_len, self.num_blocks * self.config.block_size)
+        if total > limit:
+            raise ContextLengthExceeded(
+                f"prompt {num_prompt} + max_tokens {request.stop.max_tokens} = {total} exceeds "
+                f"the engine limit {limit} (max_model_len {self.max_model_len}, KV capacity "
+                f"{self.num_blocks * self.config.block_size} tokens)"
+            )
+        seq = Sequence(request, self.model.config.eos_token_ids)
+        self.seqs[request.request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self.seqs:
+            self.scheduler.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[tuple[str, EngineOutput]]:
+        """Schedule, run the model, sample; returns (request_id, output) for every request
+        that produced a token or finished this step."""
+        batch = self.scheduler.schedule()
+        outputs = [(s.request_id, EngineOutput(finish_reason="cancelled")) for s in batch.aborted]
+        for seq in batch.aborted:
+            del self.seqs[seq.request_id]
+        if not batch.seqs:
+            return outputs
+        sampled = self.runner.run(batch, self.block_manager)
+        self.scheduler.update(batch)
+        finished: list[Sequence] = []
+        for seq in batch.seqs:
+            token = sampled.get(seq.seq_id)
+            if token is None:
+                continue
+            reason = self._append(seq, token)
+            out = EngineOutput(token_ids=[token], finish_reason=reason)  # type: ignore[arg-type]
+            if seq.num_output_tokens == 1:
+                out.num_cached_tokens = seq.num_cached_tokens or 0
+            if seq.pending_logprobs:
+                out.logprobs, out.top_logprobs = seq.pending_logprobs, seq.pending_top_logprobs
+                seq.pending_logprobs, seq.pending_top_logprobs = [], []
+            outputs.append((seq.request_id, out))
+            if reason is not None:
+                seq.finish_reason = reason
+                finished.append(seq)
+        self.scheduler.retire(finished)
+        for seq in finished:
+            del self.seqs[seq.request_id]
+        return outputs
+
+    def _append(self, seq: Sequence, token: int) -> str | None:
+        seq.token_ids.append(token)
+        num_out = seq.num_output_tokens
+        if num_out >= seq.stop.min_tokens and (
+            token in seq.stop_token_ids or (not seq.stop.ignore_eos and token in seq.eos_token_ids)
+        ):
+            return "stop"
+        if num_out >= seq.stop.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            return "length"
+        return None
+
+    def take_events(self) -> list[KvEvent]:
+        return self.block_manager.take_events()

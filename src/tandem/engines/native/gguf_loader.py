@@ -1,0 +1,138 @@
+"""Read a llama-family GGUF file into HF-named fp32 numpy weights.
+
+Quantized tensors (Q4_1, Q8_0, ...) are dequantized with `gguf.quants.dequantize`.
+llama.cpp's converter permutes the rows of Q and K so that its RoPE rotates adjacent
+pairs; we undo that so the weights match HF's rotate-half layout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from tandem.engines.native.model_config import ModelConfig
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class GgufFormatError(ValueError):
+    """The file is not a llama GGUF we can serve; the message names the file and what is wrong."""
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """HF parameter name of a GGUF tensor name (None for tensors we do not use)."""
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output_norm.weight":
+        return "model.norm.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute(w, n_head)` on Q/K projection rows."""
+    out_dim = weight.shape[0]
+    return (
+        weight.reshape(num_heads, out_dim // num_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _field(reader: object, key: str, path: str, default: object = None) -> object:
+    field = reader.fields.get(key)  # type: ignore[attr-defined]
+    if field is None:
+        if default is None:
+            raise GgufFormatError(f"{path}: missing metadata key '{key}'")
+        return default
+    return field.contents()
+
+
+def read_config(reader: object, path: str) -> ModelConfig:
+    arch = _field(reader, "general.architecture", path)
+    if arch != "llama":
+        raise GgufFormatError(f"{path}: architecture '{arch}' is not supported; expected 'llama'")
+    num_heads = int(_field(reader, "llama.attention.head_count", path))  # type: ignore[arg-type]
+    hidden = int(_field(reader, "llama.embedding_length", path))  # type: ignore[arg-type]
+    names = {t.name for t in reader.tensors}  # type: ignore[attr-defined]
+    tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
+    vocab = _field(reader, "llama.vocab_size", path, len(tokens.data) if tokens else 0)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id", path, -1)
+    return ModelConfig(
+        name=str(_field(reader, "general.name", path, os.path.basename(path))),
+        num_layers=int(_field(reader, "llama.block_count", path)),  # type: ignore[arg-type]
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, "llama.feed_forward_length", path)),  # type: ignore[arg-type]
+        num_heads=num_heads,
+        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", path, num_heads)),  # type: ignore[arg-type]
+        head_dim=int(_field(reader, "llama.rope.dimension_count", path, hidden // num_heads)),  # type: ignore[arg-type]
+        vocab_size=int(vocab),  # type: ignore[arg-type]
+        rope_theta=float(_field(reader, "llama.rope.freq_base", path, 10000.0)),  # type: ignore[arg-type]
+        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", path, 1e-5)),  # type: ignore[arg-type]
+        context_length=int(_field(reader, "llama.context_length", path, 2048)),  # type: ignore[arg-type]
+        eos_token_ids=() if int(eos) < 0 else (int(eos),),  # type: ignore[arg-type]
+        tie_word_embeddings="output.weight" not in names,
+    )
+
+
+def required_names(config: ModelConfig) -> list[str]:
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    for i in range(config.num_layers):
+        names += [f"model.layers.{i}.{n}.weight" for n in _LAYER_NAMES.values()]
+    return names
+
+
+def read_gguf(
+    path: str, progress: Callable[[int], None] | None = None
+) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Config and fp32 weights (HF names, HF layout) of the llama GGUF at `path`.
+
+    Raises GgufFormatError naming the file and the missing tensor or key.
+    """
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    try:
+        reader = GGUFReader(path)
+    except (OSError, ValueError) as exc:
+        raise GgufFormatError(f"{path}: cannot read as GGUF: {exc}") from exc
+    config = read_config(reader, path)
+    weights: dict[str, np.ndarray] = {}
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            array = np.array(tensor.data, dtype=np.float32)  # copy: the memmap is read-only
+        else:
+            array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        array = array.reshape(tuple(int(d) for d in reversed(tensor.shape)))
+        if name.endswith("q_proj.weight"):
+            array = unpermute_rows(array, config.num_heads)
+        elif name.endswith("k_proj.weight"):
+            array = unpermute_rows(array, config.num_kv_heads)
+        weights[name] = np.ascontiguousarray(array)
+        if progress is not None:
+            progress(1)
+    missing = [n for n in required_names(config) if n not in weights]
+    if missing:
+        raise GgufFormatError(f"{path}: missing tensor '{missing[0]}' ({len(missing)} missing)")
+    return config, weights

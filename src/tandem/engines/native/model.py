@@ -1,0 +1,123 @@
+"""A llama-family decoder as plain tensors and functions (no nn.Module overhead).
+
+Q/K/V and gate/up projections are fused into one matmul each; residual adds are fused
+into the output projections (addmm). The forward runs over a flat batch of tokens with
+a paged KV cache of shape [num_layers, 2, num_blocks, block_size, kv_heads, head_dim].
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from tandem.engines.native.attention import AttentionMetadata, paged_attention
+from tandem.engines.native.model_config import ModelConfig
+
+
+class LayerWeights(NamedTuple):
+    input_norm: torch.Tensor
+    qkv_t: torch.Tensor  # [hidden, (H + 2 KVH) * d]
+    o_t: torch.Tensor  # [H * d, hidden]
+    post_norm: torch.Tensor
+    gate_up_t: torch.Tensor  # [hidden, 2 * ffn]
+    down_t: torch.Tensor  # [ffn, hidden]
+
+
+def rope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_positions, head_dim] for rotate-half RoPE (computed as HF does)."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (
+        config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    )
+    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class LlamaModel:
+    """Weights + forward. Not thread-safe: one step at a time."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        max_positions: int | None = None,
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        w = {k: v.to(dtype) for k, v in weights.items()}
+        self.layers = [self._layer(w, i) for i in range(config.num_layers)]
+        self.embed = w["model.embed_tokens.weight"].contiguous()
+        self.lm_head = self.embed if config.tie_word_embeddings else w["lm_head.weight"]
+        self.norm = w["model.norm.weight"]
+        cos, sin = rope_tables(config, max_positions or config.context_length)
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+
+    @staticmethod
+    def _layer(w: dict[str, torch.Tensor], i: int) -> LayerWeights:
+        p = f"model.layers.{i}."
+        qkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+        return LayerWeights(
+            input_norm=w[p + "input_layernorm.weight"],
+            qkv_t=qkv.t().contiguous(),
+            o_t=w[p + "self_attn.o_proj.weight"].t().contiguous(),
+            post_norm=w[p + "post_attention_layernorm.weight"],
+            gate_up_t=gate_up.t().contiguous(),
+            down_t=w[p + "mlp.down_proj.weight"].t().contiguous(),
+        )
+
+    def weight_bytes(self) -> int:
+        """Bytes streamed per decode step (every weight once; the tied head counted once)."""
+        total = sum(t.numel() * t.element_size() for layer in self.layers for t in layer)
+        total += self.embed.numel() * self.embed.element_size()
+        if self.lm_head is not self.embed:
+            total += self.lm_head.numel() * self.lm_head.element_size()
+        return total
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
+        c = self.config
+        shape = (c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        return torch.zeros(shape, dtype=self.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor,
+        logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits [len(logits_rows), vocab] (fp32) for the given rows of the flat batch;
+        writes every row's K/V into `kv_cache` at `meta.slot_mapping`."""
+        c = self.config
+        num_tokens = input_ids.shape[0]
+        heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
+        q_end, k_end = heads * dim, (heads + kv_heads) * dim
+        eps, hidden_shape = c.rms_norm_eps, (c.hidden_size,)
+        x = F.embedding(input_ids, self.embed)
+        attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
+        cos, sin = meta.cos, meta.sin
+        half = dim // 2
+        caches = kv_cache.view(c.num_layers, 2, -1, kv_heads, dim)
+        for i, layer in enumerate(self.layers):
+            h = F.rms_norm(x, hidden_shape, layer.input_norm, eps)
+            qkv = torch.mm(h, layer.qkv_t)
+            qk = qkv[:, :k_end].view(num_tokens, heads + kv_heads, dim)
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rotated * sin
+            v = qkv[:, k_end:].view(num_tokens, kv_heads, dim)
+            paged_attention(
+                qk[:, :heads], qk[:, heads:], v, caches[i, 0], caches[i, 1], meta, attn_out
+            )
+            x = torch.addmm(x, attn_out.view(num_tokens, q_end), layer.o_t)
+            h = F.rms_norm(x, hidden_shape, layer.post_norm, eps)
+            gate_up = torch.mm(h, layer.gate_up_t)
+            ffn = gate_up.shape[1] // 2
+            act = F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:]
+            x = torch.addmm(x, act, layer.down_t)
+        last = F.rms_norm(x[logits_rows], hidden_shape, self.norm, eps)
+        return torch.mm(last, self.lm_head.t()).float()

@@ -1,0 +1,73 @@
+"""Next-token choice per sequence: greedy, temperature, top_k, top_p, seeded sampling,
+min_tokens (stop ids masked), and logprobs of the model's distribution."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.engines.native.sequence import Sequence
+from tandem.protocols.engine import TopLogprob
+
+
+class Sampler:
+    """Stateless apart from the fallback generator for unseeded requests."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """One token per row of `logits` [len(seqs), vocab] (fp32); fills the sequences'
+        pending logprobs when they asked for them."""
+        self._mask_min_tokens(logits, seqs)
+        if all(s.sampling.temperature <= 0 for s in seqs):
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            tokens = [self._sample_row(logits[i], seq) for i, seq in enumerate(seqs)]
+        if any(s.sampling.logprobs is not None for s in seqs):
+            self._logprobs(logits, seqs, tokens)
+        return tokens
+
+    @staticmethod
+    def _mask_min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        for i, seq in enumerate(seqs):
+            if seq.num_output_tokens < seq.stop.min_tokens:
+                banned = seq.stop_token_ids | (set() if seq.stop.ignore_eos else seq.eos_token_ids)
+                if banned:
+                    logits[i, list(banned)] = float("-inf")
+
+    def _sample_row(self, row: torch.Tensor, seq: Sequence) -> int:
+        params = seq.sampling
+        if params.temperature <= 0:
+            return int(row.argmax())
+        row = row / params.temperature
+        if 0 < params.top_k < row.shape[0]:
+            kth = torch.topk(row, params.top_k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        if params.top_p < 1.0:
+            sorted_vals, order = torch.sort(row, descending=True)
+            probs = torch.softmax(sorted_vals, dim=-1)
+            drop = probs.cumsum(-1) - probs > params.top_p  # keep the smallest set >= top_p
+            sorted_vals = sorted_vals.masked_fill(drop, float("-inf"))
+            row = torch.full_like(row, float("-inf")).scatter_(0, order, sorted_vals)
+        probs = torch.softmax(row, dim=-1)
+        gen = seq.generator or self.generator
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> None:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        for i, seq in enumerate(seqs):
+            k = seq.sampling.logprobs
+            if k is None:
+                continue
+            seq.pending_logprobs.append(float(logprobs[i, tokens[i]]))
+            if k > 0:
+                vals, ids = torch.topk(logprobs[i], k)
+                seq.pending_top_logprobs.append(
+                    [
+                        TopLogprob(int(t), float(v))
+                        for t, v in zip(ids.tolist(), vals.tolist(), strict=False)
+                    ]
+                )
+            else:
+                seq.pending_top_logprobs.append([])

@@ -1,0 +1,146 @@
+"""Continuous batching: waiting/running queues, chunked prefill, preemption by recompute.
+
+Each step: drop aborted sequences, give every running sequence its next tokens (one for a
+decode, a chunk of the rest for a prefill) within `max_num_batched_tokens`, preempting the
+youngest running sequence when blocks run out, then admit waiting sequences while
+`max_num_seqs`, the token budget and free blocks allow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from tandem.engines.native.block_manager import BlockManager
+from tandem.engines.native.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """Sequences of one step with the number of new tokens each computes; decodes
+    (one token) first, then prefill chunks. `finished` were removed this step (aborted)."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    aborted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class Scheduler:
+    """Not thread-safe; driven by the engine thread."""
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._aborts: set[str] = set()
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> None:
+        """Remove the request at the next `schedule()` (unknown ids are ignored)."""
+        self._aborts.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._aborts)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        self._drop_aborted(batch)
+        budget = self.max_num_batched_tokens
+        preemptions_before = self.num_preemptions
+        scheduled: list[tuple[Sequence, int]] = []
+        queue = list(self.running)
+        while queue and budget > 0:
+            seq = queue.pop(0)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.ensure_slots(seq, seq.num_computed_tokens + num_new):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                scheduled.append((seq, num_new))
+                budget -= num_new
+        self.running = [s for s, _ in scheduled] + [s for s in self.running if s in queue]
+        if self.waiting and self.num_preemptions == preemptions_before:
+            budget = self._admit(scheduled, budget)
+        scheduled.sort(key=lambda item: item[1] != 1)  # decodes first (stable)
+        batch.seqs = [s for s, _ in scheduled]
+        batch.num_new_tokens = [n for _, n in scheduled]
+        return batch
+
+    def _admit(self, scheduled: list[tuple[Sequence, int]], budget: int) -> int:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached = bm.match_prefix(seq)
+            num_new = min(len(seq.token_ids) - cached, budget)
+            if not bm.ensure_slots(seq, cached + num_new):
+                bm.free(seq)
+                break
+            self.waiting.popleft()
+            seq.num_computed_tokens = cached
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append((seq, num_new))
+            budget -= num_new
+        return budget
+
+    def _preempt(self, seq: Sequence) -> None:
+        logger.debug("preempting request_id=%s", seq.request_id)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        if seq in self.running:
+            self.running.remove(seq)
+        self.waiting.appendleft(seq)
+
+    def _drop_aborted(self, batch: ScheduledBatch) -> None:
+        if not self._aborts:
+            return
+        for seqs in (self.running, self.waiting):
+            for seq in [s for s in seqs if s.request_id in self._aborts]:
+                seqs.remove(seq)
+                self.finish(seq, "cancelled")
+                batch.aborted.append(seq)
+        self._aborts.clear()
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark finished and free its blocks (the caller already removed it from queues)."""
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.free(seq)
+
+    def update(self, batch: ScheduledBatch) -> None:
+        """After the forward: advance progress and announce newly full blocks."""
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += num_new
+            self.block_manager.commit(seq)
+
+    def retire(self, finished: list[Sequence]) -> None:
+        """Remove sequences that finished this step from the running queue."""
+        for seq in finished:
+            self.running.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+            self.block_manager.free(seq)

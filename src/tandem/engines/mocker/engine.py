@@ -1,0 +1,168 @@
+"""`MockerEngine`: the `Engine` protocol around the synchronous mocker `Scheduler`.
+
+One step-loop task runs `Scheduler.step()` whenever there is work, sleeps the simulated pass
+time divided by `speedup_ratio` (never with speedup 0, where it only yields to the loop), then
+hands each request its output of that step and queues the step's KV events. Everything runs
+on one event loop; `generate`, `abort`, `load` and `kv_snapshot` may be called at any time
+from it (never while a step runs, since a step does not await).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.mocker.config import MockerConfig
+from tandem.engines.mocker.output_stream import OutputStream, merge_outputs
+from tandem.engines.mocker.scheduler import Scheduler, StepResult
+from tandem.errors import EngineError
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.kv_events import KvEvent
+
+logger = logging.getLogger(__name__)
+
+MAX_PENDING_EVENT_LISTS = 1024  # beyond it, a step's events join the newest list (none lost)
+
+
+class MockerEngine:
+    def __init__(
+        self,
+        config: MockerConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.config = config
+        self.scheduler = Scheduler(config)
+        self._clock = clock
+        self._sleep = sleep
+        self._streams: dict[str, OutputStream] = {}
+        self._wake = asyncio.Event()
+        self._events: deque[list[KvEvent]] = deque()
+        self._events_ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def info(self) -> EngineInfo:
+        c = self.config
+        return EngineInfo(
+            model_name=c.model_name,
+            context_length=c.context_length,
+            block_size=c.block_size,
+            num_total_blocks=c.num_blocks,
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            eos_token_ids=list(c.eos_token_ids),
+            tokenizer=c.tokenizer,
+            engine="mocker",
+        )
+
+    async def start(self) -> EngineInfo:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="mocker-step-loop")
+        return self.info
+
+    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+        """Stream the request's outputs (merged when the consumer lags behind the steps).
+        Raises InvalidRequest/ContextLengthExceeded on the first iteration if it can never
+        run, EngineError if the engine is not running. Closing early aborts it."""
+        if self._task is None:
+            raise EngineError("mocker engine is not running; call start() first")
+        request_id = request.request_id
+        self.scheduler.add_request(request)
+        stream = self._streams[request_id] = OutputStream()
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                await stream.wait()
+                out = merge_outputs(stream.take_all())
+                finished = out.finish_reason is not None
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.scheduler.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        if self.scheduler.abort(request_id) is not None:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.push(EngineOutput(finish_reason="cancelled"))
+
+    async def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        while True:
+            while not self._events:
+                if self._stopped:
+                    return
+                self._events_ready.clear()
+                await self._events_ready.wait()
+            yield self._events.popleft()
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        return self.scheduler.pool.snapshot()
+
+    def load(self) -> EngineLoad:
+        s = self.scheduler
+        return EngineLoad(
+            num_active_blocks=s.pool.num_active_blocks,
+            num_total_blocks=s.pool.num_blocks,
+            num_waiting=s.num_waiting,
+            num_running=s.num_running,
+        )
+
+    async def stop(self) -> None:
+        """Stop stepping; every open stream ends with finish_reason 'cancelled'."""
+        self._stopped = True  # ends kv_events() once drained
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._end_all(EngineOutput(finish_reason="cancelled"))
+        self._events_ready.set()
+
+    # ------------------------------------------------------------------ step loop
+    async def _run(self) -> None:
+        speedup = self.config.speedup_ratio
+        target = self._clock()
+        try:
+            while True:
+                if not self.scheduler.has_work:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    target = self._clock()
+                result = self.scheduler.step()
+                if speedup > 0:
+                    # absorb our own overhead: the pass ends duration after the last one did
+                    target = max(target + result.duration_ms / 1000.0 / speedup, self._clock())
+                    await self._sleep(target - self._clock())
+                self._dispatch(result)
+                if speedup == 0:
+                    await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("mocker step loop failed")
+            self._end_all(EngineOutput(finish_reason="error", error=f"mocker failed: {exc!r}"))
+
+    def _dispatch(self, result: StepResult) -> None:
+        for seq, out in result.outputs:
+            stream = self._streams.get(seq.request_id)
+            if stream is not None:
+                stream.push(out)
+        if result.events:
+            if len(self._events) >= MAX_PENDING_EVENT_LISTS:
+                self._events[-1].extend(result.events)
+            else:
+                self._events.append(result.events)
+            self._events_ready.set()
+
+    def _end_all(self, final: EngineOutput) -> None:
+        for request_id, stream in list(self._streams.items()):
+            self.scheduler.abort(request_id)
+            stream.push(final)

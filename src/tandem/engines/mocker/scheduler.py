@@ -1,0 +1,243 @@
+"""vLLM-style continuous batching over a `BlockPool`, one synchronous `step()` at a time.
+
+Each step: running sequences first (in admission order; a sequence mid-prefill gets its next
+chunk, a decoding one its last token), preempting the most recently admitted (LIFO, recompute:
+its blocks are released and it rejoins the head of the waiting queue) when blocks run out;
+then, if nothing was preempted, waiting sequences join while `max_num_seqs`, the token budget
+(`max_num_batched_tokens`) and free blocks allow, starting after their cached prefix. A
+sequence whose tokens are all computed samples one new token. Requests join (`add_request`)
+and leave (`abort`, finishing) between steps. Simulated time advances by the perf model
+(`clock_ms`). Deterministic; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from tandem.engines.mocker import perf_model
+from tandem.engines.mocker.admission import make_sequence
+from tandem.engines.mocker.block_pool import BlockPool
+from tandem.engines.mocker.config import MockerConfig
+from tandem.engines.mocker.sequence import Sequence
+from tandem.protocols.engine import EngineOutput, FinishReason, PreprocessedRequest
+from tandem.protocols.kv_events import KvEvent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    """What one pass did: one output per sequence that produced a token, the KV events it
+    caused and its simulated duration."""
+
+    outputs: list[tuple[Sequence, EngineOutput]]
+    events: list[KvEvent]
+    duration_ms: float
+    num_prefill_tokens: int
+    num_decode_seqs: int
+
+
+class Scheduler:
+    def __init__(self, config: MockerConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_blocks, config.block_size)
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._requests: dict[str, Sequence] = {}
+        self.clock_ms = 0.0
+        self.num_preemptions = 0
+        self._ended: list[tuple[Sequence, EngineOutput]] = []  # finished outside sampling
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def add_request(self, request: PreprocessedRequest) -> Sequence:
+        """Queue `request`. Raises InvalidRequest / ContextLengthExceeded if it can never run."""
+        seq = make_sequence(self.config, request, self._requests)
+        self._requests[seq.request_id] = seq
+        self._waiting.append(seq)
+        return seq
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Remove the request now and free its blocks; None if unknown or already finished."""
+        seq = self._requests.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq.block_ids:
+            self._running.remove(seq)
+            self._free(seq)
+        else:
+            self._waiting.remove(seq)
+        seq.finish_reason = "cancelled"
+        return seq
+
+    # ------------------------------------------------------------------ one pass
+    def step(self) -> StepResult:
+        scheduled, budget, preempted = self._schedule_running()
+        if not preempted:
+            self._admit_waiting(scheduled, budget)
+        outputs, self._ended = self._ended, []
+        finished: list[Sequence] = []
+        num_prefill_tokens = num_decode = 0
+        for seq, num_new in scheduled:
+            is_decode = (
+                seq.num_output_tokens > 0
+                and num_new == 1
+                and (seq.num_computed_tokens == len(seq.token_ids) - 1)
+            )
+            if is_decode:
+                num_decode += 1
+            else:
+                num_prefill_tokens += num_new
+            seq.num_computed_tokens += num_new
+            self._commit_full_blocks(seq)
+            if seq.num_computed_tokens == len(seq.token_ids):
+                outputs.append(self._sample(seq, finished))
+        duration = perf_model.step_ms(num_prefill_tokens, num_decode, self.pool.usage)
+        self.clock_ms += duration
+        for seq in finished:
+            self._finish(seq, seq.finish_reason)
+        if finished:
+            self._running = [s for s in self._running if s.finish_reason is None]
+        return StepResult(
+            outputs=outputs,
+            events=self.pool.drain_events(),
+            duration_ms=duration,
+            num_prefill_tokens=num_prefill_tokens,
+            num_decode_seqs=num_decode,
+        )
+
+    def _schedule_running(self) -> tuple[list[tuple[Sequence, int]], int, bool]:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        preempted = False
+        idx = 0
+        while idx < len(self._running) and budget > 0:
+            seq = self._running[idx]
+            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            while not self._grow(seq, num_new):
+                victim = self._running[-1]
+                preempted = True
+                if victim is not seq:
+                    self._preempt(victim)
+                    continue
+                if idx == 0:  # alone and still too big for the whole pool
+                    self._running.pop()
+                    self._finish(seq, "length")
+                    self._ended.append((seq, EngineOutput(finish_reason="length")))
+                else:
+                    self._preempt(seq)
+                return scheduled, budget, preempted
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            idx += 1
+        return scheduled, budget, preempted
+
+    def _admit_waiting(self, scheduled: list[tuple[Sequence, int]], budget: int) -> None:
+        size = self.config.block_size
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            seq = self._waiting[0]
+            # at least one token is always computed, so the last block is never a hit
+            hits = self.pool.match_prefix(seq.hashes_upto((len(seq.token_ids) - 1) // size))
+            num_cached = len(hits) * size
+            num_new = min(len(seq.token_ids) - num_cached, budget)
+            self.pool.acquire(hits)
+            fresh = self.pool.allocate(-(-(num_cached + num_new) // size) - len(hits))
+            if fresh is None:
+                self.pool.release(hits)
+                return
+            seq.block_ids = hits + fresh
+            seq.num_computed_tokens = num_cached
+            seq.num_committed_blocks = len(hits)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = num_cached
+            self._waiting.popleft()
+            self._running.append(seq)
+            scheduled.append((seq, num_new))
+            budget -= num_new
+
+    # ------------------------------------------------------------------ helpers
+    def _grow(self, seq: Sequence, num_new: int) -> bool:
+        """Give `seq` the blocks to hold `num_new` more tokens; False if the pool is short."""
+        size = self.config.block_size
+        need = -(-(seq.num_computed_tokens + num_new) // size) - len(seq.block_ids)
+        if need <= 0:
+            return True
+        fresh = self.pool.allocate(need)
+        if fresh is None:
+            return False
+        seq.block_ids.extend(fresh)
+        return True
+
+    def _commit_full_blocks(self, seq: Sequence) -> None:
+        start, end = seq.num_committed_blocks, seq.num_computed_tokens // self.config.block_size
+        if end <= start:
+            return
+        size = self.config.block_size
+        hashes = seq.hashes_upto(end)
+        self.pool.cache_full_blocks(
+            seq.block_ids[start:end],
+            hashes[start:end],
+            hashes[start - 1] if start else None,
+            seq.token_ids[start * size : end * size],
+            seq.lora_name,
+        )
+        seq.num_committed_blocks = end
+
+    def _sample(self, seq: Sequence, finished: list[Sequence]) -> tuple[Sequence, EngineOutput]:
+        token, reason = seq.append_next_token(self.config.first_token_id, self.config.vocab_size)
+        out = EngineOutput(token_ids=[token], finish_reason=reason)
+        if not seq.is_cached_reported:
+            seq.is_cached_reported = True
+            out.num_cached_tokens = seq.num_cached_tokens
+        if reason is not None:
+            seq.finish_reason = reason
+            finished.append(seq)
+        return seq, out
+
+    def _preempt(self, seq: Sequence) -> None:
+        """LIFO preemption by recompute: drop the KV, requeue at the head of waiting."""
+        self._running.remove(seq)
+        self._free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_committed_blocks = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.appendleft(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        self.pool.release(seq.block_ids)
+        seq.block_ids = []
+
+    def _finish(self, seq: Sequence, reason: FinishReason | None) -> None:
+        self._free(seq)
+        self._requests.pop(seq.request_id, None)
+        seq.finish_reason = reason
+
+    def check_integrity(self) -> None:
+        """The pool's own checks, plus: every reference is held by exactly one live
+        sequence's block list, waiting sequences hold no blocks, limits are respected."""
+        self.pool.check_integrity()
+        refs: dict[int, int] = {}
+        for seq in self._running:
+            assert seq.finish_reason is None, f"finished {seq.request_id} still running"
+            for block_id in seq.block_ids:
+                refs[block_id] = refs.get(block_id, 0) + 1
+        for seq in self._waiting:
+            assert not seq.block_ids, f"waiting {seq.request_id} holds blocks"
+        for block_id in range(self.pool.num_blocks):
+            if self.pool.ref_count(block_id) != refs.get(block_id, 0):
+                raise AssertionError(
+                    f"block {block_id}: ref_count {self.pool.ref_count(block_id)}, "
+                    f"held by {refs.get(block_id, 0)} sequences"
+                )
+        assert len(self._running) <= self.config.max_num_seqs
+        assert len(self._requests) == len(self._running) + len(self._waiting)

@@ -1,0 +1,92 @@
+"""One request's state inside the mocker scheduler, and its deterministic pseudo-tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import xxhash
+
+from tandem.protocols.engine import FinishReason, PreprocessedRequest
+from tandem.tokens.hashing import HASH_SEED, chain_hash, local_hash, seed_for
+
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def pseudo_token(seed: int, index: int, first_id: int, vocab_size: int) -> int:
+    """Token number `index` of the stream seeded by `seed`: a pure function (splitmix64), so
+    a preempted and recomputed request produces the same tokens."""
+    z = (seed + (index + 1) * _GOLDEN) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    z ^= z >> 31
+    return first_id + z % (vocab_size - first_id)
+
+
+def request_seed(request: PreprocessedRequest) -> int:
+    """The sampling seed if given; for greedy requests (temperature 0) the prompt, so equal
+    prompts give equal answers; otherwise the request id."""
+    if request.sampling.seed is not None:
+        return request.sampling.seed & _M64
+    if request.sampling.temperature == 0:
+        return xxhash.xxh3_64_intdigest(repr(request.token_ids).encode())
+    return xxhash.xxh3_64_intdigest(request.request_id.encode())
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class Sequence:
+    """Prompt + generated tokens, the blocks holding their KV and how much is computed.
+
+    `block_hashes[i]` is the chained hash of full block i of `token_ids` (extended lazily);
+    blocks `[0, num_committed_blocks)` of `block_ids` are cached in the pool (or duplicates).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    max_tokens: int
+    min_tokens: int
+    stop_token_ids: frozenset[int]
+    eos_token_ids: frozenset[int]
+    seed: int
+    block_size: int
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_committed_blocks: int = 0
+    num_cached_tokens: int | None = None  # prefix-cache hit when first scheduled
+    is_cached_reported: bool = False
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    def hashes_upto(self, num_blocks: int) -> list[int]:
+        """Chained hashes of the first `num_blocks` full blocks (computed once, then kept)."""
+        size, hashes = self.block_size, self.block_hashes
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            tokens = self.token_ids[i * size : (i + 1) * size]
+            if i == 0:
+                hashes.append(local_hash(tokens, seed_for(self.lora_name, self.cache_salt)))
+            else:
+                hashes.append(chain_hash(hashes[-1], local_hash(tokens, HASH_SEED)))
+        return hashes[:num_blocks]
+
+    def append_next_token(self, first_id: int, vocab_size: int) -> tuple[int, FinishReason | None]:
+        """Sample (deterministically) and append the next token; return it and why the
+        sequence stops now, if it does (stop/eos ids only after min_tokens)."""
+        token = pseudo_token(self.seed, self.num_output_tokens, first_id, vocab_size)
+        self.token_ids.append(token)
+        num_out = self.num_output_tokens
+        if num_out >= self.min_tokens and (
+            token in self.stop_token_ids or token in self.eos_token_ids
+        ):
+            return token, "stop"
+        if num_out >= self.max_tokens:
+            return token, "length"
+        return token, None

@@ -1,0 +1,51 @@
+"""Between an engine's per-layer KV tensors and the flat bytes a tier stores.
+
+A block's KV is exported by the engine as one tensor per layer (any dtype, any device); kvbm
+stores the concatenation of their raw bytes, and `split_like` turns the bytes back into tensors
+shaped like a template. torch is imported only when tensors are passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+Buffer = bytes | bytearray | memoryview | np.ndarray
+
+
+def _tensor_bytes(tensor: Any) -> memoryview:
+    import torch
+
+    host = tensor.detach().to("cpu").contiguous()  # device → host copy happens here
+    return memoryview(host.reshape(-1).view(torch.uint8).numpy())
+
+
+def as_bytes(data: Any) -> memoryview:
+    """A flat uint8 view of `data`: a bytes-like object, a numpy array, a torch tensor, or a
+    list/tuple of those (per-layer parts, concatenated in order). Copies only when needed."""
+    if isinstance(data, list | tuple):
+        return memoryview(b"".join(as_bytes(part) for part in data))
+    if hasattr(data, "detach") and hasattr(data, "device"):
+        return _tensor_bytes(data)
+    if isinstance(data, np.ndarray):
+        return memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    return memoryview(data).cast("B")
+
+
+def split_like(data: bytes | memoryview, like: Sequence[Any]) -> list[Any]:
+    """CPU tensors with the shapes and dtypes of `like`, filled from `data` in order.
+    Raises ValueError when the sizes disagree."""
+    import torch
+
+    sizes = [t.numel() * t.element_size() for t in like]
+    if sum(sizes) != len(data):
+        raise ValueError(f"block of {len(data)} bytes; expected {sum(sizes)} for {len(like)} parts")
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    out, start = [], 0
+    for template, size in zip(like, sizes, strict=True):
+        part = flat[start : start + size].view(template.dtype).reshape(template.shape)
+        out.append(part)
+        start += size
+    return out

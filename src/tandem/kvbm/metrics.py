@@ -1,0 +1,133 @@
+"""Counters of the KV block manager: transfers per direction, hit rates per tier over a sliding
+window, blocks dropped (queue full, write error, corrupt), tier occupancy; Prometheus text
+lines and a one-line INFO summary.
+
+Thread-safe: the caller's thread and the kvbm worker threads update it concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from tandem.kvbm.base import TierName
+
+logger = logging.getLogger(__name__)
+
+Direction = Literal["device_to_host", "host_to_disk", "host_to_device", "disk_to_device"]
+DIRECTIONS: tuple[Direction, ...] = (
+    "device_to_host",
+    "host_to_disk",
+    "host_to_device",
+    "disk_to_device",
+)
+DROP_REASONS = ("offload_queue_full", "disk_queue_full", "disk_write_error", "disk_corrupt")
+
+
+@dataclass(slots=True)
+class TransferStats:
+    num_blocks: int = 0
+    num_bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _LookupSample:
+    t: float
+    num_blocks: int
+    device: int
+    host: int
+    disk: int
+
+
+class KvbmMetrics:
+    """`window_s` bounds the hit-rate window in time; `max_samples` bounds it in memory."""
+
+    def __init__(
+        self,
+        *,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_samples: int = 65_536,
+    ) -> None:
+        self._window_s = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.transfers = {d: TransferStats() for d in DIRECTIONS}
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._samples: deque[_LookupSample] = deque(maxlen=max_samples)
+
+    def record_transfer(
+        self, direction: Direction, *, num_blocks: int, num_bytes: int, seconds: float
+    ) -> None:
+        with self._lock:
+            stats = self.transfers[direction]
+            stats.num_blocks += num_blocks
+            stats.num_bytes += num_bytes
+            stats.seconds += seconds
+
+    def record_drop(self, reason: str, count: int = 1) -> None:
+        with self._lock:
+            self.dropped[reason] += count
+
+    def record_lookup(
+        self, *, num_blocks: int, device: int = 0, host: int = 0, disk: int = 0
+    ) -> None:
+        """One prefix lookup of `num_blocks` blocks, of which the leading ones hit these tiers."""
+        assert device + host + disk <= num_blocks, "more hits than blocks looked up"
+        with self._lock:
+            self._samples.append(_LookupSample(self._clock(), num_blocks, device, host, disk))
+
+    def hit_rates(self) -> dict[TierName, float]:
+        """Fraction of looked-up blocks served by each tier within the window (0 when idle)."""
+        with self._lock:
+            horizon = self._clock() - self._window_s
+            while self._samples and self._samples[0].t < horizon:
+                self._samples.popleft()
+            total = sum(s.num_blocks for s in self._samples)
+            hits = {
+                "device": sum(s.device for s in self._samples),
+                "host": sum(s.host for s in self._samples),
+                "disk": sum(s.disk for s in self._samples),
+            }
+        return {tier: (n / total if total else 0.0) for tier, n in hits.items()}  # type: ignore[misc]
+
+    def prometheus_lines(
+        self, occupancy: dict[TierName, tuple[int, int]], prefix: str = "tandem_kvbm"
+    ) -> list[str]:
+        """Prometheus text exposition; `occupancy` maps tier → (blocks used, capacity)."""
+        lines = []
+        for name, attr in (
+            ("blocks_transferred_total", "num_blocks"),
+            ("bytes_transferred_total", "num_bytes"),
+            ("transfer_seconds_total", "seconds"),
+        ):
+            lines.append(f"# TYPE {prefix}_{name} counter")
+            lines += [
+                f'{prefix}_{name}{{direction="{d}"}} {getattr(s, attr)}'
+                for d, s in self.transfers.items()
+            ]
+        lines.append(f"# TYPE {prefix}_dropped_total counter")
+        lines += [f'{prefix}_dropped_total{{reason="{r}"}} {n}' for r, n in self.dropped.items()]
+        lines.append(f"# TYPE {prefix}_hit_rate gauge")
+        lines += [f'{prefix}_hit_rate{{tier="{t}"}} {r:.6f}' for t, r in self.hit_rates().items()]
+        for name, index in (("tier_blocks", 0), ("tier_capacity_blocks", 1)):
+            lines.append(f"# TYPE {prefix}_{name} gauge")
+            lines += [f'{prefix}_{name}{{tier="{t}"}} {v[index]}' for t, v in occupancy.items()]
+        return lines
+
+    def summary(self, occupancy: dict[TierName, tuple[int, int]]) -> str:
+        rates = self.hit_rates()
+        tiers = " ".join(f"{t}={u}/{c}" for t, (u, c) in occupancy.items())
+        moved = " ".join(f"{d}={s.num_blocks}" for d, s in self.transfers.items())
+        dropped = sum(self.dropped.values())
+        return (
+            f"hit_rate device={rates['device']:.1%} host={rates['host']:.1%} "
+            f"disk={rates['disk']:.1%} ({self._window_s:.0f}s) | occupancy {tiers} | "
+            f"blocks {moved} | dropped={dropped}"
+        )

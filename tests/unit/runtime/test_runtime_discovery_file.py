@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tandem.protocols.discovery import Instance
+from tandem.runtime.discovery.file import FileDiscovery, FileRecord
+
+pytestmark = pytest.mark.timeout(15)
+
+
+def inst(iid: str, component: str = "backend") -> Instance:
+    return Instance(
+        instance_id=iid,
+        namespace="t",
+        component=component,
+        endpoint="generate",
+        address="127.0.0.1:1",
+    )
+
+
+async def test_two_clients_see_each_other(tmp_path: Path) -> None:
+    a, b = FileDiscovery(str(tmp_path)), FileDiscovery(str(tmp_path))
+    await a.register(inst("a"))
+    await b.register(inst("b", "prefill"))
+    assert {i.instance_id for i in await b.list_instances()} == {"a", "b"}
+    assert [i.instance_id for i in await b.list_instances("t.backend")] == ["a"]
+    with pytest.raises(ValueError, match="already registered"):
+        await b.register(inst("a"))
+    await a.close()
+    assert [i.instance_id for i in await b.list_instances()] == ["b"]
+    await b.close()
+    assert os.listdir(tmp_path) == []
+
+
+async def test_watch_sees_adds_and_removes(tmp_path: Path) -> None:
+    a, b = FileDiscovery(str(tmp_path), poll_interval_s=0.02), FileDiscovery(str(tmp_path))
+    await b.register(inst("first"))
+    events = a.watch("t.backend")
+    assert (await anext(events)).instance.instance_id == "first"
+    await b.register(inst("second"))
+    ev = await asyncio.wait_for(anext(events), 2)
+    assert (ev.kind, ev.instance.instance_id) == ("added", "second")
+    await b.unregister("first")
+    ev = await asyncio.wait_for(anext(events), 2)
+    assert (ev.kind, ev.instance.instance_id) == ("removed", "first")
+    await events.aclose()
+    await b.close()
+
+
+def _write_foreign(tmp_path: Path, iid: str, *, host: str, pid: int, age_s: float) -> Path:
+    record = FileRecord(instance=inst(iid), host=host, pid=pid, pid_start=0.0)
+    path = tmp_path / f"{iid}.json"
+    path.write_bytes(msgspec.json.encode(record))
+    old = time.time() - age_s
+    os.utime(path, (old, old))
+    return path
+
+
+async def test_stale_heartbeat_expires_and_is_deleted(tmp_path: Path) -> None:
+    fresh = _write_foreign(tmp_path, "fresh", host="elsewhere", pid=1, age_s=0.0)
+    stale = _write_foreign(tmp_path, "stale", host="elsewhere", pid=1, age_s=5.0)
+    d = FileDiscovery(str(tmp_path), ttl_s=2.0)
+    assert [i.instance_id for i in await d.list_instances()] == ["fresh"]
+    assert fresh.exists() and not stale.exists()
+
+
+async def test_dead_pid_on_this_host_expires_at_once(tmp_path: Path) -> None:
+    import socket
+
+    # pid_start=0.0 never matches a live process's start time: the writer is gone
+    _write_foreign(tmp_path, "ghost", host=socket.gethostname(), pid=os.getpid(), age_s=0.0)
+    d = FileDiscovery(str(tmp_path), ttl_s=60.0)
+    assert await d.list_instances() == []
+
+
+async def test_heartbeat_keeps_record_alive_past_ttl(tmp_path: Path) -> None:
+    owner = FileDiscovery(str(tmp_path), ttl_s=0.5)
+    other = FileDiscovery(str(tmp_path), ttl_s=0.5)
+    await owner.register(inst("a"))
+    path = tmp_path / "a.json"
+    first = path.stat().st_mtime
+    for _ in range(60):  # a file's mtime has no event to wait on
+        if path.stat().st_mtime != first:
+            break
+        await asyncio.sleep(0.05)
+    assert path.stat().st_mtime != first, "heartbeat never refreshed the record"
+    assert [i.instance_id for i in await other.list_instances()] == ["a"]
+    await owner.close()

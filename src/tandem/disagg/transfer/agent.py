@@ -1,0 +1,382 @@
+"""`TransferAgent`: one per worker process; owns registered regions and operations.
+
+Typical use (prefill-first, pull):
+    prefill: op = agent.create_readable("kv", block_ids, ttl_s=30, on_release=unpin)
+             send op.meta (msgpack via `encode_meta`) to the decode worker
+    decode:  agent.pull(meta, "kv", my_block_ids, timeout_s=5)   # raises TransferError
+
+Decode-first (push): the decode creates a writable op and publishes its meta (or just
+its address + op id as an `OpRef`); the prefill calls `agent.push("kv", ids, meta)`;
+the decode waits with `agent.wait(op_id, timeout_s)`. Either side may come first: the
+owner waits up to the initiator's timeout for an op id that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from tandem.disagg.transfer.base import (
+    OpKind,
+    OpRef,
+    OpStatus,
+    RegionLayout,
+    TransferBackend,
+    TransferOpMeta,
+    TransferStats,
+)
+from tandem.disagg.transfer.client import run_transfer, send_control
+from tandem.disagg.transfer.config import TransferAgentConfig
+from tandem.disagg.transfer.operation import ReleaseCallback, TransferOp
+from tandem.disagg.transfer.region import (
+    MemoryRegion,
+    as_bytes,
+    create_shm_region,
+    sweep_stale_segments,
+)
+from tandem.disagg.transfer.registry import create_backends
+from tandem.disagg.transfer.selection import BackendSelector
+from tandem.disagg.transfer.server import ControlServer
+from tandem.disagg.transfer.wire import Done
+from tandem.errors import TransferError
+
+logger = logging.getLogger(__name__)
+_RETAIN_S = 60.0  # finished ops stay queryable this long
+
+
+class TransferResult(NamedTuple):
+    op_id: str
+    backend: str
+    num_bytes: int
+    seconds: float
+
+
+class TransferAgent:
+    """Registers memory, creates operations, serves peers and runs transfers.
+
+    Thread-safe. Blocking methods have `*_async` twins that run them in a thread.
+    `close` cancels live ops (their ``on_release`` runs), stops the server and unlinks
+    the shared-memory segments this agent created.
+    """
+
+    def __init__(self, config: TransferAgentConfig | None = None) -> None:
+        self.config = config or TransferAgentConfig()
+        self.agent_id = (
+            self.config.agent_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        )
+        self.host_id = host_id()
+        self.stats = TransferStats()
+        sweep_stale_segments()
+        self._backends = create_backends(
+            self.config.backends, agent_id=self.agent_id, host_id=self.host_id
+        )
+        self._selector = BackendSelector(self._backends, self.agent_id)
+        self._regions: dict[str, MemoryRegion] = {}
+        self._handles: dict[str, dict[str, bytes]] = {}
+        self._ops: dict[str, TransferOp] = {}
+        self._timers: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._server = ControlServer(self, self.config.host, self.config.port)
+        self.address = (
+            self.config.advertise_host or self._server.address[0],
+            self._server.address[1],
+        )
+        self._reaper = threading.Thread(target=self._reap_loop, name="transfer-reaper", daemon=True)
+        self._reaper.start()
+        logger.info(
+            "transfer agent=%s listening on %s:%d backends=%s",
+            self.agent_id, *self.address, ",".join(self._backends),
+        )  # fmt: skip
+
+    @property
+    def backend_names(self) -> tuple[str, ...]:
+        return tuple(self._backends)
+
+    # -- memory ---------------------------------------------------------------------------
+    def create_region(self, name: str, layout: RegionLayout) -> MemoryRegion:
+        """Allocate a zeroed region in shared memory (peers on this host can memcpy it)."""
+        return self._add_region(create_shm_region(name, layout))
+
+    def register_region(self, name: str, buffer: Any, layout: RegionLayout) -> MemoryRegion:
+        """Register an existing numpy array / CPU tensor / mmap (no copy; keep it alive)."""
+        region = MemoryRegion(name=name, layout=layout, data=as_bytes(buffer), _owner=buffer)
+        return self._add_region(region)
+
+    def _add_region(self, region: MemoryRegion) -> MemoryRegion:
+        with self._cond:
+            if region.name in self._regions:
+                region.close()
+                raise ValueError(f"region {region.name!r} is already registered")
+            self._regions[region.name] = region
+        handles = {}
+        for name, backend in self._backends.items():
+            handle = backend.register(region)
+            if handle is not None:
+                handles[name] = handle
+        self._handles[region.name] = handles
+        return region
+
+    def unregister_region(self, name: str) -> None:
+        with self._cond:
+            region = self._regions.pop(name)
+            self._handles.pop(name, None)
+        for backend in self._backends.values():
+            backend.unregister(region)
+        region.close()
+
+    def region(self, name: str) -> MemoryRegion:
+        try:
+            return self._regions[name]
+        except KeyError:
+            raise TransferError(
+                f"no region {name!r}; registered: {sorted(self._regions)}"
+            ) from None
+
+    def backend(self, name: str) -> TransferBackend:
+        try:
+            return self._backends[name]
+        except KeyError:
+            raise TransferError(
+                f"backend {name!r} is not enabled on agent {self.agent_id}"
+            ) from None
+
+    # -- operations (owner side) ----------------------------------------------------------
+    def create_readable(self, region: str, block_ids: Sequence[int], **kwargs: Any) -> TransferOp:
+        """Export blocks for one peer to pull. kwargs: layers=(a, b), ttl_s, op_id, on_release."""
+        return self._create(OpKind.READABLE, region, block_ids, **kwargs)
+
+    def create_writable(self, region: str, block_ids: Sequence[int], **kwargs: Any) -> TransferOp:
+        """Offer blocks for one peer to push into. kwargs as `create_readable`."""
+        return self._create(OpKind.WRITABLE, region, block_ids, **kwargs)
+
+    def _create(
+        self,
+        kind: OpKind,
+        region_name: str,
+        block_ids: Sequence[int],
+        *,
+        layers: tuple[int, int] | None = None,
+        ttl_s: float | None = None,
+        op_id: str | None = None,
+        on_release: ReleaseCallback | None = None,
+    ) -> TransferOp:
+        region = self.region(region_name)
+        lay = region.layout
+        start, end = layers or (0, lay.num_layers)
+        _check_blocks(block_ids, lay, start, end)
+        ttl = self.config.default_ttl_s if ttl_s is None else ttl_s
+        if ttl <= 0:
+            raise ValueError(f"ttl_s={ttl} must be > 0")
+        meta = TransferOpMeta(
+            op_id=op_id or secrets.token_hex(8),
+            kind=kind,
+            agent_id=self.agent_id,
+            host_id=self.host_id,
+            address=self.address,
+            backends=self.backend_names,
+            region=region_name,
+            layout=lay,
+            block_ids=tuple(int(b) for b in block_ids),
+            layer_start=start,
+            layer_end=end,
+            expires_at=time.time() + ttl,
+            handles=self._handles[region_name],
+        )
+        op = TransferOp(meta, on_release=lambda o: self._released(o, on_release))
+        with self._cond:
+            if self._closed:
+                raise TransferError(f"agent {self.agent_id} is closed")
+            if meta.op_id in self._ops:
+                raise ValueError(f"op_id {meta.op_id!r} already exists on agent {self.agent_id}")
+            if len(self._ops) >= self.config.max_ops:
+                raise TransferError(f"agent {self.agent_id} holds {len(self._ops)} ops (max_ops)")
+            self._ops[meta.op_id] = op
+            heapq.heappush(self._timers, (meta.expires_at, meta.op_id))
+            self.stats.num_created += 1
+            self._cond.notify_all()
+        return op
+
+    def find_op(self, op_id: str) -> TransferOp | None:
+        with self._cond:
+            return self._ops.get(op_id)
+
+    def wait_for_op(self, op_id: str, timeout_s: float) -> TransferOp | None:
+        """The op with ``op_id``, waiting up to ``timeout_s`` for it to be created."""
+        with self._cond:
+            self._cond.wait_for(lambda: op_id in self._ops or self._closed, timeout_s)
+            return self._ops.get(op_id)
+
+    def cancel(self, op_id: str, reason: str = "cancelled by owner") -> TransferOp | None:
+        """Cancel a live op (its on_release runs); a finished op is left as it is."""
+        op = self.find_op(op_id)
+        if op is not None:
+            op.finish(OpStatus.CANCELLED, reason)
+        return op
+
+    def wait(self, op_id: str, timeout_s: float) -> OpStatus:
+        """Block until the op completes; TransferError if it failed, or on timeout."""
+        op = self.find_op(op_id)
+        if op is None:
+            raise TransferError(f"transfer op={op_id}: unknown on agent {self.agent_id}")
+        return op.wait(timeout_s)
+
+    async def wait_async(self, op_id: str, timeout_s: float) -> OpStatus:
+        return await asyncio.to_thread(self.wait, op_id, timeout_s)
+
+    def finish_served(self, op: TransferOp, done: Done, moved: int) -> None:
+        """The server's last step of a transfer into / out of one of our ops."""
+        num_bytes = done.num_bytes or moved
+        if not done.ok:
+            op.finish(OpStatus.ERRORED, f"peer {op.peer} failed: {done.reason}")
+        elif op.finish(OpStatus.COMPLETE, num_bytes=num_bytes):
+            with self._cond:
+                if op.meta.kind is OpKind.READABLE:
+                    self.stats.bytes_sent += num_bytes
+                else:
+                    self.stats.bytes_received += num_bytes
+
+    def _released(self, op: TransferOp, callback: ReleaseCallback | None) -> None:
+        with self._cond:
+            counter = f"num_{op.status.value}"
+            setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+            op.retire_at = time.time() + _RETAIN_S
+            heapq.heappush(self._timers, (op.retire_at, op.op_id))
+            self._cond.notify_all()
+        if callback is not None:
+            callback(op)
+
+    def _reap_loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.time()
+                if not self._timers or self._timers[0][0] > now:
+                    delay = self._timers[0][0] - now if self._timers else None
+                    self._cond.wait(delay)
+                    continue
+                _, op_id = heapq.heappop(self._timers)
+                op = self._ops.get(op_id)
+                if op is not None and op.retire_at <= now:
+                    del self._ops[op_id]  # finished and retained long enough
+                    continue
+            if op is not None and op.status is OpStatus.INITIALIZED:
+                op.finish(
+                    OpStatus.EXPIRED,
+                    f"not claimed within its ttl (expired at {op.meta.expires_at:.3f})",
+                )
+
+    # -- transfers (initiator side) -------------------------------------------------------
+    def pull(
+        self,
+        source: TransferOpMeta | OpRef,
+        region: str,
+        block_ids: Sequence[int],
+        *,
+        timeout_s: float | None = None,
+    ) -> TransferResult:
+        """Read a peer's readable op into our ``block_ids`` of ``region`` (same layers).
+
+        Raises TransferError (op id, peer, reason) on any failure or after ``timeout_s``.
+        """
+        return self._transfer("pull", source, region, block_ids, timeout_s)
+
+    def push(
+        self,
+        region: str,
+        block_ids: Sequence[int],
+        target: TransferOpMeta | OpRef,
+        *,
+        timeout_s: float | None = None,
+    ) -> TransferResult:
+        """Write our ``block_ids`` of ``region`` into a peer's writable op (same layers)."""
+        return self._transfer("push", target, region, block_ids, timeout_s)
+
+    async def pull_async(self, *args: Any, **kwargs: Any) -> TransferResult:
+        return await asyncio.to_thread(self.pull, *args, **kwargs)
+
+    async def push_async(self, *args: Any, **kwargs: Any) -> TransferResult:
+        return await asyncio.to_thread(self.push, *args, **kwargs)
+
+    def _transfer(
+        self,
+        direction: str,
+        target: TransferOpMeta | OpRef,
+        region: str,
+        block_ids: Sequence[int],
+        timeout_s: float | None,
+    ) -> TransferResult:
+        timeout = self.config.io_timeout_s if timeout_s is None else timeout_s
+        started = time.monotonic()
+        backend, num_bytes = run_transfer(
+            self, direction, target, self.region(region), [int(b) for b in block_ids], timeout
+        )
+        with self._cond:
+            if direction == "pull":
+                self.stats.bytes_received += num_bytes
+            else:
+                self.stats.bytes_sent += num_bytes
+        return TransferResult(target.op_id, backend, num_bytes, time.monotonic() - started)
+
+    def choose_backend(self, remote: TransferOpMeta) -> TransferBackend:
+        return self._selector.choose(remote)
+
+    def cancel_remote(
+        self, target: TransferOpMeta | OpRef, reason: str = "", timeout_s: float = 2.0
+    ) -> str:
+        """Cancel a peer's op (e.g. the request was aborted); returns its status after."""
+        return send_control(self, target, "cancel", reason, timeout_s)
+
+    def query_remote(self, target: TransferOpMeta | OpRef, timeout_s: float = 2.0) -> str:
+        return send_control(self, target, "query", "", timeout_s)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            ops = list(self._ops.values())
+            self._cond.notify_all()
+        for op in ops:
+            op.finish(OpStatus.CANCELLED, f"agent {self.agent_id} closed")
+        self._server.close()
+        self._reaper.join(timeout=2.0)
+        for name in list(self._regions):
+            self.unregister_region(name)
+        for backend in self._backends.values():
+            backend.close()
+
+    def __enter__(self) -> TransferAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_blocks(block_ids: Sequence[int], lay: RegionLayout, start: int, end: int) -> None:
+    if not 0 <= start < end <= lay.num_layers:
+        raise ValueError(f"layers=({start}, {end}) outside [0, {lay.num_layers}]")
+    if not block_ids:
+        raise ValueError("block_ids is empty")
+    bad = [b for b in block_ids if not 0 <= b < lay.num_blocks]
+    if bad:
+        raise ValueError(f"block_ids {bad[:8]} outside [0, {lay.num_blocks})")
+
+
+def host_id() -> str:
+    """Hostname + kernel boot id: two agents with equal host ids share /dev/shm."""
+    boot = ""
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return f"{socket.gethostname()}/{boot}"

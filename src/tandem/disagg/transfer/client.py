@@ -1,0 +1,139 @@
+"""The initiator side of a transfer: dial the owner, claim, move bytes, report done."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from tandem.disagg.transfer.base import OpRef, TransferOpMeta
+from tandem.disagg.transfer.region import MemoryRegion
+from tandem.disagg.transfer.wire import (
+    Begin,
+    BeginReply,
+    Cancel,
+    Done,
+    Query,
+    Start,
+    StatusReply,
+    recv_frame,
+    send_frame,
+)
+from tandem.errors import TransferError
+
+if TYPE_CHECKING:
+    from tandem.disagg.transfer.agent import TransferAgent
+
+
+def run_transfer(
+    agent: TransferAgent,
+    direction: str,
+    target: TransferOpMeta | OpRef,
+    local: MemoryRegion,
+    block_ids: list[int],
+    timeout_s: float,
+) -> tuple[str, int]:
+    """Pull from / push to ``target``; return (backend name, bytes moved).
+
+    Raises TransferError naming the op, the peer and the reason; never hangs past
+    ``timeout_s`` waiting on the peer (a local memcpy is not interrupted).
+    """
+    deadline = time.monotonic() + timeout_s
+    peer = f"{target.agent_id or '?'}@{target.address[0]}:{target.address[1]}"
+    where = f"transfer op={target.op_id} peer={peer} ({direction})"
+    try:
+        with socket.create_connection(tuple(target.address), timeout=timeout_s) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return _run(agent, sock, direction, target, local, block_ids, deadline)
+    except TransferError as exc:
+        raise TransferError(f"{where}: {exc}") from exc
+    except TimeoutError as exc:
+        raise TransferError(f"{where}: timed out after {timeout_s:.3g}s") from exc
+    except (OSError, msgspec.DecodeError) as exc:
+        raise TransferError(f"{where}: peer unreachable or gone: {exc}") from exc
+
+
+def _run(
+    agent: TransferAgent,
+    sock: socket.socket,
+    direction: str,
+    target: TransferOpMeta | OpRef,
+    local: MemoryRegion,
+    block_ids: list[int],
+    deadline: float,
+) -> tuple[str, int]:
+    send_frame(sock, Begin(op_id=target.op_id, direction=direction, peer=agent.agent_id,
+                           timeout_s=_remaining(deadline)))  # fmt: skip
+    reply = recv_frame(sock)
+    if not isinstance(reply, BeginReply) or reply.meta is None:
+        raise TransferError(getattr(reply, "error", "") or f"unexpected reply {reply!r}")
+    meta = reply.meta
+    problem = incompatibility(meta, local, block_ids)
+    try:
+        if problem:
+            raise TransferError(problem)
+        backend = agent.choose_backend(meta)
+        send_frame(sock, Start(backend=backend.name))
+        move = backend.pull if direction == "pull" else backend.push
+        num_bytes = move(sock, meta, local, block_ids)
+    except (TransferError, LookupError, ValueError, IndexError) as exc:
+        with contextlib.suppress(OSError):
+            send_frame(sock, Done(ok=False, reason=str(exc)))
+        raise TransferError(str(exc)) from exc
+    sock.settimeout(_remaining(deadline))
+    send_frame(sock, Done(ok=True, num_bytes=num_bytes))
+    status = recv_frame(sock)
+    if not isinstance(status, StatusReply) or status.status != "complete":
+        what = status.status if isinstance(status, StatusReply) else repr(status)
+        reason = status.reason if isinstance(status, StatusReply) else ""
+        raise TransferError(f"owner reports the op {what} during the transfer: {reason}")
+    return backend.name, num_bytes
+
+
+def incompatibility(meta: TransferOpMeta, local: MemoryRegion, block_ids: list[int]) -> str:
+    """Why ``local`` blocks cannot receive/supply ``meta``'s blocks, or '' when they can."""
+    mine, theirs = local.layout, meta.layout
+    if len(block_ids) != len(meta.block_ids):
+        return f"{len(block_ids)} local blocks for {len(meta.block_ids)} remote blocks"
+    if (mine.block_bytes, mine.num_parts) != (theirs.block_bytes, theirs.num_parts):
+        return (
+            f"block layout differs: local {mine.num_parts}x{mine.block_bytes} bytes, "
+            f"remote {theirs.num_parts}x{theirs.block_bytes} bytes"
+        )
+    if meta.layer_end > mine.num_layers:
+        return (
+            f"remote layers [{meta.layer_start}, {meta.layer_end}) exceed local {mine.num_layers}"
+        )
+    bad = [b for b in block_ids if not 0 <= b < mine.num_blocks]
+    return f"local block_ids {bad[:8]} outside [0, {mine.num_blocks})" if bad else ""
+
+
+def send_control(
+    agent: TransferAgent, target: TransferOpMeta | OpRef, what: str, reason: str, timeout_s: float
+) -> str:
+    """Send Cancel or Query for ``target``; return the op's status as the owner reports it."""
+    frame = (
+        Cancel(op_id=target.op_id, peer=agent.agent_id, reason=reason)
+        if what == "cancel"
+        else Query(op_id=target.op_id)
+    )
+    try:
+        with socket.create_connection(tuple(target.address), timeout=timeout_s) as sock:
+            send_frame(sock, frame)
+            reply = recv_frame(sock)
+    except (OSError, msgspec.DecodeError) as exc:
+        raise TransferError(
+            f"transfer op={target.op_id} peer={target.agent_id or target.address}: "
+            f"{what} failed: {exc}"
+        ) from exc
+    return reply.status if isinstance(reply, StatusReply) else "unknown"
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left

@@ -1,0 +1,40 @@
+"""Configuration of a `TransferAgent`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.disagg.transfer.base import BACKEND_NAMES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransferAgentConfig:
+    """``backends`` lists the enabled backends, fastest preferred first; the missing
+    optional ones (nixl, mooncake) are skipped with an INFO log at start."""
+
+    agent_id: str = ""  # default: hostname-pid-random
+    host: str = "127.0.0.1"  # where the control/TCP server listens
+    port: int = 0
+    advertise_host: str = ""  # the address peers dial; default: the listening address
+    backends: tuple[str, ...] = BACKEND_NAMES
+    default_ttl_s: float = 30.0  # readable/writable ops are released after this unless claimed
+    io_timeout_s: float = 10.0  # default bound of one transfer
+    max_ops: int = 65536
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.backends if b not in BACKEND_NAMES]
+        if unknown:
+            raise ValueError(
+                f"unknown transfer backend {unknown[0]!r}; expected one of: "
+                f"{', '.join(BACKEND_NAMES)}"
+            )
+        if not self.backends:
+            raise ValueError("backends=() must name at least one of: " + ", ".join(BACKEND_NAMES))
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port={self.port} outside [0, 65535]")
+        for name in ("default_ttl_s", "io_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value <= 86400:
+                raise ValueError(f"{name}={value} outside (0, 86400]")
+        if self.max_ops < 1:
+            raise ValueError(f"max_ops={self.max_ops} must be >= 1")

@@ -1,0 +1,135 @@
+"""The owner side: one listening socket per agent, one thread per transfer connection.
+
+Serves ``Begin`` (claim an op, possibly waiting a bounded time for it to be created),
+then ``Start`` + bytes + ``Done``; also ``Cancel`` and ``Query``. Whatever breaks the
+connection before ``Done`` marks the op errored, so the owner's waiter wakes at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from typing import TYPE_CHECKING
+
+from tandem.disagg.transfer.base import OpKind, OpStatus
+from tandem.disagg.transfer.operation import TransferOp
+from tandem.disagg.transfer.wire import (
+    Begin,
+    BeginReply,
+    Cancel,
+    Done,
+    Query,
+    Start,
+    StatusReply,
+    recv_frame,
+    send_frame,
+)
+
+if TYPE_CHECKING:
+    from tandem.disagg.transfer.agent import TransferAgent
+
+logger = logging.getLogger(__name__)
+_GRACE_S = 1.0  # the owner waits this much longer than the initiator before giving up
+
+
+class ControlServer:
+    """Accepts peer connections for ``agent`` until `close`."""
+
+    def __init__(self, agent: TransferAgent, host: str, port: int) -> None:
+        self._agent = agent
+        self._sock = socket.create_server((host, port))
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._accept_loop, name=f"transfer-accept-{agent.agent_id}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=2.0)
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(self._agent.config.io_timeout_s)
+            frame = recv_frame(conn)
+            if isinstance(frame, Begin):
+                self._serve_transfer(conn, frame)
+            elif isinstance(frame, Cancel):
+                op = self._agent.cancel(
+                    frame.op_id, f"cancelled by peer {frame.peer}: {frame.reason}"
+                )
+                send_frame(conn, _status(op))
+            elif isinstance(frame, Query):
+                send_frame(conn, _status(self._agent.find_op(frame.op_id)))
+        except (OSError, ValueError) as exc:
+            logger.debug("transfer control connection ended: %s", exc)
+        except Exception:
+            logger.exception("transfer control connection failed")
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _serve_transfer(self, conn: socket.socket, begin: Begin) -> None:
+        op = self._agent.wait_for_op(begin.op_id, begin.timeout_s)
+        error = _claim(op, begin)
+        if error:
+            send_frame(conn, BeginReply(error=error))
+            return
+        assert op is not None
+        try:
+            send_frame(conn, BeginReply(meta=op.meta))
+            conn.settimeout(begin.timeout_s + _GRACE_S)
+            start = recv_frame(conn)
+            if not isinstance(start, Start):
+                raise ConnectionError(f"expected Start, got {type(start).__name__}")
+            backend = self._agent.backend(start.backend)
+            region = self._agent.region(op.meta.region)
+            moved = backend.serve(conn, op, region)
+            done = recv_frame(conn)
+            if not isinstance(done, Done):
+                raise ConnectionError(f"expected Done, got {type(done).__name__}")
+        except Exception as exc:
+            op.finish(OpStatus.ERRORED, f"peer {begin.peer} failed mid-transfer: {exc}")
+            raise
+        self._agent.finish_served(op, done, moved)
+        send_frame(conn, _status(op))
+
+
+def _claim(op: TransferOp | None, begin: Begin) -> str:
+    if op is None:
+        return f"no op {begin.op_id} appeared within {begin.timeout_s:.3g}s"
+    wanted = OpKind.READABLE if begin.direction == "pull" else OpKind.WRITABLE
+    if op.meta.kind is not wanted:
+        return f"op {begin.op_id} is {op.meta.kind.value}; a {begin.direction} needs {wanted.value}"
+    return op.claim(begin.peer) or ""
+
+
+def _status(op: TransferOp | None) -> StatusReply:
+    if op is None:
+        return StatusReply(status="unknown", reason="no such op")
+    return StatusReply(status=op.status.value, reason=op.reason)

@@ -1,0 +1,90 @@
+"""Control frames between agents: 4-byte big-endian length + msgpack (version 1).
+
+A transfer is one TCP connection to the owner's agent: ``Begin`` claims the op and
+gets its metadata back; ``Start`` names the backend the initiator chose; the bytes
+move (over this socket for the tcp backend, by memcpy/RDMA otherwise); ``Done``
+reports the outcome and the ``StatusReply`` says whether the owner accepted it (an op
+cancelled meanwhile answers ``cancelled``).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import msgspec
+
+from tandem.disagg.transfer.base import TransferOpMeta
+
+_LEN = struct.Struct(">I")
+MAX_FRAME_BYTES = 1 << 20
+
+
+class Begin(msgspec.Struct, tag="begin", kw_only=True):
+    op_id: str
+    direction: str  # "pull" (peer reads a readable op) or "push" (peer writes a writable op)
+    peer: str  # the initiating agent's id, for errors and logs
+    timeout_s: float  # bounds the wait for the op to be created and the whole transfer
+
+
+class BeginReply(msgspec.Struct, tag="begin_reply", kw_only=True):
+    meta: TransferOpMeta | None = None
+    error: str = ""
+
+
+class Start(msgspec.Struct, tag="start", kw_only=True):
+    backend: str  # chosen by the initiator from the metadata in BeginReply
+
+
+class Done(msgspec.Struct, tag="done", kw_only=True):
+    ok: bool
+    num_bytes: int = 0
+    reason: str = ""
+
+
+class Cancel(msgspec.Struct, tag="cancel", kw_only=True):
+    op_id: str
+    peer: str
+    reason: str = ""
+
+
+class Query(msgspec.Struct, tag="query", kw_only=True):
+    op_id: str
+
+
+class StatusReply(msgspec.Struct, tag="status", kw_only=True):
+    status: str
+    reason: str = ""
+
+
+Frame = Begin | BeginReply | Start | Done | Cancel | Query | StatusReply
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Frame)
+
+
+def send_frame(sock: socket.socket, frame: Frame) -> None:
+    body = _encoder.encode(frame)
+    sock.sendall(_LEN.pack(len(body)) + body)
+
+
+def recv_frame(sock: socket.socket) -> Frame:
+    """Read one frame; raises ConnectionError when the peer closed the socket."""
+    (length,) = _LEN.unpack(recv_exact(sock, _LEN.size))
+    if length > MAX_FRAME_BYTES:
+        raise ConnectionError(f"control frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+    return _decoder.decode(recv_exact(sock, length))
+
+
+def recv_exact(sock: socket.socket, num_bytes: int) -> bytes:
+    buf = bytearray(num_bytes)
+    recv_into_exact(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError(f"peer closed the connection after {got}/{len(view)} bytes")
+        got += n

@@ -15,7 +15,9 @@ from tandem.protocols.engine import PreprocessedRequest
 from tandem.router.active_sequences import ActiveSequences
 from tandem.router.base import RouteDecision
 from tandem.router.cost import CandidateCost, candidate_cost, choose, tiered_overlap
+from tandem.router.event_applier import EventApplier
 from tandem.router.indexer import MEDIA, KvIndexer, WorkerKey
+from tandem.router.kv_follower import KvEventFollower
 from tandem.router.policy_router import AllBusy, PolicyRouter
 from tandem.tokens.hashing import sequence_hashes
 
@@ -45,6 +47,30 @@ class KvRouter(PolicyRouter):
         self.active = ActiveSequences(ttl_s=config.active_ttl_s, clock=self._clock)
         self._last_sweep_s = self._clock()
         self._pending: Scored | None = None
+        self.applier = EventApplier(self.indexer, self.metrics)
+        self.follower: KvEventFollower | None = None
+
+    async def _start_extra(self) -> None:
+        if self.config.use_kv_events and self._events is not None:
+            self.follower = KvEventFollower(
+                self.applier,
+                events=self._events,
+                client=self._client,
+                instances=self._instances,
+                subject_prefix=f"{self.namespace}.{self.config.worker_component}",
+                timeout_s=self.config.kv_state_timeout_s,
+                clock=self._clock,
+            )
+            await self.follower.start()
+
+    def _on_worker_added(self, worker_id: str) -> None:
+        if self.follower is not None:
+            self.follower.request_sync(worker_id, None)
+
+    async def close(self) -> None:
+        if self.follower is not None:
+            await self.follower.close()
+        await super().close()
 
     @property
     def block_size(self) -> int:
@@ -57,7 +83,9 @@ class KvRouter(PolicyRouter):
 
     def _forget_worker(self, worker_id: str) -> None:
         super()._forget_worker(worker_id)
-        self.indexer.remove_worker(worker_id)
+        if self.follower is not None:
+            self.follower.forget_worker(worker_id)
+        self.applier.forget_worker(worker_id)
         self.active.remove_worker(worker_id)
 
     # ------------------------------------------------------------ scoring

@@ -109,7 +109,12 @@ class PolicyRouter:
     def _on_instance_event(self, event: Any) -> None:
         if event.kind == "removed":
             self._forget_worker(event.instance.instance_id)
+        else:
+            self._on_worker_added(event.instance.instance_id)
         self._wake.set()
+
+    def _on_worker_added(self, worker_id: str) -> None:
+        """Hook: the KV router syncs a new worker's block set."""
 
     def _forget_worker(self, worker_id: str) -> None:
         self.loads.remove_worker(worker_id)

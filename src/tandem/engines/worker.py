@@ -1,0 +1,236 @@
+"""`Worker`: hosts one `Engine` on the runtime (DESIGN.md §1, §8).
+
+It serves `{ns}.{component}.generate` (PreprocessedRequest in, EngineOutput stream out) and
+`{ns}.{component}.kv_state` (KvStateRequest → replayed or full KvEventBatches), registers one
+`Instance` (with a ModelCard from the engine's EngineInfo) in discovery, publishes the
+engine's KV events on `{ns}.{component}.kv_events` and its load on
+`{ns}.{component}.load_metrics`, and drains on `stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tandem.engines.base import Engine, EngineInfo, EngineLoad
+from tandem.engines.worker_events import KvEventPublisher
+from tandem.errors import InvalidRequest, PeerGone
+from tandem.protocols import kv_events as kv
+from tandem.protocols.discovery import Instance, ModelCard
+from tandem.protocols.engine import decode_request, encode
+from tandem.runtime.base import RequestContext
+from tandem.runtime.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+_state_request = msgspec.msgpack.Decoder(kv.KvStateRequest)
+
+
+def new_instance_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def _check(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is out of range; expected {lo} <= {name} <= {hi}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    component: str = "backend"
+    endpoint: str = "generate"
+    instance_id: str = field(default_factory=new_instance_id)
+    drain_grace_s: float = 10.0
+    event_buffer_size: int = 4096  # KV event batches kept for replay
+    metrics_period_s: float = 1.0  # load metrics at least this often
+    metrics_min_interval_s: float = 0.05  # and at most once per this while busy
+
+    def __post_init__(self) -> None:
+        for name in ("component", "endpoint", "instance_id"):
+            value = getattr(self, name)
+            if not value or "." in value:
+                raise ValueError(f"{name}={value!r} must be non-empty without '.'")
+        _check("drain_grace_s", self.drain_grace_s, 0, 3600)
+        _check("event_buffer_size", self.event_buffer_size, 1, 1 << 24)
+        _check("metrics_period_s", self.metrics_period_s, 0.001, 3600)
+        _check("metrics_min_interval_s", self.metrics_min_interval_s, 0, self.metrics_period_s)
+
+
+def model_card(info: EngineInfo) -> ModelCard:
+    return ModelCard(
+        name=info.model_name,
+        context_length=info.context_length,
+        block_size=info.block_size,
+        num_total_blocks=info.num_total_blocks,
+        tokenizer=info.tokenizer,
+        eos_token_ids=list(info.eos_token_ids),
+        max_num_seqs=info.max_num_seqs,
+        max_num_batched_tokens=info.max_num_batched_tokens,
+        engine=info.engine,
+    )
+
+
+class Worker:
+    """Not reusable: `start` once, `stop` once. All methods run on the runtime's loop."""
+
+    def __init__(self, engine: Engine, runtime: Runtime, config: WorkerConfig | None = None):
+        self.engine = engine
+        self.runtime = runtime
+        self.config = config or WorkerConfig()
+        self.instance_id = self.config.instance_id
+        self.instance: Instance | None = None
+        self.info: EngineInfo | None = None
+        ns, comp = runtime.namespace, self.config.component
+        self.kv_events = KvEventPublisher(
+            runtime.events,
+            f"{ns}.{comp}.kv_events",
+            self.instance_id,
+            buffer_size=self.config.event_buffer_size,
+        )
+        self.load_subject = f"{ns}.{comp}.load_metrics"
+        self.num_inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._load_changed = asyncio.Event()
+        self._accepting = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> Instance:
+        """Start the engine, the publishers and both endpoints, then register the instance."""
+        self.info = await self.engine.start()
+        events = self.engine.kv_events()
+        self._tasks = [
+            asyncio.create_task(self._publish_kv_events(events), name="worker-kv-events"),
+            asyncio.create_task(self._publish_load(), name="worker-load-metrics"),
+        ]
+        comp = self.config.component
+        self.runtime.server.register(self.runtime.endpoint_path(comp, "kv_state"), self._kv_state)
+        self._accepting = True
+        self.instance = await self.runtime.serve_endpoint(
+            comp,
+            self.config.endpoint,
+            self._generate,
+            model=model_card(self.info),
+            metadata={"kv_state_endpoint": "kv_state"},
+            instance_id=self.instance_id,
+        )
+        return self.instance
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Unregister, refuse new requests (PeerGone, so clients go elsewhere), let in-flight
+        ones finish within `grace_s`, then stop the engine (the rest end with PeerGone)."""
+        if not self._accepting:
+            return
+        grace = self.config.drain_grace_s if grace_s is None else grace_s
+        self._accepting = False
+        await self.runtime.discovery.unregister(self.instance_id)
+        if self.instance_id in self.runtime.instance_ids:
+            self.runtime.instance_ids.remove(self.instance_id)
+        try:
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
+        except TimeoutError:
+            logger.warning(
+                "instance_id=%s: %d requests still running after %.1fs grace; stopping engine",
+                self.instance_id,
+                self.num_inflight,
+                grace,
+            )
+        await self.engine.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        logger.info("worker instance_id=%s stopped", self.instance_id)
+
+    # ------------------------------------------------------------------ endpoints
+    async def _generate(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+        if not self._accepting:
+            raise PeerGone(f"worker {self.instance_id} is draining; retry on another instance")
+        try:
+            request = decode_request(payload)
+        except msgspec.MsgspecError as exc:
+            raise InvalidRequest(f"bad PreprocessedRequest: {exc}") from exc
+        self._request_started()
+        stream = self.engine.generate(request)
+        try:
+            async for out in stream:
+                if out.finish_reason == "cancelled" and not ctx.cancelled.is_set():
+                    raise PeerGone(
+                        f"worker {self.instance_id} stopped during request_id={request.request_id}"
+                    )
+                yield encode(out)
+                if ctx.cancelled.is_set():
+                    break
+        finally:
+            aclose = getattr(stream, "aclose", None)  # async generators: aborts the request
+            if aclose is not None:
+                await aclose()
+            self._request_finished()
+
+    async def _kv_state(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+        try:
+            request = _state_request.decode(payload)
+        except msgspec.MsgspecError as exc:
+            raise InvalidRequest(f"bad KvStateRequest: {exc}") from exc
+        for batch in self.kv_events.state_reply(request.after_event_id, self.engine.kv_snapshot):
+            yield kv.encode(batch)
+
+    def _request_started(self) -> None:
+        self.num_inflight += 1
+        self._idle.clear()
+        self._load_changed.set()
+
+    def _request_finished(self) -> None:
+        self.num_inflight -= 1
+        if not self.num_inflight:
+            self._idle.set()
+        self._load_changed.set()
+
+    # ------------------------------------------------------------------ publishers
+    async def _publish_kv_events(self, events: AsyncIterator[list[kv.KvEvent]]) -> None:
+        try:
+            async for batch in events:
+                await self.kv_events.publish(batch)
+        except Exception:
+            logger.exception("instance_id=%s: kv event publishing failed", self.instance_id)
+
+    async def _publish_load(self) -> None:
+        """On a change (throttled to one per metrics_min_interval_s while busy) and at least
+        every metrics_period_s."""
+        cfg = self.config
+        last: EngineLoad | None = None
+        last_sent = 0.0
+        while True:
+            if not self.num_inflight:
+                try:
+                    async with asyncio.timeout(cfg.metrics_period_s):
+                        await self._load_changed.wait()
+                except TimeoutError:
+                    pass
+            self._load_changed.clear()
+            load = self.engine.load()
+            now = time.monotonic()
+            if load != last or now - last_sent >= cfg.metrics_period_s:
+                last, last_sent = load, now
+                await self._send_load(load)
+            await asyncio.sleep(cfg.metrics_min_interval_s)
+
+    async def _send_load(self, load: EngineLoad) -> None:
+        msg = kv.LoadMetrics(
+            worker_id=self.instance_id,
+            num_active_blocks=load.num_active_blocks,
+            num_total_blocks=load.num_total_blocks,
+            num_waiting=load.num_waiting,
+            num_running=load.num_running,
+            timestamp_s=time.time(),
+        )
+        try:
+            await self.runtime.events.publish(self.load_subject, kv.encode(msg))
+        except Exception:
+            logger.warning("instance_id=%s: load metrics publish failed", self.instance_id)

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from tandem.runtime.events.memory import MemoryEventBus
-from tandem.runtime.events.subject import compile_matcher, literal_prefix
+from tandem.runtime.events.subject import compile_matcher
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -33,12 +33,6 @@ def test_nats_wildcards(pattern: str, subject: str, expected: bool) -> None:
 def test_malformed_patterns_rejected(bad: str) -> None:
     with pytest.raises(ValueError, match="subject"):
         compile_matcher(bad)
-
-
-def test_literal_prefix() -> None:
-    assert literal_prefix("a.b.>") == "a.b."
-    assert literal_prefix("*.x") == ""
-    assert literal_prefix("a.b") == "a.b"
 
 
 async def test_publish_reaches_matching_subscriptions_in_order() -> None:

@@ -36,7 +36,7 @@ class FileRecord(msgspec.Struct, kw_only=True):
 
 def _process_alive(pid: int, pid_start: float) -> bool:
     try:
-        return abs(psutil.Process(pid).create_time() - pid_start) < 1.0
+        return bool(abs(psutil.Process(pid).create_time() - pid_start) < 1.0)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 

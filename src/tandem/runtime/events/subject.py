@@ -46,13 +46,3 @@ def compile_matcher(pattern: str) -> Callable[[str], bool]:
         return all(p == "*" or p == s for p, s in zip(head, parts, strict=False))
 
     return match
-
-
-def literal_prefix(pattern: str) -> str:
-    """The part of `pattern` before its first wildcard (used for broker-side prefix filters)."""
-    out: list[str] = []
-    for tok in pattern.split("."):
-        if tok in ("*", ">"):
-            return ".".join(out) + "." if out else ""
-        out.append(tok)
-    return pattern

@@ -1,0 +1,70 @@
+"""NATS event bus (core NATS via nats-py) against a running `nats-server`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from tandem.runtime.events.subject import validate_pattern, validate_subject
+from tandem.runtime.events.subscription import BufferedSubscription
+
+logger = logging.getLogger(__name__)
+
+
+class NatsEventBus:
+    """Implements `EventBus`. Connects lazily on first use (`connect_timeout_s`) and
+    reconnects on its own; subjects and wildcards are NATS's own."""
+
+    def __init__(
+        self, url: str, *, buffer_size: int = 10_000, connect_timeout_s: float = 5.0
+    ) -> None:
+        self.url, self._buffer_size, self._timeout = url, buffer_size, connect_timeout_s
+        self._nc: Client | None = None
+        self._subs: dict[BufferedSubscription, Any] = {}
+
+    async def _client(self) -> Client:
+        if self._nc is None:
+            self._nc = await nats.connect(
+                self.url,
+                connect_timeout=self._timeout,
+                max_reconnect_attempts=-1,
+                name="tandem",
+                error_cb=_log_error,
+            )
+        return self._nc
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        validate_subject(subject)
+        await (await self._client()).publish(subject, payload)
+
+    async def subscribe(self, subject: str) -> BufferedSubscription:
+        validate_pattern(subject)
+        sub = BufferedSubscription(subject, self._buffer_size, on_close=self._unsubscribe)
+
+        async def deliver(msg: Msg) -> None:
+            sub.push(msg.subject, msg.data)
+
+        nc = await self._client()
+        self._subs[sub] = await nc.subscribe(subject, cb=deliver)
+        await nc.flush(timeout=max(1, round(self._timeout)))  # the server knows the interest on return
+        return sub
+
+    async def _unsubscribe(self, sub: BufferedSubscription) -> None:
+        nsub = self._subs.pop(sub, None)
+        if nsub is not None and self._nc is not None and not self._nc.is_closed:
+            await nsub.unsubscribe()
+
+    async def close(self) -> None:
+        for sub in list(self._subs):
+            await sub.close()
+        if self._nc is not None:
+            await self._nc.close()
+            self._nc = None
+
+
+async def _log_error(exc: Exception) -> None:
+    logger.warning("nats: %r", exc)

@@ -1,0 +1,150 @@
+"""ZeroMQ event bus: pub/sub across processes on one or many hosts, no broker to run.
+
+Design: each bus that publishes binds one PUB socket on `tcp://<host>:<any port>` and
+registers it in discovery as the reserved endpoint `<namespace>._events.pub`. Each bus that
+subscribes keeps one SUB socket, watches that endpoint in discovery and connects to every
+publisher (disconnecting from those that leave). The SUB socket takes every subject and
+the NATS wildcard match is applied on receipt: ZMQ propagates per-prefix filters to the
+publishers asynchronously, so a new subscription would miss the first messages after
+`subscribe` returns, while a receive-everything socket sees them as soon as it is connected.
+Frames: [subject, payload].
+
+Fire-and-forget like NATS core: messages published before a subscriber has connected to
+a publisher (discovery latency + TCP connect) are not delivered to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import zmq
+import zmq.asyncio
+
+from tandem.protocols.discovery import Instance, endpoint_path
+from tandem.runtime.base import Discovery
+from tandem.runtime.events.subject import validate_pattern, validate_subject
+from tandem.runtime.events.subscription import BufferedSubscription
+
+logger = logging.getLogger(__name__)
+PUBLISHER_COMPONENT, PUBLISHER_ENDPOINT = "_events", "pub"
+
+
+class ZmqEventBus:
+    """Implements `EventBus`. Sockets are created lazily (PUB on the first publish, SUB on
+    the first subscribe); `close` unregisters the publisher and closes both."""
+
+    def __init__(
+        self,
+        discovery: Discovery,
+        *,
+        namespace: str = "tandem",
+        host: str = "127.0.0.1",
+        buffer_size: int = 10_000,
+    ) -> None:
+        self.discovery, self.namespace, self.host = discovery, namespace, host
+        self._buffer_size = buffer_size
+        self._ctx = zmq.asyncio.Context()
+        self._pub: zmq.asyncio.Socket | None = None
+        self._publisher_id: str | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+        self._subs: list[BufferedSubscription] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._connected: set[str] = set()
+
+    @property
+    def publishers_path(self) -> str:
+        return endpoint_path(self.namespace, PUBLISHER_COMPONENT, PUBLISHER_ENDPOINT)
+
+    async def _start_publisher(self) -> zmq.asyncio.Socket:
+        pub = self._ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(f"tcp://{self.host}:0")
+        port = pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
+        self._publisher_id = f"events-{uuid.uuid4().hex[:12]}"
+        await self.discovery.register(
+            Instance(
+                instance_id=self._publisher_id,
+                namespace=self.namespace,
+                component=PUBLISHER_COMPONENT,
+                endpoint=PUBLISHER_ENDPOINT,
+                address=f"{self.host}:{port}",
+            )
+        )
+        self._pub = pub
+        return pub
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        validate_subject(subject)
+        pub = self._pub or await self._start_publisher()
+        await pub.send_multipart([subject.encode(), payload])
+
+    def _start_subscriber(self) -> zmq.asyncio.Socket:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub = sub
+        self._tasks.append(asyncio.create_task(self._follow_publishers(sub), name="zmq-peers"))
+        self._tasks.append(asyncio.create_task(self._receive(sub), name="zmq-receive"))
+        return sub
+
+    async def subscribe(self, subject: str) -> BufferedSubscription:
+        validate_pattern(subject)
+        sub = BufferedSubscription(subject, self._buffer_size, on_close=self._unsubscribe)
+        if self._sub is None:
+            self._start_subscriber()
+        self._subs.append(sub)
+        return sub
+
+    async def _unsubscribe(self, sub: BufferedSubscription) -> None:
+        if sub in self._subs:
+            self._subs.remove(sub)
+
+    async def _follow_publishers(self, sock: zmq.asyncio.Socket) -> None:
+        try:
+            async for event in self.discovery.watch(self.publishers_path):
+                url = f"tcp://{event.instance.address}"
+                if event.kind == "added" and url not in self._connected:
+                    sock.connect(url)
+                    self._connected.add(url)
+                elif event.kind == "removed" and url in self._connected:
+                    self._connected.discard(url)
+                    with contextlib.suppress(zmq.ZMQError):
+                        sock.disconnect(url)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("zmq event bus stopped following publishers")
+
+    async def _receive(self, sock: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                subject_b, payload = await sock.recv_multipart()
+                subject = subject_b.decode()
+                for sub in self._subs:
+                    if sub.matches(subject):
+                        sub.push(subject, payload)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("zmq event bus receive loop failed")
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for sub in list(self._subs):
+            await sub.close()
+        if self._publisher_id is not None:
+            await self.discovery.unregister(self._publisher_id)
+            self._publisher_id = None
+        for sock in (self._pub, self._sub):
+            if sock is not None:
+                sock.close(linger=0)
+        self._pub = self._sub = None
+        self._ctx.term()

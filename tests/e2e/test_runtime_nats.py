@@ -1,0 +1,39 @@
+"""NatsEventBus against a real nats-server started on a free loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tests.support.services import Service
+
+from tandem.runtime.config import RuntimeConfig
+from tandem.runtime.discovery.memory import MemoryDiscovery
+from tandem.runtime.registry import make_event_bus
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(30)]
+
+
+async def test_pub_sub_with_wildcards_and_bounded_buffer(nats_server: Service) -> None:
+    cfg = RuntimeConfig(events="nats", nats_url=nats_server.url, event_buffer_size=3)
+    a, b = make_event_bus(cfg, MemoryDiscovery()), make_event_bus(cfg, MemoryDiscovery())
+    assert type(a).__name__ == "NatsEventBus"
+    try:
+        kv = await b.subscribe("t.kv.*")
+        load = await b.subscribe("t.load.>")
+        await a.publish("t.kv.w1.extra", b"no")
+        await a.publish("t.load.w1.dp0", b"L")
+        await a.publish("t.kv.w1", b"yes")
+        assert await asyncio.wait_for(anext(kv), 5) == ("t.kv.w1", b"yes")
+        assert await asyncio.wait_for(anext(load), 5) == ("t.load.w1.dp0", b"L")
+        for i in range(10):  # nobody reads kv meanwhile: oldest are dropped and counted
+            await a.publish("t.kv.w2", b"%d" % i)
+        await a.publish("t.load.done", b"")
+        assert (await asyncio.wait_for(anext(load), 5))[0] == "t.load.done"
+        assert kv.num_dropped == 7
+        assert [(await anext(kv))[1] for _ in range(3)] == [b"7", b"8", b"9"]
+        await kv.close()
+        assert await anext(kv, None) is None
+    finally:
+        await a.close()
+        await b.close()

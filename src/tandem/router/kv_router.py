@@ -19,6 +19,7 @@ from tandem.router.event_applier import EventApplier
 from tandem.router.indexer import MEDIA, KvIndexer, WorkerKey
 from tandem.router.kv_follower import KvEventFollower
 from tandem.router.policy_router import AllBusy, PolicyRouter
+from tandem.router.zmq_source import ZmqEndpoint, ZmqEngineSource
 from tandem.tokens.hashing import sequence_hashes
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class KvRouter(PolicyRouter):
         self._pending: Scored | None = None
         self.applier = EventApplier(self.indexer, self.metrics)
         self.follower: KvEventFollower | None = None
+        self.engine_sources = [
+            ZmqEngineSource(ZmqEndpoint.parse(spec), self.applier) for spec in config.zmq_endpoints
+        ]
 
     async def _start_extra(self) -> None:
         if self.config.use_kv_events and self._events is not None:
@@ -62,12 +66,18 @@ class KvRouter(PolicyRouter):
                 clock=self._clock,
             )
             await self.follower.start()
+        for source in self.engine_sources:
+            await source.start()
 
     def _on_worker_added(self, worker_id: str) -> None:
-        if self.follower is not None:
+        if any(s.spec.worker_id == worker_id for s in self.engine_sources):
+            self.applier.synced.add(worker_id)  # engines send no full state: next batch counts
+        elif self.follower is not None:
             self.follower.request_sync(worker_id, None)
 
     async def close(self) -> None:
+        for source in self.engine_sources:
+            await source.close()
         if self.follower is not None:
             await self.follower.close()
         await super().close()

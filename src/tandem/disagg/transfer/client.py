@@ -80,8 +80,9 @@ def _run(
         move = backend.pull if direction == "pull" else backend.push
         num_bytes = move(sock, meta, local, block_ids)
     except (TransferError, LookupError, ValueError, IndexError) as exc:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, msgspec.DecodeError):
             send_frame(sock, Done(ok=False, reason=str(exc)))
+            recv_frame(sock)  # the owner has recorded the failure once it answers
         raise TransferError(str(exc)) from exc
     sock.settimeout(_remaining(deadline))
     send_frame(sock, Done(ok=True, num_bytes=num_bytes))

@@ -95,7 +95,9 @@ class ControlServer:
             conn.close()
 
     def _serve_transfer(self, conn: socket.socket, begin: Begin) -> None:
-        op = self._agent.wait_for_op(begin.op_id, begin.timeout_s)
+        # answer before the initiator's own timeout so it learns why
+        wait_s = max(0.0, begin.timeout_s - min(0.25, begin.timeout_s / 4))
+        op = self._agent.wait_for_op(begin.op_id, wait_s)
         error = _claim(op, begin)
         if error:
             send_frame(conn, BeginReply(error=error))
@@ -104,25 +106,31 @@ class ControlServer:
         try:
             send_frame(conn, BeginReply(meta=op.meta))
             conn.settimeout(begin.timeout_s + _GRACE_S)
-            start = recv_frame(conn)
-            if not isinstance(start, Start):
-                raise ConnectionError(f"expected Start, got {type(start).__name__}")
-            backend = self._agent.backend(start.backend)
-            region = self._agent.region(op.meta.region)
-            moved = backend.serve(conn, op, region)
-            done = recv_frame(conn)
-            if not isinstance(done, Done):
-                raise ConnectionError(f"expected Done, got {type(done).__name__}")
+            done, moved = self._move(conn, op)
         except Exception as exc:
             op.finish(OpStatus.ERRORED, f"peer {begin.peer} failed mid-transfer: {exc}")
             raise
         self._agent.finish_served(op, done, moved)
         send_frame(conn, _status(op))
 
+    def _move(self, conn: socket.socket, op: TransferOp) -> tuple[Done, int]:
+        """``Start`` → bytes (if the backend needs us) → ``Done``; or an early ``Done``."""
+        start = recv_frame(conn)
+        if isinstance(start, Done):  # the initiator gave up before moving anything
+            return start, 0
+        if not isinstance(start, Start):
+            raise ConnectionError(f"expected Start, got {type(start).__name__}")
+        backend = self._agent.backend(start.backend)
+        moved = backend.serve(conn, op, self._agent.region(op.meta.region))
+        done = recv_frame(conn)
+        if not isinstance(done, Done):
+            raise ConnectionError(f"expected Done, got {type(done).__name__}")
+        return done, moved
+
 
 def _claim(op: TransferOp | None, begin: Begin) -> str:
     if op is None:
-        return f"no op {begin.op_id} appeared within {begin.timeout_s:.3g}s"
+        return f"no op {begin.op_id} appeared within {begin.timeout_s:.3g}s on this agent"
     wanted = OpKind.READABLE if begin.direction == "pull" else OpKind.WRITABLE
     if op.meta.kind is not wanted:
         return f"op {begin.op_id} is {op.meta.kind.value}; a {begin.direction} needs {wanted.value}"

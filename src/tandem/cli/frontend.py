@@ -1,0 +1,33 @@
+"""`tandem frontend`: the OpenAI HTTP frontend as its own process (discovers workers)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tandem.frontend.args import add_frontend_args
+
+    add_frontend_args(parser)
+    parser.add_argument(
+        "--log-level", default=os.environ.get("TANDEM_LOG_LEVEL", "INFO"), help="logging level"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from tandem.frontend.args import frontend_config_from_args
+    from tandem.frontend.main import run as run_frontend
+    from tandem.runtime.args import runtime_config_from_args
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run_frontend(frontend_config_from_args(args), runtime_config_from_args(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tandem frontend", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

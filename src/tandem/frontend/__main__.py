@@ -1,0 +1,3 @@
+from tandem.cli.frontend import main
+
+raise SystemExit(main())

@@ -1,0 +1,342 @@
+"""The OpenAI HTTP app: routes requests to handlers, maps errors, tracks admission.
+
+Flow per generate request (DESIGN.md §3): decode + validate → preprocess → route and stream
+over the request plane (with migration) → postprocess per choice → SSE or one JSON body.
+Headers are written only after the first engine output arrives, so routing failures still
+get a proper status code (503 + Retry-After) instead of a broken stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+import msgspec
+
+from tandem.errors import InvalidRequest, Overloaded, ServingError
+from tandem.frontend import errors as http_errors
+from tandem.frontend.http_server import HttpRequest, HttpResponse
+from tandem.frontend.metrics import FrontendMetrics
+from tandem.frontend.migration import EngineStreamer
+from tandem.frontend.models import ModelRegistry
+from tandem.frontend.postprocess import ChoiceState
+from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
+from tandem.frontend.response import ResponseFormat
+from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+
+logger = logging.getLogger(__name__)
+
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_json = msgspec.json.Encoder()
+PIN_HEADER = "x-worker-instance-id"
+# (state, delta_text, delta_logprobs, finish_reason) of one processed engine chunk
+Event = tuple[ChoiceState, str, Any, str | None]
+
+
+class FrontendApp:
+    """The request handler given to HttpServer. One per frontend; one event loop."""
+
+    def __init__(
+        self,
+        *,
+        registry: ModelRegistry,
+        streamer: EngineStreamer,
+        metrics: FrontendMetrics,
+        max_inflight_requests: int = 0,
+        request_timeout_s: float = 600.0,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        self.registry, self.streamer, self.metrics = registry, streamer, metrics
+        self._max_inflight = max_inflight_requests
+        self._timeout_s = request_timeout_s
+        self._retry_after_s = retry_after_s
+        self.num_inflight = 0
+        self._routes: dict[tuple[str, str], Callable[[HttpRequest, HttpResponse], Awaitable[None]]]
+        self._routes = {
+            ("POST", "/v1/chat/completions"): self.chat_completions,
+            ("POST", "/v1/completions"): self.completions,
+            ("GET", "/v1/models"): self.list_models,
+            ("GET", "/health"): self.health,
+            ("GET", "/live"): self.live,
+            ("GET", "/metrics"): self.prometheus,
+        }
+
+    async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
+        handler = self._routes.get((request.method, request.path))
+        try:
+            if handler is None:
+                raise _not_found(request, {path for _, path in self._routes})
+            await handler(request, response)
+        except ServingError as exc:
+            await self._send_error(response, exc)
+
+    async def _send_error(self, response: HttpResponse, exc: ServingError) -> None:
+        body = http_errors.error_body(exc)
+        if not response.started:
+            status = http_errors.error_status(exc)
+            await response.send(status, body, headers=http_errors.error_headers(exc))
+        else:  # mid-stream: one SSE error event, then the end marker
+            await response.write(b"data: " + body + b"\n\ndata: [DONE]\n\n")
+
+    # ------------------------------------------------------------------ simple endpoints
+    async def list_models(self, request: HttpRequest, response: HttpResponse) -> None:
+        data = [
+            {"id": m.name, "object": "model", "created": m.created, "owned_by": "tandem"}
+            for m in self.registry.live()
+        ]
+        await response.send(200, _json.encode({"object": "list", "data": data}))
+
+    async def health(self, request: HttpRequest, response: HttpResponse) -> None:
+        models = {m.name: sorted(m.instances.instances) for m in self.registry.models.values()}
+        healthy = any(models.values())
+        body = {"status": "healthy" if healthy else "no_workers", "instances": models}
+        await response.send(200 if healthy else 503, _json.encode(body))
+
+    async def live(self, request: HttpRequest, response: HttpResponse) -> None:
+        await response.send(200, b'{"status":"live"}')
+
+    async def prometheus(self, request: HttpRequest, response: HttpResponse) -> None:
+        extra = "".join(
+            m.router.metrics_text()  # type: ignore[attr-defined]
+            for m in self.registry.models.values()
+            if hasattr(m.router, "metrics_text")
+        )
+        text = self.metrics.render(self.registry.worker_loads(), extra)
+        await response.send(200, text.encode(), content_type=b"text/plain; version=0.0.4")
+
+    # ------------------------------------------------------------------ generate endpoints
+    async def chat_completions(self, request: HttpRequest, response: HttpResponse) -> None:
+        req = _decode(_chat_decoder, request.body)
+        await self._generate(request, response, req, ResponseFormat(chat=True))
+
+    async def completions(self, request: HttpRequest, response: HttpResponse) -> None:
+        req = _decode(_completion_decoder, request.body)
+        await self._generate(request, response, req, ResponseFormat(chat=False))
+
+    async def _generate(
+        self,
+        http: HttpRequest,
+        response: HttpResponse,
+        req: ChatCompletionRequest | CompletionRequest,
+        fmt: ResponseFormat,
+    ) -> None:
+        model = self.registry.get(req.model)
+        if self._max_inflight and self.num_inflight >= self._max_inflight:
+            raise Overloaded(
+                f"{self.num_inflight} requests in flight (limit {self._max_inflight}); retry later",
+                retry_after_s=self._retry_after_s,
+            )
+        await model.ready()
+        request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        kwargs = {
+            "request_id": request_id,
+            "worker_id": http.headers.get(PIN_HEADER),
+            "deadline_s": time.time() + self._timeout_s,
+        }
+        prepared = (
+            await preprocess_chat(req, model, **kwargs)  # type: ignore[arg-type]
+            if isinstance(req, ChatCompletionRequest)
+            else await preprocess_completion(req, model, **kwargs)  # type: ignore[arg-type]
+        )
+        fmt.bind(request_id, model.name)
+        await self._run_tracked(response, req, prepared, fmt)
+
+    async def _run_tracked(
+        self, response: HttpResponse, req: Any, prepared: Prepared, fmt: ResponseFormat
+    ) -> None:
+        labels = (prepared.model.name,)
+        endpoint = "chat_completions" if fmt.chat else "completions"
+        self.num_inflight += 1
+        self.metrics.inflight.set(labels, self.metrics.inflight.values.get(labels, 0) + 1)
+        started = time.perf_counter()
+        status = "error"
+        try:
+            states = [
+                ChoiceState(
+                    i,
+                    prepared.model.tokenizer,
+                    prepared.stop_strings,
+                    include_stop_str=prepared.include_stop_str,
+                    skip_special_tokens=prepared.skip_special_tokens,
+                )
+                for i in range(len(prepared.requests))
+            ]
+            events = self._events(prepared, states, keep_text=not req.stream)
+            async with aclosing(events):
+                if req.stream:
+                    await self._stream(response, req, prepared, states, events, fmt, started)
+                else:
+                    await self._collect(response, prepared, states, events, fmt, started)
+            status = "success"
+            self._record_tokens(labels, prepared, states)
+        except asyncio.CancelledError:
+            status = "cancelled"
+            self.metrics.disconnects.inc(labels)
+            raise
+        finally:
+            self.num_inflight -= 1
+            self.metrics.inflight.set(labels, self.metrics.inflight.values.get(labels, 1) - 1)
+            self.metrics.requests.inc((prepared.model.name, endpoint, status))
+            self.metrics.duration.observe(time.perf_counter() - started, labels)
+
+    def _record_tokens(
+        self, labels: tuple[str, ...], prepared: Prepared, states: list[ChoiceState]
+    ) -> None:
+        m = self.metrics
+        num_in = sum(prepared.prompt_lens)
+        num_out = sum(s.num_tokens for s in states)
+        m.input_len.observe(num_in, labels)
+        m.output_len.observe(num_out, labels)
+        m.input_tokens.inc(labels, num_in)
+        m.output_tokens.inc(labels, num_out)
+        m.cached_tokens.inc(labels, _cached_tokens(prepared, states))
+
+    async def _stream(
+        self,
+        response: HttpResponse,
+        req: Any,
+        prepared: Prepared,
+        states: list[ChoiceState],
+        events: AsyncIterator[Event],
+        fmt: ResponseFormat,
+        started: float,
+    ) -> None:
+        opts = req.stream_options
+        include_usage = opts is not None and opts.include_usage
+        continuous = include_usage and opts.continuous_usage_stats
+        event = await anext(events, None)  # errors before this point get a real status
+        await response.start_stream()
+        if fmt.chat:
+            await response.write(b"".join(fmt.role_chunk(s.index) for s in states))
+        labels = (prepared.model.name,)
+        last = 0.0
+        while event is not None:
+            state, text, logprobs, finish = event
+            now = time.perf_counter()
+            if last == 0.0:
+                self.metrics.ttft.observe(now - started, labels)
+            else:
+                self.metrics.itl.observe(now - last, labels)
+            last = now
+            if text or finish is not None or logprobs:
+                usage = _usage(prepared, states) if continuous else None
+                await response.write(fmt.chunk(state.index, text, logprobs, finish, usage))
+            event = await anext(events, None)
+        if include_usage:
+            await response.write(fmt.usage_chunk(_usage(prepared, states)))
+        await response.write(b"data: [DONE]\n\n")
+        await response.end_stream()
+
+    async def _collect(
+        self,
+        response: HttpResponse,
+        prepared: Prepared,
+        states: list[ChoiceState],
+        events: AsyncIterator[Event],
+        fmt: ResponseFormat,
+        started: float,
+    ) -> None:
+        first = True
+        async for _ in events:
+            if first:
+                first = False
+                self.metrics.ttft.observe(time.perf_counter() - started, (prepared.model.name,))
+        body = fmt.full_response(states, _usage(prepared, states))
+        await response.send(200, body)
+
+    # ------------------------------------------------------------------ engine streams
+    def _events(
+        self, prepared: Prepared, states: list[ChoiceState], *, keep_text: bool
+    ) -> AsyncIterator[Event]:
+        if len(states) == 1:
+            return self._choice_events(prepared, prepared.requests[0], states[0], keep_text)
+        return self._merged_events(prepared, states, keep_text)
+
+    async def _choice_events(
+        self,
+        prepared: Prepared,
+        request: PreprocessedRequest,
+        state: ChoiceState,
+        keep_text: bool,
+    ) -> AsyncIterator[Event]:
+        outputs = self.streamer.stream(request, prepared.model.router)
+        async with aclosing(outputs):
+            async for out in outputs:
+                state.process(out, keep_text=keep_text)
+                yield state, state.delta_text, state.delta_logprobs, state.finish_reason
+                if state.finish_reason is not None:
+                    return  # closing `outputs` cancels the worker (e.g. a stop string hit)
+
+    async def _merged_events(
+        self, prepared: Prepared, states: list[ChoiceState], keep_text: bool
+    ) -> AsyncIterator[Event]:
+        queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue(maxsize=256)
+
+        async def pump(request: PreprocessedRequest, state: ChoiceState) -> None:
+            try:
+                async with aclosing(
+                    self._choice_events(prepared, request, state, keep_text)
+                ) as choice_events:
+                    async for event in choice_events:
+                        await queue.put(event)
+                await queue.put(None)
+            except Exception as exc:
+                await queue.put(exc)
+
+        tasks = [
+            asyncio.create_task(pump(r, s)) for r, s in zip(prepared.requests, states, strict=True)
+        ]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
+    try:
+        return decoder.decode(body)
+    except msgspec.MsgspecError as exc:
+        raise http_errors.decode_error(exc, body) from exc
+
+
+def _not_found(request: HttpRequest, paths: set[str]) -> ServingError:
+    if request.path in paths:
+        err = InvalidRequest(f"method {request.method} not allowed on {request.path}")
+        err.status_code = 405
+        return err
+    err = InvalidRequest(f"no route {request.method} {request.path}; try /v1/chat/completions")
+    err.status_code = 404
+    return err
+
+
+def _cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
+    n = len(states) // max(len(prepared.prompt_lens), 1)
+    return sum(states[p * n].num_cached_tokens or 0 for p in range(len(prepared.prompt_lens)))
+
+
+def _usage(prepared: Prepared, states: list[ChoiceState]) -> dict[str, Any]:
+    prompt = sum(prepared.prompt_lens)
+    completion = sum(s.num_tokens for s in states)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": _cached_tokens(prepared, states)},
+    }

@@ -1,0 +1,110 @@
+"""Route a request and stream its engine outputs, moving it to another worker when the
+stream breaks (PeerGone) before it finished: the new worker gets prompt + tokens generated so
+far with max_tokens reduced, so the caller sees one stream (DESIGN.md §3 step 7)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import msgspec
+
+from tandem.errors import PeerGone
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_output, encode
+from tandem.router.base import Router
+from tandem.runtime.base import RequestClient
+
+logger = logging.getLogger(__name__)
+
+
+class EngineStreamer:
+    """Streams requests to workers over the request plane. Safe for concurrent requests."""
+
+    def __init__(
+        self,
+        client: RequestClient,
+        endpoint_path: str,
+        *,
+        migration_limit: int = 0,
+        on_migrate: Callable[[str], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._path = endpoint_path
+        self._limit = migration_limit
+        self._on_migrate = on_migrate
+
+    async def stream(
+        self, request: PreprocessedRequest, router: Router
+    ) -> AsyncIterator[EngineOutput]:
+        """Yield the request's EngineOutputs until one has `finish_reason`. Raises what
+        routing raises (NoWorkersAvailable, Overloaded, ...), PeerGone once the migration
+        limit is spent, and the worker's ServingError. Closing the iterator cancels the
+        request on the worker."""
+        generated: list[int] = []
+        excluded: set[str] = set()
+        current = request
+        attempt = 0
+        while True:
+            decision = await router.route(current, exclude=frozenset(excluded))
+            rid = current.request_id
+            stream = self._client.stream(
+                decision.address,
+                self._path,
+                encode(current),
+                request_id=rid,
+                deadline_s=current.deadline_s,
+            )
+            first = True
+            try:
+                async for payload in stream:
+                    out = decode_output(payload)
+                    if first and out.token_ids:
+                        first = False
+                        router.on_first_token(rid)
+                    generated.extend(out.token_ids)
+                    yield out
+                    if out.finish_reason is not None:
+                        return
+                raise PeerGone(f"stream from {decision.instance_id} ended without finishing")
+            except PeerGone as exc:
+                if attempt >= self._limit:
+                    raise
+                attempt += 1
+                excluded.add(decision.instance_id)
+                current = _continuation(request, generated, attempt)
+                logger.warning(
+                    "request_id=%s lost worker %s (%s); migrating with %d tokens (attempt %d/%d)",
+                    request.request_id,
+                    decision.instance_id,
+                    exc,
+                    len(generated),
+                    attempt,
+                    self._limit,
+                )
+                if self._on_migrate is not None:
+                    self._on_migrate(request.model)
+            finally:
+                router.on_finish(rid)
+                await _close(stream)
+
+
+async def _close(stream: object) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def _continuation(
+    request: PreprocessedRequest, generated: list[int], attempt: int
+) -> PreprocessedRequest:
+    stop = msgspec.structs.replace(
+        request.stop,
+        max_tokens=max(request.stop.max_tokens - len(generated), 1),
+        min_tokens=max(request.stop.min_tokens - len(generated), 0),
+    )
+    return msgspec.structs.replace(
+        request,
+        request_id=f"{request.request_id}-m{attempt}",
+        token_ids=request.token_ids + generated,
+        stop=stop,
+    )

@@ -1,0 +1,154 @@
+"""Which models are served: follows the worker instances in discovery, one router and one
+tokenizer per model name (the ModelCard of its instances)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tandem.errors import InvalidRequest, ModelNotFound
+from tandem.frontend.config import FrontendConfig
+from tandem.protocols.discovery import Instance, InstanceEvent, ModelCard
+from tandem.router.base import Router
+from tandem.router.registry import make_router
+from tandem.tokens.chat_template import ChatTemplate
+from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class ModelInstances:
+    """The live instances serving one model (an InstanceSource for its router)."""
+
+    def __init__(self) -> None:
+        self.instances: dict[str, Instance] = {}
+        self._listeners: list[Callable[[Any], Any]] = []
+
+    def add_listener(self, callback: Callable[[Any], Any]) -> None:
+        self._listeners.append(callback)
+
+    def apply(self, event: InstanceEvent) -> None:
+        if event.kind == "added":
+            self.instances[event.instance.instance_id] = event.instance
+        elif self.instances.pop(event.instance.instance_id, None) is None:
+            return
+        for callback in list(self._listeners):
+            callback(event)
+
+
+class ServedModel:
+    """One model name: its card, instances, router and (lazily loaded) tokenizer."""
+
+    def __init__(self, card: ModelCard, router: Router, instances: ModelInstances) -> None:
+        self.name, self.card, self.router, self.instances = card.name, card, router, instances
+        self.created = int(time.time())
+        self.tokenizer: ModelTokenizer | None = None
+        self.chat_template: ChatTemplate | None = None
+        self.eos_token_ids: list[int] = list(card.eos_token_ids)
+        self._ready: asyncio.Task[None] | None = None
+
+    def start(self, cache_dir: Any) -> None:
+        self._ready = asyncio.create_task(self._prepare(cache_dir), name=f"model-{self.name}")
+
+    async def _prepare(self, cache_dir: Any) -> None:
+        await self.router.start()
+        if self.card.tokenizer is None:
+            return
+        tok = await asyncio.to_thread(load_tokenizer, self.card.tokenizer, cache_dir=cache_dir)
+        bos = tok.token_text(tok.bos_token_id) if tok.bos_token_id is not None else None
+        eos = tok.token_text(tok.eos_token_ids[0]) if tok.eos_token_ids else None
+        self.chat_template = ChatTemplate(
+            tok.chat_template, bos_token=bos or "", eos_token=eos or ""
+        )
+        self.eos_token_ids = self.eos_token_ids or list(tok.eos_token_ids)
+        self.tokenizer = tok
+        logger.info("model %s ready (tokenizer %s)", self.name, self.card.tokenizer)
+
+    async def ready(self) -> None:
+        """Wait for the router and tokenizer (raises what loading raised)."""
+        if self._ready is not None and not self._ready.done():
+            await asyncio.shield(self._ready)
+        elif self._ready is not None:
+            self._ready.result()
+
+    def require_tokenizer(self, what: str) -> ModelTokenizer:
+        if self.tokenizer is None:
+            raise InvalidRequest(
+                f"model '{self.name}' has no tokenizer; {what} needs one (send token ids to "
+                "/v1/completions instead)",
+                param="model",
+            )
+        return self.tokenizer
+
+    async def close(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.cancel()
+        await self.router.close()
+
+
+class ModelRegistry:
+    """Follows `instances` (an InstanceSet of `ns.backend.generate`); not thread-safe."""
+
+    def __init__(
+        self, config: FrontendConfig, instance_set: Any, *, events: Any, client: Any, namespace: str
+    ) -> None:
+        self._config, self._set = config, instance_set
+        self._events, self._client, self._namespace = events, client, namespace
+        self.models: dict[str, ServedModel] = {}
+
+    async def start(self) -> None:
+        self._set.add_listener(self._on_event)
+        for inst in list(self._set.instances.values()):
+            self._on_event(InstanceEvent(kind="added", instance=inst))
+        await self._set.start()
+
+    def _on_event(self, event: InstanceEvent) -> None:
+        card = event.instance.model
+        if card is None:
+            return
+        model = self.models.get(card.name)
+        if model is None:
+            if event.kind != "added":
+                return
+            model = self._add(card)
+        model.instances.apply(event)
+
+    def _add(self, card: ModelCard) -> ServedModel:
+        view = ModelInstances()
+        router = make_router(
+            self._config.router_policy,
+            self._config.router,
+            instances=view,
+            events=self._events,
+            client=self._client,
+            namespace=self._namespace,
+        )
+        model = ServedModel(card, router, view)
+        self.models[card.name] = model
+        model.start(self._config.tokenizer_cache_dir)
+        logger.info("model %s appeared (engine %s)", card.name, card.engine)
+        return model
+
+    def live(self) -> list[ServedModel]:
+        return [m for m in self.models.values() if m.instances.instances]
+
+    def get(self, name: str) -> ServedModel:
+        """The served model `name`; raises ModelNotFound listing the served names."""
+        model = self.models.get(name)
+        if model is None:
+            served = ", ".join(sorted(self.models)) or "none"
+            raise ModelNotFound(
+                f"model '{name}' does not exist; served models: {served}", param="model"
+            )
+        return model
+
+    def worker_loads(self) -> dict[str, dict[str, dict[str, float]]]:
+        return {name: m.router.worker_loads() for name, m in self.models.items()}
+
+    async def close(self) -> None:
+        for model in self.models.values():
+            await model.close()
+        await self._set.close()

@@ -1,0 +1,144 @@
+"""Engine outputs → client text, per choice: incremental detokenization, stop strings matched
+across token boundaries (text past a stop string is never emitted), finish reasons, logprobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.errors import EngineError
+from tandem.protocols.engine import EngineOutput
+from tandem.tokens.detokenizer import make_detokenizer
+from tandem.tokens.tokenizer import ModelTokenizer
+
+
+class StopStringMatcher:
+    """Holds back the last `max(len(stop)) - 1` characters, since a stop string may start
+    there and finish in text not yet seen. Not thread-safe; one per choice."""
+
+    __slots__ = ("_buf", "_hold", "_include", "_stops", "matched")
+
+    def __init__(self, stops: list[str], *, include_in_output: bool = False) -> None:
+        self._stops = [s for s in stops if s]
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._include = include_in_output
+        self._buf = ""
+        self.matched: str | None = None
+
+    def feed(self, text: str) -> str:
+        """Text safe to emit now; after a match (`matched` set) everything is dropped."""
+        if self.matched is not None or not text:
+            return ""
+        buf = self._buf + text
+        best, hit = -1, None
+        for stop in self._stops:
+            pos = buf.find(stop)
+            if pos != -1 and (best == -1 or pos < best):
+                best, hit = pos, stop
+        if hit is not None:
+            self.matched, self._buf = hit, ""
+            return buf[: best + len(hit)] if self._include else buf[:best]
+        cut = max(len(buf) - self._hold, 0)
+        self._buf = buf[cut:]
+        return buf[:cut]
+
+    def flush(self) -> str:
+        """The held-back tail at the end of the stream (cannot contain a whole stop)."""
+        out, self._buf = self._buf, ""
+        return out if self.matched is None else ""
+
+
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "abort"}
+
+
+class ChoiceState:
+    """One choice's progress. `process()` updates it and sets the `delta_*` fields that
+    describe what this chunk adds; the caller reads them before the next call."""
+
+    __slots__ = (
+        "_detok",
+        "_matcher",
+        "_tok",
+        "all_logprobs",
+        "delta_logprobs",
+        "delta_text",
+        "finish_reason",
+        "index",
+        "num_cached_tokens",
+        "num_tokens",
+        "text_parts",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        tokenizer: ModelTokenizer | None,
+        stops: list[str],
+        *,
+        include_stop_str: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self.index = index
+        self._tok = tokenizer
+        self._detok = (
+            make_detokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+            if tokenizer is not None
+            else None
+        )
+        self._matcher = (
+            StopStringMatcher(stops, include_in_output=include_stop_str) if stops else None
+        )
+        self.num_tokens = 0
+        self.num_cached_tokens: int | None = None
+        self.finish_reason: str | None = None
+        self.delta_text = ""
+        self.delta_logprobs: list[dict[str, Any]] | None = None
+        self.text_parts: list[str] = []
+        self.all_logprobs: list[dict[str, Any]] | None = None
+
+    def process(self, out: EngineOutput, *, keep_text: bool = False) -> None:
+        """Apply one engine chunk. Raises EngineError if the engine reported an error."""
+        if out.finish_reason == "error" or out.error is not None:
+            raise EngineError(f"engine failed: {out.error or 'unknown error'}")
+        if self.num_cached_tokens is None and out.num_cached_tokens is not None:
+            self.num_cached_tokens = out.num_cached_tokens
+        self.num_tokens += len(out.token_ids)
+        text = self._detok.add(out.token_ids) if self._detok is not None and out.token_ids else ""
+        if self._matcher is not None:
+            text = self._matcher.feed(text)
+            if self._matcher.matched is not None:
+                self.finish_reason = "stop"
+            elif out.finish_reason is not None:
+                text += self._matcher.flush()
+        if self.finish_reason is None and out.finish_reason is not None:
+            self.finish_reason = _FINISH.get(out.finish_reason, out.finish_reason)
+        self.delta_text = text
+        self.delta_logprobs = self._logprobs(out) if out.logprobs is not None else None
+        if keep_text:
+            if text:
+                self.text_parts.append(text)
+            if self.delta_logprobs is not None:
+                self.all_logprobs = (self.all_logprobs or []) + self.delta_logprobs
+
+    def _logprobs(self, out: EngineOutput) -> list[dict[str, Any]]:
+        """Chat-style entries: [{token, logprob, bytes, top_logprobs: [{token, logprob}]}]."""
+        entries = []
+        tops = out.top_logprobs or [[] for _ in out.token_ids]
+        assert out.logprobs is not None
+        for tid, lp, top in zip(out.token_ids, out.logprobs, tops, strict=False):
+            token = self.token_str(tid)
+            entries.append(
+                {
+                    "token": token,
+                    "logprob": lp,
+                    "bytes": list(token.encode()),
+                    "top_logprobs": [
+                        {"token": self.token_str(t.token_id), "logprob": t.logprob} for t in top
+                    ],
+                }
+            )
+        return entries
+
+    def token_str(self, token_id: int) -> str:
+        if self._tok is None:
+            return f"token_id:{token_id}"
+        return self._tok.decode([token_id], skip_special_tokens=False)

@@ -1,0 +1,206 @@
+"""OpenAI request → engine requests: chat template, tokenize, resolve sampling and stop
+conditions, check the context length. Pure functions of (request, model); no I/O."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tandem.errors import ContextLengthExceeded, InvalidRequest
+from tandem.frontend.models import ServedModel
+from tandem.protocols.engine import (
+    PreprocessedRequest,
+    RoutingHints,
+    SamplingParams,
+    StopConditions,
+)
+from tandem.protocols.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    prompt_inputs,
+    stop_strings,
+    validate_chat,
+    validate_completion,
+)
+
+# prompts longer than this (characters) are tokenized off the event loop
+_THREAD_TOKENIZE_CHARS = 16_384
+
+
+@dataclass(slots=True, kw_only=True)
+class Prepared:
+    """Everything the handler needs after preprocessing. `requests[i]` serves choice i
+    (choices of prompt p are p*n .. p*n+n-1); `prompt_lens[p]` is prompt p's length."""
+
+    request_id: str
+    model: ServedModel
+    requests: list[PreprocessedRequest]
+    prompt_lens: list[int]
+    stop_strings: list[str] = field(default_factory=list)
+    include_stop_str: bool = False
+    skip_special_tokens: bool = True
+    num_top_logprobs: int | None = None
+
+
+async def preprocess_chat(
+    req: ChatCompletionRequest,
+    model: ServedModel,
+    *,
+    request_id: str,
+    worker_id: str | None,
+    deadline_s: float | None,
+) -> Prepared:
+    validate_chat(req)
+    tok = model.require_tokenizer("/v1/chat/completions")
+    assert model.chat_template is not None
+    text = model.chat_template.render(
+        req.messages,
+        add_generation_prompt=req.add_generation_prompt,
+        tools=req.tools,
+        **(req.chat_template_kwargs or {}),
+    )
+    ids = await _encode(tok.encode, text, add_special_tokens=False)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    base = _base_request(req, model, request_id, worker_id, deadline_s, top)
+    requests = _fan_out(base, [ids], model, req.n, max_tokens, param, "messages")
+    return Prepared(
+        request_id=request_id,
+        model=model,
+        requests=requests,
+        prompt_lens=[len(ids)],
+        stop_strings=stop_strings(req),
+        include_stop_str=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+        num_top_logprobs=top,
+    )
+
+
+async def preprocess_completion(
+    req: CompletionRequest,
+    model: ServedModel,
+    *,
+    request_id: str,
+    worker_id: str | None,
+    deadline_s: float | None,
+) -> Prepared:
+    validate_completion(req)
+    prompts: list[list[int]] = []
+    for i, prompt in enumerate(prompt_inputs(req.prompt)):
+        if isinstance(prompt, str):
+            tok = model.require_tokenizer("a text prompt")
+            prompts.append(await _encode(tok.encode, prompt, add_special_tokens=True))
+        else:
+            _check_ids(model, prompt, i)
+            prompts.append(prompt)
+    base = _base_request(req, model, request_id, worker_id, deadline_s, req.logprobs)
+    requests = _fan_out(base, prompts, model, req.n, req.max_tokens, "max_tokens", "prompt")
+    return Prepared(
+        request_id=request_id,
+        model=model,
+        requests=requests,
+        prompt_lens=[len(p) for p in prompts],
+        stop_strings=stop_strings(req),
+        include_stop_str=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+        num_top_logprobs=req.logprobs,
+    )
+
+
+async def _encode(
+    encode: Callable[..., list[int]], text: str, *, add_special_tokens: bool
+) -> list[int]:
+    if len(text) > _THREAD_TOKENIZE_CHARS:
+        return list(await asyncio.to_thread(encode, text, add_special_tokens=add_special_tokens))
+    return list(encode(text, add_special_tokens=add_special_tokens))
+
+
+def _check_ids(model: ServedModel, ids: list[int], index: int) -> None:
+    vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
+    for t in ids:
+        if t < 0 or (vocab is not None and t >= vocab):
+            raise InvalidRequest(
+                f"prompt token id {t} out of range; expected [0, {vocab or 'vocab size'})",
+                param=f"prompt[{index}]" if index else "prompt",
+            )
+
+
+def _base_request(req, model, request_id, worker_id, deadline_s, top) -> PreprocessedRequest:  # type: ignore[no-untyped-def]
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    sampling = SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=top_k,
+        seed=req.seed,
+        logprobs=top,
+    )
+    stop = StopConditions(
+        max_tokens=1,
+        stop_token_ids=list(req.stop_token_ids or ()),
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+    )
+    return PreprocessedRequest(
+        request_id=request_id,
+        model=model.name,
+        token_ids=[],
+        sampling=sampling,
+        stop=stop,
+        eos_token_ids=model.eos_token_ids,
+        routing=RoutingHints(worker_id=worker_id) if worker_id else None,
+        deadline_s=deadline_s,
+    )
+
+
+def resolve_max_tokens(
+    prompt_len: int, context_length: int, requested: int | None, param: str, prompt_param: str
+) -> int:
+    """Tokens left to generate; raises ContextLengthExceeded with the numbers."""
+    if prompt_len >= context_length:
+        raise ContextLengthExceeded(
+            f"prompt has {prompt_len} tokens; model context is {context_length}",
+            param=prompt_param,
+        )
+    remaining = context_length - prompt_len
+    if requested is None:
+        return remaining
+    if requested > remaining:
+        raise ContextLengthExceeded(
+            f"{param}={requested} exceeds remaining context {remaining} "
+            f"(model limit {context_length} − prompt {prompt_len})",
+            param=param,
+        )
+    return requested
+
+
+def _fan_out(
+    base: PreprocessedRequest,
+    prompts: list[list[int]],
+    model: ServedModel,
+    n: int,
+    max_tokens: int | None,
+    param: str,
+    prompt_param: str,
+) -> list[PreprocessedRequest]:
+    out: list[PreprocessedRequest] = []
+    multi = len(prompts) * n > 1
+    for p, ids in enumerate(prompts):
+        limit = resolve_max_tokens(
+            len(ids), model.card.context_length, max_tokens, param, prompt_param
+        )
+        stop = msgspec.structs.replace(base.stop, max_tokens=limit)
+        for i in range(n):
+            sampling = base.sampling
+            if base.sampling.seed is not None and i:
+                sampling = msgspec.structs.replace(sampling, seed=base.sampling.seed + i)
+            rid = f"{base.request_id}-{p * n + i}" if multi else base.request_id
+            out.append(
+                msgspec.structs.replace(
+                    base, request_id=rid, token_ids=ids, stop=stop, sampling=sampling
+                )
+            )
+    return out

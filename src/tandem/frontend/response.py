@@ -1,0 +1,118 @@
+"""OpenAI response bodies and SSE chunks for chat and text completions.
+
+Chunks are the hot path: the fixed head of every chunk (id, object, created, model) is
+encoded once per request and only the choice is encoded per chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from tandem.frontend.postprocess import ChoiceState
+
+_json = msgspec.json.Encoder()
+
+
+class ResponseFormat:
+    """Encodes one request's chunks and final body; `bind()` before use."""
+
+    __slots__ = ("_head", "_tail", "chat", "created", "model", "request_id")
+
+    def __init__(self, *, chat: bool) -> None:
+        self.chat = chat
+        self.request_id = ""
+        self.model = ""
+        self.created = 0
+        self._head = b""
+        self._tail = b"]}\n\n"
+
+    def bind(self, request_id: str, model: str) -> None:
+        self.request_id, self.model, self.created = request_id, model, int(time.time())
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        fixed = _json.encode(
+            {"id": request_id, "object": obj, "created": self.created, "model": model}
+        )
+        self._head = b"data: " + fixed[:-1] + b',"choices":['
+
+    def role_chunk(self, index: int) -> bytes:
+        choice = {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return self._head + _json.encode(choice) + self._tail
+
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        logprobs: list[dict[str, Any]] | None,
+        finish_reason: str | None,
+        usage: dict[str, Any] | None = None,
+    ) -> bytes:
+        choice: dict[str, Any]
+        if self.chat:
+            delta = {"content": text} if text or finish_reason is None else {}
+            lp = {"content": logprobs} if logprobs is not None else None
+            choice = {
+                "index": index,
+                "delta": delta,
+                "logprobs": lp,
+                "finish_reason": finish_reason,
+            }
+        else:
+            lp = completion_logprobs(logprobs) if logprobs is not None else None
+            choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+        if usage is None:
+            return self._head + _json.encode(choice) + self._tail
+        return self._head + _json.encode(choice) + b'],"usage":' + _json.encode(usage) + b"}\n\n"
+
+    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
+        return self._head + b'],"usage":' + _json.encode(usage) + b"}\n\n"
+
+    def full_response(self, states: list[ChoiceState], usage: dict[str, Any]) -> bytes:
+        choices = [self._full_choice(s) for s in states]
+        body = {
+            "id": self.request_id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+        }
+        return _json.encode(body)
+
+    def _full_choice(self, state: ChoiceState) -> dict[str, Any]:
+        text = "".join(state.text_parts)
+        logprobs = state.all_logprobs
+        if self.chat:
+            return {
+                "index": state.index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": {"content": logprobs} if logprobs is not None else None,
+                "finish_reason": state.finish_reason,
+            }
+        return {
+            "index": state.index,
+            "text": text,
+            "logprobs": completion_logprobs(logprobs) if logprobs is not None else None,
+            "finish_reason": state.finish_reason,
+        }
+
+
+def completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat-style logprob entries → the legacy completions shape."""
+    offsets, pos = [], 0
+    for e in entries:
+        offsets.append(pos)
+        pos += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }

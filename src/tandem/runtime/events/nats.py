@@ -50,7 +50,8 @@ class NatsEventBus:
 
         nc = await self._client()
         self._subs[sub] = await nc.subscribe(subject, cb=deliver)
-        await nc.flush(timeout=max(1, round(self._timeout)))  # the server knows the interest on return
+        # on return the server knows the interest: later publishes reach this subscription
+        await nc.flush(timeout=max(1, round(self._timeout)))
         return sub
 
     async def _unsubscribe(self, sub: BufferedSubscription) -> None:

@@ -30,7 +30,8 @@ def as_bytes(data: Any) -> memoryview:
     if hasattr(data, "detach") and hasattr(data, "device"):
         return _tensor_bytes(data)
     if isinstance(data, np.ndarray):
-        return memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        flat: Any = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        return memoryview(flat)
     return memoryview(data).cast("B")
 
 

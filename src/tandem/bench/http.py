@@ -11,9 +11,10 @@ response has arrived (or the peer closed it). Not safe for concurrent use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 import httptools
 
@@ -48,11 +49,11 @@ class HttpConnection(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         try:

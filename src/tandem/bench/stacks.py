@@ -1,0 +1,94 @@
+"""The stacks the comparisons start: tandem (split or all-in-one) and Dynamo's anchor.
+
+Each is a context manager yielding a `RunningStack` (base URL, model, the frontend's PID) and
+stopping everything it started on exit, errors included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.bench.anchor import AnchorConfig, DynamoAnchor
+from tandem.bench.stack import ProcessStack, free_port, tandem_argv, wait_ready
+
+LAYOUTS = ("auto", "serve", "split")
+
+
+@dataclass(frozen=True, slots=True)
+class RunningStack:
+    url: str
+    model: str
+    frontend_pid: int
+    # what the frontend pid's CPU includes: "frontend" or "frontend+engines" (all-in-one)
+    cpu_scope: str
+
+
+def has_split_commands() -> bool:
+    return all(
+        importlib.util.find_spec(f"tandem.cli.{name}") is not None
+        for name in ("frontend", "worker")
+    )
+
+
+@contextlib.contextmanager
+def tandem_mocker_stack(
+    work_dir: Path,
+    *,
+    layout: str = "auto",
+    num_workers: int = 1,
+    router: str = "round_robin",
+    speedup_ratio: float = 0.0,
+    extra_args: str = "",
+    ready_timeout_s: float = 120.0,
+) -> Iterator[RunningStack]:
+    """tandem over mocker workers. `split`: `tandem frontend` + N `tandem worker` processes on
+    file discovery (so the frontend PID is the frontend alone); `serve`: `tandem serve`."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout '{layout}'; expected one of: {', '.join(LAYOUTS)}")
+    if layout == "auto":
+        layout = "split" if has_split_commands() else "serve"
+    port = free_port()
+    mocker = ["--engine", "mocker", "--speedup-ratio", f"{speedup_ratio:g}"]
+    http = ["--host", "127.0.0.1", "--port", str(port)]
+    extra = shlex.split(extra_args)
+    with ProcessStack(work_dir / "logs") as stack:
+        if layout == "split":
+            env = {"TANDEM_DISCOVERY": "file", "TANDEM_DISCOVERY_DIR": str(work_dir / "discovery")}
+            for i in range(num_workers):
+                stack.spawn(f"worker{i}", tandem_argv("worker", *mocker), env=env)
+            pid = stack.spawn(
+                "frontend", tandem_argv("frontend", *http, "--router", router, *extra), env=env
+            )
+            scope = "frontend"
+        else:
+            argv = tandem_argv(
+                "serve", *http, *mocker, "--workers", str(num_workers), "--router", router, *extra
+            )
+            pid = stack.spawn("serve", argv)
+            scope = "frontend+engines"
+        url = f"http://127.0.0.1:{port}"
+        model = asyncio.run(wait_ready(url, timeout_s=ready_timeout_s, stack=stack))
+        yield RunningStack(url=url, model=model, frontend_pid=pid, cpu_scope=scope)
+
+
+@contextlib.contextmanager
+def dynamo_mocker_stack(
+    work_dir: Path, config: AnchorConfig, *, ready_timeout_s: float = 120.0
+) -> Iterator[RunningStack]:
+    """Dynamo's Rust frontend over its mocker (separate processes: the PID is the frontend)."""
+    anchor = DynamoAnchor(config, work_dir / "dynamo")
+    try:
+        url = anchor.start()
+        model = asyncio.run(wait_ready(url, timeout_s=ready_timeout_s))
+        assert anchor.frontend_pid is not None
+        yield RunningStack(
+            url=url, model=model, frontend_pid=anchor.frontend_pid, cpu_scope="frontend"
+        )
+    finally:
+        anchor.stop()

@@ -1,0 +1,117 @@
+"""`tandem worker --engine mocker [engine flags] [runtime flags]`: one worker process.
+
+`--engine` is read first (flag, then TANDEM_ENGINE, default mocker) so that engine's own flags
+can be declared. Runs until SIGTERM/SIGINT, then unregisters and drains (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from tandem.engines.base import add_engine_args, engine_names, make_engine
+from tandem.engines.worker import Worker, WorkerConfig
+from tandem.runtime.args import add_runtime_args, runtime_config_from_args
+from tandem.runtime.lifecycle import install_signal_handlers
+from tandem.runtime.runtime import open_runtime
+
+logger = logging.getLogger(__name__)
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def _engine_from_argv(argv: list[str]) -> str:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--engine", default=_env("TANDEM_ENGINE", "mocker"))
+    return str(pre.parse_known_args(argv)[0].engine)
+
+
+def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
+    """Worker, engine (the one `--engine` in `argv` names) and runtime flags."""
+    engine = _engine_from_argv(sys.argv[1:] if argv is None else argv)
+    if engine not in engine_names():
+        parser.error(f"unknown engine '{engine}'; expected one of: {', '.join(engine_names())}")
+    group = parser.add_argument_group("worker")
+    group.add_argument(
+        "--engine", default=engine, help=f"one of: {', '.join(engine_names())} (env TANDEM_ENGINE)"
+    )
+    group.add_argument(
+        "--component",
+        default=_env("TANDEM_COMPONENT", "backend"),
+        help="component name in namespace.component.endpoint (env TANDEM_COMPONENT)",
+    )
+    group.add_argument(
+        "--endpoint",
+        default=_env("TANDEM_ENDPOINT", "generate"),
+        help="endpoint served (env TANDEM_ENDPOINT)",
+    )
+    group.add_argument(
+        "--drain-grace-s",
+        type=float,
+        default=float(_env("TANDEM_DRAIN_GRACE_S", "10")),
+        help="seconds in-flight requests may finish after SIGTERM (env TANDEM_DRAIN_GRACE_S)",
+    )
+    group.add_argument(
+        "--log-level",
+        default=_env("TANDEM_LOG_LEVEL", "INFO"),
+        help="logging level (env TANDEM_LOG_LEVEL)",
+    )
+    add_engine_args(engine, parser)
+    add_runtime_args(parser)
+
+
+def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    return WorkerConfig(
+        component=args.component, endpoint=args.endpoint, drain_grace_s=args.drain_grace_s
+    )
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
+    """Run one worker until `stop` is set (default: SIGTERM/SIGINT), then drain."""
+    runtime_config = runtime_config_from_args(args)
+    worker_config = worker_config_from_args(args)
+    engine = make_engine(args.engine, args)
+    if stop is None:
+        stop = asyncio.Event()
+        install_signal_handlers(stop)
+    async with open_runtime(runtime_config) as runtime:
+        worker = Worker(engine, runtime, worker_config)
+        instance = await worker.start()
+        logger.info(
+            "worker ready: instance_id=%s address=%s endpoint=%s engine=%s model=%s",
+            instance.instance_id,
+            instance.address,
+            instance.path,
+            args.engine,
+            instance.model.name if instance.model else None,
+        )
+        await stop.wait()
+        await worker.stop(worker_config.drain_grace_s)
+        await runtime.shutdown(grace_s=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        import uvloop
+
+        uvloop.run(serve(args))
+    except ImportError:
+        asyncio.run(serve(args))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="tandem worker", description="a worker hosting one engine"
+    )
+    add_arguments(parser, argv)
+    return run(parser.parse_args(argv))

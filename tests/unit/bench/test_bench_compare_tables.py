@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from tandem.bench import frontend_compare, router_compare
+
+
+def _cell(system, conc, conn, req_per_s, cpu):
+    return {
+        "system": system,
+        "concurrency": conc,
+        "connections": conn,
+        "cpu_scope": "frontend",
+        "req_per_s": req_per_s,
+        "cpu_ms_per_req": cpu,
+        "ttft_p50_ms": 1.0,
+        "ttft_p99_ms": 2.0,
+        "e2e_p50_ms": 3.0,
+        "e2e_p99_ms": 4.0,
+    }
+
+
+def test_frontend_table_pairs_systems_and_gives_ratios():
+    cells = [
+        _cell("tandem", 8, "fresh", 600.0, 0.5),
+        _cell("dynamo", 8, "fresh", 300.0, 1.0),
+        _cell("tandem", 1, "reused", 100.0, 2.0),
+    ]
+    table = frontend_compare.format_table(cells)
+    lines = table.splitlines()
+    assert lines[2].split()[:2] == ["1", "reused"] and "-" in lines[2]  # no dynamo cell: no ratio
+    assert "600.00 /    300.00 (2.00x)" in lines[3]
+    assert "0.50 /      1.00 (0.50x)" in lines[3]
+
+
+def test_router_table_gain_is_baseline_over_mode():
+    rows = [
+        {
+            "mode": "round_robin",
+            "num_ok": 10,
+            "num_errors": 0,
+            "ttft_p50_ms": 300.0,
+            "ttft_p99_ms": 900.0,
+            "e2e_p50_ms": 1.0,
+            "e2e_p99_ms": 2.0,
+            "req_per_s": 5.0,
+            "output_tok_per_s": 50.0,
+            "cached_fraction": 0.1,
+        },
+        {
+            "mode": "kv",
+            "num_ok": 10,
+            "num_errors": 0,
+            "ttft_p50_ms": 75.0,
+            "ttft_p99_ms": 200.0,
+            "e2e_p50_ms": 1.0,
+            "e2e_p99_ms": 2.0,
+            "req_per_s": 5.0,
+            "output_tok_per_s": 50.0,
+            "cached_fraction": 0.62,
+        },
+    ]
+    lines = router_compare.format_table(rows).splitlines()
+    assert lines[1].startswith("round_robin") and lines[1].endswith("1.00x")
+    assert lines[2].startswith("kv") and lines[2].endswith("4.00x") and "62.0%" in lines[2]

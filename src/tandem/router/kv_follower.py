@@ -132,9 +132,20 @@ class KvEventFollower:
         if batches is not None:
             self._apply_sync(worker_id, after_event_id, batches)
             self._last_try_s.pop(worker_id, None)
+        else:
+            self._accept_loss(worker_id, buffered)
         for batch in buffered:
             self.on_batch(batch)
         self._maybe_synced()
+
+    def _accept_loss(self, worker_id: str, buffered: list[KvEventBatch]) -> None:
+        """A worker that cannot be synced (no kv_state endpoint, timeout) still feeds the
+        index: its next batches count from here, the missed ones stay missed."""
+        self.applier.synced.add(worker_id)
+        if buffered:
+            first = buffered[0]
+            key = WorkerKey(worker_id, first.dp_rank)
+            self.applier.last_event_id[key] = first.event_id - 1
 
     def _apply_sync(
         self, worker_id: str, after_event_id: int | None, batches: list[KvEventBatch]
@@ -147,6 +158,8 @@ class KvEventFollower:
 
     async def _fetch(self, worker_id: str, after_event_id: int | None) -> list[KvEventBatch]:
         instance = self._instances.instances.get(worker_id)
+        if self._client is None:
+            raise LookupError("no request client to ask workers for their KV state")
         if instance is None:
             raise LookupError(f"worker_id={worker_id} is not a live instance")
         payload = encode(KvStateRequest(after_event_id=after_event_id))

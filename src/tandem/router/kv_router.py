@@ -13,12 +13,14 @@ from typing import Any
 from tandem.protocols.discovery import Instance
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.router.active_sequences import ActiveSequences
+from tandem.router.approx import ApproxCache
 from tandem.router.base import RouteDecision
 from tandem.router.cost import CandidateCost, candidate_cost, choose, tiered_overlap
 from tandem.router.event_applier import EventApplier
 from tandem.router.indexer import MEDIA, KvIndexer, WorkerKey
 from tandem.router.kv_follower import KvEventFollower
 from tandem.router.policy_router import AllBusy, PolicyRouter
+from tandem.router.sync import ReplicaSync
 from tandem.router.zmq_source import ZmqEndpoint, ZmqEngineSource
 from tandem.tokens.hashing import sequence_hashes
 
@@ -50,11 +52,26 @@ class KvRouter(PolicyRouter):
         self._pending: Scored | None = None
         self.applier = EventApplier(self.indexer, self.metrics)
         self.follower: KvEventFollower | None = None
+        self.approx: ApproxCache | None = None
+        if not config.use_kv_events:
+            self.approx = ApproxCache(
+                self.indexer,
+                ttl_s=config.approx_ttl_s,
+                max_blocks=config.approx_max_blocks,
+                clock=self._clock,
+            )
+        self.sync: ReplicaSync | None = None
         self.engine_sources = [
             ZmqEngineSource(ZmqEndpoint.parse(spec), self.applier) for spec in config.zmq_endpoints
         ]
 
     async def _start_extra(self) -> None:
+        if self.config.replica_sync and self._events is not None:
+            subject = f"{self.namespace}.router.sync"
+            self.sync = ReplicaSync(self.active, self._events, subject, on_change=self._wake.set)
+            await self.sync.start()
+        if self.config.use_kv_events and self._events is not None and self._client is None:
+            logger.warning("KV router has no request client: cannot ask workers for KV state")
         if self.config.use_kv_events and self._events is not None:
             self.follower = KvEventFollower(
                 self.applier,
@@ -78,6 +95,8 @@ class KvRouter(PolicyRouter):
     async def close(self) -> None:
         for source in self.engine_sources:
             await source.close()
+        if self.sync is not None:
+            await self.sync.close()
         if self.follower is not None:
             await self.follower.close()
         await super().close()
@@ -96,6 +115,8 @@ class KvRouter(PolicyRouter):
         if self.follower is not None:
             self.follower.forget_worker(worker_id)
         self.applier.forget_worker(worker_id)
+        if self.approx is not None:
+            self.approx.forget_worker(worker_id)
         self.active.remove_worker(worker_id)
 
     # ------------------------------------------------------------ scoring
@@ -195,6 +216,8 @@ class KvRouter(PolicyRouter):
         self, request: PreprocessedRequest, candidates: Sequence[Instance]
     ) -> tuple[Instance, dict[str, Any]]:
         self._maybe_sweep()
+        if self.approx is not None:
+            self.approx.expire()
         scored = self.score(request, candidates)
         eligible = self._eligible(request, scored)
         if not eligible:
@@ -225,7 +248,17 @@ class KvRouter(PolicyRouter):
     def _after_add(
         self, request_id: str, worker_id: str, scored: Scored, prefill_tokens: int
     ) -> None:
-        """Hook: approximate mode and replica sync record the choice further."""
+        """Approximate mode and replica sync record the choice further."""
+        if self.approx is not None:
+            self.approx.record(worker_id, scored.block_hashes)
+        if self.sync is not None:
+            self.sync.publish(
+                "add",
+                request_id,
+                worker_id=worker_id,
+                block_hashes=scored.block_hashes,
+                num_prefill_tokens=prefill_tokens,
+            )
 
     def _maybe_sweep(self) -> None:
         now = self._clock()
@@ -234,10 +267,14 @@ class KvRouter(PolicyRouter):
             self.active.sweep()
 
     def on_first_token(self, request_id: str) -> None:
+        if self.sync is not None and request_id in self.active:
+            self.sync.publish("prefilled", request_id)
         self.active.mark_prefilled(request_id)
+        self._wake.set()
 
     def on_finish(self, request_id: str) -> None:
-        self.active.free(request_id)
+        if self.active.free(request_id) is not None and self.sync is not None:
+            self.sync.publish("free", request_id)
         super().on_finish(request_id)
 
     # ------------------------------------------------------------ introspection

@@ -1,0 +1,106 @@
+"""`ReplicaSync`: routers of several frontends share their active-request bookkeeping (add,
+prefill done, free) on `{ns}.router.sync`, so they do not all pick the same idle worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+
+from tandem.router.active_sequences import ActiveSequences
+from tandem.router.source import EventSource
+
+logger = logging.getLogger(__name__)
+
+MAX_PENDING = 10_000
+
+
+class SyncMsg(msgspec.Struct, kw_only=True, omit_defaults=True):
+    version: int = 1
+    router_id: str
+    kind: Literal["add", "prefilled", "free"]
+    request_id: str
+    worker_id: str = ""
+    block_hashes: list[int] = msgspec.field(default_factory=list)
+    num_prefill_tokens: int = 0
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(SyncMsg)
+
+
+class ReplicaSync:
+    """Publishes this router's changes (bounded queue, oldest dropped) and applies the
+    others' to `active` under ids `router_id/request_id`. One event loop."""
+
+    def __init__(
+        self,
+        active: ActiveSequences,
+        events: EventSource,
+        subject: str,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.router_id = uuid.uuid4().hex[:12]
+        self._active = active
+        self._events = events
+        self._subject = subject
+        self._on_change = on_change
+        self._pending: asyncio.Queue[bytes] = asyncio.Queue(MAX_PENDING)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.num_applied = 0
+
+    async def start(self) -> None:
+        sub = await self._events.subscribe(self._subject)
+        self._tasks.append(asyncio.create_task(self._receive(sub), name="router-sync-in"))
+        self._tasks.append(asyncio.create_task(self._send(), name="router-sync-out"))
+
+    def publish(self, msg_kind: str, request_id: str, **fields: object) -> None:
+        msg = SyncMsg(router_id=self.router_id, kind=msg_kind, request_id=request_id, **fields)  # type: ignore[arg-type]
+        if self._pending.full():
+            self._pending.get_nowait()  # peers sweep what they miss by TTL
+        self._pending.put_nowait(_encoder.encode(msg))
+
+    async def _send(self) -> None:
+        while True:
+            payload = await self._pending.get()
+            try:
+                await self._events.publish(self._subject, payload)
+            except Exception:
+                logger.warning("router sync publish failed", exc_info=True)
+
+    async def _receive(self, sub: object) -> None:
+        try:
+            async for _subject, payload in sub:  # type: ignore[attr-defined]
+                try:
+                    self.apply(_decoder.decode(payload))
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    logger.warning("dropping malformed router sync message: %s", exc)
+        finally:
+            await sub.close()  # type: ignore[attr-defined]
+
+    def apply(self, msg: SyncMsg) -> None:
+        if msg.router_id == self.router_id:
+            return
+        rid = f"{msg.router_id}/{msg.request_id}"
+        if msg.kind == "add":
+            self._active.add(rid, msg.worker_id, msg.block_hashes, msg.num_prefill_tokens)
+        elif msg.kind == "prefilled":
+            self._active.mark_prefilled(rid)
+        else:
+            self._active.free(rid)
+        self.num_applied += 1
+        if self._on_change is not None:
+            self._on_change()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()

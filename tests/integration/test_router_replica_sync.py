@@ -1,0 +1,75 @@
+"""Two routers (as in two frontends) sharing active-request state over the event plane."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from tandem.protocols.discovery import Instance, ModelCard
+from tandem.protocols.engine import PreprocessedRequest, StopConditions
+from tandem.router.config import RouterConfig
+from tandem.router.kv_router import KvRouter
+from tandem.router.source import StaticInstanceSet
+from tandem.runtime.events.memory import MemoryEventBus
+
+pytestmark = pytest.mark.timeout(20)
+
+
+async def eventually(pred, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not pred():  # noqa: ASYNC110 - state changed by another task
+            await asyncio.sleep(0.002)
+
+
+def req(rid: str, i: int) -> PreprocessedRequest:
+    return PreprocessedRequest(
+        request_id=rid,
+        model="m",
+        token_ids=[10_000 * (i + 1) + t for t in range(64)],
+        stop=StopConditions(max_tokens=1),
+    )
+
+
+async def test_two_synced_routers_balance_load() -> None:
+    bus = MemoryEventBus()
+    card = ModelCard(name="m", context_length=4096, block_size=16, num_total_blocks=1000)
+    insts = StaticInstanceSet(
+        [
+            Instance(
+                instance_id=f"w{i}",
+                namespace="tandem",
+                component="backend",
+                endpoint="generate",
+                address=f"h:{i}",
+                model=card,
+            )
+            for i in range(4)
+        ]
+    )
+    a, b = (
+        KvRouter(RouterConfig(replica_sync=True, seed=7), instances=insts, events=bus)
+        for _ in range(2)
+    )
+    await a.start()
+    await b.start()
+    try:
+        used_by_a = {(await a.route(req(f"a{i}", i))).instance_id for i in range(3)}
+        assert len(used_by_a) == 3
+        await eventually(lambda: len(b.active) == 3)
+        idle = ({"w0", "w1", "w2", "w3"} - used_by_a).pop()
+        assert (await b.route(req("b0", 10))).instance_id == idle
+        picks = Counter()
+        for i in range(1, 9):  # alternate frontends: load stays even
+            router = a if i % 2 else b
+            picks[(await router.route(req(f"x{i}", 20 + i))).instance_id] += 1
+            await eventually(lambda: len(a.active) == len(b.active))
+        assert sorted(picks.values()) == [2, 2, 2, 2]
+        for i in range(3):
+            a.on_finish(f"a{i}")
+        await eventually(lambda: len(b.active) == 9)  # 12 routed, 3 finished
+        b.active.check_integrity()
+    finally:
+        await a.close()
+        await b.close()

@@ -50,3 +50,21 @@ def split_like(data: bytes | memoryview, like: Sequence[Any]) -> list[Any]:
         out.append(part)
         start += size
     return out
+
+
+def per_block(layers: Sequence[Any], *, block_dim: int = 1) -> list[list[Any]]:
+    """Split per-layer tensors holding n blocks along `block_dim` (as the native engine's
+    `export_blocks` returns them, [2, n, ...]) into n per-layer lists of one block each."""
+    num_blocks = layers[0].shape[block_dim]
+    return [[layer.narrow(block_dim, i, 1) for layer in layers] for i in range(num_blocks)]
+
+
+def join_blocks(
+    blocks: Sequence[bytes | memoryview], like: Sequence[Any], *, block_dim: int = 1
+) -> list[Any]:
+    """Per-layer tensors holding all `blocks` along `block_dim`, each block's bytes split like
+    the one-block template `like` (e.g. `export_blocks([b])`); the inverse of `per_block`."""
+    import torch
+
+    parts = [split_like(data, like) for data in blocks]
+    return [torch.cat([p[i] for p in parts], dim=block_dim) for i in range(len(like))]

@@ -4,11 +4,14 @@ is never blocked by a slow tier."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tandem.kvbm.base import BlockMeta, KvbmConfig
 from tandem.kvbm.host_tier import HostTier
@@ -241,3 +244,37 @@ def test_close_finishes_queued_copies() -> None:
     manager.close()
     assert manager.lookup([0, 1, 2, 3]) == ["host"] * 4
     assert manager.offload(9, _data(9), _meta(9)) is False  # closed
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["offload", "onboard"]), st.lists(st.integers(0, 9), max_size=4)),
+        max_size=25,
+    ),
+    min_reuse=st.integers(0, 2),
+)
+def test_random_traffic_keeps_tiers_consistent_and_data_exact(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, list[int]]], min_reuse: int
+) -> None:
+    """Whatever the order of offloads and onboards: capacity and slot accounting hold after
+    each step, onboard agrees with the lookup made just before it, and every block returned
+    carries exactly the bytes offloaded under its hash."""
+    config = _config(tmp_path_factory.mktemp("disk"), host_blocks=3, disk_blocks=4)
+    config = dataclasses.replace(config, disk_min_reuse=min_reuse)
+    with BlockManager(config) as manager:
+        for op, hashes in ops:
+            if op == "offload":
+                for h in hashes:
+                    manager.offload(h, _data(h), _meta(h))
+            else:
+                expected = manager.lookup(hashes)
+                result = manager.onboard(hashes)
+                assert result.tiers == expected
+                assert result.blocks == [_data(h) for h in hashes[: result.num_blocks]]
+            assert manager.flush(5)
+            manager.check_integrity()
+            used = manager.occupancy()
+            assert used["host"][0] <= 3 and used["disk"][0] <= 4

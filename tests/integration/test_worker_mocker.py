@@ -54,7 +54,7 @@ async def stack() -> AsyncIterator[Stack]:
         open_runtime(cfg, discovery=disc, events=bus) as worker_rt,
         open_runtime(cfg, discovery=disc, events=bus) as client_rt,
     ):
-        worker = Worker(engine, worker_rt, WorkerConfig(event_buffer_size=4))
+        worker = Worker(engine, worker_rt, WorkerConfig(event_buffer_size=4, metrics_period_s=0.2))
         instance = await worker.start()
         yield Stack(worker, engine, instance, client_rt, disc, bus)
         await worker.stop(grace_s=0)
@@ -173,6 +173,8 @@ async def test_kv_state_replays_after_an_id_or_sends_the_whole_set(stack: Stack)
     replay = await _kv_state(stack, 1)
     assert [b.event_id for b in replay] == [2, 3]
     assert await _kv_state(stack, 3) == []
+    [future] = await _kv_state(stack, 99)  # ids this worker never had: whole set
+    assert future.event_id == 3 and isinstance(future.events[0], kv.AllBlocksCleared)
     [full] = await _kv_state(stack, None)
     assert full.event_id == 3 and isinstance(full.events[0], kv.AllBlocksCleared)
     hashes = {h for e in full.events if isinstance(e, kv.BlockStored) for h in e.block_hashes}
@@ -206,3 +208,27 @@ async def test_stop_after_grace_fails_the_rest_with_peer_gone(stack: Stack) -> N
         async for _ in stream:
             pass
     assert stack.engine.load().num_active_blocks == 0
+
+
+async def test_request_deadline_is_enforced_by_the_worker(stack: Stack) -> None:
+    """A deadline carried only in the PreprocessedRequest (not on the request-plane frame)."""
+    loads = await stack.events.subscribe("t.backend.load_metrics")
+    payload = _req("d", [4] * 9, 1_000_000, deadline_s=time.time() + 0.1)
+    with pytest.raises(errors.DeadlineExceeded, match="request_id=d"):
+        async for _ in stack.client.stream(stack.instance, payload, request_id="d"):
+            pass
+    await _next_load(loads, lambda m: m.num_running == 0 and m.num_active_blocks == 0)
+    past = _req("p", [4] * 9, 5, deadline_s=time.time() - 1)
+    with pytest.raises(errors.DeadlineExceeded, match="after its deadline"):
+        [_ async for _ in stack.client.stream(stack.instance, past, request_id="p")]
+
+
+async def test_load_metrics_announced_at_start_and_follow_requests(stack: Stack) -> None:
+    loads = await stack.events.subscribe("t.backend.load_metrics")
+    idle = await _next_load(loads, lambda m: True)  # periodic, even with nothing running
+    assert (idle.num_total_blocks, idle.worker_id) == (1024, stack.worker.instance_id)
+    stream = stack.client.stream(stack.instance, _req("m", [6] * 9, 10**6), request_id="m")
+    await anext(stream)
+    busy = await _next_load(loads, lambda m: m.num_running == 1)
+    assert busy.num_active_blocks >= 3
+    await stream.aclose()

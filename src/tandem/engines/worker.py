@@ -20,7 +20,7 @@ import msgspec
 
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.worker_events import KvEventPublisher
-from tandem.errors import InvalidRequest, PeerGone
+from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
 from tandem.protocols import kv_events as kv
 from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols.engine import decode_request, encode
@@ -104,6 +104,7 @@ class Worker:
     async def start(self) -> Instance:
         """Start the engine, the publishers and both endpoints, then register the instance."""
         self.info = await self.engine.start()
+        self._load_changed.set()  # announce capacity right away
         events = self.engine.kv_events()
         self._tasks = [
             asyncio.create_task(self._publish_kv_events(events), name="worker-kv-events"),
@@ -156,6 +157,9 @@ class Worker:
             request = decode_request(payload)
         except msgspec.MsgspecError as exc:
             raise InvalidRequest(f"bad PreprocessedRequest: {exc}") from exc
+        deadline = request.deadline_s  # the request plane enforces its own deadline too
+        if deadline is not None and time.time() >= deadline:
+            raise DeadlineExceeded(f"request_id={request.request_id} arrived after its deadline")
         self._request_started()
         stream = self.engine.generate(request)
         try:
@@ -167,6 +171,11 @@ class Worker:
                 yield encode(out)
                 if ctx.cancelled.is_set():
                     break
+                if deadline is not None and out.finish_reason is None and time.time() > deadline:
+                    raise DeadlineExceeded(
+                        f"request_id={request.request_id} passed its deadline on "
+                        f"worker {self.instance_id}"
+                    )
         finally:
             aclose = getattr(stream, "aclose", None)  # async generators: aborts the request
             if aclose is not None:

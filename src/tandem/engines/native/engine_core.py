@@ -57,6 +57,15 @@ class EngineCore:
         """Queue a request; raises InvalidRequest / ContextLengthExceeded when it cannot fit."""
         if request.request_id in self.seqs:
             raise InvalidRequest(f"request_id={request.request_id} is already running")
+        self.check(request)
+        seq = Sequence(request, self.model.config.eos_token_ids)
+        self.seqs[request.request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def check(self, request: PreprocessedRequest) -> None:
+        """Raise when the request can never run here. Reads only immutable state: safe
+        from any thread."""
         num_prompt = len(request.token_ids)
         if num_prompt == 0:
             raise InvalidRequest("token_ids is empty; expected at least one prompt token")
@@ -68,10 +77,9 @@ class EngineCore:
                 f"the engine limit {limit} (max_model_len {self.max_model_len}, KV capacity "
                 f"{self.num_blocks * self.config.block_size} tokens)"
             )
-        seq = Sequence(request, self.model.config.eos_token_ids)
-        self.seqs[request.request_id] = seq
-        self.scheduler.add(seq)
-        return seq
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in request.token_ids):
+            raise InvalidRequest(f"token_ids must be in [0, {vocab}) for this model")
 
     def abort(self, request_id: str) -> None:
         if request_id in self.seqs:

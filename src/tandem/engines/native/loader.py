@@ -102,6 +102,35 @@ def load_model_weights(model: str | None = None) -> tuple[str, ModelConfig, Weig
     return path, *load_gguf(path)
 
 
+def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.2) -> Weights:
+    """Random fp32 weights for `config` (tests and benchmarks of scheduling, not of text)."""
+    gen = torch.Generator().manual_seed(seed)
+    c = config
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    q, kv, ffn = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, c.hidden_size),
+            p + "self_attn.k_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.v_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.o_proj.weight": (c.hidden_size, q),
+            p + "mlp.gate_proj.weight": (ffn, c.hidden_size),
+            p + "mlp.up_proj.weight": (ffn, c.hidden_size),
+            p + "mlp.down_proj.weight": (c.hidden_size, ffn),
+        }
+    weights = {k: torch.randn(s, generator=gen) * scale for k, s in shapes.items()}
+    for i in range(c.num_layers):
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            weights[f"model.layers.{i}.{n}.weight"] = 1 + 0.1 * torch.randn(
+                c.hidden_size, generator=gen
+            )
+    weights["model.norm.weight"] = torch.ones(c.hidden_size)
+    return weights
+
+
 def save_hf_dir(config: ModelConfig, weights: Weights, out_dir: str) -> None:
     """Write config.json + model.safetensors (used by the bench for HF/vLLM baselines)."""
     root = Path(out_dir)

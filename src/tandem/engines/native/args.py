@@ -1,0 +1,71 @@
+"""Native engine flags (`tandem worker --engine native ...`, `tandem serve ...`).
+
+Flags first, `TANDEM_*` env vars as fallbacks (e.g. TANDEM_NUM_BLOCKS), then defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from tandem.engines.native.config import DTYPES, NativeConfig
+
+
+def _bool(raw: str) -> bool:
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+# flag -> (type, default, help)
+_FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
+    "--model": (str, None, "a .gguf file or HF safetensors dir (default: SmolLM2-135M GGUF)"),
+    "--model-name": (str, None, "model name served (default: smollm2 / the file name)"),
+    "--dtype": (str, "float32", f"weights and KV dtype: {', '.join(DTYPES)}"),
+    "--block-size": (int, 16, "tokens per KV block"),
+    "--kv-cache-memory-gb": (float, 1.0, "KV cache budget in GiB (sets the block count)"),
+    "--num-blocks": (int, None, "explicit KV block count (overrides --kv-cache-memory-gb)"),
+    "--max-num-seqs": (int, 64, "most sequences in one batch"),
+    "--max-num-batched-tokens": (int, 1024, "most tokens computed in one step"),
+    "--max-model-len": (int, None, "longest prompt + output (default: the model's context)"),
+    "--num-threads": (int, 2, "torch intra-op threads"),
+    "--seed": (int, 0, "seed of the sampler for requests without their own seed"),
+}
+
+
+def _env_name(flag: str) -> str:
+    return "TANDEM_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("native engine")
+    for flag, (type_, default, help_) in _FLAGS.items():
+        env = _env_name(flag)
+        raw = os.environ.get(env)
+        value = type_(raw) if raw is not None else default
+        extra = ["--num-gpu-blocks"] if flag == "--num-blocks" else []
+        group.add_argument(flag, *extra, type=type_, default=value, help=f"{help_} (env {env})")
+    env = "TANDEM_NO_PREFIX_CACHING"
+    group.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        default=_bool(os.environ.get(env, "0")),
+        help=f"disable prefix caching (env {env})",
+    )
+
+
+def config_from_args(ns: argparse.Namespace) -> NativeConfig:
+    return NativeConfig(
+        model=ns.model,
+        served_model_name=ns.model_name,
+        dtype=ns.dtype,
+        block_size=ns.block_size,
+        kv_cache_memory_gb=ns.kv_cache_memory_gb,
+        num_blocks=ns.num_blocks,
+        max_num_seqs=ns.max_num_seqs,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        max_model_len=ns.max_model_len,
+        num_threads=ns.num_threads,
+        enable_prefix_caching=not ns.no_prefix_caching,
+        seed=ns.seed,
+    )

@@ -1,0 +1,245 @@
+"""`NativeEngine`: the `Engine` protocol around `EngineCore`, stepping in its own thread.
+
+The step thread owns the core: it applies queued adds/aborts, runs `step()` and hands each
+step's outputs and KV events back to the event loop with one `call_soon_threadsafe`, so
+the worker's networking stays responsive while the model computes. `kv_snapshot`,
+`export_blocks` and `import_blocks` take the step lock (they wait for a running step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import torch
+
+from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.engine_core import EngineCore
+from tandem.engines.native.loader import load_model_weights
+from tandem.engines.native.model import LlamaModel
+from tandem.engines.native.output_stream import OutputStream
+from tandem.errors import EngineError
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.kv_events import KvEvent
+
+logger = logging.getLogger(__name__)
+
+MAX_PENDING_EVENT_LISTS = 1024  # beyond it, a step's events join the newest list (none lost)
+
+
+def build_core(config: NativeConfig) -> tuple[EngineCore, str]:
+    """Load the model named by `config` and build the core; returns (core, model path)."""
+    torch.set_num_threads(config.num_threads)
+    path, model_config, weights = load_model_weights(config.model)
+    max_len = min(config.max_model_len or model_config.context_length, model_config.context_length)
+    model = LlamaModel(
+        model_config, weights, dtype=getattr(torch, config.dtype), max_positions=max_len
+    )
+    return EngineCore(config, model), path
+
+
+class NativeEngine:
+    def __init__(self, config: NativeConfig, *, core: EngineCore | None = None) -> None:
+        self.config = config
+        self.core = core
+        self.model_path: str | None = None
+        self._lock = threading.Lock()  # held while a step runs
+        self._cv = threading.Condition()
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, OutputStream] = {}
+        self._events: deque[list[KvEvent]] = deque()
+        self._events_ready = asyncio.Event()
+        self._info: EngineInfo | None = None
+
+    async def start(self) -> EngineInfo:
+        if self._info is not None:
+            return self._info
+        self._loop = asyncio.get_running_loop()
+        if self.core is None:
+            self.core, self.model_path = await asyncio.to_thread(build_core, self.config)
+        self._info = self._make_info(self.core)
+        self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
+        self._thread.start()
+        logger.info(
+            "native engine started: model=%s blocks=%d block_size=%d",
+            self._info.model_name,
+            self._info.num_total_blocks,
+            self._info.block_size,
+        )
+        return self._info
+
+    def _make_info(self, core: EngineCore) -> EngineInfo:
+        path = self.model_path
+        default_name = "smollm2" if self.config.model is None else None
+        if default_name is None and path:
+            default_name = os.path.splitext(os.path.basename(path.rstrip("/")))[0]
+        is_gguf = bool(path) and not os.path.isdir(path or "")
+        return EngineInfo(
+            model_name=self.config.served_model_name or default_name or core.model.config.name,
+            context_length=core.max_model_len,
+            block_size=self.config.block_size,
+            num_total_blocks=core.num_blocks,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            eos_token_ids=list(core.model.config.eos_token_ids),
+            tokenizer=(f"gguf:{path}" if is_gguf else f"hf:{path}") if path else None,
+            engine="native",
+        )
+
+    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+        """Stream the request's outputs. Raises InvalidRequest/ContextLengthExceeded on the
+        first iteration if it can never run, EngineError if the engine is not running.
+        Closing early aborts it."""
+        if self.core is None or self._thread is None or self._stopping:
+            raise EngineError("native engine is not running; call start() first")
+        self.core.check(request)
+        request_id = request.request_id
+        stream = self._streams[request_id] = OutputStream()
+        self._submit("add", request)
+        finished = False
+        try:
+            while not finished:
+                out = await stream.get()
+                finished = out.finish_reason is not None
+                yield out
+        finally:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+            if not finished:
+                self._submit("abort", request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self._submit("abort", request_id)
+
+    def _submit(self, op: str, arg: Any) -> None:
+        with self._cv:
+            self._inbox.append((op, arg))
+            self._cv.notify()
+
+    async def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        while True:
+            while not self._events:
+                if self._stopping:
+                    return
+                self._events_ready.clear()
+                await self._events_ready.wait()
+            yield self._events.popleft()
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        assert self.core is not None, "kv_snapshot before start()"
+        with self._lock:
+            return self.core.block_manager.snapshot()
+
+    def load(self) -> EngineLoad:
+        core = self.core
+        if core is None:
+            return EngineLoad(num_active_blocks=0, num_total_blocks=0, num_waiting=0, num_running=0)
+        return EngineLoad(
+            num_active_blocks=core.block_manager.num_active_blocks,
+            num_total_blocks=core.num_blocks,
+            num_waiting=len(core.scheduler.waiting),
+            num_running=len(core.scheduler.running),
+        )
+
+    async def stop(self) -> None:
+        """Stop the step thread; every open stream ends with finish_reason 'cancelled'."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
+        for stream in self._streams.values():
+            stream.push(EngineOutput(finish_reason="cancelled"))
+        self._events_ready.set()
+
+    # ---------------------------------------------------------------- KV data plane
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """The raw KV tensor [layers, 2, blocks, block_size, kv_heads, head_dim] (for
+        zero-copy registration with a transfer backend)."""
+        assert self.core is not None, "kv_cache before start()"
+        return self.core.runner.kv_cache
+
+    @property
+    def bytes_per_block(self) -> int:
+        assert self.core is not None, "bytes_per_block before start()"
+        return self.core.runner.bytes_per_block
+
+    def export_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """Per layer, a contiguous copy [2, n, block_size, kv_heads, head_dim]."""
+        assert self.core is not None, "export_blocks before start()"
+        with self._lock:
+            return self.core.runner.export_blocks(block_ids)
+
+    def import_blocks(self, block_ids: list[int], data: list[torch.Tensor]) -> None:
+        """Write per-layer data (as `export_blocks` returns) into the given blocks."""
+        assert self.core is not None, "import_blocks before start()"
+        with self._lock:
+            self.core.runner.import_blocks(block_ids, data)
+
+    # ---------------------------------------------------------------- step thread
+    def _run(self) -> None:
+        core = self.core
+        assert core is not None and self._loop is not None
+        try:
+            while True:
+                with self._cv:
+                    while not self._inbox and not core.has_work() and not self._stopping:
+                        self._cv.wait()
+                    if self._stopping:
+                        return
+                    ops = list(self._inbox)
+                    self._inbox.clear()
+                with self._lock:
+                    outputs = self._apply(core, ops)
+                    if core.has_work():
+                        outputs += core.step()
+                    events = core.take_events()
+                self._loop.call_soon_threadsafe(self._dispatch, outputs, events)
+        except Exception as exc:
+            logger.exception("native engine step loop failed")
+            self._stopping = True  # generate() now refuses new requests
+            failed = EngineOutput(finish_reason="error", error=f"native engine failed: {exc!r}")
+            self._loop.call_soon_threadsafe(self._fail_all, failed)
+
+    @staticmethod
+    def _apply(core: EngineCore, ops: list[tuple[str, Any]]) -> list[tuple[str, EngineOutput]]:
+        outputs: list[tuple[str, EngineOutput]] = []
+        for op, arg in ops:
+            if op == "abort":
+                core.abort(arg)
+                continue
+            try:
+                core.add(arg)
+            except Exception as exc:  # request boundary: fail this request only
+                logger.warning("rejecting request_id=%s: %s", arg.request_id, exc)
+                outputs.append(
+                    (arg.request_id, EngineOutput(finish_reason="error", error=str(exc)))
+                )
+        return outputs
+
+    def _dispatch(self, outputs: list[tuple[str, EngineOutput]], events: list[KvEvent]) -> None:
+        for request_id, out in outputs:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.push(out)
+        if events:
+            if len(self._events) >= MAX_PENDING_EVENT_LISTS:
+                self._events[-1].extend(events)
+            else:
+                self._events.append(events)
+            self._events_ready.set()
+
+    def _fail_all(self, failed: EngineOutput) -> None:
+        for stream in self._streams.values():
+            stream.push(failed)

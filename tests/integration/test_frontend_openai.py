@@ -65,7 +65,9 @@ class FakeWorker:
                     await asyncio.sleep(self.delay_s)
                 last = i + 1 == req.stop.max_tokens
                 tok = script[(len(req.token_ids) + i) % len(script)]
-                yield encode(EngineOutput(token_ids=[tok], finish_reason="length" if last else None))
+                yield encode(
+                    EngineOutput(token_ids=[tok], finish_reason="length" if last else None)
+                )
             done = True
         finally:
             self.finished.append((req.request_id, done))
@@ -89,9 +91,12 @@ async def _start(
     tok = load_tokenizer(f"gguf:{_gguf()}")
     discovery, events = MemoryDiscovery(), MemoryEventBus()
     card = ModelCard(
-        name=MODEL, context_length=512, block_size=16, num_total_blocks=1024,
+        name=MODEL,
+        context_length=512,
+        block_size=16,
+        num_total_blocks=1024,
         tokenizer=f"gguf:{_gguf()}",
-    )  # fmt: skip
+    )
     workers = []
     for _ in range(num_workers):
         rt = await stack.enter_async_context(
@@ -105,7 +110,9 @@ async def _start(
     )
     ready, stop, bound = asyncio.Event(), asyncio.Event(), []
     config = FrontendConfig(port=0, migration_limit=migration_limit)
-    task = asyncio.create_task(serve_frontend(config, front_rt, ready=ready, stop=stop, bound=bound))
+    task = asyncio.create_task(
+        serve_frontend(config, front_rt, ready=ready, stop=stop, bound=bound)
+    )
 
     async def shutdown() -> None:
         stop.set()
@@ -132,9 +139,12 @@ async def test_chat_stream_with_usage_and_models() -> None:
         models = await client.models.list()
         assert [m.id for m in models.data] == [MODEL]
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
-            stream=True, stream_options={"include_usage": True},
-        )  # fmt: skip
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         text, finish, usage = "", None, None
         async for chunk in stream:
             if chunk.usage is not None:

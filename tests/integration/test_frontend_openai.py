@@ -163,6 +163,14 @@ async def test_chat_stream_with_usage_and_models() -> None:
         assert usage.prompt_tokens == n
         assert usage.prompt_tokens_details.cached_tokens == n // 2
         assert req.token_ids[-4:] == s.tokenizer.encode("<|im_start|>assistant\n")
+        url = s.base_url.removesuffix("/v1") + "/metrics"
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            metrics = await resp.text()
+        line = 'tandem_frontend_requests_total{model="smollm2",endpoint="chat_completions",'
+        assert line + 'status="success"} 1' in metrics
+        assert 'tandem_frontend_output_tokens_total{model="smollm2"} 8' in metrics
+        assert "tandem_frontend_time_to_first_token_seconds_count" in metrics
+        assert 'tandem_frontend_worker_load{model="smollm2"' in metrics
 
 
 @pytest.mark.timeout(30)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -104,7 +104,7 @@ class FrontendApp:
 
     async def prometheus(self, request: HttpRequest, response: HttpResponse) -> None:
         extra = "".join(
-            m.router.metrics_text()  # type: ignore[attr-defined]
+            m.router.metrics_text()
             for m in self.registry.models.values()
             if hasattr(m.router, "metrics_text")
         )
@@ -204,7 +204,7 @@ class FrontendApp:
         req: Any,
         prepared: Prepared,
         states: list[ChoiceState],
-        events: AsyncIterator[Event],
+        events: AsyncGenerator[Event, None],
         fmt: ResponseFormat,
         started: float,
     ) -> None:
@@ -239,7 +239,7 @@ class FrontendApp:
         response: HttpResponse,
         prepared: Prepared,
         states: list[ChoiceState],
-        events: AsyncIterator[Event],
+        events: AsyncGenerator[Event, None],
         fmt: ResponseFormat,
         started: float,
     ) -> None:
@@ -254,7 +254,7 @@ class FrontendApp:
     # ------------------------------------------------------------------ engine streams
     def _events(
         self, prepared: Prepared, states: list[ChoiceState], *, keep_text: bool
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         if len(states) == 1:
             return self._choice_events(prepared, prepared.requests[0], states[0], keep_text)
         return self._merged_events(prepared, states, keep_text)
@@ -265,7 +265,7 @@ class FrontendApp:
         request: PreprocessedRequest,
         state: ChoiceState,
         keep_text: bool,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         outputs = self.streamer.stream(request, prepared.model.router)
         async with aclosing(outputs):
             async for out in outputs:
@@ -276,7 +276,7 @@ class FrontendApp:
 
     async def _merged_events(
         self, prepared: Prepared, states: list[ChoiceState], keep_text: bool
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue(maxsize=256)
 
         async def pump(request: PreprocessedRequest, state: ChoiceState) -> None:

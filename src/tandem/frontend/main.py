@@ -82,13 +82,8 @@ async def run_frontend(config: FrontendConfig, runtime_config: RuntimeConfig) ->
 
 
 def run(config: FrontendConfig, runtime_config: RuntimeConfig) -> int:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency; stay usable without
-        uvloop = None
+    import uvloop
+
     with contextlib.suppress(KeyboardInterrupt):
-        if uvloop is not None:
-            uvloop.run(run_frontend(config, runtime_config))
-        else:
-            asyncio.run(run_frontend(config, runtime_config))
+        uvloop.run(run_frontend(config, runtime_config))
     return 0

@@ -125,8 +125,8 @@ class FrontendMetrics:
         self.worker_load.values.clear()
         for model, loads in worker_loads.items():
             for worker_id, row in loads.items():
-                for metric, value in row.items():
-                    self.worker_load.set((model, worker_id, metric), value)
+                for name, value in row.items():
+                    self.worker_load.set((model, worker_id, name), value)
         lines: list[str] = []
         for metric in (
             self.requests,

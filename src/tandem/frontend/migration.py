@@ -5,7 +5,7 @@ far with max_tokens reduced, so the caller sees one stream (DESIGN.md §3 step 7
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
@@ -35,7 +35,7 @@ class EngineStreamer:
 
     async def stream(
         self, request: PreprocessedRequest, router: Router
-    ) -> AsyncIterator[EngineOutput]:
+    ) -> AsyncGenerator[EngineOutput, None]:
         """Yield the request's EngineOutputs until one has `finish_reason`. Raises what
         routing raises (NoWorkersAvailable, Overloaded, ...), PeerGone once the migration
         limit is spent, and the worker's ServingError. Closing the iterator cancels the

@@ -72,6 +72,7 @@ class LoadRun:
     results: list[RequestResult]
     wall_s: float
     server_cpu_s: dict[int, float] = field(default_factory=dict)
+    client_cpu_s: float = 0.0  # this process: shows whether the client was the bottleneck
 
 
 def encode_body(spec: RequestSpec, endpoint: str, model: str) -> bytes:
@@ -121,6 +122,7 @@ async def run_load(config: LoadConfig, specs: list[RequestSpec]) -> LoadRun:
     sender = _Sender(config, specs, pool, path, model)
     meter = CpuMeter(config.server_pids, children=config.server_children)
     meter.start()
+    client_cpu_start = time.process_time()
     try:
         timed = config.request_rate is not None or specs[0].send_at_s is not None
         await (sender.run_timed() if timed else sender.run_closed_loop())
@@ -128,6 +130,7 @@ async def run_load(config: LoadConfig, specs: list[RequestSpec]) -> LoadRun:
         pool.close()
     server_cpu_s = meter.stop()
     return LoadRun(
+        client_cpu_s=time.process_time() - client_cpu_start,
         config=config,
         model=model,
         results=sender.results,

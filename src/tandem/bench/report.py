@@ -69,6 +69,9 @@ def summarize(run: LoadRun) -> dict[str, Any]:
         "cached_tokens": cached_tokens,
         "cached_fraction": cached_tokens / prompt_tokens if prompt_tokens else None,
     }
+    summary["client_cpu_ms_per_request"] = (
+        run.client_cpu_s * 1000.0 / len(run.results) if run.results else None
+    )
     if run.server_cpu_s:
         per_request = {
             str(pid): (cpu_s * 1000.0 / len(ok) if ok else None)
@@ -105,6 +108,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["num_errors"]:
         lines.append(f"errors by status: {summary['errors_by_status']}")
         lines.extend(f"  e.g. {sample}" for sample in summary["error_samples"])
+    client_ms = summary.get("client_cpu_ms_per_request")
+    lines.append(f"client (this process): {_fmt(client_ms, 3)} CPU-ms per request")
     for pid, ms in (summary.get("server_cpu_ms_per_request") or {}).items():
         lines.append(f"server pid {pid}: {_fmt(ms, 3)} CPU-ms per request")
     return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Disaggregated prefill/decode: orchestration and the KV transfer layer (`tandem.disagg.transfer`)."""

@@ -79,11 +79,13 @@ def _run(
         send_frame(sock, Start(backend=backend.name))
         move = backend.pull if direction == "pull" else backend.push
         num_bytes = move(sock, meta, local, block_ids)
-    except (TransferError, LookupError, ValueError, IndexError) as exc:
+    except (OSError, msgspec.DecodeError):
+        raise  # the connection itself broke: nothing more to tell the owner
+    except Exception as exc:  # a backend failed (NIXL raises its own types): tell the owner
         with contextlib.suppress(OSError, msgspec.DecodeError):
-            send_frame(sock, Done(ok=False, reason=str(exc)))
+            send_frame(sock, Done(ok=False, reason=f"{type(exc).__name__}: {exc}"))
             recv_frame(sock)  # the owner has recorded the failure once it answers
-        raise TransferError(str(exc)) from exc
+        raise TransferError(f"{type(exc).__name__}: {exc}") from exc
     sock.settimeout(_remaining(deadline))
     send_frame(sock, Done(ok=True, num_bytes=num_bytes))
     status = recv_frame(sock)

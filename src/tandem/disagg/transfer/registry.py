@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 
 from tandem.disagg.transfer.base import BACKEND_NAMES, TransferBackend
@@ -24,7 +25,13 @@ def create_backend(name: str, *, agent_id: str, host_id: str) -> TransferBackend
         from tandem.disagg.transfer.tcp import TcpBackend
 
         return TcpBackend()
-    if name in ("nixl", "mooncake"):
+    if name == "mooncake":
+        if importlib.util.find_spec("mooncake") is None:
+            raise BackendUnavailable("mooncake is not installed (mooncake-transfer-engine)")
+        raise BackendUnavailable("mooncake is installed but tandem has no mooncake backend yet")
+    if name == "nixl":
+        if importlib.util.find_spec("nixl") is None:
+            raise BackendUnavailable("nixl is not installed (pip install nixl==1.5.1)")
         try:
             module = importlib.import_module(f"tandem.disagg.transfer.{name}_backend")
         except ImportError as exc:

@@ -1,0 +1,122 @@
+"""`tandem bench transfer`: KV transfer GB/s between two processes, per backend.
+
+The bench process pulls from a spawned owner process through a `TransferAgent`
+restricted to one backend at a time (the control handshake is included in every
+figure), beside an in-process ``memcpy`` of the same size. Each transfer moves
+``--blocks`` blocks of one region, like a KV export.
+
+    tandem bench transfer [--sizes-mib 1,4,16,64,256] [--iters 5] [--blocks 64] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import time
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from tandem.disagg.transfer import RegionLayout, TransferAgent, TransferAgentConfig
+
+MIB = 1 << 20
+
+
+def _layout(size: int, num_blocks: int) -> RegionLayout:
+    return RegionLayout.contiguous(num_blocks=num_blocks, block_bytes=size // num_blocks)
+
+
+def _owner(conn: Connection, sizes: list[int], num_blocks: int) -> None:
+    """The exporting process: one shm region per size; answers op requests until closed."""
+    with TransferAgent(TransferAgentConfig(agent_id="bench-owner")) as agent:
+        for size in sizes:
+            region = agent.create_region(f"r{size}", _layout(size, num_blocks))
+            region.data[:] = np.random.default_rng(size).integers(0, 256, size, np.uint8)
+        conn.send(agent.backend_names)
+        while (size := conn.recv()) is not None:
+            op = agent.create_readable(f"r{size}", list(range(num_blocks)), ttl_s=60)
+            conn.send(op.meta)
+
+
+def _memcpy_gbps(size: int, iters: int) -> float:
+    src = np.random.default_rng(0).integers(0, 256, size, np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(iters + 1):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return size / statistics.median(times[1:]) / 1e9
+
+
+def _backend_gbps(
+    conn: Connection, backend: str, sizes: list[int], args: argparse.Namespace
+) -> dict[int, float]:
+    figures = {}
+    config = TransferAgentConfig(agent_id=f"bench-{backend}", backends=(backend,))
+    with TransferAgent(config) as agent:
+        if backend not in agent.backend_names:
+            return {}
+        for size in sizes:
+            agent.register_region(f"r{size}", np.zeros(size, np.uint8), _layout(size, args.blocks))
+            times = []
+            for _ in range(args.iters + 1):  # the first run warms up mappings and connections
+                conn.send(size)
+                meta = conn.recv()
+                result = agent.pull(meta, f"r{size}", list(range(args.blocks)), timeout_s=120)
+                assert result.backend == backend, result
+                times.append(result.seconds)
+            figures[size] = size / statistics.median(times[1:]) / 1e9
+            agent.unregister_region(f"r{size}")
+    return figures
+
+
+def _table(sizes: list[int], rows: dict[str, dict[int, float]]) -> str:
+    lines = ["size_MiB  " + "".join(f"{name:>10}" for name in rows) + "   shm/nixl"]
+    for size in sizes:
+        cells = "".join(
+            f"{rows[name][size]:>10.2f}" if size in rows[name] else f"{'-':>10}" for name in rows
+        )
+        shm, nixl = rows.get("shm", {}).get(size), rows.get("nixl", {}).get(size)
+        ratio = f"{shm / nixl:>10.2f}x" if shm and nixl else f"{'-':>11}"
+        lines.append(f"{size // MIB:>8}  {cells}{ratio}")
+    return "\n".join(lines) + "\n(GB/s, median of --iters pulls; 1 GB = 1e9 bytes)"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tandem bench transfer", description=__doc__)
+    parser.add_argument("--sizes-mib", default="1,4,16,64,256", help="transfer sizes in MiB")
+    parser.add_argument(
+        "--iters", type=int, default=5, help="timed pulls per size (after 1 warm-up)"
+    )
+    parser.add_argument("--blocks", type=int, default=64, help="blocks per transfer")
+    parser.add_argument("--backends", default="shm,nixl,mooncake,tcp", help="backends to measure")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args(argv)
+    sizes = [int(float(s) * MIB) for s in args.sizes_mib.split(",")]
+    if args.iters < 1 or args.blocks < 1 or any(s % args.blocks for s in sizes):
+        parser.error(
+            "--iters and --blocks must be >= 1 and every size a multiple of --blocks bytes"
+        )
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    owner = ctx.Process(target=_owner, args=(child, sizes, args.blocks), daemon=True)
+    owner.start()
+    try:
+        offered = parent.recv()
+        rows = {"memcpy": {s: _memcpy_gbps(s, args.iters) for s in sizes}}
+        for backend in args.backends.split(","):
+            if backend in offered and (figures := _backend_gbps(parent, backend, sizes, args)):
+                rows[backend] = figures
+    finally:
+        parent.send(None)
+        owner.join(30)
+    print(_table(sizes, rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {name: {str(s): v for s, v in r.items()} for name, r in rows.items()}, f, indent=1
+            )
+    return 0

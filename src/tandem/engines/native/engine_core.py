@@ -70,12 +70,15 @@ class EngineCore:
         if num_prompt == 0:
             raise InvalidRequest("token_ids is empty; expected at least one prompt token")
         total = num_prompt + request.stop.max_tokens
-        limit = min(self.max_model_len, self.num_blocks * self.config.block_size)
-        if total > limit:
+        if total > self.max_model_len:
             raise ContextLengthExceeded(
                 f"prompt {num_prompt} + max_tokens {request.stop.max_tokens} = {total} exceeds "
-                f"the engine limit {limit} (max_model_len {self.max_model_len}, KV capacity "
-                f"{self.num_blocks * self.config.block_size} tokens)"
+                f"max_model_len {self.max_model_len}; lower max_tokens or shorten the prompt"
+            )
+        if num_prompt >= self.capacity_tokens:
+            raise ContextLengthExceeded(
+                f"prompt {num_prompt} does not fit the KV cache ({self.capacity_tokens} tokens); "
+                "raise --kv-cache-memory-gb / --num-blocks"
             )
         vocab = self.model.config.vocab_size
         if any(not 0 <= t < vocab for t in request.token_ids):
@@ -84,6 +87,10 @@ class EngineCore:
     def abort(self, request_id: str) -> None:
         if request_id in self.seqs:
             self.scheduler.abort(request_id)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.config.block_size
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -128,6 +135,8 @@ class EngineCore:
         ):
             return "stop"
         if num_out >= seq.stop.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            return "length"
+        if len(seq.token_ids) >= self.capacity_tokens:  # it could never get another block
             return "length"
         return None
 

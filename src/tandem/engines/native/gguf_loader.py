@@ -45,6 +45,20 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
+def gguf_name(hf: str) -> str:
+    """GGUF tensor name of a HF parameter name (inverse of `hf_name`)."""
+    fixed = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    if hf in fixed:
+        return fixed[hf]
+    parts = hf.split(".")
+    reverse = {v: k for k, v in _LAYER_NAMES.items()}
+    return f"blk.{parts[2]}.{reverse['.'.join(parts[3:-1])]}.weight"
+
+
 def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """Inverse of llama.cpp's `permute(w, n_head)` on Q/K projection rows."""
     out_dim = weight.shape[0]
@@ -134,5 +148,8 @@ def read_gguf(
             progress(1)
     missing = [n for n in required_names(config) if n not in weights]
     if missing:
-        raise GgufFormatError(f"{path}: missing tensor '{missing[0]}' ({len(missing)} missing)")
+        raise GgufFormatError(
+            f"{path}: missing tensor '{gguf_name(missing[0])}' ({missing[0]}); "
+            f"{len(missing)} missing in all"
+        )
     return config, weights

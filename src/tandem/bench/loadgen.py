@@ -84,10 +84,11 @@ def encode_body(spec: RequestSpec, endpoint: str, model: str) -> bytes:
         "ignore_eos": spec.ignore_eos,
     }
     if endpoint == "chat":
-        text = spec.text if spec.text is not None else tokens_to_text(spec.token_ids)
+        text = spec.text if spec.text is not None else tokens_to_text(spec.prompt_token_ids())
         body["messages"] = [{"role": "user", "content": text}]
     else:
-        body["prompt"] = spec.token_ids if spec.token_ids else (spec.text or "")
+        token_ids = spec.prompt_token_ids()
+        body["prompt"] = token_ids if token_ids else (spec.text or "")
     return msgspec.json.encode(body)
 
 

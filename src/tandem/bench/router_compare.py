@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="round_robin,kv", help="first one is the baseline")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--speedup-ratio", type=float, default=1.0, help="mocker speed")
+    parser.add_argument(
+        "--context-length", type=int, default=262144, help="mocker context (trace prompts are long)"
+    )
     parser.add_argument("--concurrency", type=int, default=None, help="cap in flight")
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--duration-s", type=float, default=300.0, help="send cap per mode")
@@ -49,6 +52,7 @@ def measure_mode(
         router=mode,
         speedup_ratio=args.speedup_ratio,
         extra_args=args.tandem_args,
+        engine_args=f"--context-length {args.context_length}",
     ) as stack:
         config = LoadConfig(
             url=stack.url,

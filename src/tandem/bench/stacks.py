@@ -45,16 +45,19 @@ def tandem_mocker_stack(
     router: str = "round_robin",
     speedup_ratio: float = 0.0,
     extra_args: str = "",
+    engine_args: str = "",
     ready_timeout_s: float = 120.0,
 ) -> Iterator[RunningStack]:
     """tandem over mocker workers. `split`: `tandem frontend` + N `tandem worker` processes on
-    file discovery (so the frontend PID is the frontend alone); `serve`: `tandem serve`."""
+    file discovery (so the frontend PID is the frontend alone); `serve`: `tandem serve`.
+    `engine_args` go to the mocker (workers, or serve), `extra_args` to the frontend / serve."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout '{layout}'; expected one of: {', '.join(LAYOUTS)}")
     if layout == "auto":
         layout = "split" if has_split_commands() else "serve"
     port = free_port()
     mocker = ["--engine", "mocker", "--speedup-ratio", f"{speedup_ratio:g}"]
+    mocker += shlex.split(engine_args)
     http = ["--host", "127.0.0.1", "--port", str(port)]
     extra = shlex.split(extra_args)
     with ProcessStack(work_dir / "logs") as stack:

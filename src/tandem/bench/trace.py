@@ -91,6 +91,19 @@ class BlockTokens:
         return tokens[:input_length]
 
 
+@dataclass(frozen=True, slots=True)
+class TracePrompt:
+    """A `PromptSource`: the prompt of one trace record, built when it is sent."""
+
+    blocks: BlockTokens
+    hash_ids: list[int]
+    input_length: int
+    pad_key: int
+
+    def token_ids(self) -> list[int]:
+        return self.blocks.prompt(self.hash_ids, self.input_length, self.pad_key)
+
+
 def read_records(path: str | Path, max_requests: int | None = None) -> Iterator[TraceRecord]:
     decoder = msgspec.json.Decoder(TraceRecord)
     with open(path, "rb") as f:
@@ -108,7 +121,8 @@ def read_records(path: str | Path, max_requests: int | None = None) -> Iterator[
 
 
 def trace_requests(path: str | Path, config: TraceConfig) -> list[RequestSpec]:
-    """All (or the first `max_requests`) records of a trace as requests with send times."""
+    """All (or the first `max_requests`) records of a trace as requests with send times; prompts
+    are built when sent (a trace's prompts together can hold tens of millions of tokens)."""
     blocks = BlockTokens(config.block_size, config.vocab_size, config.seed)
     specs = []
     for index, record in enumerate(read_records(path, config.max_requests)):
@@ -117,7 +131,7 @@ def trace_requests(path: str | Path, config: TraceConfig) -> list[RequestSpec]:
             length = min(length, config.max_input_length)
         specs.append(
             RequestSpec(
-                token_ids=blocks.prompt(record.hash_ids, length, pad_key=index),
+                source=TracePrompt(blocks, record.hash_ids, length, index),
                 max_tokens=max(record.output_length, config.min_output_length),
                 ignore_eos=True,
                 send_at_s=record.timestamp / 1000.0 / config.speedup,

@@ -9,6 +9,7 @@ synthetic shared-prefix generator (groups × prompts per group) and Mooncake tra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -17,19 +18,35 @@ FIRST_PLAIN_TOKEN_ID = 32
 DEFAULT_VOCAB_SIZE = 49152
 
 
+class PromptSource(Protocol):
+    """Builds a prompt's token ids on demand (trace prompts are too big to hold all at once)."""
+
+    @property
+    def input_length(self) -> int: ...
+
+    def token_ids(self) -> list[int]: ...
+
+
 @dataclass(slots=True, kw_only=True)
 class RequestSpec:
-    """One request to send: a prompt (token ids or text), an output budget, an optional time."""
+    """One request to send: a prompt (token ids, a lazy `source` of them, or text), an output
+    budget, an optional send time."""
 
     token_ids: list[int] = field(default_factory=list)
+    source: PromptSource | None = None
     text: str | None = None
     max_tokens: int = 16
     ignore_eos: bool = True
     send_at_s: float | None = None
     group_id: int | None = None
 
+    def prompt_token_ids(self) -> list[int]:
+        return self.source.token_ids() if self.source is not None else self.token_ids
+
     @property
     def input_length(self) -> int:
+        if self.source is not None:
+            return self.source.input_length
         return len(self.token_ids) if self.token_ids else len((self.text or "").split())
 
 

@@ -89,3 +89,26 @@ async def test_server_cpu_is_measured_per_pid(fake_openai):
     # the fake server runs in this process and burns >= 2 ms CPU per request
     assert run.server_cpu_s[os.getpid()] >= 0.06
     assert summarize(run)["server_cpu_ms_per_request"][str(os.getpid())] >= 1.5
+
+
+async def test_trace_replay_sends_at_timestamps_with_exact_prompts(fake_openai, tmp_path):
+    import json
+
+    from tandem.bench.trace import TraceConfig, trace_requests
+
+    fake_openai.first_token_delay_s = fake_openai.token_gap_s = 0.0
+    path = tmp_path / "trace.jsonl"
+    records = [
+        {"timestamp": 0, "input_length": 6, "output_length": 3, "hash_ids": [1, 2]},
+        {"timestamp": 200, "input_length": 8, "output_length": 2, "hash_ids": [1, 3]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    specs = trace_requests(path, TraceConfig(block_size=4, vocab_size=100, speedup=2.0))
+    run = await run_load(LoadConfig(url=f"http://127.0.0.1:{fake_openai.port}"), specs)
+    assert all(r.ok for r in run.results)
+    first, second = sorted(run.results, key=lambda r: r.start_s)
+    assert second.start_s - first.start_s >= 0.09  # 200 ms / speedup 2
+    bodies = sorted(fake_openai.bodies, key=lambda b: len(b["prompt"]))
+    assert [len(b["prompt"]) for b in bodies] == [6, 8]
+    assert bodies[0]["prompt"][:4] == bodies[1]["prompt"][:4]  # shared hash id 1
+    assert [b["max_tokens"] for b in bodies] == [3, 2] and all(b["ignore_eos"] for b in bodies)

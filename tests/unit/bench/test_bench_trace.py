@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -24,7 +25,7 @@ def test_same_hash_id_gives_same_block_across_requests(tmp_path):
         ],
     )
     specs = trace_requests(path, TraceConfig(block_size=8, vocab_size=500))
-    a, b, c = (s.token_ids for s in specs)
+    a, b, c = (s.prompt_token_ids() for s in specs)
     assert (len(a), len(b), len(c)) == (20, 16, 10)  # trimmed to input_length
     assert a[:16] == b[:16]  # blocks 7, 8 shared
     assert b[16:] == [] and c[:8] == BlockTokens(8, 500).block(4)
@@ -55,11 +56,12 @@ def test_speedup_max_requests_padding_and_clipping(tmp_path):
         path, TraceConfig(block_size=8, vocab_size=500, speedup=4.0, max_requests=2)
     )
     assert [s.send_at_s for s in specs] == [0.25, 0.5]
-    a, b = (s.token_ids for s in specs)
+    a, b = (s.prompt_token_ids() for s in specs)
     assert len(a) == len(b) == 30 and a[:8] == b[:8]
     assert a[8:] != b[8:]  # padding beyond the hash blocks is unique per request
     clipped = trace_requests(path, TraceConfig(block_size=8, vocab_size=500, max_input_length=5))
-    assert [len(s.token_ids) for s in clipped] == [5, 5, 4]
+    assert [len(s.prompt_token_ids()) for s in clipped] == [5, 5, 4]
+    assert [s.input_length for s in clipped] == [5, 5, 4]
 
 
 def test_bad_record_names_line(tmp_path):
@@ -67,3 +69,24 @@ def test_bad_record_names_line(tmp_path):
     path.write_text('{"timestamp": 0, "input_length": 3, "output_length": 1}\n{"oops": 1}\n')
     with pytest.raises(ValueError, match=r"t\.jsonl:2"):
         trace_requests(path, TraceConfig(block_size=4))
+
+
+SHARED_TRACE = "/work/shared/data/mooncake_synthetic_trace.jsonl"
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED_TRACE), reason="shared trace not present")
+def test_shared_trace_prompts_follow_hash_ids():
+    specs = trace_requests(SHARED_TRACE, TraceConfig(max_requests=300))
+    with open(SHARED_TRACE) as f:
+        records = [json.loads(line) for _, line in zip(range(300), f, strict=False)]
+    first_ids = []
+    for spec, record in zip(specs, records, strict=True):
+        assert spec.input_length == record["input_length"]
+        assert spec.max_tokens == record["output_length"]
+        first_ids.append(record["hash_ids"][0])
+    assert len(set(first_ids)) < len(first_ids), "the trace should reuse some first blocks"
+    blocks = BlockTokens(512, 49152)
+    for spec, record in list(zip(specs, records, strict=True))[:50]:
+        ids = spec.prompt_token_ids()
+        assert len(ids) == record["input_length"]
+        assert ids[:512] == blocks.block(record["hash_ids"][0])[: len(ids[:512])]

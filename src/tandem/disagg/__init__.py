@@ -1,1 +1,1 @@
-"""Disaggregated prefill/decode: orchestration and the KV transfer layer (`tandem.disagg.transfer`)."""
+"""Disaggregated prefill/decode: orchestration and the KV transfer layer (`.transfer`)."""

@@ -38,6 +38,19 @@ def test_kv_layout_block_view_matches_tensor_indexing() -> None:
     assert layout.span_bytes == kv.numel() * 2
 
 
+def test_shm_region_as_torch_shares_memory_with_block_view() -> None:
+    layout = RegionLayout.for_kv_cache(**SHAPE, dtype="bfloat16")
+    region = create_shm_region("kv", layout)
+    try:
+        kv = region.as_torch("bfloat16", (3, 2, 10, 4, 2, 8))
+        kv[2, 0, 5] = 1.5
+        expected = kv[2, 0, 5].contiguous().view(torch.uint8).reshape(-1).numpy()
+        assert np.array_equal(region.blocks()[2, 0, 5], expected)
+        assert region.blocks()[2, 1, 5].max() == 0
+    finally:
+        region.close()
+
+
 def test_layout_larger_than_buffer_is_rejected() -> None:
     layout = RegionLayout.contiguous(num_blocks=4, block_bytes=16)
     with pytest.raises(ValueError, match="spans 64 bytes"):

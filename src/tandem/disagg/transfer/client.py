@@ -45,7 +45,9 @@ def run_transfer(
     peer = f"{target.agent_id or '?'}@{target.address[0]}:{target.address[1]}"
     where = f"transfer op={target.op_id} peer={peer} ({direction})"
     try:
-        with socket.create_connection(tuple(target.address), timeout=timeout_s) as sock:
+        with socket.create_connection(
+            (target.address[0], target.address[1]), timeout=timeout_s
+        ) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return _run(agent, sock, direction, target, local, block_ids, deadline)
     except TransferError as exc:
@@ -124,7 +126,9 @@ def send_control(
         else Query(op_id=target.op_id)
     )
     try:
-        with socket.create_connection(tuple(target.address), timeout=timeout_s) as sock:
+        with socket.create_connection(
+            (target.address[0], target.address[1]), timeout=timeout_s
+        ) as sock:
             send_frame(sock, frame)
             reply = recv_frame(sock)
     except (OSError, msgspec.DecodeError) as exc:

@@ -57,6 +57,16 @@ class MemoryRegion:
             strides=(lay.layer_stride, lay.part_stride, lay.block_stride, 1),
         )
 
+    def as_torch(self, dtype: str, shape: tuple[int, ...]) -> Any:
+        """The whole buffer as a CPU torch tensor of ``dtype`` and ``shape`` (shares memory).
+
+        This is how an engine puts its KV cache in a shared-memory region:
+        ``agent.create_region("kv", layout).as_torch("bfloat16", kv_shape)``.
+        """
+        import torch
+
+        return torch.from_numpy(self.data).view(getattr(torch, dtype)).view(shape)
+
     def close(self) -> None:
         """Unmap and, for a segment this process created, unlink it. Idempotent."""
         self.data = np.empty(0, np.uint8)
@@ -76,7 +86,8 @@ def as_bytes(buffer: Any) -> np.ndarray:
             raise ValueError("only contiguous CPU tensors can be registered")
         import torch
 
-        return buffer.view(torch.uint8).reshape(-1).numpy()
+        flat: np.ndarray = buffer.view(torch.uint8).reshape(-1).numpy()
+        return flat
     if isinstance(buffer, np.ndarray):
         if not buffer.flags.c_contiguous:
             raise ValueError("only C-contiguous arrays can be registered")

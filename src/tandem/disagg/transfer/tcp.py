@@ -72,7 +72,7 @@ def _send(
     for layer, i, j in _chunks(meta, len(ids)):
         _check_live(op)
         chunk = np.ascontiguousarray(view[layer][:, ids[i:j]])  # one gathered copy
-        sock.sendall(memoryview(chunk).cast("B"))
+        sock.sendall(chunk.data.cast("B"))
         sent += chunk.nbytes
     return sent
 
@@ -91,7 +91,7 @@ def _receive(
         _check_live(op)
         if buf.size != lay.num_parts * (j - i) * lay.block_bytes:
             buf = np.empty((lay.num_parts, j - i, lay.block_bytes), np.uint8)
-        recv_into_exact(sock, memoryview(buf).cast("B"))
+        recv_into_exact(sock, buf.data.cast("B"))
         view[layer][:, ids[i:j]] = buf
         received += buf.nbytes
     return received

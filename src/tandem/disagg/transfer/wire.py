@@ -72,7 +72,8 @@ def recv_frame(sock: socket.socket) -> Frame:
     (length,) = _LEN.unpack(recv_exact(sock, _LEN.size))
     if length > MAX_FRAME_BYTES:
         raise ConnectionError(f"control frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
-    return _decoder.decode(recv_exact(sock, length))
+    frame: Frame = _decoder.decode(recv_exact(sock, length))
+    return frame
 
 
 def recv_exact(sock: socket.socket, num_bytes: int) -> bytes:

@@ -34,13 +34,14 @@ def _spawn_worker(discovery_dir: Path, *flags: str) -> tuple[subprocess.Popen[by
         stderr=subprocess.STDOUT,
     )
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()  # raw reads: a buffered readline could hide lines from select
     deadline, seen = time.monotonic() + 30, b""
     while time.monotonic() < deadline and proc.poll() is None:
-        if select.select([proc.stdout], [], [], 0.1)[0]:
-            line = proc.stdout.readline()
-            seen += line
-            if b"worker ready" in line:
-                return proc, line.decode()
+        if select.select([fd], [], [], 0.1)[0]:
+            seen += os.read(fd, 65536)
+            for line in seen.splitlines(keepends=True):
+                if b"worker ready" in line and line.endswith(b"\n"):
+                    return proc, line.decode()
     proc.kill()
     proc.wait(10)
     raise AssertionError(f"worker did not become ready:\n{seen.decode()}")

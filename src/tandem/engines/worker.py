@@ -144,6 +144,8 @@ class Worker:
                 grace,
             )
         await self.engine.stop()
+        # the engine's kv_events() ends once drained: let the last batches go out
+        await asyncio.wait(self._tasks[:1], timeout=1.0)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -16,6 +16,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import httptools
 
@@ -144,8 +145,8 @@ class HttpProtocol(asyncio.Protocol):
 
     # ---------------------------------------------------------------- transport callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; both have the methods used
+        self._transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -1,0 +1,148 @@
+"""`tandem serve`: the all-in-one stack on one host.
+
+The frontend runs in this process; each worker is a `tandem worker` child process (so a model's
+compute never stalls the frontend's event loop, and a worker can die alone). They meet through
+embedded planes only: file discovery in a private run directory and the ZMQ event bus, so
+nothing has to be installed or started by hand. Flags this command does not know are passed
+to every worker (engine flags such as `--speedup-ratio`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+
+from tandem.cli.supervisor import WorkerGroup, WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"TANDEM_{name}") or default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tandem.frontend.args import add_frontend_args
+
+    parser = argparse.ArgumentParser(
+        prog="tandem serve",
+        description=__doc__,
+        epilog="Unknown flags go to every worker, e.g. --speedup-ratio 0 for the mocker.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = parser.add_argument_group("serve")
+    g.add_argument(
+        "--engine",
+        default=_env("ENGINE", "native"),
+        help="engine of every worker: native (SmolLM2 on torch) or mocker (env TANDEM_ENGINE)",
+    )
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=int(_env("WORKERS", "1")),
+        metavar="N",
+        help="number of aggregated worker processes (env TANDEM_WORKERS)",
+    )
+    g.add_argument("--namespace", default=_env("NAMESPACE", "tandem"))
+    g.add_argument(
+        "--run-dir",
+        default=os.environ.get("TANDEM_RUN_DIR"),
+        help="where discovery records live (default: a fresh temporary directory)",
+    )
+    g.add_argument(
+        "--worker-ready-timeout-s",
+        type=float,
+        default=float(_env("WORKER_READY_TIMEOUT_S", "600")),
+        help="give up if the workers are not registered by then",
+    )
+    g.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    add_frontend_args(parser, with_runtime=False)
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> None:
+    from tandem.engines.base import engine_names
+
+    if args.engine not in engine_names():
+        raise SystemExit(
+            f"tandem serve: unknown engine '{args.engine}'; expected one of: "
+            f"{', '.join(engine_names())}"
+        )
+    if args.workers < 1:
+        raise SystemExit(f"tandem serve: --workers={args.workers}; expected >= 1")
+
+
+def worker_specs(args: argparse.Namespace, passthrough: list[str]) -> list[WorkerSpec]:
+    """One spec per worker process; the supervisor adds the shared runtime flags."""
+    common = ["--engine", args.engine, "--log-level", args.log_level, *passthrough]
+    return [WorkerSpec(name=f"worker{i}", argv=list(common)) for i in range(args.workers)]
+
+
+async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
+    from tandem.frontend.args import frontend_config_from_args
+    from tandem.frontend.main import serve_frontend
+    from tandem.runtime.config import RuntimeConfig
+    from tandem.runtime.lifecycle import install_signal_handlers
+    from tandem.runtime.runtime import open_runtime
+
+    run_dir = args.run_dir or tempfile.mkdtemp(prefix="tandem-serve-")
+    runtime_config = RuntimeConfig(
+        namespace=args.namespace,
+        discovery="file",
+        discovery_dir=os.path.join(run_dir, "discovery"),
+        events="zmq",
+    )
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    group = WorkerGroup(runtime_config, worker_specs(args, passthrough))
+    try:
+        async with open_runtime(runtime_config) as runtime:
+            await group.start()
+            frontend = asyncio.create_task(
+                serve_frontend(frontend_config_from_args(args), runtime, stop=stop),
+                name="frontend",
+            )
+            try:
+                if not await group.wait_ready(runtime, args.worker_ready_timeout_s, stop):
+                    stop.set()
+                    return 1
+                logger.info(
+                    "tandem serve ready: %d %s worker(s) on http://%s:%d",
+                    len(group.specs),
+                    args.engine,
+                    args.host,
+                    args.port,
+                )
+                await group.watch(stop)
+            finally:
+                stop.set()
+                await frontend
+    finally:
+        await group.stop()
+        if not args.run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, passthrough = build_parser().parse_known_args(argv)
+    _validate(args)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    with contextlib.suppress(KeyboardInterrupt):
+        return runner(serve(args, passthrough))
+    return 130

@@ -1,0 +1,125 @@
+"""Worker child processes of `tandem serve`: start, wait until registered, watch, stop by PID."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tandem.runtime.config import RuntimeConfig
+from tandem.runtime.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """One `tandem worker` process: its name in logs, its flags, and the component it registers."""
+
+    name: str
+    argv: list[str] = field(default_factory=list)
+    component: str = "backend"
+    endpoint: str = "generate"
+
+
+class WorkerGroup:
+    """Owns the worker processes of one stack. Not thread-safe; one event loop."""
+
+    def __init__(self, runtime_config: RuntimeConfig, specs: list[WorkerSpec]) -> None:
+        self.runtime_config = runtime_config
+        self.specs = specs
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+
+    def _command(self, spec: WorkerSpec) -> list[str]:
+        rc = self.runtime_config
+        return [
+            sys.executable,
+            "-m",
+            "tandem.cli",
+            "worker",
+            *spec.argv,
+            "--component",
+            spec.component,
+            "--endpoint",
+            spec.endpoint,
+            "--namespace",
+            rc.namespace,
+            "--discovery",
+            rc.discovery,
+            "--discovery-dir",
+            rc.resolved_discovery_dir,
+            "--events",
+            rc.events,
+        ]
+
+    async def start(self) -> None:
+        for spec in self.specs:
+            proc = await asyncio.create_subprocess_exec(
+                *self._command(spec), env=dict(os.environ), start_new_session=True
+            )
+            self.procs[spec.name] = proc
+            logger.info("started %s pid=%d (%s)", spec.name, proc.pid, spec.component)
+
+    def _exited(self) -> list[str]:
+        return [name for name, p in self.procs.items() if p.returncode is not None]
+
+    async def wait_ready(self, runtime: Runtime, timeout_s: float, stop: asyncio.Event) -> bool:
+        """True once every spec's instance is registered; False (logged) if a worker exits
+        first, `stop` is set, or `timeout_s` passes."""
+        wanted = Counter((s.component, s.endpoint) for s in self.specs)
+        views = {key: runtime.instance_set(*key) for key in wanted}
+        for view in views.values():
+            await view.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not stop.is_set():
+                if all(len(views[k].instances) >= n for k, n in wanted.items()):
+                    return True
+                if dead := self._exited():
+                    logger.error("worker(s) exited before registering: %s", ", ".join(dead))
+                    return False
+                if time.monotonic() > deadline:
+                    logger.error("workers not registered within %.0f s", timeout_s)
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.2)
+            return False
+        finally:
+            for view in views.values():
+                await view.close()
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Until `stop`: log each worker that exits on its own (the rest keep serving)."""
+        reported: set[str] = set()
+        while not stop.is_set():
+            for name in self._exited():
+                if name not in reported:
+                    reported.add(name)
+                    logger.warning(
+                        "worker %s exited with code %s", name, self.procs[name].returncode
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every live worker (they drain), SIGKILL whatever is left after the grace."""
+        live = [p for p in self.procs.values() if p.returncode is None]
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(grace_s + 2.0):
+                await asyncio.gather(*(p.wait() for p in live))
+        except TimeoutError:
+            for proc in live:
+                if proc.returncode is None:
+                    logger.warning("worker pid=%d did not stop; SIGKILL", proc.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            await asyncio.gather(*(p.wait() for p in live))

@@ -42,7 +42,7 @@ class _Usage(msgspec.Struct):
 class _Chunk(msgspec.Struct):
     choices: list[_Choice] = []
     usage: _Usage | None = None
-    error: dict | str | None = None
+    error: dict[str, object] | str | None = None
 
 
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode

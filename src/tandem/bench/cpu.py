@@ -19,7 +19,7 @@ def cpu_seconds(pid: int, *, children: bool = False) -> float | None:
         times = psutil.Process(pid).cpu_times()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    total = times.user + times.system
+    total = float(times.user + times.system)
     if children:
         total += times.children_user + times.children_system
         try:

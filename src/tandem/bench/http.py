@@ -114,7 +114,9 @@ class HttpConnection(asyncio.Protocol):
             self._transport.close()
 
 
-def request_head(method: str, host: str, port: int, path: str, body_len: int, keep_alive: bool):
+def request_head(
+    method: str, host: str, port: int, path: str, body_len: int, keep_alive: bool
+) -> bytes:
     connection = "keep-alive" if keep_alive else "close"
     return (
         f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"

@@ -78,7 +78,8 @@ class SyntheticConfig:
 
 def random_tokens(rng: np.random.Generator, n: int, vocab_size: int) -> list[int]:
     """`n` token ids uniform over the plain (non-special) part of the vocabulary."""
-    return rng.integers(FIRST_PLAIN_TOKEN_ID, vocab_size, size=n, dtype=np.int64).tolist()
+    ids: list[int] = rng.integers(FIRST_PLAIN_TOKEN_ID, vocab_size, size=n, dtype=np.int64).tolist()
+    return ids
 
 
 def synthetic_requests(config: SyntheticConfig, num_requests: int) -> list[RequestSpec]:

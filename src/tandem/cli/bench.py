@@ -14,6 +14,10 @@ import argparse
 import asyncio
 import importlib
 import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SUBCOMMANDS = {
     "frontend": "frontend_compare",
@@ -67,7 +71,7 @@ def run_load_command(argv: list[str]) -> int:
     return 0 if summary["num_ok"] else 1
 
 
-def _run(coro):  # uvloop when present: a cheaper client
+def _run(coro: Coroutine[Any, Any, T]) -> T:  # uvloop when present: a cheaper client
     try:
         import uvloop
     except ImportError:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from tandem.bench.anchor import AnchorConfig, DynamoAnchor
 from tandem.bench.stack import ProcessStack, free_port, tandem_argv, wait_ready
 
@@ -74,10 +76,18 @@ def tandem_mocker_stack(
                 "serve", *http, *mocker, "--workers", str(num_workers), "--router", router, *extra
             )
             pid = stack.spawn("serve", argv)
-            scope = "frontend+engines"
         url = f"http://127.0.0.1:{port}"
         model = asyncio.run(wait_ready(url, timeout_s=ready_timeout_s, stack=stack))
+        if layout == "serve":  # engines in child processes leave the serve pid to the frontend
+            scope = "frontend" if _has_children(pid) else "frontend+engines"
         yield RunningStack(url=url, model=model, frontend_pid=pid, cpu_scope=scope)
+
+
+def _has_children(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).children())
+    except psutil.Error:
+        return False
 
 
 @contextlib.contextmanager

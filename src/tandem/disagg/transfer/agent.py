@@ -63,7 +63,8 @@ class TransferResult(NamedTuple):
 class TransferAgent:
     """Registers memory, creates operations, serves peers and runs transfers.
 
-    Thread-safe. Blocking methods have `*_async` twins that run them in a thread.
+    Thread-safe. Blocking methods have `*_async` twins that run them in a thread
+    (cancelling the awaiting task does not stop that thread; the timeout bounds it).
     `close` cancels live ops (their ``on_release`` runs), stops the server and unlinks
     the shared-memory segments this agent created.
     """

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _GRACE_S = 1.0  # the owner waits this much longer than the initiator before giving up
+MAX_CONNECTIONS = 256  # concurrent transfers served; more are refused, never queued
 
 
 class ControlServer:
@@ -69,7 +70,14 @@ class ControlServer:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
-                self._conns.add(conn)
+                refuse = len(self._conns) >= MAX_CONNECTIONS
+                if not refuse:
+                    self._conns.add(conn)
+            if refuse:
+                logger.warning("transfer agent=%s: %d connections open, refusing one",
+                               self._agent.agent_id, MAX_CONNECTIONS)  # fmt: skip
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:

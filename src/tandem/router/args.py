@@ -69,10 +69,19 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         help="approximate mode: predict caches from the router's own decisions",
     )
     g.add_argument(
-        "--router-ttl-s",
+        "--router-approx-ttl-s",
+        "--router-ttl-s",  # the original name, kept so existing command lines still work
+        dest="router_approx_ttl_s",
         type=float,
-        default=_env_float("ROUTER_TTL_S"),
-        help="approximate mode: seconds a routed prefix counts as cached (120)",
+        default=_env_float("ROUTER_APPROX_TTL_S") or _env_float("ROUTER_TTL_S"),
+        help="approximate mode only: seconds a routed prefix counts as cached (120)",
+    )
+    g.add_argument(
+        "--router-active-ttl-s",
+        type=float,
+        default=_env_float("ROUTER_ACTIVE_TTL_S"),
+        help="every mode: an active request with no finish after this many seconds is "
+        "swept from the router's load bookkeeping (600)",
     )
     g.add_argument(
         "--router-max-blocks",
@@ -107,7 +116,8 @@ def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
         else int(ns.busy_prefill_tokens),
         "queue_size": ns.router_queue,
         "queue_timeout_s": ns.router_queue_timeout_s,
-        "approx_ttl_s": ns.router_ttl_s,
+        "approx_ttl_s": ns.router_approx_ttl_s,
+        "active_ttl_s": ns.router_active_ttl_s,
         "approx_max_blocks": None if ns.router_max_blocks is None else int(ns.router_max_blocks),
         "seed": ns.router_seed,
     }

@@ -138,6 +138,17 @@ def test_args_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert router_config_from_args(p.parse_args([])).overlap_weight == 2.5
 
 
+def test_active_and_approx_ttls_have_their_own_flags() -> None:
+    p = argparse.ArgumentParser()
+    add_router_args(p)
+    cfg = router_config_from_args(p.parse_args(["--router-active-ttl-s", "30"]))
+    assert (cfg.active_ttl_s, cfg.approx_ttl_s) == (30.0, 120.0)
+    cfg = router_config_from_args(p.parse_args(["--router-approx-ttl-s", "5"]))
+    assert (cfg.active_ttl_s, cfg.approx_ttl_s) == (600.0, 5.0)
+    cfg = router_config_from_args(p.parse_args(["--router-ttl-s", "7"]))  # the old name
+    assert (cfg.active_ttl_s, cfg.approx_ttl_s) == (600.0, 7.0)
+
+
 async def test_busy_queue_is_bounded() -> None:
     from tandem.router.policy_router import AllBusy
     from tandem.router.simple import RoundRobinRouter

@@ -23,7 +23,7 @@ from tandem.frontend import errors as http_errors
 from tandem.frontend.http_server import HttpRequest, HttpResponse
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
-from tandem.frontend.models import ModelRegistry
+from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat
@@ -49,7 +49,7 @@ class FrontendApp:
         registry: ModelRegistry,
         streamer: EngineStreamer,
         metrics: FrontendMetrics,
-        max_inflight_requests: int = 0,
+        max_inflight_requests: int = 1024,
         request_timeout_s: float = 600.0,
         retry_after_s: float = 1.0,
     ) -> None:
@@ -66,6 +66,7 @@ class FrontendApp:
             ("GET", "/health"): self.health,
             ("GET", "/live"): self.live,
             ("GET", "/metrics"): self.prometheus,
+            ("POST", "/v1/route/explain"): self.route_explain,
         }
 
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
@@ -128,32 +129,67 @@ class FrontendApp:
         fmt: ResponseFormat,
     ) -> None:
         model = self.registry.get(req.model)
+        self._admit()
+        try:
+            await model.ready()
+            request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
+            prepared = await self._preprocess(http, req, model, request_id)
+            fmt.bind(request_id, model.name)
+            await self._run_tracked(response, req, prepared, fmt)
+        finally:
+            self.num_inflight -= 1
+
+    def _admit(self) -> None:
+        """Take an in-flight slot or raise Overloaded (503 + Retry-After). The slot is taken
+        before any await, so concurrent arrivals cannot overshoot the bound while they
+        preprocess; the caller releases it."""
         if self._max_inflight and self.num_inflight >= self._max_inflight:
             raise Overloaded(
                 f"{self.num_inflight} requests in flight (limit {self._max_inflight}); retry later",
                 retry_after_s=self._retry_after_s,
             )
-        await model.ready()
-        request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
-        kwargs = {
+        self.num_inflight += 1
+
+    async def _preprocess(
+        self,
+        http: HttpRequest,
+        req: ChatCompletionRequest | CompletionRequest,
+        model: ServedModel,
+        request_id: str,
+    ) -> Prepared:
+        kwargs: dict[str, Any] = {
             "request_id": request_id,
             "worker_id": http.headers.get(PIN_HEADER),
             "deadline_s": time.time() + self._timeout_s,
         }
-        prepared = (
-            await preprocess_chat(req, model, **kwargs)  # type: ignore[arg-type]
-            if isinstance(req, ChatCompletionRequest)
-            else await preprocess_completion(req, model, **kwargs)  # type: ignore[arg-type]
-        )
-        fmt.bind(request_id, model.name)
-        await self._run_tracked(response, req, prepared, fmt)
+        if isinstance(req, ChatCompletionRequest):
+            return await preprocess_chat(req, model, **kwargs)
+        return await preprocess_completion(req, model, **kwargs)
+
+    async def route_explain(self, request: HttpRequest, response: HttpResponse) -> None:
+        """`POST /v1/route/explain` with a chat (has `messages`) or completions body: the
+        router's `explain` of its first engine request, routing nothing. 404 when the
+        model's routing policy cannot explain."""
+        try:
+            is_chat = "messages" in msgspec.json.decode(request.body)
+        except (msgspec.DecodeError, TypeError):
+            is_chat = False  # the completions decoder below names what is wrong
+        req = _decode(_chat_decoder if is_chat else _completion_decoder, request.body)
+        model = self.registry.get(req.model)
+        await model.ready()
+        explain = getattr(model.router, "explain", None)
+        if explain is None:
+            err = InvalidRequest(f"the router of model '{model.name}' has no explain")
+            err.status_code = 404
+            raise err
+        prepared = await self._preprocess(request, req, model, f"explain-{uuid.uuid4().hex}")
+        await response.send(200, _json.encode(explain(prepared.requests[0])))
 
     async def _run_tracked(
         self, response: HttpResponse, req: Any, prepared: Prepared, fmt: ResponseFormat
     ) -> None:
         labels = (prepared.model.name,)
         endpoint = "chat_completions" if fmt.chat else "completions"
-        self.num_inflight += 1
         self.metrics.inflight.set(labels, self.metrics.inflight.values.get(labels, 0) + 1)
         started = time.perf_counter()
         status = "error"
@@ -181,7 +217,6 @@ class FrontendApp:
             self.metrics.disconnects.inc(labels)
             raise
         finally:
-            self.num_inflight -= 1
             self.metrics.inflight.set(labels, self.metrics.inflight.values.get(labels, 1) - 1)
             self.metrics.requests.inc((prepared.model.name, endpoint, status))
             self.metrics.duration.observe(time.perf_counter() - started, labels)

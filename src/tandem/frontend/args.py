@@ -29,9 +29,10 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
     g.add_argument(
         "--max-inflight-requests",
         type=int,
-        default=int(_env("MAX_INFLIGHT_REQUESTS", "0")),
+        default=int(_env("MAX_INFLIGHT_REQUESTS", "1024")),
         metavar="N",
-        help="answer 503 + Retry-After past N requests in flight (0 = unbounded)",
+        help="admit at most N requests at once; past it answer 503 + Retry-After "
+        "(env TANDEM_MAX_INFLIGHT_REQUESTS)",
     )
     g.add_argument(
         "--request-timeout-s",

@@ -17,7 +17,8 @@ def _check(name: str, value: float, low: float, allowed: str) -> None:
 class FrontendConfig:
     """HTTP listener, routing policy, migration and admission limits.
 
-    `max_inflight_requests` 0 = unbounded; past the bound requests get 503 + Retry-After.
+    `max_inflight_requests` bounds the requests admitted at once (every queue is bounded);
+    past it a request gets 503 + Retry-After.
     `request_timeout_s` becomes each request's deadline on the request plane."""
 
     host: str = "127.0.0.1"
@@ -25,7 +26,7 @@ class FrontendConfig:
     router_policy: str = "round_robin"
     router: RouterConfig = field(default_factory=RouterConfig)
     migration_limit: int = 0
-    max_inflight_requests: int = 0
+    max_inflight_requests: int = 1024
     max_body_bytes: int = 8 << 20
     request_timeout_s: float = 600.0
     retry_after_s: float = 1.0
@@ -37,7 +38,7 @@ class FrontendConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} out of range; expected [0, 65535]")
         _check("migration_limit", self.migration_limit, 0, ">= 0")
-        _check("max_inflight_requests", self.max_inflight_requests, 0, ">= 0 (0 = unbounded)")
+        _check("max_inflight_requests", self.max_inflight_requests, 1, ">= 1")
         _check("max_body_bytes", self.max_body_bytes, 1024, ">= 1024")
         _check("request_timeout_s", self.request_timeout_s, 0.001, "> 0")
         _check("retry_after_s", self.retry_after_s, 0.0, ">= 0")

@@ -66,6 +66,7 @@ class NativeEngine:
         self._loop = asyncio.get_running_loop()
         if self.core is None:
             self.core, self.model_path = await asyncio.to_thread(build_core, self.config)
+        assert self.core is not None
         self._info = self._make_info(self.core)
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
         self._thread.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -69,8 +70,8 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def _field(reader: object, key: str, path: str, default: object = None) -> object:
-    field = reader.fields.get(key)  # type: ignore[attr-defined]
+def _field(reader: Any, key: str, path: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
     if field is None:
         if default is None:
             raise GgufFormatError(f"{path}: missing metadata key '{key}'")
@@ -78,29 +79,29 @@ def _field(reader: object, key: str, path: str, default: object = None) -> objec
     return field.contents()
 
 
-def read_config(reader: object, path: str) -> ModelConfig:
+def read_config(reader: Any, path: str) -> ModelConfig:
     arch = _field(reader, "general.architecture", path)
     if arch != "llama":
         raise GgufFormatError(f"{path}: architecture '{arch}' is not supported; expected 'llama'")
-    num_heads = int(_field(reader, "llama.attention.head_count", path))  # type: ignore[arg-type]
-    hidden = int(_field(reader, "llama.embedding_length", path))  # type: ignore[arg-type]
-    names = {t.name for t in reader.tensors}  # type: ignore[attr-defined]
-    tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
+    num_heads = int(_field(reader, "llama.attention.head_count", path))
+    hidden = int(_field(reader, "llama.embedding_length", path))
+    names = {t.name for t in reader.tensors}
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = _field(reader, "llama.vocab_size", path, len(tokens.data) if tokens else 0)
     eos = _field(reader, "tokenizer.ggml.eos_token_id", path, -1)
     return ModelConfig(
         name=str(_field(reader, "general.name", path, os.path.basename(path))),
-        num_layers=int(_field(reader, "llama.block_count", path)),  # type: ignore[arg-type]
+        num_layers=int(_field(reader, "llama.block_count", path)),
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, "llama.feed_forward_length", path)),  # type: ignore[arg-type]
+        intermediate_size=int(_field(reader, "llama.feed_forward_length", path)),
         num_heads=num_heads,
-        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", path, num_heads)),  # type: ignore[arg-type]
-        head_dim=int(_field(reader, "llama.rope.dimension_count", path, hidden // num_heads)),  # type: ignore[arg-type]
-        vocab_size=int(vocab),  # type: ignore[arg-type]
-        rope_theta=float(_field(reader, "llama.rope.freq_base", path, 10000.0)),  # type: ignore[arg-type]
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", path, 1e-5)),  # type: ignore[arg-type]
-        context_length=int(_field(reader, "llama.context_length", path, 2048)),  # type: ignore[arg-type]
-        eos_token_ids=() if int(eos) < 0 else (int(eos),),  # type: ignore[arg-type]
+        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", path, num_heads)),
+        head_dim=int(_field(reader, "llama.rope.dimension_count", path, hidden // num_heads)),
+        vocab_size=int(vocab),
+        rope_theta=float(_field(reader, "llama.rope.freq_base", path, 10000.0)),
+        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", path, 1e-5)),
+        context_length=int(_field(reader, "llama.context_length", path, 2048)),
+        eos_token_ids=() if int(eos) < 0 else (int(eos),),
         tie_word_embeddings="output.weight" not in names,
     )
 

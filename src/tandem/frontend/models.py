@@ -124,6 +124,7 @@ class ModelRegistry:
             instances=view,
             events=self._events,
             client=self._client,
+            discovery=getattr(self._set, "discovery", None),  # `remote` finds its service
             namespace=self._namespace,
         )
         model = ServedModel(card, router, view)

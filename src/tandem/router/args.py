@@ -95,6 +95,12 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         default=_env("ROUTER_REPLICA_SYNC", "") not in ("", "0", "false"),
         help="share active-request state with other routers over the event plane",
     )
+    g.add_argument(
+        "--router-remote-timeout-s",
+        type=float,
+        default=_env_float("ROUTER_REMOTE_TIMEOUT_S"),
+        help="--router remote: seconds a route call to the router service may take (35)",
+    )
     g.add_argument("--router-seed", type=int, default=None)
     g.add_argument(
         "--kv-events-zmq",
@@ -119,6 +125,7 @@ def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
         "approx_ttl_s": ns.router_approx_ttl_s,
         "active_ttl_s": ns.router_active_ttl_s,
         "approx_max_blocks": None if ns.router_max_blocks is None else int(ns.router_max_blocks),
+        "remote_timeout_s": ns.router_remote_timeout_s,
         "seed": ns.router_seed,
     }
     zmq = ns.kv_events_zmq or [s for s in (_env("KV_EVENTS_ZMQ") or "").split(",") if s]

@@ -36,6 +36,7 @@ class RouterConfig:
     block_size: int | None = None  # None = from the workers' model card (else 16)
     replica_sync: bool = False
     kv_state_timeout_s: float = 5.0
+    remote_timeout_s: float = 35.0  # --router remote: a route call (service queue included)
     zmq_endpoints: tuple[str, ...] = ()  # engine KV event publishers: "worker_id=tcp://h:p"
     seed: int | None = None
 
@@ -57,6 +58,7 @@ class RouterConfig:
         if self.block_size is not None:
             _check_range("block_size", self.block_size, 1)
         _check_range("kv_state_timeout_s", self.kv_state_timeout_s, 0.001)
+        _check_range("remote_timeout_s", self.remote_timeout_s, 0.001)
         for spec in self.zmq_endpoints:
             if "=" not in spec:
                 raise ValueError(

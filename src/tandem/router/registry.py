@@ -13,7 +13,7 @@ from tandem.router.simple import LeastLoadedRouter, RandomRouter, RoundRobinRout
 
 __all__ = ["POLICIES", "RouterConfig", "make_router"]
 
-POLICIES = ("kv", "least_loaded", "random", "round_robin")
+POLICIES = ("kv", "least_loaded", "random", "remote", "round_robin")
 
 
 def make_router(
@@ -23,13 +23,15 @@ def make_router(
     instances: Any,
     events: Any = None,
     client: Any = None,
+    discovery: Any = None,
     namespace: str = "tandem",
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
 ) -> Router:
     """A router of `policy` over `instances` (an InstanceSet of the worker `generate`
     endpoint). `events` (EventBus) feeds load metrics and KV events; `client`
-    (RequestClient) asks workers for their KV state. Call `await router.start()` next.
+    (RequestClient) asks workers for their KV state. `remote` forwards to a `tandem router`
+    service found through `discovery` (a Discovery). Call `await router.start()` next.
 
     Raises ValueError for an unknown policy name."""
     common: dict[str, Any] = {
@@ -49,4 +51,8 @@ def make_router(
         from tandem.router.kv_router import KvRouter
 
         return KvRouter(config, client=client, **common)
+    if policy == "remote":
+        from tandem.router.remote import RemoteRouter
+
+        return RemoteRouter(config, discovery=discovery, client=client, namespace=namespace)
     raise ValueError(f"unknown router policy '{policy}'; expected one of: {', '.join(POLICIES)}")

@@ -1,0 +1,74 @@
+"""`tandem router`: the standalone router service (tandem.router.service).
+
+Frontends started with `--router remote` find it in discovery (`{ns}.router.route`) and ask
+it where each request goes; several frontends then share one view of caches and load.
+Router flags are the frontend's (`--kv-overlap-weight`, `--busy-*`, ...); `--router` picks
+the policy the service applies (default kv). Runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from tandem.router.args import add_router_args, router_config_from_args
+from tandem.runtime.args import add_runtime_args, runtime_config_from_args
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_router_args(parser)
+    parser.set_defaults(router=os.environ.get("TANDEM_ROUTER") or "kv")
+    parser.add_argument(
+        "--worker-component",
+        default=os.environ.get("TANDEM_WORKER_COMPONENT") or "backend",
+        help="component of the workers routed to (env TANDEM_WORKER_COMPONENT)",
+    )
+    parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    add_runtime_args(parser)
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (default: SIGTERM/SIGINT), then unregister and close."""
+    import dataclasses
+
+    from tandem.router.service import RouterService
+    from tandem.runtime.lifecycle import install_signal_handlers
+    from tandem.runtime.runtime import open_runtime
+
+    config = dataclasses.replace(
+        router_config_from_args(args), worker_component=args.worker_component
+    )
+    if stop is None:
+        stop = asyncio.Event()
+        install_signal_handlers(stop)
+    async with open_runtime(runtime_config_from_args(args)) as runtime:
+        service = RouterService(runtime, args.router, config)
+        instance = await service.start()
+        logger.info(
+            "router ready: policy=%s endpoint=%s address=%s",
+            args.router,
+            instance.path,
+            instance.address,
+        )
+        try:
+            await stop.wait()
+        finally:
+            await service.close()
+            await runtime.shutdown(grace_s=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        asyncio.run(serve(args))
+    else:
+        uvloop.run(serve(args))
+    return 0

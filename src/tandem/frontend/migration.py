@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
-from tandem.errors import PeerGone
+from tandem.errors import NoWorkersAvailable, PeerGone
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_output, encode
 from tandem.router.base import Router
 from tandem.runtime.base import RequestClient
@@ -39,7 +39,12 @@ class EngineStreamer:
         """Yield the request's EngineOutputs until one has `finish_reason`. Raises what
         routing raises (NoWorkersAvailable, Overloaded, ...), PeerGone once the migration
         limit is spent, and the worker's ServingError. Closing the iterator cancels the
-        request on the worker."""
+        request on the worker.
+
+        A worker that refuses or loses the request before its first output (draining,
+        connection refused, died at once) costs no migration: nothing reached the caller, so
+        the request is simply routed again, excluding that worker (bounded by the number of
+        instances)."""
         generated: list[int] = []
         excluded: set[str] = set()
         current = request
@@ -54,23 +59,32 @@ class EngineStreamer:
                 request_id=rid,
                 deadline_s=current.deadline_s,
             )
-            first = True
+            started = has_token = False
             try:
                 async for payload in stream:
                     out = decode_output(payload)
-                    if first and out.token_ids:
-                        first = False
+                    if not has_token and out.token_ids:
+                        has_token = True
                         router.on_first_token(rid)
+                    started = True
                     generated.extend(out.token_ids)
                     yield out
                     if out.finish_reason is not None:
                         return
                 raise PeerGone(f"stream from {decision.instance_id} ended without finishing")
-            except PeerGone as exc:
-                if attempt >= self._limit:
+            except (PeerGone, NoWorkersAvailable) as exc:
+                excluded.add(decision.instance_id)
+                if not started:
+                    logger.info(
+                        "request_id=%s not taken by worker %s (%s); routing it again",
+                        request.request_id,
+                        decision.instance_id,
+                        exc,
+                    )
+                    continue
+                if attempt >= self._limit or not isinstance(exc, PeerGone):
                     raise
                 attempt += 1
-                excluded.add(decision.instance_id)
                 current = _continuation(request, generated, attempt)
                 logger.warning(
                     "request_id=%s lost worker %s (%s); migrating with %d tokens (attempt %d/%d)",

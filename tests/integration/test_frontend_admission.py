@@ -24,6 +24,7 @@ from tandem.frontend.main import serve_frontend
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import EngineOutput, decode_request, encode
 from tandem.router.config import RouterConfig
+from tandem.router.simple import RoundRobinRouter
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery
 from tandem.runtime.events.memory import MemoryEventBus
@@ -230,3 +231,19 @@ async def test_route_explain_kv_router_sees_the_cached_prefix_of_a_mocker_worker
             return best["overlap_blocks"] == 4 and after["choice"] == best["worker_id"]
 
         await _until(overlap_seen)
+
+
+async def test_route_explain_is_404_for_a_policy_that_cannot_explain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def cannot(self: object, request: object) -> dict[str, Any]:
+        raise NotImplementedError
+
+    monkeypatch.setattr(RoundRobinRouter, "explain", cannot)
+    async with AsyncExitStack() as exit_stack:
+        s = Stack(exit_stack)
+        await s.add_handler(gated_worker(asyncio.Event(), []))
+        await s.start_frontend(1)
+        status, body, _ = await s.post("/v1/route/explain", _completion())
+        assert status == 404
+        assert "cannot explain" in body["error"]["message"]

@@ -168,8 +168,8 @@ class FrontendApp:
 
     async def route_explain(self, request: HttpRequest, response: HttpResponse) -> None:
         """`POST /v1/route/explain` with a chat (has `messages`) or completions body: the
-        router's `explain` of its first engine request, routing nothing. 404 when the
-        model's routing policy cannot explain."""
+        router's `explain` of its first engine request (a remote router's service answers
+        through `explain_remote`), routing nothing. 404 when the policy cannot explain."""
         try:
             is_chat = "messages" in msgspec.json.decode(request.body)
         except (msgspec.DecodeError, TypeError):
@@ -177,13 +177,21 @@ class FrontendApp:
         req = _decode(_chat_decoder if is_chat else _completion_decoder, request.body)
         model = self.registry.get(req.model)
         await model.ready()
-        explain = getattr(model.router, "explain", None)
-        if explain is None:
-            err = InvalidRequest(f"the router of model '{model.name}' has no explain")
-            err.status_code = 404
-            raise err
         prepared = await self._preprocess(request, req, model, f"explain-{uuid.uuid4().hex}")
-        await response.send(200, _json.encode(explain(prepared.requests[0])))
+        remote = getattr(model.router, "explain_remote", None)
+        explain = getattr(model.router, "explain", None)
+        try:
+            if remote is not None:
+                result = await remote(prepared.requests[0])
+            elif explain is not None:
+                result = explain(prepared.requests[0])
+            else:
+                raise NotImplementedError
+        except NotImplementedError:
+            err = InvalidRequest(f"the router of model '{model.name}' cannot explain its choice")
+            err.status_code = 404
+            raise err from None
+        await response.send(200, _json.encode(result))
 
     async def _run_tracked(
         self, response: HttpResponse, req: Any, prepared: Prepared, fmt: ResponseFormat

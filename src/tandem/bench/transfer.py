@@ -28,9 +28,14 @@ def _layout(size: int, num_blocks: int) -> RegionLayout:
     return RegionLayout.contiguous(num_blocks=num_blocks, block_bytes=size // num_blocks)
 
 
-def _owner(conn: Connection, sizes: list[int], num_blocks: int) -> None:
-    """The exporting process: one shm region per size; answers op requests until closed."""
-    with TransferAgent(TransferAgentConfig(agent_id="bench-owner")) as agent:
+def _owner(conn: Connection, backend: str, sizes: list[int], num_blocks: int) -> None:
+    """The exporting process: one shm region per size; answers op requests until closed.
+
+    It enables only the measured backend: NIXL's progress thread busy-polls a core,
+    which would slow every other backend's figure on a small machine.
+    """
+    config = TransferAgentConfig(agent_id="bench-owner", backends=(backend,))
+    with TransferAgent(config) as agent:
         for size in sizes:
             region = agent.create_region(f"r{size}", _layout(size, num_blocks))
             region.data[:] = np.random.default_rng(size).integers(0, 256, size, np.uint8)
@@ -73,6 +78,20 @@ def _backend_gbps(
     return figures
 
 
+def _measure(backend: str, sizes: list[int], args: argparse.Namespace) -> dict[int, float]:
+    """GB/s per size pulling from a fresh owner process; {} when the backend is missing."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    owner = ctx.Process(target=_owner, args=(child, backend, sizes, args.blocks), daemon=True)
+    owner.start()
+    try:
+        offered = parent.recv()
+        return _backend_gbps(parent, backend, sizes, args) if backend in offered else {}
+    finally:
+        parent.send(None)
+        owner.join(30)
+
+
 def _table(sizes: list[int], rows: dict[str, dict[int, float]]) -> str:
     lines = ["size_MiB  " + "".join(f"{name:>10}" for name in rows) + "   shm/nixl"]
     for size in sizes:
@@ -100,19 +119,10 @@ def main(argv: list[str]) -> int:
         parser.error(
             "--iters and --blocks must be >= 1 and every size a multiple of --blocks bytes"
         )
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    owner = ctx.Process(target=_owner, args=(child, sizes, args.blocks), daemon=True)
-    owner.start()
-    try:
-        offered = parent.recv()
-        rows = {"memcpy": {s: _memcpy_gbps(s, args.iters) for s in sizes}}
-        for backend in args.backends.split(","):
-            if backend in offered and (figures := _backend_gbps(parent, backend, sizes, args)):
-                rows[backend] = figures
-    finally:
-        parent.send(None)
-        owner.join(30)
+    rows = {"memcpy": {s: _memcpy_gbps(s, args.iters) for s in sizes}}
+    for backend in args.backends.split(","):
+        if figures := _measure(backend, sizes, args):
+            rows[backend] = figures
     print(_table(sizes, rows))
     if args.json:
         with open(args.json, "w") as f:

@@ -78,7 +78,10 @@ class TransferAgent:
         self.stats = TransferStats()
         sweep_stale_segments()
         self._backends = create_backends(
-            self.config.backends, agent_id=self.agent_id, host_id=self.host_id
+            self.config.backends,
+            agent_id=self.agent_id,
+            host_id=self.host_id,
+            host=self.config.advertise_host or self.config.host,
         )
         self._selector = BackendSelector(self._backends, self.agent_id)
         self._regions: dict[str, MemoryRegion] = {}

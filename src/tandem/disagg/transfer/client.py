@@ -79,6 +79,7 @@ def _run(
             raise TransferError(problem)
         backend = agent.choose_backend(meta)
         send_frame(sock, Start(backend=backend.name))
+        sock.settimeout(_remaining(deadline))  # one-sided backends bound their wait by it
         move = backend.pull if direction == "pull" else backend.push
         num_bytes = move(sock, meta, local, block_ids)
     except (OSError, msgspec.DecodeError):

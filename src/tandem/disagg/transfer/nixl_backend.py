@@ -16,9 +16,9 @@ import msgspec
 import numpy as np
 from nixl._api import nixl_agent, nixl_agent_config
 
-from tandem.disagg.transfer.base import TransferOpMeta
+from tandem.disagg.transfer.base import RegionLayout, TransferOpMeta
 from tandem.disagg.transfer.operation import TransferOp
-from tandem.disagg.transfer.region import MemoryRegion
+from tandem.disagg.transfer.region import MemoryRegion, block_offsets
 from tandem.errors import TransferError
 
 
@@ -29,7 +29,7 @@ class NixlHandle(msgspec.Struct, frozen=True):
     base_addr: int
 
 
-def create(*, agent_id: str) -> NixlBackend:
+def create(*, agent_id: str, host: str) -> NixlBackend:
     return NixlBackend(agent_id)
 
 
@@ -38,6 +38,7 @@ class NixlBackend:
 
     def __init__(self, agent_id: str) -> None:
         self._name = f"{agent_id}-nixl"
+        # the progress thread is required: the passive (owner) side makes no calls
         self._agent = nixl_agent(self._name, nixl_agent_config(backends=["UCX"]))
         self._lock = threading.Lock()
         self._registered: dict[str, object] = {}
@@ -111,8 +112,8 @@ class NixlBackend:
     ) -> int:
         handle = msgspec.msgpack.decode(remote.handles["nixl"], type=NixlHandle)
         layers = range(remote.layer_start, remote.layer_end)
-        local_descs = _descs(local.data.ctypes.data, local, block_ids, layers)
-        remote_descs = _descs(handle.base_addr, remote, list(remote.block_ids), layers)
+        local_descs = _descs(local.data.ctypes.data, local.layout, block_ids, layers)
+        remote_descs = _descs(handle.base_addr, remote.layout, list(remote.block_ids), layers)
         xfer = self._agent.initialize_xfer(
             op,
             self._agent.get_xfer_descs(local_descs, "DRAM"),
@@ -132,17 +133,10 @@ class NixlBackend:
         return remote.num_bytes
 
 
-def _descs(
-    base: int, where: MemoryRegion | TransferOpMeta, ids: list[int], layers: range
-) -> np.ndarray:
-    """Nx3 (address, length, device) descriptors, layer-major then part then block."""
-    lay = where.layout
-    offsets = (
-        np.asarray(layers, np.int64)[:, None, None] * lay.layer_stride
-        + np.arange(lay.num_parts, dtype=np.int64)[None, :, None] * lay.part_stride
-        + np.asarray(ids, np.int64)[None, None, :] * lay.block_stride
-    ).reshape(-1)
+def _descs(base: int, layout: RegionLayout, ids: list[int], layers: range) -> np.ndarray:
+    """Nx3 (address, length, device) descriptors."""
+    offsets = block_offsets(layout, ids, layers)
     descs = np.zeros((offsets.size, 3), np.int64)
-    descs[:, 0] = base + lay.base + offsets
-    descs[:, 1] = lay.block_bytes
+    descs[:, 0] = base + offsets
+    descs[:, 1] = layout.block_bytes
     return descs

@@ -180,3 +180,17 @@ def _runs(a: list[int], b: list[int]) -> list[tuple[int, int, int]]:
                 continue
         runs.append((x, y, 1))
     return runs
+
+
+def block_offsets(layout: RegionLayout, ids: list[int], layers: range) -> np.ndarray:
+    """Byte offset of every (layer, part, block) chunk, layer-major then part then block.
+
+    Each chunk is ``layout.block_bytes`` long; one-sided backends (nixl, mooncake) turn
+    these into one descriptor per chunk on both sides of a transfer.
+    """
+    offsets = (
+        np.asarray(layers, np.int64)[:, None, None] * layout.layer_stride
+        + np.arange(layout.num_parts, dtype=np.int64)[None, :, None] * layout.part_stride
+        + np.asarray(ids, np.int64)[None, None, :] * layout.block_stride
+    )
+    return layout.base + offsets.reshape(-1)

@@ -15,7 +15,13 @@ class BackendUnavailable(Exception):
     """The backend's package or hardware path is missing; the message says which."""
 
 
-def create_backend(name: str, *, agent_id: str, host_id: str) -> TransferBackend:
+_OPTIONAL = {
+    "nixl": ("nixl", "pip install nixl==1.5.1 after torch"),
+    "mooncake": ("mooncake", "pip install mooncake-transfer-engine-non-cuda; needs libibverbs1"),
+}
+
+
+def create_backend(name: str, *, agent_id: str, host_id: str, host: str) -> TransferBackend:
     """Build backend ``name``; raise BackendUnavailable when it cannot run here."""
     if name == "shm":
         from tandem.disagg.transfer.shm import ShmBackend
@@ -25,18 +31,17 @@ def create_backend(name: str, *, agent_id: str, host_id: str) -> TransferBackend
         from tandem.disagg.transfer.tcp import TcpBackend
 
         return TcpBackend()
-    if name == "mooncake":
-        if importlib.util.find_spec("mooncake") is None:
-            raise BackendUnavailable("mooncake is not installed (mooncake-transfer-engine)")
-        raise BackendUnavailable("mooncake is installed but tandem has no mooncake backend yet")
-    if name == "nixl":
-        if importlib.util.find_spec("nixl") is None:
-            raise BackendUnavailable("nixl is not installed (pip install nixl==1.5.1)")
+    if name in _OPTIONAL:
+        package, hint = _OPTIONAL[name]
+        if importlib.util.find_spec(package) is None:
+            raise BackendUnavailable(f"{name} is not installed ({hint})")
         try:
             module = importlib.import_module(f"tandem.disagg.transfer.{name}_backend")
-        except ImportError as exc:
-            raise BackendUnavailable(f"{name} is not installed ({exc})") from exc
-        backend: TransferBackend = module.create(agent_id=agent_id)
+            backend: TransferBackend = module.create(agent_id=agent_id, host=host)
+        except Exception as exc:  # native libraries fail in their own ways
+            raise BackendUnavailable(
+                f"{name} failed to start: {type(exc).__name__}: {exc}"
+            ) from exc
         return backend
     raise ValueError(
         f"unknown transfer backend {name!r}; expected one of: {', '.join(BACKEND_NAMES)}"
@@ -44,13 +49,13 @@ def create_backend(name: str, *, agent_id: str, host_id: str) -> TransferBackend
 
 
 def create_backends(
-    names: tuple[str, ...], *, agent_id: str, host_id: str
+    names: tuple[str, ...], *, agent_id: str, host_id: str, host: str
 ) -> dict[str, TransferBackend]:
     """Every available backend of ``names``, in that (preference) order; logs the missing."""
     backends: dict[str, TransferBackend] = {}
     for name in names:
         try:
-            backends[name] = create_backend(name, agent_id=agent_id, host_id=host_id)
+            backends[name] = create_backend(name, agent_id=agent_id, host_id=host_id, host=host)
         except BackendUnavailable as exc:
             logger.info("transfer agent=%s: backend %s unavailable: %s", agent_id, name, exc)
     return backends

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tandem.disagg.transfer import OpStatus, RegionLayout, TransferAgent, TransferAgentConfig
+
+pytest.importorskip("mooncake.engine", reason="mooncake is optional")
+pytestmark = pytest.mark.timeout(60)
+
+LAYOUT = RegionLayout.for_kv_cache(
+    num_layers=3, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=8, dtype="float16"
+)
+
+
+@pytest.fixture(scope="module")
+def agents():
+    a = TransferAgent(TransferAgentConfig(agent_id="mc-a", backends=("mooncake", "tcp")))
+    b = TransferAgent(TransferAgentConfig(agent_id="mc-b", backends=("mooncake", "tcp")))
+    if "mooncake" not in a.backend_names:
+        pytest.skip("mooncake is installed but its engine did not start")
+    rng = np.random.default_rng(5)
+    a.register_region("kv", rng.integers(0, 256, LAYOUT.span_bytes, np.uint8), LAYOUT)
+    b.register_region("kv", np.zeros(LAYOUT.span_bytes, np.uint8), LAYOUT)
+    yield a, b
+    b.close()
+    a.close()
+
+
+def test_mooncake_pull_and_push_are_exact(agents) -> None:
+    a, b = agents
+    op = a.create_readable("kv", [1, 6, 2])
+    assert b.pull(op.meta, "kv", [0, 3, 7], timeout_s=10).backend == "mooncake"
+    assert a.wait(op.op_id, 5) is OpStatus.COMPLETE
+    got, want = b.region("kv").blocks(), a.region("kv").blocks()
+    assert np.array_equal(got[:, :, [0, 3, 7]], want[:, :, [1, 6, 2]])
+    writable = a.create_writable("kv", [5], layers=(2, 3))
+    before = want[:2, :, 5].copy()
+    assert b.push("kv", [4], writable.meta, timeout_s=10).backend == "mooncake"
+    assert a.wait(writable.op_id, 5) is OpStatus.COMPLETE
+    assert np.array_equal(want[2, :, 5], got[2, :, 4])
+    assert np.array_equal(want[:2, :, 5], before)
+
+
+def test_regions_registered_later_are_reachable(agents) -> None:
+    a, b = agents
+    small = RegionLayout.contiguous(num_blocks=2, block_bytes=64)
+    a.register_region("late", np.full(small.span_bytes, 7, np.uint8), small)
+    b.register_region("late", np.zeros(small.span_bytes, np.uint8), small)
+    op = a.create_readable("late", [1])
+    b.pull(op.meta, "late", [0], timeout_s=10)
+    assert (b.region("late").blocks()[0, 0, 0] == 7).all()

@@ -13,8 +13,8 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,6 +30,7 @@ from tandem.protocols.kv_events import KvEvent
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 MAX_PENDING_EVENT_LISTS = 1024  # beyond it, a step's events join the newest list (none lost)
 
 
@@ -96,16 +97,23 @@ class NativeEngine:
             engine="native",
         )
 
-    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(
+        self,
+        request: PreprocessedRequest,
+        *,
+        install: Callable[[EngineCore], None] | None = None,
+    ) -> AsyncIterator[EngineOutput]:
         """Stream the request's outputs. Raises InvalidRequest/ContextLengthExceeded on the
         first iteration if it can never run, EngineError if the engine is not running.
-        Closing early aborts it."""
+        Closing early aborts it. `install`, when given, replaces admission: it runs on the
+        step thread and puts the request's sequence into the core itself (a disaggregated
+        decode resuming with imported KV, tandem.engines.native.kv_transfer)."""
         if self.core is None or self._thread is None or self._stopping:
             raise EngineError("native engine is not running; call start() first")
         self.core.check(request)
         request_id = request.request_id
         stream = self._streams[request_id] = OutputStream()
-        self._submit("add", request)
+        self._submit("add", request if install is None else (request, install))
         finished = False
         try:
             while not finished:
@@ -120,6 +128,16 @@ class NativeEngine:
 
     async def abort(self, request_id: str) -> None:
         self._submit("abort", request_id)
+
+    def run_locked(self, fn: Callable[[EngineCore], T]) -> T:
+        """Run `fn(core)` between steps (waits for a running step), then wake the step
+        thread so work `fn` added is scheduled. Blocking: call it off the event loop."""
+        assert self.core is not None, "run_locked before start()"
+        with self._lock:
+            result = fn(self.core)
+        with self._cv:
+            self._cv.notify()
+        return result
 
     def _submit(self, op: str, arg: Any) -> None:
         with self._cv:
@@ -220,12 +238,16 @@ class NativeEngine:
             if op == "abort":
                 core.abort(arg)
                 continue
+            request, install = arg if isinstance(arg, tuple) else (arg, None)
             try:
-                core.add(arg)
+                if install is None:
+                    core.add(request)
+                else:
+                    install(core)
             except Exception as exc:  # request boundary: fail this request only
-                logger.warning("rejecting request_id=%s: %s", arg.request_id, exc)
+                logger.warning("rejecting request_id=%s: %s", request.request_id, exc)
                 outputs.append(
-                    (arg.request_id, EngineOutput(finish_reason="error", error=str(exc)))
+                    (request.request_id, EngineOutput(finish_reason="error", error=str(exc)))
                 )
         return outputs
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -52,6 +53,9 @@ class EngineCore:
         )
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, seed=config.seed)
         self.seqs: dict[str, Sequence] = {}
+        # called with each sequence that finished in a step, before its blocks are freed
+        # (disaggregated prefill pins the prompt blocks there: tandem.engines.native.kv_transfer)
+        self.on_finish: Callable[[Sequence], None] | None = None
 
     def add(self, request: PreprocessedRequest) -> Sequence:
         """Queue a request; raises InvalidRequest / ContextLengthExceeded when it cannot fit."""
@@ -122,6 +126,9 @@ class EngineCore:
             if reason is not None:
                 seq.finish_reason = reason
                 finished.append(seq)
+        if self.on_finish is not None:
+            for seq in finished:
+                self.on_finish(seq)
         self.scheduler.retire(finished)
         for seq in finished:
             del self.seqs[seq.request_id]

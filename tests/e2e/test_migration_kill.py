@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.support.tandem_procs import (
     MODEL,
     TandemProcess,
     http_request,
+    instances,
     start_tandem,
     wait_instances,
 )
@@ -91,8 +93,17 @@ async def test_sigkill_worker_mid_stream_every_request_completes(
     waiting = asyncio.gather(*(e.wait() for e in progressed))
     await asyncio.wait_for(waiting, 20)
     assert not any(log.finishes for log in logs)  # every stream is mid-flight
+    before = await asyncio.to_thread(instances, base)
     os.kill(worker_pids[0], signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    def lost_after_s() -> float:
+        wait_instances(base, lambda ids: len(ids) == 1 and ids < before)
+        return time.monotonic() - killed_at
+
+    lost = asyncio.create_task(asyncio.to_thread(lost_after_s))
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert await lost < 2.0  # file discovery drops the dead worker's record (dead pid)
     await client.close()
 
     for log in logs:

@@ -9,6 +9,7 @@ import asyncio
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 CONCURRENCY = 8
 MAX_TOKENS = 24  # ~6 ms per decode step at --speedup-ratio 1: ~0.15 s per request
 MAX_REQUESTS = 2000  # a bound on the load, whatever happens
+SEEN_WITHIN_S = 2.0  # the frontend sees a join or a leave this fast (file discovery)
 
 
 @dataclass
@@ -114,18 +116,22 @@ async def test_join_and_leave_under_load(stack: Stack) -> None:
         joined = start_tandem("joined", ["worker", "--engine", "mocker", *flags], stack.tmp_path)
         log_match = await asyncio.to_thread(joined.wait_log, r"worker ready: instance_id=(\w+)")
         new_id = log_match.group(1)
+        joined_at = time.monotonic()
         await asyncio.to_thread(
             wait_instances, stack.base_url, lambda ids: len(ids) == 3 and new_id in ids
         )
+        assert time.monotonic() - joined_at < SEEN_WITHIN_S
         await load.until_done(load.done + 4 * CONCURRENCY, 20)
         assert (await asyncio.to_thread(_routed, stack.base_url)).get(new_id, 0) > 0
 
         # leave: SIGTERM an original worker mid-load; it unregisters, then drains
         before = await asyncio.to_thread(wait_instances, stack.base_url, lambda ids: True)
         os.kill(worker_pids[0], signal.SIGTERM)
+        left_at = time.monotonic()
         after = await asyncio.to_thread(
             wait_instances, stack.base_url, lambda ids: len(ids) == 2 and new_id in ids
         )
+        assert time.monotonic() - left_at < SEEN_WITHIN_S
         assert len(before - after) == 1
         await asyncio.to_thread(stack.serve.wait_log, r"worker worker0 exited with code 0")
         await load.until_done(load.done + 4 * CONCURRENCY, 20)

@@ -115,7 +115,9 @@ def test_hf_dir_round_trip_agrees_with_transformers(tmp_path):
         slot_mapping=pos,
         cos=model.cos[pos].unsqueeze(1),
         sin=model.sin[pos].unsqueeze(1),
-        prefills=[PrefillSpan(start=0, end=n, context_slots=pos, mask=None)],
+        prefills=[
+            PrefillSpan(start=0, end=n, ctx_len=n, context_blocks=torch.arange(2), mask=None)
+        ],
     )
     with torch.inference_mode():
         got = model.forward(ids, meta, model.new_kv_cache(2, 4), pos)

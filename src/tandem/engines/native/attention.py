@@ -16,11 +16,12 @@ import torch.nn.functional as F
 @dataclass(slots=True, kw_only=True)
 class PrefillSpan:
     """Rows [start, end) of the batch are tokens of one sequence at positions
-    [ctx_len - (end - start), ctx_len); `context_slots` are the KV slots of all ctx_len."""
+    [ctx_len - (end - start), ctx_len); `context_blocks` hold the K/V of all ctx_len."""
 
     start: int
     end: int
-    context_slots: torch.Tensor  # [ctx_len] long
+    ctx_len: int
+    context_blocks: torch.Tensor  # [ceil(ctx_len / block_size)] long
     mask: torch.Tensor | None  # [q_len, ctx_len] bool; None = no cached prefix (pure causal)
 
 
@@ -32,8 +33,8 @@ class AttentionMetadata:
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor  # [T, 1, head_dim]
     num_decode: int = 0
-    decode_slots: torch.Tensor | None = None  # [D, max_ctx] long (padding points at slot 0)
-    decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_ctx] bool, True = attend
+    decode_blocks: torch.Tensor | None = None  # [D * max_blocks] long, padded with block 0
+    decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_blocks * block_size], True = attend
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
@@ -47,15 +48,18 @@ def paged_attention(
     out: torch.Tensor,
 ) -> None:
     """Write this step's k/v [T, kv_heads, d] into the cache, then attention of q
-    [T, heads, d] into `out` [T, heads, d]. k_cache/v_cache: [num_slots, kv_heads, d]."""
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    [T, heads, d] into `out` [T, heads, d]. k_cache/v_cache: [num_blocks, block_size,
+    kv_heads, d]; K/V are gathered a whole block at a time."""
+    kv_heads, dim = k_cache.shape[2:]
+    k_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, v)
     num_decode = meta.num_decode
     if num_decode:
-        assert meta.decode_slots is not None
+        assert meta.decode_blocks is not None
         qd = q[:num_decode].unsqueeze(2)  # [D, H, 1, d]
-        kd = k_cache[meta.decode_slots].transpose(1, 2)  # [D, KVH, L, d]
-        vd = v_cache[meta.decode_slots].transpose(1, 2)
+        shape = (num_decode, -1, kv_heads, dim)
+        kd = k_cache.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
+        vd = v_cache.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
         res = F.scaled_dot_product_attention(
             qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True
         )
@@ -66,8 +70,9 @@ def paged_attention(
             kp = k[span.start : span.end]
             vp = v[span.start : span.end]
         else:
-            kp = k_cache[span.context_slots]
-            vp = v_cache[span.context_slots]
+            kp = k_cache.index_select(0, span.context_blocks).view(-1, kv_heads, dim)
+            vp = v_cache.index_select(0, span.context_blocks).view(-1, kv_heads, dim)
+            kp, vp = kp[: span.ctx_len], vp[: span.ctx_len]
         res = F.scaled_dot_product_attention(
             qp,
             kp.transpose(0, 1).unsqueeze(0),

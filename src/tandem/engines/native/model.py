@@ -52,7 +52,9 @@ class LlamaModel:
         w = {k: v.to(dtype) for k, v in weights.items()}
         self.layers = [self._layer(w, i) for i in range(config.num_layers)]
         self.embed = w["model.embed_tokens.weight"].contiguous()
-        self.lm_head = self.embed if config.tie_word_embeddings else w["lm_head.weight"]
+        head = self.embed if config.tie_word_embeddings else w["lm_head.weight"]
+        # [hidden, vocab] contiguous: MKL's small-batch GEMM is ~1.6x faster this way
+        self.lm_head_t = head.t().contiguous()
         self.norm = w["model.norm.weight"]
         cos, sin = rope_tables(config, max_positions or config.context_length)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
@@ -72,12 +74,10 @@ class LlamaModel:
         )
 
     def weight_bytes(self) -> int:
-        """Bytes streamed per decode step (every weight once; the tied head counted once)."""
+        """Bytes streamed per decode step: every layer weight and the output head once (the
+        embedding lookup reads only a few rows)."""
         total = sum(t.numel() * t.element_size() for layer in self.layers for t in layer)
-        total += self.embed.numel() * self.embed.element_size()
-        if self.lm_head is not self.embed:
-            total += self.lm_head.numel() * self.lm_head.element_size()
-        return total
+        return total + self.lm_head_t.numel() * self.lm_head_t.element_size()
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
         c = self.config
@@ -102,7 +102,6 @@ class LlamaModel:
         attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
         cos, sin = meta.cos, meta.sin
         half = dim // 2
-        caches = kv_cache.view(c.num_layers, 2, -1, kv_heads, dim)
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, hidden_shape, layer.input_norm, eps)
             qkv = torch.mm(h, layer.qkv_t)
@@ -111,7 +110,7 @@ class LlamaModel:
             qk = qk * cos + rotated * sin
             v = qkv[:, k_end:].view(num_tokens, kv_heads, dim)
             paged_attention(
-                qk[:, :heads], qk[:, heads:], v, caches[i, 0], caches[i, 1], meta, attn_out
+                qk[:, :heads], qk[:, heads:], v, kv_cache[i, 0], kv_cache[i, 1], meta, attn_out
             )
             x = torch.addmm(x, attn_out.view(num_tokens, q_end), layer.o_t)
             h = F.rms_norm(x, hidden_shape, layer.post_norm, eps)
@@ -120,4 +119,4 @@ class LlamaModel:
             act = F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:]
             x = torch.addmm(x, act, layer.down_t)
         last = F.rms_norm(x[logits_rows], hidden_shape, self.norm, eps)
-        return torch.mm(last, self.lm_head.t()).float()
+        return torch.mm(last, self.lm_head_t).float()

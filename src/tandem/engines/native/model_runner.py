@@ -21,7 +21,6 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_cache = model.new_kv_cache(num_blocks, block_size)
         self.sampler = Sampler(seed)
-        self._arange = torch.arange(block_size)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager) -> dict[int, int]:
@@ -47,43 +46,48 @@ class ModelRunner:
         tokens = self.sampler(logits, sample_seqs)
         return {seq.seq_id: tok for seq, tok in zip(sample_seqs, tokens, strict=True)}
 
-    def _slots(self, table: list[int], num_tokens: int) -> torch.Tensor:
-        blocks = torch.tensor(table, dtype=torch.long)
-        return (blocks[:, None] * self.block_size + self._arange).flatten()[:num_tokens]
-
     def _metadata(
         self, batch: ScheduledBatch, block_manager: BlockManager, pos: torch.Tensor
     ) -> AttentionMetadata:
+        bs = self.block_size
         slot_parts: list[torch.Tensor] = []
-        decode_ctx: list[torch.Tensor] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
         prefills: list[PrefillSpan] = []
         row = 0
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            ctx_len = seq.num_computed_tokens + num_new
-            slots = self._slots(block_manager.block_table(seq), ctx_len)
-            slot_parts.append(slots[ctx_len - num_new :])
+            start, ctx_len = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            table = block_manager.block_table(seq)[: -(-ctx_len // bs)]
+            blocks = torch.tensor(table, dtype=torch.long)
+            new_pos = torch.arange(start, ctx_len)
+            slot_parts.append(blocks[new_pos // bs] * bs + new_pos % bs)
             if num_new == 1:
-                decode_ctx.append(slots)
+                decode_tables.append(table)
+                decode_lens.append(ctx_len)
             else:
-                mask = None
-                if seq.num_computed_tokens:
-                    q_pos = torch.arange(seq.num_computed_tokens, ctx_len)
-                    mask = torch.arange(ctx_len)[None, :] <= q_pos[:, None]
+                mask = torch.arange(ctx_len)[None, :] <= new_pos[:, None] if start else None
                 prefills.append(
-                    PrefillSpan(start=row, end=row + num_new, context_slots=slots, mask=mask)
+                    PrefillSpan(
+                        start=row,
+                        end=row + num_new,
+                        ctx_len=ctx_len,
+                        context_blocks=blocks,
+                        mask=mask,
+                    )
                 )
             row += num_new
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slot_parts),
             cos=self.model.cos[pos].unsqueeze(1),
             sin=self.model.sin[pos].unsqueeze(1),
-            num_decode=len(decode_ctx),
+            num_decode=len(decode_tables),
             prefills=prefills,
         )
-        if decode_ctx:
-            lengths = torch.tensor([len(s) for s in decode_ctx])
-            meta.decode_slots = torch.nn.utils.rnn.pad_sequence(decode_ctx, batch_first=True)
-            mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+        if decode_tables:
+            width = max(map(len, decode_tables))
+            padded = [t + [0] * (width - len(t)) for t in decode_tables]
+            meta.decode_blocks = torch.tensor(padded, dtype=torch.long).view(-1)
+            mask = torch.arange(width * bs)[None, :] < torch.tensor(decode_lens)[:, None]
             meta.decode_mask = mask[:, None, None, :]
         return meta
 

@@ -21,6 +21,17 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--max-num-batched-tokens": (int, 8192, "most tokens computed in one scheduling pass"),
     "--model-name": (str, "smollm2", "model name served"),
     "--context-length": (int, 8192, "longest prompt + output, in tokens"),
+    "--kv-bytes-per-token": (
+        int,
+        131072,
+        "KV cache bytes per token, for the simulated disaggregated transfer time",
+    ),
+    "--kv-transfer-bandwidth-gbps": (
+        float,
+        64.0,
+        "simulated KV transfer bandwidth in GB/s (transfer time = input tokens x "
+        "kv-bytes-per-token / bandwidth, divided by the speedup ratio)",
+    ),
     "--tokenizer": (
         str,
         None,
@@ -58,4 +69,6 @@ def config_from_args(ns: argparse.Namespace) -> MockerConfig:
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         speedup_ratio=ns.speedup_ratio,
+        kv_bytes_per_token=ns.kv_bytes_per_token,
+        kv_transfer_bandwidth_gbps=ns.kv_transfer_bandwidth_gbps,
     )

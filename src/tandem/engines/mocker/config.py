@@ -43,6 +43,10 @@ class MockerConfig:
     # (ids < 17) never appear by accident, so output length is max_tokens unless a
     # request names a stop/eos id that the sequence happens to produce
     first_token_id: int = 17
+    # disaggregation: simulated KV transfer time = tokens × kv_bytes_per_token / bandwidth
+    # (default: a Llama-3-8B-shaped cache, 32 layers × 8 KV heads × 128 dims × K,V × bf16)
+    kv_bytes_per_token: int = 131072
+    kv_transfer_bandwidth_gbps: float = 64.0  # GB/s (1e9 bytes)
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -55,3 +59,5 @@ class MockerConfig:
         _check("speedup_ratio", self.speedup_ratio, 0, 1e9)
         _check("vocab_size", self.vocab_size, 2, 1 << 31)
         _check("first_token_id", self.first_token_id, 0, self.vocab_size - 1)
+        _check("kv_bytes_per_token", self.kv_bytes_per_token, 1, 1 << 30)
+        _check("kv_transfer_bandwidth_gbps", self.kv_transfer_bandwidth_gbps, 1e-6, 1e6)

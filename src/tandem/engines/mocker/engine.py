@@ -67,14 +67,24 @@ class MockerEngine:
             self._task = asyncio.create_task(self._run(), name="mocker-step-loop")
         return self.info
 
-    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(
+        self,
+        request: PreprocessedRequest,
+        *,
+        install: Callable[[Scheduler], object] | None = None,
+    ) -> AsyncIterator[EngineOutput]:
         """Stream the request's outputs (merged when the consumer lags behind the steps).
         Raises InvalidRequest/ContextLengthExceeded on the first iteration if it can never
-        run, EngineError if the engine is not running. Closing early aborts it."""
+        run, EngineError if the engine is not running. Closing early aborts it.
+        `install`, when given, replaces `add_request`: it puts the request's sequence into
+        the scheduler itself (a disaggregated decode resuming, tandem.engines.mocker.disagg)."""
         if self._task is None:
             raise EngineError("mocker engine is not running; call start() first")
         request_id = request.request_id
-        self.scheduler.add_request(request)
+        if install is None:
+            self.scheduler.add_request(request)
+        else:
+            install(self.scheduler)
         stream = self._streams[request_id] = OutputStream()
         self._wake.set()
         finished = False

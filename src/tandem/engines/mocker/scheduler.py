@@ -20,6 +20,7 @@ from tandem.engines.mocker.admission import make_sequence
 from tandem.engines.mocker.block_pool import BlockPool
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.sequence import Sequence
+from tandem.errors import InvalidRequest
 from tandem.protocols.engine import EngineOutput, FinishReason, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
@@ -46,6 +47,11 @@ class Scheduler:
         self.clock_ms = 0.0
         self.num_preemptions = 0
         self._ended: list[tuple[Sequence, EngineOutput]] = []  # finished outside sampling
+        # disaggregation (tandem.engines.mocker.disagg): prompt blocks of finished prefills
+        # kept for a decode to claim, and decode-side blocks waiting for their KV
+        self.pin_on_finish: set[str] = set()
+        self.pins: dict[str, list[int]] = {}
+        self.held: dict[str, Sequence] = {}
 
     @property
     def num_waiting(self) -> int:
@@ -104,6 +110,8 @@ class Scheduler:
         duration = perf_model.step_ms(num_prefill_tokens, num_decode, self.pool.usage)
         self.clock_ms += duration
         for seq in finished:
+            if seq.request_id in self.pin_on_finish:
+                self._pin(seq)
             self._finish(seq, seq.finish_reason)
         if finished:
             self._running = [s for s in self._running if s.finish_reason is None]
@@ -222,6 +230,45 @@ class Scheduler:
         self._requests.pop(seq.request_id, None)
         seq.finish_reason = reason
 
+    # ------------------------------------------------------------------ disaggregation
+    def _pin(self, seq: Sequence) -> None:
+        self.pin_on_finish.discard(seq.request_id)
+        blocks = seq.block_ids[: -(-seq.num_prompt_tokens // self.config.block_size)]
+        self.pool.acquire(blocks)  # in use by seq: just one more reference each
+        self.pins[seq.request_id] = list(blocks)
+
+    def unpin(self, request_id: str) -> None:
+        """Drop a finished prefill's pins (idempotent)."""
+        blocks = self.pins.pop(request_id, None)
+        if blocks is not None:
+            self.pool.release(blocks)
+
+    def hold(self, seq: Sequence, num_tokens: int) -> list[int] | None:
+        """Give ``seq`` (not queued) fresh blocks for ``num_tokens`` tokens; None if short."""
+        fresh = self.pool.allocate(-(-num_tokens // self.config.block_size))
+        if fresh is None:
+            return None
+        seq.block_ids = fresh
+        self.held[seq.request_id] = seq
+        return list(fresh)
+
+    def release_held(self, request_id: str) -> None:
+        seq = self.held.pop(request_id, None)
+        if seq is not None:
+            self._free(seq)
+
+    def resume(self, request_id: str, num_computed: int) -> Sequence:
+        """Run a held sequence whose first ``num_computed`` tokens are computed."""
+        if request_id in self._requests:
+            self.release_held(request_id)
+            raise InvalidRequest(f"request_id={request_id!r} is already in flight")
+        seq = self.held.pop(request_id)
+        seq.num_computed_tokens = num_computed
+        seq.num_cached_tokens = 0
+        self._requests[request_id] = seq
+        self._running.append(seq)
+        return seq
+
     def check_integrity(self) -> None:
         """The pool's own checks, plus: every reference is held by exactly one live
         sequence's block list, waiting sequences hold no blocks, limits are respected."""
@@ -233,6 +280,9 @@ class Scheduler:
                 refs[block_id] = refs.get(block_id, 0) + 1
         for seq in self._waiting:
             assert not seq.block_ids, f"waiting {seq.request_id} holds blocks"
+        for blocks in [*self.pins.values(), *(s.block_ids for s in self.held.values())]:
+            for block_id in blocks:
+                refs[block_id] = refs.get(block_id, 0) + 1
         for block_id in range(self.pool.num_blocks):
             if self.pool.ref_count(block_id) != refs.get(block_id, 0):
                 raise AssertionError(

@@ -74,26 +74,28 @@ class NativeKvHandoff:
     async def prefill(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
         stop = msgspec.structs.replace(request.stop, max_tokens=1, min_tokens=0)
         rid = request.request_id
-        self._to_pin.add(rid)
+        with self._lock:
+            self._to_pin.add(rid)
         try:
             async for out in self.engine.generate(msgspec.structs.replace(request, stop=stop)):
                 yield out
         finally:
-            self._to_pin.discard(rid)
+            with self._lock:  # after this, the step thread cannot pin it any more
+                self._to_pin.discard(rid)
 
     def _on_finish(self, seq: Sequence) -> None:
         """Step thread, step lock held: take an extra reference on the prompt's blocks."""
-        if seq.request_id not in self._to_pin:
-            return
-        self._to_pin.discard(seq.request_id)
-        bm = self.core.block_manager
-        num_blocks = -(-seq.num_prompt_tokens // bm.block_size)
-        blocks = list(bm.block_table(seq)[:num_blocks])
-        key = next(self._keys)
-        bm.tables[key] = blocks
-        for block in blocks:
-            bm.ref_counts[block] += 1
         with self._lock:
+            if seq.request_id not in self._to_pin:
+                return
+            self._to_pin.discard(seq.request_id)
+            bm = self.core.block_manager
+            num_blocks = -(-seq.num_prompt_tokens // bm.block_size)
+            blocks = list(bm.block_table(seq)[:num_blocks])
+            key = next(self._keys)
+            bm.tables[key] = blocks
+            for block in blocks:
+                bm.ref_counts[block] += 1
             self._pins[seq.request_id] = (key, blocks)
 
     def pinned_blocks(self, request_id: str) -> list[int]:

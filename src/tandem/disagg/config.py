@@ -1,0 +1,78 @@
+"""Configs of disaggregated serving: the worker side and the frontend (routing) side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.disagg.transfer.base import BACKEND_NAMES
+
+DISAGG_MODES = ("none", "prefill", "decode")
+FLOWS = ("prefill-first", "decode-first")
+FAILURE_POLICIES = ("local", "fail")
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} '{value}'; expected one of: {', '.join(allowed)}")
+
+
+def _in(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={value} is out of range; expected {lo} <= {name} <= {hi}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggWorkerConfig:
+    """A worker's role and its transfer bounds.
+
+    ``pin_ttl_s``: a prefill's pinned blocks are released after this unless a decode claims
+    them. ``transfer_timeout_s``: the most a decode waits for its KV (a pull, or a prefill's
+    push into its rendezvous) before ``on_transfer_failure`` applies: ``local`` prefills on
+    the decode worker, ``fail`` ends the request with a TransferError."""
+
+    mode: str = "none"
+    backends: tuple[str, ...] = BACKEND_NAMES
+    pin_ttl_s: float = 30.0
+    transfer_timeout_s: float = 10.0
+    on_transfer_failure: str = "local"
+
+    def __post_init__(self) -> None:
+        _one_of("disagg mode", self.mode, DISAGG_MODES)
+        _one_of("transfer failure policy", self.on_transfer_failure, FAILURE_POLICIES)
+        for backend in self.backends:
+            _one_of("transfer backend", backend, BACKEND_NAMES)
+        if not self.backends:
+            raise ValueError("backends=() must name at least one of: " + ", ".join(BACKEND_NAMES))
+        _in("pin_ttl_s", self.pin_ttl_s, 0.01, 86400)
+        _in("transfer_timeout_s", self.transfer_timeout_s, 0.01, 3600)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggRouteConfig:
+    """How the frontend splits requests over prefill and decode pools.
+
+    A prompt is prefilled remotely only when the decode worker would have to compute at
+    least ``min_prefill_tokens`` uncached tokens making up at least ``min_uncached_ratio``
+    of the prompt; otherwise the decode worker serves it whole (conditional
+    disaggregation). With no prefill worker, ``decode_fallback`` serves aggregated on the
+    decode pool; without it the request fails with 503."""
+
+    enabled: bool = False
+    flow: str = "prefill-first"
+    min_prefill_tokens: int = 0
+    min_uncached_ratio: float = 0.0
+    decode_fallback: bool = False
+    prefill_component: str = "prefill"
+    prefill_timeout_s: float = 600.0  # the prefill leg of one request
+
+    def __post_init__(self) -> None:
+        _one_of("disagg flow", self.flow, FLOWS)
+        _in("min_prefill_tokens", self.min_prefill_tokens, 0, 1 << 30)
+        _in("min_uncached_ratio", self.min_uncached_ratio, 0.0, 1.0)
+        _in("prefill_timeout_s", self.prefill_timeout_s, 0.01, 86400)
+        if not self.prefill_component or "." in self.prefill_component:
+            raise ValueError(f"prefill_component={self.prefill_component!r} must be non-empty")

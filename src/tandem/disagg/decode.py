@@ -1,0 +1,133 @@
+"""Decode worker side: receive a prompt's KV, then decode (DESIGN.md §4 steps 5–7).
+
+``pull`` (prefill-first): allocate blocks, pull the prefill's readable op into them (its
+completion is the ack that unpins the prefill), resume from prompt + first token.
+``rendezvous`` (decode-first): allocate blocks, publish them as a writable op under the
+frontend's op id, wait for a prefill to push, resume by recomputing the last prompt token.
+
+Any failure — no room, the source expired, the prefill died, the transfer erred or passed
+`transfer_timeout_s` — frees the blocks and, with ``on_transfer_failure="local"``, prefills
+here instead (same tokens), else ends the request with a TransferError naming the cause.
+Closing the stream (an abort) cancels the peer's side too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from tandem.disagg.base import KvHandoff
+from tandem.disagg.config import DisaggWorkerConfig
+from tandem.disagg.guard import BlockGuard
+from tandem.disagg.params import DisaggParams
+from tandem.disagg.prefill import REGION
+from tandem.disagg.transfer import OpStatus, TransferAgent, decode_meta
+from tandem.engines.base import Engine
+from tandem.errors import InvalidRequest, Overloaded, TransferError
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeSide:
+    """Serves requests that carry `disagg_params` on a decode worker. One per worker."""
+
+    def __init__(
+        self, engine: Engine, handoff: KvHandoff, agent: TransferAgent, config: DisaggWorkerConfig
+    ) -> None:
+        self.engine, self.handoff, self.agent, self.config = engine, handoff, agent, config
+        self.num_fallbacks = 0
+
+    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+        assert request.disagg_params is not None
+        params = DisaggParams.from_dict(request.disagg_params)
+        local = msgspec.structs.replace(request, disagg_params=None)
+        if params.mode == "pull":
+            num_tokens, num_computed = params.num_tokens, params.num_tokens
+        elif params.mode == "rendezvous":
+            num_tokens, num_computed = len(request.token_ids), len(request.token_ids) - 1
+        else:
+            raise InvalidRequest(f"disagg_params mode '{params.mode}' is for a prefill worker")
+        if not 0 < num_tokens <= len(request.token_ids):
+            raise InvalidRequest(f"disagg_params num_tokens={num_tokens} outside the prompt")
+        try:
+            received = await self._receive(local, params, num_tokens)
+        except (TransferError, Overloaded) as exc:
+            stream = self._fallback(local, exc)
+        else:
+            stream = self.handoff.resume(local, num_computed) if received else None
+        if stream is None:
+            return
+        async for out in stream:
+            yield out
+
+    async def _receive(
+        self, request: PreprocessedRequest, params: DisaggParams, num_tokens: int
+    ) -> bool:
+        """Allocate and fill the blocks; True when they are ready to resume."""
+        rid = request.request_id
+        blocks = await self.handoff.allocate(request, num_tokens)
+        guard = BlockGuard(lambda: self.handoff.release(rid))
+        done = False
+        try:
+            if params.mode == "pull":
+                await self._pull(params, blocks, guard)
+            else:
+                await self._await_push(params, blocks)
+            await asyncio.sleep(self.handoff.transfer_delay_s(num_tokens))
+            guard.keep()
+            done = True
+            return True
+        finally:
+            if not done:
+                asyncio.get_running_loop().run_in_executor(None, guard.give_up)
+                if params.mode == "pull":
+                    self._cancel_source(params, "decode gave up (aborted or failed)")
+
+    async def _pull(self, params: DisaggParams, blocks: list[int], guard: BlockGuard) -> None:
+        meta = decode_meta(params.meta)
+        if time.time() > meta.expires_at:
+            raise TransferError(
+                f"transfer op={meta.op_id} from prefill agent {meta.agent_id} expired "
+                f"{time.time() - meta.expires_at:.1f}s ago (pin ttl passed before decode)"
+            )
+        timeout = self.config.transfer_timeout_s
+        await guard.run(lambda: self.agent.pull(meta, REGION, blocks, timeout_s=timeout))
+
+    async def _await_push(self, params: DisaggParams, blocks: list[int]) -> None:
+        timeout = self.config.transfer_timeout_s
+        op = self.agent.create_writable(REGION, blocks, op_id=params.op_id, ttl_s=timeout)
+        try:
+            await self.agent.wait_async(op.op_id, timeout)
+        finally:
+            in_flight = op.status is OpStatus.IN_PROGRESS
+            self.agent.cancel(op.op_id, "decode stopped waiting (timeout or abort)")
+            if in_flight:  # a peer may still be writing into the blocks: let it finish
+                await asyncio.shield(asyncio.sleep(min(timeout, 1.0)))
+
+    def _cancel_source(self, params: DisaggParams, reason: str) -> None:
+        meta = decode_meta(params.meta)
+
+        def cancel() -> None:
+            with contextlib.suppress(TransferError):
+                self.agent.cancel_remote(meta, reason, timeout_s=1.0)
+
+        asyncio.get_running_loop().run_in_executor(None, cancel)
+
+    def _fallback(
+        self, request: PreprocessedRequest, exc: TransferError | Overloaded
+    ) -> AsyncIterator[EngineOutput]:
+        if self.config.on_transfer_failure != "local":
+            raise TransferError(
+                f"request_id={request.request_id}: KV from the prefill worker did not arrive: "
+                f"{exc.message} (--disagg-on-transfer-failure=fail; 'local' would prefill here)"
+            ) from exc
+        self.num_fallbacks += 1
+        logger.warning("request_id=%s: KV transfer failed (%s); prefilling locally",
+                       request.request_id, exc.message)  # fmt: skip
+        return self.engine.generate(request)

@@ -1,0 +1,128 @@
+"""`DisaggEngine`: wraps a worker's engine for a prefill or decode role (DESIGN.md §4).
+
+It is an `Engine`, so the `Worker` hosts it unchanged: on `start` it starts the engine,
+opens a `TransferAgent`, registers the KV cache as the region ``kv`` (moving a real KV
+tensor into shared memory so same-host peers can memcpy it; a one-byte-per-block region for
+engines that move no bytes) and builds the engine's `KvHandoff`. `generate` sends a
+prefill worker's requests through `PrefillSide`, a decode worker's requests that carry
+`disagg_params` through `DecodeSide`, and everything else to the engine as usual.
+`instance_metadata()` tells the frontend the role and the agent's address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tandem.disagg.base import KvHandoff
+from tandem.disagg.config import DisaggWorkerConfig
+from tandem.disagg.decode import DecodeSide
+from tandem.disagg.prefill import REGION, PrefillSide
+from tandem.disagg.transfer import RegionLayout, TransferAgent, TransferAgentConfig
+from tandem.engines.base import Engine, EngineInfo, EngineLoad
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.kv_events import KvEvent
+
+logger = logging.getLogger(__name__)
+
+# engine name (EngineInfo.engine) -> "module:class" of its KvHandoff(engine)
+HANDOFFS = {
+    "mocker": "tandem.engines.mocker.disagg:MockerKvHandoff",
+    "native": "tandem.engines.native.kv_transfer:NativeKvHandoff",
+}
+
+
+def make_handoff(engine_name: str, engine: Engine) -> KvHandoff:
+    try:
+        module, cls = HANDOFFS[engine_name].split(":")
+    except KeyError:
+        raise ValueError(
+            f"unknown disaggregated engine '{engine_name}'; expected one of: "
+            f"{', '.join(sorted(HANDOFFS))}"
+        ) from None
+    handoff: KvHandoff = getattr(importlib.import_module(module), cls)(engine)
+    return handoff
+
+
+class DisaggEngine:
+    """Not reusable: `start` once, `stop` once; runs on the worker's event loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: DisaggWorkerConfig,
+        agent_config: TransferAgentConfig | None = None,
+    ) -> None:
+        if not config.enabled:
+            raise ValueError("DisaggEngine needs mode 'prefill' or 'decode'")
+        self.engine, self.config = engine, config
+        self._agent_config = agent_config or TransferAgentConfig(
+            backends=config.backends, default_ttl_s=config.pin_ttl_s
+        )
+        self.agent: TransferAgent | None = None
+        self.handoff: KvHandoff | None = None
+        self.prefill: PrefillSide | None = None
+        self.decode: DecodeSide | None = None
+
+    async def start(self) -> EngineInfo:
+        info = await self.engine.start()
+        self.handoff = make_handoff(info.engine, self.engine)
+        self.agent = await asyncio.to_thread(TransferAgent, self._agent_config)
+        spec = self.handoff.kv_cache_spec()
+        if spec is None:
+            layout = RegionLayout.contiguous(num_blocks=info.num_total_blocks, block_bytes=1)
+            self.agent.create_region(REGION, layout)
+        else:
+            layout = RegionLayout.for_kv_cache(
+                num_layers=spec.num_layers, num_blocks=spec.num_blocks,
+                block_size=spec.block_size, num_kv_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim, dtype=spec.dtype,
+            )  # fmt: skip
+            region = self.agent.create_region(REGION, layout)
+            await asyncio.to_thread(
+                self.handoff.adopt_kv_cache, region.as_torch(spec.dtype, spec.shape)
+            )
+        if self.config.mode == "prefill":
+            self.prefill = PrefillSide(self.handoff, self.agent, self.config, info.eos_token_ids)
+        else:
+            self.decode = DecodeSide(self.engine, self.handoff, self.agent, self.config)
+        logger.info("disagg %s worker: transfer agent %s at %s:%d", self.config.mode,
+                    self.agent.agent_id, *self.agent.address)  # fmt: skip
+        return info
+
+    def instance_metadata(self) -> dict[str, Any]:
+        """Discovery metadata: the role and where the frontend/peers reach the agent."""
+        assert self.agent is not None, "instance_metadata before start()"
+        return {
+            "disagg_mode": self.config.mode,
+            "kv_transfer_address": list(self.agent.address),
+            "kv_transfer_agent_id": self.agent.agent_id,
+            "kv_transfer_backends": list(self.agent.backend_names),
+        }
+
+    def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+        if self.prefill is not None:
+            return self.prefill.generate(request)
+        if self.decode is not None and request.disagg_params is not None:
+            return self.decode.generate(request)
+        return self.engine.generate(request)
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        return self.engine.kv_events()
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        return self.engine.kv_snapshot()
+
+    def load(self) -> EngineLoad:
+        return self.engine.load()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        if self.agent is not None:
+            await asyncio.to_thread(self.agent.close)

@@ -49,6 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="number of aggregated worker processes (env TANDEM_WORKERS)",
     )
+    g.add_argument(
+        "--prefill-workers",
+        type=int,
+        default=int(_env("PREFILL_WORKERS", "0")),
+        metavar="P",
+        help="disaggregated: P prefill worker processes (component 'prefill'); with "
+        "--decode-workers this enables --disagg on the frontend (env TANDEM_PREFILL_WORKERS)",
+    )
+    g.add_argument(
+        "--decode-workers",
+        type=int,
+        default=int(_env("DECODE_WORKERS", "0")),
+        metavar="D",
+        help="disaggregated: D decode worker processes (component 'backend'), replacing "
+        "--workers (env TANDEM_DECODE_WORKERS)",
+    )
     g.add_argument("--namespace", default=_env("NAMESPACE", "tandem"))
     g.add_argument(
         "--run-dir",
@@ -76,12 +92,33 @@ def _validate(args: argparse.Namespace) -> None:
         )
     if args.workers < 1:
         raise SystemExit(f"tandem serve: --workers={args.workers}; expected >= 1")
+    if args.prefill_workers < 0 or args.decode_workers < 0:
+        raise SystemExit("tandem serve: --prefill-workers and --decode-workers must be >= 0")
+    if args.prefill_workers and not args.decode_workers:
+        raise SystemExit(
+            f"tandem serve: --prefill-workers={args.prefill_workers} needs --decode-workers >= 1"
+        )
+    if args.decode_workers:
+        args.disagg = True  # the frontend splits requests over the two pools
 
 
 def worker_specs(args: argparse.Namespace, passthrough: list[str]) -> list[WorkerSpec]:
     """One spec per worker process; the supervisor adds the shared runtime flags."""
     common = ["--engine", args.engine, "--log-level", args.log_level, *passthrough]
-    return [WorkerSpec(name=f"worker{i}", argv=list(common)) for i in range(args.workers)]
+    if not args.decode_workers:
+        return [WorkerSpec(name=f"worker{i}", argv=list(common)) for i in range(args.workers)]
+    prefill = args.disagg_prefill_component
+    return [
+        *(
+            WorkerSpec(name=f"prefill{i}", argv=[*common, "--disagg-mode", "prefill"],
+                       component=prefill)
+            for i in range(args.prefill_workers)
+        ),
+        *(
+            WorkerSpec(name=f"decode{i}", argv=[*common, "--disagg-mode", "decode"])
+            for i in range(args.decode_workers)
+        ),
+    ]  # fmt: skip
 
 
 async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:

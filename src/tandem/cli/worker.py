@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 
-from tandem.engines.base import add_engine_args, engine_names, make_engine
+from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
+from tandem.engines.base import Engine, add_engine_args, engine_names, make_engine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.lifecycle import install_signal_handlers
@@ -42,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     )
     group.add_argument(
         "--component",
-        default=_env("TANDEM_COMPONENT", "backend"),
-        help="component name in namespace.component.endpoint (env TANDEM_COMPONENT)",
+        default=_env("TANDEM_COMPONENT", ""),
+        help="component name in namespace.component.endpoint (default: 'prefill' with "
+        "--disagg-mode prefill, else 'backend'; env TANDEM_COMPONENT)",
     )
     group.add_argument(
         "--endpoint",
@@ -62,20 +64,33 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         help="logging level (env TANDEM_LOG_LEVEL)",
     )
     add_engine_args(engine, parser)
+    add_disagg_worker_args(parser)
     add_runtime_args(parser)
 
 
 def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    component = args.component or ("prefill" if args.disagg_mode == "prefill" else "backend")
     return WorkerConfig(
-        component=args.component, endpoint=args.endpoint, drain_grace_s=args.drain_grace_s
+        component=component, endpoint=args.endpoint, drain_grace_s=args.drain_grace_s
     )
+
+
+def build_engine(args: argparse.Namespace) -> Engine:
+    """The engine `--engine` names, wrapped for its `--disagg-mode` role if any."""
+    engine = make_engine(args.engine, args)
+    disagg = disagg_worker_config_from_args(args)
+    if not disagg.enabled:
+        return engine
+    from tandem.disagg.worker_engine import DisaggEngine
+
+    return DisaggEngine(engine, disagg)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
     """Run one worker until `stop` is set (default: SIGTERM/SIGINT), then drain."""
     runtime_config = runtime_config_from_args(args)
     worker_config = worker_config_from_args(args)
-    engine = make_engine(args.engine, args)
+    engine = build_engine(args)
     if stop is None:
         stop = asyncio.Event()
         install_signal_handlers(stop)

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -118,10 +119,15 @@ class Worker:
             self.config.endpoint,
             self._generate,
             model=model_card(self.info),
-            metadata={"kv_state_endpoint": "kv_state"},
+            # a disaggregated engine adds its role and transfer agent (tandem.disagg)
+            metadata={"kv_state_endpoint": "kv_state", **self._engine_metadata()},
             instance_id=self.instance_id,
         )
         return self.instance
+
+    def _engine_metadata(self) -> dict[str, Any]:
+        extra = getattr(self.engine, "instance_metadata", None)
+        return dict(extra()) if extra is not None else {}
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Unregister, refuse new requests (PeerGone, so clients go elsewhere), let in-flight

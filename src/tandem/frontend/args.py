@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from tandem.disagg.args import add_disagg_route_args, disagg_route_config_from_args
 from tandem.frontend.config import FrontendConfig
 from tandem.router.args import add_router_args, router_config_from_args
 from tandem.runtime.args import add_runtime_args
@@ -42,6 +43,7 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
     )
     g.add_argument("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(8 << 20))))
     add_router_args(parser)
+    add_disagg_route_args(parser)
     if with_runtime:
         add_runtime_args(parser)
 
@@ -56,4 +58,5 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         max_inflight_requests=ns.max_inflight_requests,
         request_timeout_s=ns.request_timeout_s,
         max_body_bytes=ns.max_body_bytes,
+        disagg=disagg_route_config_from_args(ns),
     )

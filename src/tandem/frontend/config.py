@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tandem.disagg.config import DisaggRouteConfig
 from tandem.router.config import RouterConfig
 
 
@@ -33,6 +34,8 @@ class FrontendConfig:
     worker_component: str = "backend"
     worker_endpoint: str = "generate"
     tokenizer_cache_dir: Path | None = None
+    # prefill/decode split over the `prefill` and worker_component pools (tandem.disagg)
+    disagg: DisaggRouteConfig = field(default_factory=DisaggRouteConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

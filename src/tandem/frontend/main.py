@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
@@ -34,20 +35,24 @@ async def serve_frontend(
 
     Sets `ready` once listening; appends the bound (host, port) to `bound` if given (port 0
     picks a free port). On exit closes connections, routers and the instance watch."""
+    workers = runtime.instance_set(config.worker_component, config.worker_endpoint)
     registry = ModelRegistry(
         config,
-        runtime.instance_set(config.worker_component, config.worker_endpoint),
+        workers,
         events=runtime.events,
         client=runtime.client,
         namespace=runtime.namespace,
     )
     metrics = FrontendMetrics()
-    streamer = EngineStreamer(
+    streamer: Any = EngineStreamer(
         runtime.client,
         runtime.endpoint_path(config.worker_component, config.worker_endpoint),
         migration_limit=config.migration_limit,
         on_migrate=lambda model: metrics.migrations.inc((model,)),
     )
+    pool = None
+    if config.disagg.enabled:  # decode on the worker pool, prefill on its own (DESIGN §4)
+        streamer, pool = disagg_streamer(config, runtime, streamer, workers)
     app = FrontendApp(
         registry=registry,
         streamer=streamer,
@@ -58,6 +63,8 @@ async def serve_frontend(
     )
     server = HttpServer(app, max_body_bytes=config.max_body_bytes)
     await registry.start()
+    if pool is not None:
+        await pool.start()
     try:
         host, port = await server.start(config.host, config.port)
         logger.info("frontend listening on http://%s:%d", host, port)
@@ -69,6 +76,36 @@ async def serve_frontend(
     finally:
         await server.stop()
         await registry.close()
+        if pool is not None:
+            await pool.close()
+
+
+def disagg_streamer(
+    config: FrontendConfig, runtime: Runtime, aggregated: EngineStreamer, workers: Any
+) -> tuple[Any, Any]:
+    """The two-leg streamer and its prefill pool (started by the caller)."""
+    import dataclasses
+
+    from tandem.disagg.orchestrator import DisaggStreamer
+    from tandem.disagg.pool import PrefillPool
+    from tandem.router.registry import make_router
+
+    dc = config.disagg
+    router_config = dataclasses.replace(config.router, worker_component=dc.prefill_component)
+    pool = PrefillPool(
+        runtime.instance_set(dc.prefill_component, config.worker_endpoint),
+        lambda view: make_router(
+            config.router_policy,
+            router_config,
+            instances=view,
+            events=runtime.events,
+            client=runtime.client,
+            discovery=runtime.discovery,
+            namespace=runtime.namespace,
+        ),
+    )
+    path = runtime.endpoint_path(dc.prefill_component, config.worker_endpoint)
+    return DisaggStreamer(aggregated, pool, workers, runtime.client, path, dc), pool
 
 
 async def run_frontend(config: FrontendConfig, runtime_config: RuntimeConfig) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
+from tandem.disagg.params import PINNED_ANNOTATION
 from tandem.errors import NoWorkersAvailable, PeerGone
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_output, encode
 from tandem.router.base import Router
@@ -116,9 +117,16 @@ def _continuation(
         max_tokens=max(request.stop.max_tokens - len(generated), 1),
         min_tokens=max(request.stop.min_tokens - len(generated), 0),
     )
+    # a disaggregated decode leg's KV handoff was for the lost worker, and so was the
+    # frontend's pin of it: the continuation prefills wherever it is routed next
+    routing = request.routing
+    if routing is not None and PINNED_ANNOTATION in request.annotations:
+        routing = msgspec.structs.replace(routing, worker_id=None)
     return msgspec.structs.replace(
         request,
         request_id=f"{request.request_id}-m{attempt}",
         token_ids=request.token_ids + generated,
         stop=stop,
+        disagg_params=None,
+        routing=routing,
     )

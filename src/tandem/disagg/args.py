@@ -1,0 +1,116 @@
+"""Disaggregation flags: the worker's role (`tandem worker`) and the frontend's split
+(`tandem frontend` / `tandem serve`). Flags first, `TANDEM_*` env vars as fallbacks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tandem.disagg.config import (
+    DISAGG_MODES,
+    FAILURE_POLICIES,
+    FLOWS,
+    DisaggRouteConfig,
+    DisaggWorkerConfig,
+)
+from tandem.disagg.transfer.base import BACKEND_NAMES
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"TANDEM_{name}") or default
+
+
+def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("disaggregation (worker)")
+    g.add_argument(
+        "--disagg-mode",
+        choices=DISAGG_MODES,
+        default=_env("DISAGG_MODE", "none"),
+        help="prefill: compute prompts and hand their KV over (component 'prefill'); "
+        "decode: receive KV and decode (component 'backend') (env TANDEM_DISAGG_MODE)",
+    )
+    g.add_argument(
+        "--disagg-transfer-backends",
+        default=_env("DISAGG_TRANSFER_BACKENDS", ",".join(BACKEND_NAMES)),
+        help="KV transfer backends, fastest preferred "
+        f"first (any of {', '.join(BACKEND_NAMES)}); the missing optional ones are "
+        "skipped",
+    )
+    g.add_argument(
+        "--disagg-pin-ttl-s",
+        type=float,
+        default=float(_env("DISAGG_PIN_TTL_S", "30")),
+        help="a prefill releases pinned KV blocks no decode claimed after this",
+    )
+    g.add_argument(
+        "--disagg-transfer-timeout-s",
+        type=float,
+        default=float(_env("DISAGG_TRANSFER_TIMEOUT_S", "10")),
+        help="the most a decode waits for its KV before --disagg-on-transfer-failure",
+    )
+    g.add_argument("--disagg-on-transfer-failure", choices=FAILURE_POLICIES,
+                   default=_env("DISAGG_ON_TRANSFER_FAILURE", "local"),
+                   help="local: prefill on the decode worker; fail: end it with an error",
+                   )  # fmt: skip
+
+
+def disagg_worker_config_from_args(ns: argparse.Namespace) -> DisaggWorkerConfig:
+    backends = tuple(b.strip() for b in ns.disagg_transfer_backends.split(",") if b.strip())
+    return DisaggWorkerConfig(
+        mode=ns.disagg_mode,
+        backends=backends,
+        pin_ttl_s=ns.disagg_pin_ttl_s,
+        transfer_timeout_s=ns.disagg_transfer_timeout_s,
+        on_transfer_failure=ns.disagg_on_transfer_failure,
+    )
+
+
+def add_disagg_route_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("disaggregation (frontend)")
+    g.add_argument(
+        "--disagg",
+        action=argparse.BooleanOptionalAction,
+        default=_env("DISAGG", "0") not in ("0", "false", ""),
+        help="send prompts to prefill workers (component --disagg-prefill-component) "
+        "and decode on the backend workers (env TANDEM_DISAGG)",
+    )
+    g.add_argument(
+        "--disagg-flow",
+        choices=FLOWS,
+        default=_env("DISAGG_FLOW", "prefill-first"),
+        help="prefill-first: prefill, then decode pulls the KV; decode-first: decode "
+        "allocates a rendezvous, prefill pushes into it",
+    )
+    g.add_argument(
+        "--disagg-min-prefill-tokens",
+        type=int,
+        default=int(_env("DISAGG_MIN_PREFILL_TOKENS", "0")),
+        help="prefill remotely only when the decode worker lacks at least this many "
+        "prompt tokens in its cache (shorter prompts stay on the decode worker)",
+    )
+    g.add_argument(
+        "--disagg-min-uncached-ratio",
+        type=float,
+        default=float(_env("DISAGG_MIN_UNCACHED_RATIO", "0")),
+        help="... and at least this share of the prompt (mostly cached prompts stay)",
+    )
+    g.add_argument(
+        "--decode-fallback",
+        action=argparse.BooleanOptionalAction,
+        default=_env("DECODE_FALLBACK", "0") not in ("0", "false", ""),
+        help="with no prefill worker, serve aggregated on the decode workers instead "
+        "of answering 503",
+    )
+    g.add_argument("--disagg-prefill-component", default=_env("DISAGG_PREFILL_COMPONENT",
+                   "prefill"), help="component the prefill workers register")  # fmt: skip
+
+
+def disagg_route_config_from_args(ns: argparse.Namespace) -> DisaggRouteConfig:
+    return DisaggRouteConfig(
+        enabled=ns.disagg,
+        flow=ns.disagg_flow,
+        min_prefill_tokens=ns.disagg_min_prefill_tokens,
+        min_uncached_ratio=ns.disagg_min_uncached_ratio,
+        decode_fallback=ns.decode_fallback,
+        prefill_component=ns.disagg_prefill_component,
+    )

@@ -1,0 +1,242 @@
+"""`DisaggStreamer`: the frontend's two-leg request flow (DESIGN.md §4).
+
+Same interface as the aggregated `EngineStreamer` it wraps (``stream(request, router)``
+with the *decode* pool's router). Per request:
+1. No prefill worker for the model: aggregated on the decode pool with `decode_fallback`,
+   else `NoWorkersAvailable` (503) saying how to fix it.
+2. Route the decode worker (KV-aware over the decode pool); if the prompt is short or mostly
+   cached there (`min_prefill_tokens`, `min_uncached_ratio`), serve it there whole.
+3. prefill-first: the prefill router (KV-aware over the prefill pool) picks a prefill worker,
+   which returns the first token + `disagg_params`; the first token goes to the client at
+   once and the decode leg (prompt + first token, the params) goes to the chosen decode
+   worker. decode-first: both legs start together; the decode publishes a rendezvous op
+   under an id chosen here and the prefill pushes into it at the decode agent's address.
+A prefill leg that fails (no prefill worker left, worker died) falls back to the decode
+worker; a first token that is never handed to a decode (client gone, stop string) has its
+pins cancelled at once rather than at TTL. The decode leg keeps migration: a continuation
+drops the params and the pin and prefills wherever it lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncGenerator
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+
+from tandem.disagg.config import DisaggRouteConfig
+from tandem.disagg.params import PINNED_ANNOTATION, DisaggParams
+from tandem.disagg.pool import PrefillPool
+from tandem.disagg.transfer import decode_meta
+from tandem.disagg.transfer.client import send_control
+from tandem.errors import EngineError, NoWorkersAvailable, PeerGone, TransferError
+from tandem.protocols.engine import (
+    EngineOutput,
+    PreprocessedRequest,
+    RoutingHints,
+    decode_output,
+    encode,
+)
+from tandem.router.base import RouteDecision, Router
+
+logger = logging.getLogger(__name__)
+_FRONTEND = SimpleNamespace(agent_id="frontend")  # send_control only names the sender
+
+
+class DisaggStreamer:
+    def __init__(
+        self,
+        aggregated: Any,  # EngineStreamer over the decode pool
+        pool: PrefillPool,
+        decode_instances: Any,  # InstanceSet of the decode pool (metadata: agent address)
+        client: Any,  # RequestClient
+        prefill_path: str,
+        config: DisaggRouteConfig,
+    ) -> None:
+        self.aggregated, self.pool, self.decode_instances = aggregated, pool, decode_instances
+        self.client, self.prefill_path, self.config = client, prefill_path, config
+        self.num_local = self.num_remote = self.num_prefill_failures = 0
+
+    async def stream(
+        self, request: PreprocessedRequest, router: Router
+    ) -> AsyncGenerator[EngineOutput, None]:
+        prefill_router = await self.pool.router_for(request.model)
+        if prefill_router is None:
+            if not self.config.decode_fallback:
+                raise NoWorkersAvailable(
+                    f"no prefill worker serves model '{request.model}' (component "
+                    f"'{self.config.prefill_component}'); start one with `tandem worker "
+                    "--disagg-mode prefill`, or pass --decode-fallback to serve aggregated"
+                )
+            stream = self.aggregated.stream(request, router)
+        else:
+            decision = await router.route(request)
+            stream = self._split(request, router, prefill_router, decision)
+        async with contextlib.aclosing(stream):
+            async for out in stream:
+                yield out
+
+    def _split(
+        self,
+        request: PreprocessedRequest,
+        router: Router,
+        prefill_router: Router,
+        decision: RouteDecision,
+    ) -> AsyncGenerator[EngineOutput, None]:
+        pinned = _pin(request, decision.instance_id)
+        if not self._worth_splitting(request, decision):
+            self.num_local += 1
+            return self.aggregated.stream(pinned, router)  # type: ignore[no-any-return]
+        self.num_remote += 1
+        if self.config.flow == "decode-first":
+            return self._decode_first(request, pinned, router, prefill_router, decision)
+        return self._prefill_first(request, pinned, router, prefill_router)
+
+    def _worth_splitting(self, request: PreprocessedRequest, decision: RouteDecision) -> bool:
+        """Conditional disaggregation: is the uncached part on the decode worker big enough?"""
+        inst = self.decode_instances.instances.get(decision.instance_id)
+        block_size = inst.model.block_size if inst is not None and inst.model else 0
+        num_prompt = len(request.token_ids)
+        uncached = max(num_prompt - decision.overlap_blocks * block_size, 0)
+        return (
+            uncached >= max(self.config.min_prefill_tokens, 1)
+            and uncached >= self.config.min_uncached_ratio * num_prompt
+        )
+
+    async def _prefill_first(
+        self,
+        request: PreprocessedRequest,
+        pinned: PreprocessedRequest,
+        router: Router,
+        prefill_router: Router,
+    ) -> AsyncGenerator[EngineOutput, None]:
+        first = await self._prefill_or_none(request, prefill_router)
+        if first is None:
+            async for out in self.aggregated.stream(pinned, router):
+                yield out
+            return
+        params = first.disagg_params
+        yield msgspec.structs.replace(
+            first, disagg_params=None, finish_reason=None if params else first.finish_reason
+        )
+        if params is None:
+            return
+        handed = False
+        try:
+            decode_req = _decode_leg(pinned, first.token_ids, params)
+            async for out in self.aggregated.stream(decode_req, router):
+                handed = True
+                yield msgspec.structs.replace(out, num_cached_tokens=None)
+        finally:
+            if not handed:
+                _cancel_source_soon(params, "the decode leg never started (client gone or failed)")
+
+    async def _decode_first(
+        self,
+        request: PreprocessedRequest,
+        pinned: PreprocessedRequest,
+        router: Router,
+        prefill_router: Router,
+        decision: RouteDecision,
+    ) -> AsyncGenerator[EngineOutput, None]:
+        inst = self.decode_instances.instances.get(decision.instance_id)
+        address = inst.metadata.get("kv_transfer_address") if inst is not None else None
+        if address is None:  # not a decode-mode worker: it can only serve aggregated
+            async for out in self.aggregated.stream(pinned, router):
+                yield out
+            return
+        op_id = f"{request.request_id}-{secrets.token_hex(4)}"
+        room = DisaggParams(mode="rendezvous", op_id=op_id, num_tokens=len(request.token_ids))
+        push = DisaggParams(mode="push", op_id=op_id, address=(str(address[0]), int(address[1])),
+                            agent_id=str(inst.metadata.get("kv_transfer_agent_id", "")))  # type: ignore[union-attr]  # fmt: skip
+        prefill_req = msgspec.structs.replace(request, disagg_params=push.to_dict())
+        prefill = asyncio.create_task(self._prefill_or_none(prefill_req, prefill_router))
+        try:
+            decode_req = msgspec.structs.replace(pinned, disagg_params=room.to_dict())
+            async for out in self.aggregated.stream(decode_req, router):
+                yield out
+        finally:
+            if not prefill.done():
+                prefill.cancel()
+            await asyncio.gather(prefill, return_exceptions=True)
+
+    async def _prefill_or_none(
+        self, request: PreprocessedRequest, router: Router
+    ) -> EngineOutput | None:
+        """The prefill leg's final output, or None when no prefill worker could do it."""
+        try:
+            async with asyncio.timeout(self.config.prefill_timeout_s):
+                return await self._prefill_leg(request, router)
+        except (PeerGone, NoWorkersAvailable, TransferError, EngineError, TimeoutError) as exc:
+            self.num_prefill_failures += 1
+            logger.warning("request_id=%s: prefill leg failed (%s); serving on the decode worker",
+                           request.request_id, exc)  # fmt: skip
+            return None
+
+    async def _prefill_leg(self, request: PreprocessedRequest, router: Router) -> EngineOutput:
+        excluded: set[str] = set()
+        rid = request.request_id
+        while True:  # bounded: route raises NoWorkersAvailable once all are excluded
+            decision = await router.route(request, exclude=frozenset(excluded))
+            stream = self.client.stream(decision.address, self.prefill_path, encode(request),
+                                        request_id=rid, deadline_s=request.deadline_s)  # fmt: skip
+            try:
+                async for payload in stream:
+                    out = decode_output(payload)
+                    if out.finish_reason == "error" or out.error is not None:
+                        raise EngineError(f"prefill worker failed: {out.error}")
+                    if out.finish_reason is not None:
+                        router.on_first_token(rid)
+                        return out
+                raise PeerGone(f"prefill stream from {decision.instance_id} ended early")
+            except PeerGone as exc:
+                logger.info("request_id=%s: prefill worker %s lost (%s); trying another",
+                            rid, decision.instance_id, exc)  # fmt: skip
+                excluded.add(decision.instance_id)
+            finally:
+                router.on_finish(rid)
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
+
+def _pin(request: PreprocessedRequest, instance_id: str) -> PreprocessedRequest:
+    routing = request.routing or RoutingHints()
+    if routing.worker_id is not None:
+        return request
+    return msgspec.structs.replace(
+        request,
+        routing=msgspec.structs.replace(routing, worker_id=instance_id),
+        annotations=[*request.annotations, PINNED_ANNOTATION],
+    )
+
+
+def _decode_leg(
+    pinned: PreprocessedRequest, first_tokens: list[int], params: dict[str, Any]
+) -> PreprocessedRequest:
+    """Prompt + the prefill's first token(s), the rest of the budget, the handoff params."""
+    n = len(first_tokens)
+    stop = msgspec.structs.replace(
+        pinned.stop,
+        max_tokens=max(pinned.stop.max_tokens - n, 1),
+        min_tokens=max(pinned.stop.min_tokens - n, 0),
+    )
+    return msgspec.structs.replace(
+        pinned, token_ids=pinned.token_ids + first_tokens, stop=stop, disagg_params=params
+    )
+
+
+def _cancel_source_soon(params: dict[str, Any], reason: str) -> None:
+    """Release a prefill's pins now (best effort, in a thread); the TTL is the backstop."""
+    meta = decode_meta(DisaggParams.from_dict(params).meta)
+
+    def cancel() -> None:
+        with contextlib.suppress(TransferError):
+            send_control(_FRONTEND, meta, "cancel", reason, 1.0)  # type: ignore[arg-type]
+
+    asyncio.get_running_loop().run_in_executor(None, cancel)

@@ -1,0 +1,81 @@
+"""`PrefillPool`: the prefill workers discovered separately (component ``prefill``), one
+router per model over them, so the KV-aware cost applies to the prefill choice."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tandem.protocols.discovery import InstanceEvent
+from tandem.router.base import Router
+
+logger = logging.getLogger(__name__)
+
+
+class PoolView:
+    """The live prefill instances of one model (an InstanceSource for its router)."""
+
+    def __init__(self) -> None:
+        self.instances: dict[str, Any] = {}
+        self._listeners: list[Callable[[Any], Any]] = []
+
+    def add_listener(self, callback: Callable[[Any], Any]) -> None:
+        self._listeners.append(callback)
+
+    def apply(self, event: InstanceEvent) -> None:
+        if event.kind == "added":
+            self.instances[event.instance.instance_id] = event.instance
+        elif self.instances.pop(event.instance.instance_id, None) is None:
+            return
+        for callback in list(self._listeners):
+            callback(event)
+
+
+class PrefillPool:
+    """Follows an InstanceSet of ``ns.prefill.generate``; `make_router(view)` builds each
+    model's router. One event loop; not thread-safe."""
+
+    def __init__(self, instance_set: Any, make_router: Callable[[PoolView], Router]) -> None:
+        self._set = instance_set
+        self._make_router = make_router
+        self.views: dict[str, PoolView] = {}
+        self._routers: dict[str, tuple[Router, asyncio.Task[None]]] = {}
+
+    async def start(self) -> None:
+        self._set.add_listener(self._on_event)
+        for inst in list(self._set.instances.values()):
+            self._on_event(InstanceEvent(kind="added", instance=inst))
+        await self._set.start()
+
+    def _on_event(self, event: InstanceEvent) -> None:
+        card = event.instance.model
+        if card is None:
+            return
+        view = self.views.get(card.name)
+        if view is None:
+            if event.kind != "added":
+                return
+            view = self.views[card.name] = PoolView()
+            router = self._make_router(view)
+            task = asyncio.create_task(router.start(), name=f"prefill-router-{card.name}")
+            self._routers[card.name] = (router, task)
+            logger.info("prefill pool for model %s appeared", card.name)
+        view.apply(event)
+
+    async def router_for(self, model: str) -> Router | None:
+        """The model's prefill router, or None while no prefill instance serves it."""
+        view = self.views.get(model)
+        if view is None or not view.instances:
+            return None
+        router, started = self._routers[model]
+        await asyncio.shield(started)
+        return router
+
+    async def close(self) -> None:
+        for router, task in self._routers.values():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await router.close()
+        await self._set.close()

@@ -1,8 +1,14 @@
 """A small HTTP/1.1 server on httptools + asyncio, built for streaming LLM responses.
 
 Keep-alive and pipelining (requests answered in order), Content-Length and chunked request
-bodies, a body size limit (413), `Expect: 100-continue`, TCP_NODELAY, write backpressure, and
-responses either whole (Content-Length) or streamed with chunked transfer encoding (SSE).
+bodies, a body size limit (413), `Expect: 100-continue`, write backpressure, and responses
+either whole (Content-Length) or streamed with chunked transfer encoding (SSE).
+
+Writes are coalesced: everything written to a connection in one event-loop iteration leaves
+in one `send` (a stream's head, role chunk and first tokens; a burst of tokens that arrived
+together; the last token, usage, `[DONE]` and the chunked terminator). Each send is a syscall
+and a wake-up of the client, so this is most of the per-token cost. TCP_NODELAY is already set
+by both asyncio and uvloop on every TCP transport.
 When the client disconnects, the task running its request is cancelled, so cancellation flows
 on to the worker. One `HttpProtocol` per connection; everything runs on one event loop.
 """
@@ -10,9 +16,7 @@ on to the worker. One `HttpProtocol` per connection; everything runs on one even
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +27,9 @@ import httptools
 logger = logging.getLogger(__name__)
 
 MAX_PIPELINED = 16
+# buffered response bytes that are sent at once instead of at the end of the loop iteration,
+# so a handler writing a large backlog still meets the kernel's backpressure
+FLUSH_BYTES = 64 << 10
 _REASONS = {
     200: b"OK",
     400: b"Bad Request",
@@ -142,15 +149,15 @@ class HttpProtocol(asyncio.Protocol):
         self._write_ready: asyncio.Future[None] | None = None
         self._closed = False
         self._reading_paused = False
+        self._wbuf: list[bytes] = []
+        self._wbuf_bytes = 0
+        self._loop = asyncio.get_running_loop()
 
     # ---------------------------------------------------------------- transport callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses; both have the methods used
+        # uvloop's transports are not asyncio.Transport subclasses; both have the methods used.
+        # Both already set TCP_NODELAY (asking for the socket to set it again costs syscalls).
         self._transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -163,6 +170,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._wbuf.clear()
         self._server.connections.discard(self)
         if self._task is not None and not self._task.done():
             self._task.cancel()  # client gone: cancel the request end to end
@@ -193,6 +201,7 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(413, f"request body exceeds {self._max_body} bytes".encode())
             return
         if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
+            self._flush()  # after what earlier pipelined responses left in the buffer
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -256,9 +265,27 @@ class HttpProtocol(asyncio.Protocol):
             await response.end_stream()
 
     def write(self, data: bytes) -> None:
+        """Queue `data`; it is sent with everything else written in this loop iteration
+        (at once past FLUSH_BYTES). Raises ClientDisconnected once the client has gone."""
         if self._closed or self._transport is None:
             raise ClientDisconnected("client disconnected")
-        self._transport.write(data)
+        wbuf = self._wbuf
+        if not wbuf:
+            self._loop.call_soon(self._flush)
+        wbuf.append(data)
+        self._wbuf_bytes += len(data)
+        if self._wbuf_bytes >= FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        wbuf = self._wbuf
+        if not wbuf:
+            return
+        data = wbuf[0] if len(wbuf) == 1 else b"".join(wbuf)
+        wbuf.clear()
+        self._wbuf_bytes = 0
+        if not self._closed and self._transport is not None:
+            self._transport.write(data)  # may call pause_writing: drain() then waits
 
     async def drain(self) -> None:
         if self._closed:
@@ -268,6 +295,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _reject(self, status: int, message: bytes) -> None:
         if self._transport is not None and not self._closed:
+            self._flush()
             body = b'{"error":{"message":"%s","type":"invalid_request_error"}}' % message.replace(
                 b'"', b"'"
             )
@@ -279,7 +307,9 @@ class HttpProtocol(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
+        """Send what is buffered, then close (the transport still sends its own buffer)."""
         if self._transport is not None and not self._closed:
+            self._flush()
             self._closed = True
             self._transport.close()
 

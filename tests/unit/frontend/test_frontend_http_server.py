@@ -105,3 +105,26 @@ async def test_connection_close_header_is_honoured() -> None:
     assert headers.get("connection") == "close"
     assert await reader.read() == b""
     await server.stop()
+
+
+async def test_writes_of_one_loop_iteration_leave_in_one_send() -> None:
+    sends: list[bytes] = []
+
+    async def sse(request: HttpRequest, response: HttpResponse) -> None:
+        conn = next(iter(server.connections))
+        transport = conn._transport
+        assert transport is not None
+        real_write = transport.write
+        transport.write = lambda data: (sends.append(data), real_write(data))[1]  # type: ignore[method-assign]
+        await response.start_stream()
+        for i in range(3):  # no await suspends in between: one iteration
+            await response.write(b"data: %d\n\n" % i)
+        await response.end_stream()
+
+    server, reader, writer = await _serve(sse)
+    writer.write(b"GET /s HTTP/1.1\r\n\r\n")
+    await reader.readuntil(b"0\r\n\r\n")
+    assert len(sends) == 1 and sends[0].startswith(b"HTTP/1.1 200 OK")
+    assert sends[0].endswith(b"9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+    writer.close()
+    await server.stop()

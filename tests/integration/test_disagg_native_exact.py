@@ -61,14 +61,16 @@ def reference(model) -> list[list[int]]:
     async def run() -> list[list[int]]:
         engine = engine_of(model)
         await engine.start()
-        out = []
-        for i, p in enumerate(prompts()):
+
+        async def one(i: int, p: list[int]) -> list[int]:
             tokens: list[int] = []
             async for o in engine.generate(request(f"ref{i}", p)):
                 tokens += o.token_ids
-            out.append(tokens)
+            return tokens
+
+        out = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts())))
         await engine.stop()
-        return out
+        return list(out)
 
     return asyncio.run(run())
 
@@ -83,12 +85,11 @@ async def test_disagg_tokens_equal_aggregated(model, reference, flow, backends) 
             worker=DisaggWorkerConfig(mode="decode", backends=backends, on_transfer_failure="fail"),
             route=DisaggRouteConfig(enabled=True, flow=flow),
         )
-        got = []
-        for i, p in enumerate(prompts()):
-            tokens, reason = await s.generate(request(f"r{i}", p))
-            assert reason == "length"
-            got.append(tokens)
-        assert got == reference
+        results = await asyncio.gather(
+            *(s.generate(request(f"r{i}", p)) for i, p in enumerate(prompts()))
+        )
+        assert all(reason == "length" for _, reason in results)
+        assert [tokens for tokens, _ in results] == reference
         assert s.decode[0].decode is not None and s.decode[0].decode.num_fallbacks == 0
         agent = s.decode[0].agent
         assert agent is not None

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import Executor
 
 import msgspec
 
@@ -38,9 +39,15 @@ class DecodeSide:
     """Serves requests that carry `disagg_params` on a decode worker. One per worker."""
 
     def __init__(
-        self, engine: Engine, handoff: KvHandoff, agent: TransferAgent, config: DisaggWorkerConfig
+        self,
+        engine: Engine,
+        handoff: KvHandoff,
+        agent: TransferAgent,
+        config: DisaggWorkerConfig,
+        executor: Executor | None = None,
     ) -> None:
         self.engine, self.handoff, self.agent, self.config = engine, handoff, agent, config
+        self.executor = executor  # transfer threads (kept off the loop's default pool)
         self.num_fallbacks = 0
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
@@ -97,13 +104,31 @@ class DecodeSide:
                 f"{time.time() - meta.expires_at:.1f}s ago (pin ttl passed before decode)"
             )
         timeout = self.config.transfer_timeout_s
-        await guard.run(lambda: self.agent.pull(meta, REGION, blocks, timeout_s=timeout))
+        pull = lambda: self.agent.pull(meta, REGION, blocks, timeout_s=timeout)  # noqa: E731
+        await guard.run(pull, self.executor)
 
     async def _await_push(self, params: DisaggParams, blocks: list[int]) -> None:
+        """Publish the rendezvous and wait for it without holding a thread."""
         timeout = self.config.transfer_timeout_s
-        op = self.agent.create_writable(REGION, blocks, op_id=params.op_id, ttl_s=timeout)
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def released(_op: object) -> None:  # any agent thread, once, at the terminal status
+            loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(None))
+
+        op = self.agent.create_writable(
+            REGION, blocks, op_id=params.op_id, ttl_s=timeout, on_release=released
+        )
         try:
-            await self.agent.wait_async(op.op_id, timeout)
+            try:
+                await asyncio.wait_for(asyncio.shield(ended), timeout)
+            except TimeoutError:
+                raise TransferError(
+                    f"transfer op={op.op_id}: no prefill pushed within {timeout:.3g}s "
+                    f"(status {op.status.value})"
+                ) from None
+            if op.status is not OpStatus.COMPLETE:
+                raise TransferError(f"transfer op={op.op_id} {op.status.value}: {op.reason}")
         finally:
             in_flight = op.status is OpStatus.IN_PROGRESS
             self.agent.cancel(op.op_id, "decode stopped waiting (timeout or abort)")

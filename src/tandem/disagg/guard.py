@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,8 +37,8 @@ class BlockGuard:
         with self._lock:
             self._kept = True
 
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run blocking ``fn`` in a thread while holding the blocks."""
+    async def run(self, fn: Callable[[], T], executor: Executor | None = None) -> T:
+        """Run blocking ``fn`` in a thread of ``executor`` while holding the blocks."""
         with self._lock:
             self._busy += 1
 
@@ -49,7 +50,7 @@ class BlockGuard:
                     self._busy -= 1
                 self._maybe_free()
 
-        return await asyncio.to_thread(call)
+        return await asyncio.get_running_loop().run_in_executor(executor, call)
 
     def _maybe_free(self) -> None:
         with self._lock:

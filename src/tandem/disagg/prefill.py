@@ -14,6 +14,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator
+from concurrent.futures import Executor
 
 import msgspec
 
@@ -49,9 +50,11 @@ class PrefillSide:
         agent: TransferAgent,
         config: DisaggWorkerConfig,
         eos_token_ids: list[int],
+        executor: Executor | None = None,
     ) -> None:
         self.handoff, self.agent, self.config = handoff, agent, config
         self.eos_token_ids = eos_token_ids
+        self.executor = executor  # transfer threads (kept off the loop's default pool)
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
         params = DisaggParams.from_dict(request.disagg_params) if request.disagg_params else None
@@ -126,7 +129,8 @@ class PrefillSide:
         timeout = self.config.transfer_timeout_s
         try:
             await asyncio.sleep(self.handoff.transfer_delay_s(num_tokens))
-            await guard.run(lambda: self.agent.push(REGION, blocks, target, timeout_s=timeout))
+            push = lambda: self.agent.push(REGION, blocks, target, timeout_s=timeout)  # noqa: E731
+            await guard.run(push, self.executor)
         except TransferError as exc:
             asyncio.get_running_loop().run_in_executor(None, self._cancel_quietly, target, str(exc))
             raise

@@ -15,6 +15,7 @@ import asyncio
 import importlib
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tandem.disagg.base import KvHandoff
@@ -28,6 +29,7 @@ from tandem.protocols.kv_events import KvEvent
 
 logger = logging.getLogger(__name__)
 
+MAX_TRANSFER_THREADS = 32  # concurrent pulls/pushes of one worker (a transfer is bounded)
 # engine name (EngineInfo.engine) -> "module:class" of its KvHandoff(engine)
 HANDOFFS = {
     "mocker": "tandem.engines.mocker.disagg:MockerKvHandoff",
@@ -66,6 +68,7 @@ class DisaggEngine:
         self.handoff: KvHandoff | None = None
         self.prefill: PrefillSide | None = None
         self.decode: DecodeSide | None = None
+        self._executor = ThreadPoolExecutor(MAX_TRANSFER_THREADS, thread_name_prefix="kv-xfer")
 
     async def start(self) -> EngineInfo:
         info = await self.engine.start()
@@ -85,10 +88,13 @@ class DisaggEngine:
             await asyncio.to_thread(
                 self.handoff.adopt_kv_cache, region.as_torch(spec.dtype, spec.shape)
             )
+        pool = self._executor
         if self.config.mode == "prefill":
-            self.prefill = PrefillSide(self.handoff, self.agent, self.config, info.eos_token_ids)
+            self.prefill = PrefillSide(
+                self.handoff, self.agent, self.config, info.eos_token_ids, pool
+            )
         else:
-            self.decode = DecodeSide(self.engine, self.handoff, self.agent, self.config)
+            self.decode = DecodeSide(self.engine, self.handoff, self.agent, self.config, pool)
         logger.info("disagg %s worker: transfer agent %s at %s:%d", self.config.mode,
                     self.agent.agent_id, *self.agent.address)  # fmt: skip
         return info
@@ -126,3 +132,4 @@ class DisaggEngine:
         await self.engine.stop()
         if self.agent is not None:
             await asyncio.to_thread(self.agent.close)
+        self._executor.shutdown(wait=False, cancel_futures=True)

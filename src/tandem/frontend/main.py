@@ -16,7 +16,7 @@ from tandem.frontend.config import FrontendConfig
 from tandem.frontend.http_server import HttpServer
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
-from tandem.frontend.models import ModelRegistry
+from tandem.frontend.models import ModelRegistry, freeze_long_lived
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import Runtime, open_runtime
 
@@ -67,6 +67,7 @@ async def serve_frontend(
         await pool.start()
     try:
         host, port = await server.start(config.host, config.port)
+        freeze_long_lived()
         logger.info("frontend listening on http://%s:%d", host, port)
         if bound is not None:
             bound.append((host, port))

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support.disagg_stack import start_stack  # noqa: E402
-
-from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig  # noqa: E402
-from tandem.engines.native.config import NativeConfig  # noqa: E402
-from tandem.engines.native.engine import NativeEngine, build_core  # noqa: E402
-from tandem.engines.native.engine_core import EngineCore  # noqa: E402
-from tandem.protocols.engine import (  # noqa: E402
+from support.disagg_stack import start_stack
+from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
+from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.engine import NativeEngine, build_core
+from tandem.engines.native.engine_core import EngineCore
+from tandem.protocols.engine import (
     PreprocessedRequest,
     SamplingParams,
     StopConditions,

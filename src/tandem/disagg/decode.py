@@ -63,38 +63,48 @@ class DecodeSide:
         if not 0 < num_tokens <= len(request.token_ids):
             raise InvalidRequest(f"disagg_params num_tokens={num_tokens} outside the prompt")
         try:
-            received = await self._receive(local, params, num_tokens)
-        except (TransferError, Overloaded) as exc:
-            stream = self._fallback(local, exc)
+            blocks = await self.handoff.allocate(local, num_tokens)
+        except Overloaded as exc:  # no room for the KV now: the engine queues it instead
+            self._check_policy(local, exc)
+            stream = self.engine.generate(local)
         else:
-            stream = self.handoff.resume(local, num_computed) if received else None
-        if stream is None:
-            return
+            if not await self._receive(local, params, blocks, num_tokens):
+                num_computed = 0  # prefill here, into the blocks already allocated
+            stream = self.handoff.resume(local, num_computed)
         async for out in stream:
             yield out
 
     async def _receive(
-        self, request: PreprocessedRequest, params: DisaggParams, num_tokens: int
+        self, request: PreprocessedRequest, params: DisaggParams, blocks: list[int], n: int
     ) -> bool:
-        """Allocate and fill the blocks; True when they are ready to resume."""
+        """Fill the allocated blocks: True when they hold the KV, False to prefill locally
+        (policy 'local'); raises TransferError (policy 'fail'). The blocks are kept for the
+        caller to resume unless this raises or is cancelled (then they are freed)."""
         rid = request.request_id
-        blocks = await self.handoff.allocate(request, num_tokens)
         guard = BlockGuard(lambda: self.handoff.release(rid))
-        done = False
+        keep = False
         try:
-            if params.mode == "pull":
-                await self._pull(params, blocks, guard)
-            else:
-                await self._await_push(params, blocks)
-            await asyncio.sleep(self.handoff.transfer_delay_s(num_tokens))
-            guard.keep()
-            done = True
-            return True
+            try:
+                if params.mode == "pull":
+                    await self._pull(params, blocks, guard)
+                else:
+                    await self._await_push(params, blocks)
+                await asyncio.sleep(self.handoff.transfer_delay_s(n))
+                keep = True
+                return True
+            except TransferError as exc:
+                if params.mode == "pull":
+                    self._cancel_source(params, f"decode failed: {exc.message}")
+                self._check_policy(request, exc)
+                keep = True
+                return False
         finally:
-            if not done:
+            if keep:
+                guard.keep()
+            else:
                 asyncio.get_running_loop().run_in_executor(None, guard.give_up)
                 if params.mode == "pull":
-                    self._cancel_source(params, "decode gave up (aborted or failed)")
+                    self._cancel_source(params, "decode leg aborted")
 
     async def _pull(self, params: DisaggParams, blocks: list[int], guard: BlockGuard) -> None:
         meta = decode_meta(params.meta)
@@ -144,9 +154,8 @@ class DecodeSide:
 
         asyncio.get_running_loop().run_in_executor(None, cancel)
 
-    def _fallback(
-        self, request: PreprocessedRequest, exc: TransferError | Overloaded
-    ) -> AsyncIterator[EngineOutput]:
+    def _check_policy(self, request: PreprocessedRequest, exc: TransferError | Overloaded) -> None:
+        """Raise a clear TransferError under policy 'fail'; else count a local fallback."""
         if self.config.on_transfer_failure != "local":
             raise TransferError(
                 f"request_id={request.request_id}: KV from the prefill worker did not arrive: "
@@ -155,4 +164,3 @@ class DecodeSide:
         self.num_fallbacks += 1
         logger.warning("request_id=%s: KV transfer failed (%s); prefilling locally",
                        request.request_id, exc.message)  # fmt: skip
-        return self.engine.generate(request)

@@ -121,13 +121,12 @@ class DisaggStreamer:
                 yield out
             return
         params = first.disagg_params
-        yield msgspec.structs.replace(
-            first, disagg_params=None, finish_reason=None if params else first.finish_reason
-        )
         if params is None:
+            yield first
             return
         handed = False
         try:
+            yield msgspec.structs.replace(first, disagg_params=None, finish_reason=None)
             decode_req = _decode_leg(pinned, first.token_ids, params)
             async for out in self.aggregated.stream(decode_req, router):
                 handed = True

@@ -11,7 +11,7 @@ from native_tiny import request, tiny_core
 from tandem.engines.native.args import add_args, config_from_args
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import NativeEngine
-from tandem.errors import ContextLengthExceeded
+from tandem.errors import ContextLengthExceeded, InvalidRequest
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
 from tandem.protocols.kv_events import BlockStored
 
@@ -149,3 +149,14 @@ def test_args_build_a_config(monkeypatch):
         NativeConfig(block_size=0)
     with pytest.raises(ValueError, match="dtype='int4'"):
         NativeConfig(dtype="int4")
+
+
+async def test_duplicate_request_id_is_rejected_without_disturbing_the_first():
+    engine = await started()
+    first = engine.generate(request("same", [5, 6, 7], max_tokens=6))
+    await anext(first)
+    with pytest.raises(InvalidRequest, match="already running"):
+        await anext(engine.generate(request("same", [8, 9], max_tokens=6)))
+    rest = [out async for out in first]
+    assert rest[-1].finish_reason == "length"
+    await engine.stop()

@@ -50,16 +50,18 @@ def paged_attention(
     """Write this step's k/v [T, kv_heads, d] into the cache, then attention of q
     [T, heads, d] into `out` [T, heads, d]. k_cache/v_cache: [num_blocks, block_size,
     kv_heads, d]; K/V are gathered a whole block at a time."""
-    kv_heads, dim = k_cache.shape[2:]
+    num_blocks, _, kv_heads, dim = k_cache.shape
     k_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, v)
+    # 2-D views: index_select copies whole rows (one block each) ~2.5x faster than on 4-D
+    k_rows, v_rows = k_cache.view(num_blocks, -1), v_cache.view(num_blocks, -1)
     num_decode = meta.num_decode
     if num_decode:
         assert meta.decode_blocks is not None
         qd = q[:num_decode].unsqueeze(2)  # [D, H, 1, d]
         shape = (num_decode, -1, kv_heads, dim)
-        kd = k_cache.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
-        vd = v_cache.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
+        kd = k_rows.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
+        vd = v_rows.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
         res = F.scaled_dot_product_attention(
             qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True
         )
@@ -70,8 +72,8 @@ def paged_attention(
             kp = k[span.start : span.end]
             vp = v[span.start : span.end]
         else:
-            kp = k_cache.index_select(0, span.context_blocks).view(-1, kv_heads, dim)
-            vp = v_cache.index_select(0, span.context_blocks).view(-1, kv_heads, dim)
+            kp = k_rows.index_select(0, span.context_blocks).view(-1, kv_heads, dim)
+            vp = v_rows.index_select(0, span.context_blocks).view(-1, kv_heads, dim)
             kp, vp = kp[: span.ctx_len], vp[: span.ctx_len]
         res = F.scaled_dot_product_attention(
             qp,

@@ -24,7 +24,7 @@ from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import load_model_weights
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.output_stream import OutputStream
-from tandem.errors import EngineError
+from tandem.errors import EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
@@ -112,6 +112,8 @@ class NativeEngine:
             raise EngineError("native engine is not running; call start() first")
         self.core.check(request)
         request_id = request.request_id
+        if request_id in self._streams:
+            raise InvalidRequest(f"request_id={request_id} is already running on this engine")
         stream = self._streams[request_id] = OutputStream()
         self._submit("add", request if install is None else (request, install))
         finished = False

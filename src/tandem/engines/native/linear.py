@@ -1,0 +1,47 @@
+"""A bias-free linear layer tuned for CPU inference.
+
+One row (batch-1 decode) goes through MKL's mat-vec on a contiguous W^T. Several rows go
+through oneDNN with a prepacked copy of W, which is 1.5-2x faster than plain GEMM for the
+small row counts of batched decode. Results of the two paths differ only by fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PACK_BATCH_HINT = 32  # the row count oneDNN optimises the packed layout for
+
+
+def can_pack(dtype: torch.dtype) -> bool:
+    return (
+        dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+class Linear:
+    """y = x @ W^T, optionally + residual. Immutable after construction; thread-safe."""
+
+    __slots__ = ("packed", "weight_t")
+
+    def __init__(self, weight: torch.Tensor, *, pack: bool) -> None:
+        self.weight_t = weight.t().contiguous()  # [in, out]
+        self.packed: torch.Tensor | None = None
+        if pack:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(
+                weight.contiguous(), PACK_BATCH_HINT
+            )
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.packed is None or x.shape[0] == 1:
+            if residual is None:
+                return torch.mm(x, self.weight_t)
+            return torch.addmm(residual, x, self.weight_t)
+        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return y if residual is None else y.add_(residual)
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes one pass streams (one copy of the weight)."""
+        return self.weight_t.numel() * self.weight_t.element_size()

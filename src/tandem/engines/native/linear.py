@@ -15,7 +15,7 @@ PACK_BATCH_HINT = 32  # the row count oneDNN optimises the packed layout for
 def can_pack(dtype: torch.dtype) -> bool:
     return (
         dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
+        and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
 
@@ -38,7 +38,7 @@ class Linear:
             if residual is None:
                 return torch.mm(x, self.weight_t)
             return torch.addmm(residual, x, self.weight_t)
-        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return y if residual is None else y.add_(residual)
 
     @property

@@ -123,8 +123,12 @@ class DecodeSide:
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[None] = loop.create_future()
 
+        def settle() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
         def released(_op: object) -> None:  # any agent thread, once, at the terminal status
-            loop.call_soon_threadsafe(lambda: ended.done() or ended.set_result(None))
+            loop.call_soon_threadsafe(settle)
 
         op = self.agent.create_writable(
             REGION, blocks, op_id=params.op_id, ttl_s=timeout, on_release=released

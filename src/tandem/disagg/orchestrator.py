@@ -151,8 +151,9 @@ class DisaggStreamer:
             return
         op_id = f"{request.request_id}-{secrets.token_hex(4)}"
         room = DisaggParams(mode="rendezvous", op_id=op_id, num_tokens=len(request.token_ids))
-        push = DisaggParams(mode="push", op_id=op_id, address=(str(address[0]), int(address[1])),
-                            agent_id=str(inst.metadata.get("kv_transfer_agent_id", "")))  # type: ignore[union-attr]  # fmt: skip
+        agent_id = str(inst.metadata.get("kv_transfer_agent_id", ""))
+        host, port = str(address[0]), int(address[1])
+        push = DisaggParams(mode="push", op_id=op_id, address=(host, port), agent_id=agent_id)
         prefill_req = msgspec.structs.replace(request, disagg_params=push.to_dict())
         prefill = asyncio.create_task(self._prefill_or_none(prefill_req, prefill_router))
         try:

@@ -22,13 +22,13 @@ from concurrent.futures import Executor
 
 import msgspec
 
-from tandem.disagg.base import KvHandoff
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.guard import BlockGuard
 from tandem.disagg.params import DisaggParams
 from tandem.disagg.prefill import REGION
 from tandem.disagg.transfer import OpStatus, TransferAgent, decode_meta
 from tandem.engines.base import Engine
+from tandem.engines.handoff import KvHandoff
 from tandem.errors import InvalidRequest, Overloaded, TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 

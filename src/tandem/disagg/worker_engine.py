@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tandem.disagg.base import KvHandoff
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.decode import DecodeSide
 from tandem.disagg.prefill import REGION, PrefillSide
 from tandem.disagg.transfer import RegionLayout, TransferAgent, TransferAgentConfig
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
+from tandem.engines.handoff import KvHandoff
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 

@@ -1,6 +1,6 @@
 """`MockerKvHandoff`: the mocker's side of a disaggregated KV handoff (no KV bytes).
 
-Implements `tandem.disagg.base.KvHandoff` over the mocker `Scheduler`'s pins and held
+Implements `tandem.engines.handoff.KvHandoff` over the mocker `Scheduler`'s pins and held
 sequences. The transfer itself is simulated: the worker still runs a transfer-agent
 operation over one byte per block (so claims, acks, expiry and failures behave as for a
 real engine) and then waits `transfer_delay_s` = tokens × kv_bytes_per_token / bandwidth

@@ -1,6 +1,6 @@
 """`NativeKvHandoff`: the native engine's side of a disaggregated KV handoff.
 
-Implements `tandem.disagg.base.KvHandoff` with the engine's public hooks only:
+Implements `tandem.engines.handoff.KvHandoff` with the engine's public hooks only:
 `EngineCore.on_finish` pins a finished prefill's prompt blocks (an extra reference held by a
 pin entry in the block manager's tables, so `check_integrity` and `num_active_blocks` see
 it), `NativeEngine.run_locked` allocates / frees between steps, and
@@ -16,11 +16,12 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import cast
 
 import msgspec
 import torch
 
+from tandem.engines.handoff import KvCacheSpec
 from tandem.engines.native.engine import NativeEngine
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.sequence import Sequence, SequenceStatus
@@ -45,9 +46,7 @@ class NativeKvHandoff:
         self.core.on_finish = self._on_finish
 
     # ------------------------------------------------------------------ KV memory
-    def kv_cache_spec(self) -> Any:
-        from tandem.disagg.base import KvCacheSpec
-
+    def kv_cache_spec(self) -> KvCacheSpec:
         kv = self.core.runner.kv_cache
         layers, _, blocks, block_size, heads, head_dim = kv.shape
         dtype = str(kv.dtype).removeprefix("torch.")

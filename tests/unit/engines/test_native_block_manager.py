@@ -95,15 +95,24 @@ def test_eviction_is_lru_and_announced():
     bm.check_integrity()
 
 
-def test_snapshot_lists_every_cached_block_parents_first():
-    bm = BlockManager(8, BS)
-    s = seq("a", list(range(13)))
-    compute_all(bm, s)
-    bm.free(s)
+def test_snapshot_lists_every_cached_chain_segment_parents_first():
+    bm = BlockManager(16, BS)
+    a = seq("a", list(range(13)))  # 3 full blocks
+    compute_all(bm, a)
+    b = seq("b", [*range(8), 50, 51, 52, 53, 54])  # shares 2 blocks, then branches
+    compute_all(bm, b)
+    bm.free(a)
+    bm.free(b)
     snap = bm.snapshot()
-    hashes = sequence_hashes(range(13), BS)
-    assert [e.block_hashes[0] for e in snap] == hashes
-    assert [e.parent_hash for e in snap] == [None, *hashes[:-1]]
+    ha, hb = sequence_hashes(range(13), BS), sequence_hashes(b.token_ids, BS)
+    assert (
+        [(e.parent_hash, e.block_hashes) for e in snap]
+        == [
+            (None, ha),  # root chain follows the first child
+            (ha[1], hb[2:]),  # the branch, after its parent
+        ]
+    )
+    assert snap[0].token_ids == list(range(12)) and snap[1].token_ids == [50, 51, 52, 53]
 
 
 def test_integrity_check_catches_a_leak():

@@ -164,30 +164,34 @@ class BlockManager:
                     self.free_cached[block] = None
 
     def snapshot(self) -> list[KvEvent]:
-        """BlockStored for every cached block, parents before children."""
+        """BlockStored for every cached block, parents before children, one event per chain
+        segment (a run of blocks each the parent of the next), as the mocker reports them."""
+        children: dict[int, list[int]] = {}
+        roots: list[int] = []
+        for h, block in self.hash_to_block.items():
+            parent = self.block_parent[block]
+            if parent is not None and parent in self.hash_to_block:
+                children.setdefault(parent, []).append(h)
+            else:
+                roots.append(h)
         events: list[KvEvent] = []
-        known: set[int] = set()
-        pending = [b for b in range(self.num_blocks) if self.block_hash[b] is not None]
-        while pending:
-            rest = []
-            for b in pending:
-                parent = self.block_parent[b]
-                if parent is None or parent in known or parent not in self.hash_to_block:
-                    h = self.block_hash[b]
-                    assert h is not None
-                    known.add(h)
-                    events.append(
-                        BlockStored(
-                            block_hashes=[h],
-                            parent_hash=parent,
-                            token_ids=list(self.block_tokens[b] or ()),
-                            block_size=self.block_size,
-                            lora_name=self.block_lora[b],
-                        )
-                    )
-                else:
-                    rest.append(b)
-            pending = rest
+        stack = [(h, self.block_parent[self.hash_to_block[h]]) for h in reversed(roots)]
+        while stack:
+            h, parent = stack.pop()
+            run = [h]
+            while kids := children.get(run[-1]):
+                stack.extend((kid, run[-1]) for kid in reversed(kids[1:]))
+                run.append(kids[0])
+            blocks = [self.hash_to_block[x] for x in run]
+            events.append(
+                BlockStored(
+                    block_hashes=run,
+                    parent_hash=parent,
+                    token_ids=[t for b in blocks for t in self.block_tokens[b] or ()],
+                    block_size=self.block_size,
+                    lora_name=self.block_lora[blocks[0]],
+                )
+            )
         return events
 
     def check_integrity(self) -> None:

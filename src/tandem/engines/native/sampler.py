@@ -20,7 +20,7 @@ class Sampler:
         pending logprobs when they asked for them."""
         self._mask_min_tokens(logits, seqs)
         if all(s.sampling.temperature <= 0 for s in seqs):
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = logits.max(dim=-1).indices.tolist()  # faster than argmax on CPU
         else:
             tokens = [self._sample_row(logits[i], seq) for i, seq in enumerate(seqs)]
         if any(s.sampling.logprobs is not None for s in seqs):

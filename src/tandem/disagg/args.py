@@ -10,6 +10,7 @@ from tandem.disagg.config import (
     DISAGG_MODES,
     FAILURE_POLICIES,
     FLOWS,
+    LAZY_BACKENDS,
     DisaggRouteConfig,
     DisaggWorkerConfig,
 )
@@ -31,10 +32,11 @@ def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--disagg-transfer-backends",
-        default=_env("DISAGG_TRANSFER_BACKENDS", ",".join(BACKEND_NAMES)),
-        help="KV transfer backends, fastest preferred "
-        f"first (any of {', '.join(BACKEND_NAMES)}); the missing optional ones are "
-        "skipped",
+        default=_env("DISAGG_TRANSFER_BACKENDS", "auto"),
+        help="KV transfer backends, fastest preferred first (any of "
+        f"{', '.join(BACKEND_NAMES)}); the missing optional ones are skipped. 'auto': all "
+        f"of them, with {', '.join(LAZY_BACKENDS)} started only when a peer on another "
+        "host needs them (named explicitly, they start at once)",
     )
     g.add_argument(
         "--disagg-pin-ttl-s",
@@ -55,10 +57,15 @@ def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
 
 
 def disagg_worker_config_from_args(ns: argparse.Namespace) -> DisaggWorkerConfig:
-    backends = tuple(b.strip() for b in ns.disagg_transfer_backends.split(",") if b.strip())
+    spec = ns.disagg_transfer_backends.strip()
+    if spec == "auto":
+        backends, lazy = BACKEND_NAMES, LAZY_BACKENDS
+    else:
+        backends, lazy = tuple(b.strip() for b in spec.split(",") if b.strip()), ()
     return DisaggWorkerConfig(
         mode=ns.disagg_mode,
         backends=backends,
+        lazy_backends=lazy,
         pin_ttl_s=ns.disagg_pin_ttl_s,
         transfer_timeout_s=ns.disagg_transfer_timeout_s,
         on_transfer_failure=ns.disagg_on_transfer_failure,

@@ -9,6 +9,7 @@ from tandem.disagg.transfer.base import BACKEND_NAMES
 DISAGG_MODES = ("none", "prefill", "decode")
 FLOWS = ("prefill-first", "decode-first")
 FAILURE_POLICIES = ("local", "fail")
+LAZY_BACKENDS = ("nixl", "mooncake")  # busy threads / agents a single host never needs
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -28,10 +29,13 @@ class DisaggWorkerConfig:
     ``pin_ttl_s``: a prefill's pinned blocks are released after this unless a decode claims
     them. ``transfer_timeout_s``: the most a decode waits for its KV (a pull, or a prefill's
     push into its rendezvous) before ``on_transfer_failure`` applies: ``local`` prefills on
-    the decode worker, ``fail`` ends the request with a TransferError."""
+    the decode worker, ``fail`` ends the request with a TransferError. ``lazy_backends``:
+    which of ``backends`` start only when a peer on another host needs them."""
 
     mode: str = "none"
     backends: tuple[str, ...] = BACKEND_NAMES
+    # started only for a peer on another host (TransferAgentConfig.lazy_backends)
+    lazy_backends: tuple[str, ...] = LAZY_BACKENDS
     pin_ttl_s: float = 30.0
     transfer_timeout_s: float = 10.0
     on_transfer_failure: str = "local"
@@ -43,6 +47,11 @@ class DisaggWorkerConfig:
             _one_of("transfer backend", backend, BACKEND_NAMES)
         if not self.backends:
             raise ValueError("backends=() must name at least one of: " + ", ".join(BACKEND_NAMES))
+        if all(b in self.lazy_backends for b in self.backends):
+            raise ValueError(
+                f"backends={self.backends} are all lazy (lazy_backends={self.lazy_backends}); "
+                "keep one eager, e.g. tcp, or pass lazy_backends=()"
+            )
         _in("pin_ttl_s", self.pin_ttl_s, 0.01, 86400)
         _in("transfer_timeout_s", self.transfer_timeout_s, 0.01, 3600)
 

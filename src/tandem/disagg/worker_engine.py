@@ -62,7 +62,9 @@ class DisaggEngine:
             raise ValueError("DisaggEngine needs mode 'prefill' or 'decode'")
         self.engine, self.config = engine, config
         self._agent_config = agent_config or TransferAgentConfig(
-            backends=config.backends, default_ttl_s=config.pin_ttl_s
+            backends=config.backends,
+            lazy_backends=config.lazy_backends,
+            default_ttl_s=config.pin_ttl_s,
         )
         self.agent: TransferAgent | None = None
         self.handoff: KvHandoff | None = None

@@ -25,6 +25,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import msgspec
+
 from tandem.disagg.transfer.base import (
     OpKind,
     OpRef,
@@ -43,7 +45,7 @@ from tandem.disagg.transfer.region import (
     create_shm_region,
     sweep_stale_segments,
 )
-from tandem.disagg.transfer.registry import create_backends
+from tandem.disagg.transfer.registry import create_backends, installed_backends
 from tandem.disagg.transfer.selection import BackendSelector
 from tandem.disagg.transfer.server import ControlServer
 from tandem.disagg.transfer.wire import Done
@@ -77,12 +79,13 @@ class TransferAgent:
         self.host_id = host_id()
         self.stats = TransferStats()
         sweep_stale_segments()
-        self._backends = create_backends(
-            self.config.backends,
-            agent_id=self.agent_id,
-            host_id=self.host_id,
-            host=self.config.advertise_host or self.config.host,
+        lazy = self.config.lazy_backends
+        self._backends = self._create_backends(tuple(b for b in self.config.backends
+                                                     if b not in lazy))  # fmt: skip
+        self._lazy = installed_backends(
+            tuple(b for b in self.config.backends if b in lazy), agent_id=self.agent_id
         )
+        self._lazy_lock = threading.Lock()
         self._selector = BackendSelector(self._backends, self.agent_id)
         self._regions: dict[str, MemoryRegion] = {}
         self._handles: dict[str, dict[str, bytes]] = {}
@@ -98,13 +101,58 @@ class TransferAgent:
         self._reaper = threading.Thread(target=self._reap_loop, name="transfer-reaper", daemon=True)
         self._reaper.start()
         logger.info(
-            "transfer agent=%s listening on %s:%d backends=%s",
+            "transfer agent=%s listening on %s:%d backends=%s%s",
             self.agent_id, *self.address, ",".join(self._backends),
+            f" (started on the first peer on another host: {','.join(self._lazy)})"
+            if self._lazy else "",
         )  # fmt: skip
 
     @property
     def backend_names(self) -> tuple[str, ...]:
         return tuple(self._backends)
+
+    def _create_backends(self, names: tuple[str, ...]) -> dict[str, TransferBackend]:
+        return create_backends(
+            names,
+            agent_id=self.agent_id,
+            host_id=self.host_id,
+            host=self.config.advertise_host or self.config.host,
+        )
+
+    def ensure_cross_host_backends(self, peer: str) -> None:
+        """Start the lazy backends now that ``peer`` on another host may need them: register
+        every region with them and prefer them in configured order. Idempotent; thread-safe;
+        the first call pays the backends' start-up."""
+        if not self._lazy:
+            return
+        with self._lazy_lock:
+            names, self._lazy = self._lazy, ()
+            if not names:
+                return
+            started = self._create_backends(names)
+            with self._cond:
+                regions = list(self._regions.values())
+            for region in regions:
+                handles = dict(self._handles.get(region.name, {}))
+                for name, backend in started.items():
+                    handle = backend.register(region)
+                    if handle is not None:
+                        handles[name] = handle
+                self._handles[region.name] = handles
+            merged = {**self._backends, **started}
+            self._backends = {n: merged[n] for n in self.config.backends if n in merged}
+            self._selector.update(self._backends)
+        logger.info("transfer agent=%s: peer %s is on another host; started backends %s "
+                    "(now %s)", self.agent_id, peer, ",".join(started) or "none",
+                    ",".join(self._backends))  # fmt: skip
+
+    def current_meta(self, op: TransferOp) -> TransferOpMeta:
+        """``op``'s metadata with the backends and region handles as they are now (a lazy
+        backend may have started since the op was created)."""
+        handles = self._handles.get(op.meta.region, op.meta.handles)
+        if handles is op.meta.handles and self.backend_names == op.meta.backends:
+            return op.meta
+        return msgspec.structs.replace(op.meta, backends=self.backend_names, handles=handles)
 
     # -- memory ---------------------------------------------------------------------------
     def create_region(self, name: str, layout: RegionLayout) -> MemoryRegion:

@@ -68,11 +68,13 @@ def _run(
     deadline: float,
 ) -> tuple[str, int]:
     send_frame(sock, Begin(op_id=target.op_id, direction=direction, peer=agent.agent_id,
-                           timeout_s=_remaining(deadline)))  # fmt: skip
+                           timeout_s=_remaining(deadline), host_id=agent.host_id))  # fmt: skip
     reply = recv_frame(sock)
     if not isinstance(reply, BeginReply) or reply.meta is None:
         raise TransferError(getattr(reply, "error", "") or f"unexpected reply {reply!r}")
     meta = reply.meta
+    if meta.host_id != agent.host_id:
+        agent.ensure_cross_host_backends(meta.agent_id)
     problem = incompatibility(meta, local, block_ids)
     try:
         if problem:

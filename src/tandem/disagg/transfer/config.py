@@ -10,19 +10,27 @@ from tandem.disagg.transfer.base import BACKEND_NAMES
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransferAgentConfig:
     """``backends`` lists the enabled backends, fastest preferred first; the missing
-    optional ones (nixl, mooncake) are skipped with an INFO log at start."""
+    optional ones (nixl, mooncake) are skipped with an INFO log at start.
+
+    ``lazy_backends``: those of ``backends`` that start only when the first peer on
+    another host needs them (a transfer with such a peer, either side), not at start: NIXL's
+    progress thread busy-polls about half a core even when idle, and a single-host stack
+    never uses it. Names not in ``backends`` are ignored. Empty (the default here): every
+    named backend starts at once. `tandem worker` makes nixl and mooncake lazy unless
+    ``--disagg-transfer-backends`` names them."""
 
     agent_id: str = ""  # default: hostname-pid-random
     host: str = "127.0.0.1"  # where the control/TCP server listens
     port: int = 0
     advertise_host: str = ""  # the address peers dial; default: the listening address
     backends: tuple[str, ...] = BACKEND_NAMES
+    lazy_backends: tuple[str, ...] = ()
     default_ttl_s: float = 30.0  # readable/writable ops are released after this unless claimed
     io_timeout_s: float = 10.0  # default bound of one transfer
     max_ops: int = 65536
 
     def __post_init__(self) -> None:
-        unknown = [b for b in self.backends if b not in BACKEND_NAMES]
+        unknown = [b for b in (*self.backends, *self.lazy_backends) if b not in BACKEND_NAMES]
         if unknown:
             raise ValueError(
                 f"unknown transfer backend {unknown[0]!r}; expected one of: "
@@ -30,6 +38,11 @@ class TransferAgentConfig:
             )
         if not self.backends:
             raise ValueError("backends=() must name at least one of: " + ", ".join(BACKEND_NAMES))
+        if all(b in self.lazy_backends for b in self.backends):
+            raise ValueError(
+                f"lazy_backends={self.lazy_backends} leaves nothing to start with; keep one of "
+                f"backends={self.backends} eager (tcp always works)"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} outside [0, 65535]")
         for name in ("default_ttl_s", "io_timeout_s"):

@@ -32,8 +32,8 @@ def create_backend(name: str, *, agent_id: str, host_id: str, host: str) -> Tran
 
         return TcpBackend()
     if name in _OPTIONAL:
-        package, hint = _OPTIONAL[name]
-        if importlib.util.find_spec(package) is None:
+        hint = _OPTIONAL[name][1]
+        if not is_installed(name):
             raise BackendUnavailable(f"{name} is not installed ({hint})")
         try:
             module = importlib.import_module(f"tandem.disagg.transfer.{name}_backend")
@@ -46,6 +46,20 @@ def create_backend(name: str, *, agent_id: str, host_id: str, host: str) -> Tran
     raise ValueError(
         f"unknown transfer backend {name!r}; expected one of: {', '.join(BACKEND_NAMES)}"
     )
+
+
+def is_installed(name: str) -> bool:
+    """Whether backend ``name``'s package is importable (shm and tcp always are)."""
+    return name not in _OPTIONAL or importlib.util.find_spec(_OPTIONAL[name][0]) is not None
+
+
+def installed_backends(names: tuple[str, ...], *, agent_id: str) -> tuple[str, ...]:
+    """``names`` whose packages are installed (to start later); logs the missing ones."""
+    for name in names:
+        if not is_installed(name):
+            logger.info("transfer agent=%s: backend %s unavailable: %s is not installed (%s)",
+                        agent_id, name, name, _OPTIONAL[name][1])  # fmt: skip
+    return tuple(n for n in names if is_installed(n))
 
 
 def create_backends(

@@ -25,6 +25,10 @@ class BackendSelector:
         self._logged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
+    def update(self, backends: dict[str, TransferBackend]) -> None:
+        """Replace the backends (a lazy one started), same preference semantics."""
+        self._backends = backends
+
     def choose(self, remote: TransferOpMeta) -> TransferBackend:
         rejected: list[tuple[str, str]] = []
         for name, backend in self._backends.items():

@@ -112,7 +112,9 @@ class ControlServer:
             return
         assert op is not None
         try:
-            send_frame(conn, BeginReply(meta=op.meta))
+            if begin.host_id and begin.host_id != self._agent.host_id:
+                self._agent.ensure_cross_host_backends(begin.peer)
+            send_frame(conn, BeginReply(meta=self._agent.current_meta(op)))
             conn.settimeout(begin.timeout_s + _GRACE_S)
             done, moved = self._move(conn, op)
         except Exception as exc:

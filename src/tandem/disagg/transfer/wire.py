@@ -25,6 +25,7 @@ class Begin(msgspec.Struct, tag="begin", kw_only=True):
     direction: str  # "pull" (peer reads a readable op) or "push" (peer writes a writable op)
     peer: str  # the initiating agent's id, for errors and logs
     timeout_s: float  # bounds the wait for the op to be created and the whole transfer
+    host_id: str = ""  # the initiator's host; another host's starts the owner's lazy backends
 
 
 class BeginReply(msgspec.Struct, tag="begin_reply", kw_only=True):

@@ -78,7 +78,6 @@ class Scheduler:
             else:
                 scheduled.append((seq, num_new))
                 budget -= num_new
-        self.running = [s for s, _ in scheduled] + [s for s in self.running if s in queue]
         if self.waiting and self.num_preemptions == preemptions_before:
             budget = self._admit(scheduled, budget)
         scheduled.sort(key=lambda item: item[1] != 1)  # decodes first (stable)

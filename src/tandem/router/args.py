@@ -32,7 +32,7 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         "--kv-overlap-weight",
         type=float,
         default=_env_float("KV_OVERLAP_WEIGHT"),
-        help="weight of prefill blocks in the KV cost (default 1.0)",
+        help="weight of prefill blocks in the KV cost (default 4.0)",
     )
     g.add_argument(
         "--router-temperature",

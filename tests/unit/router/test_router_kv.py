@@ -97,6 +97,18 @@ async def test_per_request_overlap_weight_override() -> None:
     assert (await r.route(req("b", PROMPT, overlap_weight=50.0))).instance_id == "w1"
 
 
+async def test_default_weight_keeps_a_long_prefix_on_its_decoding_holder() -> None:
+    """A long cached prefix beats one decoding request of the same length on its holder:
+    the default weight values the avoided prefill over the holder's extra active blocks."""
+    long_prompt = list(range(400))  # 100 blocks
+    r = kv(2)
+    r.indexer.store(WorkerKey("w1"), sequence_hashes(long_prompt[:360], B))
+    r.active.add("decoding", "w1", list(range(10_000, 10_100)), 0)  # prefilled, 100 blocks
+    assert (await r.route(req("a", long_prompt))).instance_id == "w1"
+    r.on_finish("a")
+    assert (await r.route(req("b", long_prompt, overlap_weight=1.0))).instance_id == "w0"
+
+
 async def test_busy_workers_skipped_then_overloaded_with_retry_after() -> None:
     r = kv(2, busy_prefill_tokens=50, retry_after_s=2.5)
     assert (await r.route(req("a", PROMPT))).instance_id in ("w0", "w1")

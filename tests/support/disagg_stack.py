@@ -53,6 +53,7 @@ async def start_stack(
     route: DisaggRouteConfig | None = None,
     policy: str = "round_robin",
     migration_limit: int = 0,
+    router_config: RouterConfig | None = None,
 ) -> DisaggStack:
     discovery, events = MemoryDiscovery(), MemoryEventBus()
     cfg = RuntimeConfig(namespace="t")
@@ -76,7 +77,7 @@ async def start_stack(
     fcfg = FrontendConfig(
         port=0,
         router_policy=policy,
-        router=RouterConfig(),
+        router=router_config or RouterConfig(),
         migration_limit=migration_limit,
         disagg=route or DisaggRouteConfig(enabled=True),
     )

@@ -102,6 +102,14 @@ def add_disagg_route_args(parser: argparse.ArgumentParser) -> None:
         help="... and at least this share of the prompt (mostly cached prompts stay)",
     )
     g.add_argument(
+        "--disagg-max-prefill-queue",
+        type=int,
+        default=int(_env("DISAGG_MAX_PREFILL_QUEUE", "0")),
+        help="a prefill worker with this many prefills in flight or waiting is busy; when "
+        "all are (or all are over the --busy-* thresholds), the decode worker prefills "
+        "itself (0 = only the --busy-* thresholds)",
+    )
+    g.add_argument(
         "--decode-fallback",
         action=argparse.BooleanOptionalAction,
         default=_env("DECODE_FALLBACK", "0") not in ("0", "false", ""),
@@ -118,6 +126,7 @@ def disagg_route_config_from_args(ns: argparse.Namespace) -> DisaggRouteConfig:
         flow=ns.disagg_flow,
         min_prefill_tokens=ns.disagg_min_prefill_tokens,
         min_uncached_ratio=ns.disagg_min_uncached_ratio,
+        max_prefill_queue=ns.disagg_max_prefill_queue,
         decode_fallback=ns.decode_fallback,
         prefill_component=ns.disagg_prefill_component,
     )

@@ -67,8 +67,11 @@ class DisaggRouteConfig:
     A prompt is prefilled remotely only when the decode worker would have to compute at
     least ``min_prefill_tokens`` uncached tokens making up at least ``min_uncached_ratio``
     of the prompt; otherwise the decode worker serves it whole (conditional
-    disaggregation). With no prefill worker, ``decode_fallback`` serves aggregated on the
-    decode pool; without it the request fails with 503."""
+    disaggregation). It also stays there when the prefill pool is busy: every prefill
+    worker has ``max_prefill_queue`` prefill legs queued or running (0: no such limit), or
+    the prefill router finds them all over its busy thresholds (``--busy-*``). With no
+    prefill worker, ``decode_fallback`` serves aggregated on the decode pool; without it
+    the request fails with 503."""
 
     enabled: bool = False
     flow: str = "prefill-first"
@@ -77,11 +80,13 @@ class DisaggRouteConfig:
     decode_fallback: bool = False
     prefill_component: str = "prefill"
     prefill_timeout_s: float = 600.0  # the prefill leg of one request
+    max_prefill_queue: int = 0  # prefill legs per prefill worker counting as busy; 0 = off
 
     def __post_init__(self) -> None:
         _one_of("disagg flow", self.flow, FLOWS)
         _in("min_prefill_tokens", self.min_prefill_tokens, 0, 1 << 30)
         _in("min_uncached_ratio", self.min_uncached_ratio, 0.0, 1.0)
         _in("prefill_timeout_s", self.prefill_timeout_s, 0.01, 86400)
+        _in("max_prefill_queue", self.max_prefill_queue, 0, 1 << 20)
         if not self.prefill_component or "." in self.prefill_component:
             raise ValueError(f"prefill_component={self.prefill_component!r} must be non-empty")

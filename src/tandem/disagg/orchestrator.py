@@ -5,7 +5,9 @@ with the *decode* pool's router). Per request:
 1. No prefill worker for the model: aggregated on the decode pool with `decode_fallback`,
    else `NoWorkersAvailable` (503) saying how to fix it.
 2. Route the decode worker (KV-aware over the decode pool); if the prompt is short or mostly
-   cached there (`min_prefill_tokens`, `min_uncached_ratio`), serve it there whole.
+   cached there (`min_prefill_tokens`, `min_uncached_ratio`), or the prefill pool is busy
+   (every prefill worker has `max_prefill_queue` legs queued, or the prefill router finds
+   all over its busy thresholds), serve it there whole.
 3. prefill-first: the prefill router (KV-aware over the prefill pool) picks a prefill worker,
    which returns the first token + `disagg_params`; the first token goes to the client at
    once and the decode leg (prompt + first token, the params) goes to the chosen decode
@@ -34,7 +36,7 @@ from tandem.disagg.params import PINNED_ANNOTATION, DisaggParams
 from tandem.disagg.pool import PrefillPool
 from tandem.disagg.transfer import decode_meta
 from tandem.disagg.transfer.client import send_control
-from tandem.errors import EngineError, NoWorkersAvailable, PeerGone, TransferError
+from tandem.errors import EngineError, NoWorkersAvailable, Overloaded, PeerGone, TransferError
 from tandem.protocols.engine import (
     EngineOutput,
     PreprocessedRequest,
@@ -61,6 +63,7 @@ class DisaggStreamer:
         self.aggregated, self.pool, self.decode_instances = aggregated, pool, decode_instances
         self.client, self.prefill_path, self.config = client, prefill_path, config
         self.num_local = self.num_remote = self.num_prefill_failures = 0
+        self.num_busy = 0  # of num_local: kept on the decode worker as the prefill pool was busy
 
     async def stream(
         self, request: PreprocessedRequest, router: Router
@@ -76,10 +79,17 @@ class DisaggStreamer:
             stream = self.aggregated.stream(request, router)
         else:
             decision = await router.route(request)
-            stream = self._split(request, router, prefill_router, decision)
-        async with contextlib.aclosing(stream):
-            async for out in stream:
-                yield out
+            prefill_at = None
+            if self._worth_splitting(request, decision):
+                prefill_at = await self._route_prefill(request, prefill_router)
+            stream = self._split(request, router, prefill_router, decision, prefill_at)
+        try:
+            async with contextlib.aclosing(stream):
+                async for out in stream:
+                    yield out
+        finally:
+            if prefill_router is not None:  # a prefill routed but never run is not in flight
+                prefill_router.on_finish(request.request_id)
 
     def _split(
         self,
@@ -87,15 +97,48 @@ class DisaggStreamer:
         router: Router,
         prefill_router: Router,
         decision: RouteDecision,
+        prefill_at: RouteDecision | None,
     ) -> AsyncGenerator[EngineOutput, None]:
         pinned = _pin(request, decision.instance_id)
-        if not self._worth_splitting(request, decision):
+        if prefill_at is None:
             self.num_local += 1
             return self.aggregated.stream(pinned, router)  # type: ignore[no-any-return]
         self.num_remote += 1
         if self.config.flow == "decode-first":
-            return self._decode_first(request, pinned, router, prefill_router, decision)
-        return self._prefill_first(request, pinned, router, prefill_router)
+            return self._decode_first(request, pinned, router, prefill_router, decision, prefill_at)
+        return self._prefill_first(request, pinned, router, prefill_router, prefill_at)
+
+    async def _route_prefill(
+        self, request: PreprocessedRequest, prefill_router: Router
+    ) -> RouteDecision | None:
+        """The prefill worker for ``request``, or None when the prefill pool is busy (every
+        worker at `max_prefill_queue` legs, or over the router's busy thresholds) or gone:
+        the decode worker then prefills itself rather than wait in a queue."""
+        why = self._pool_queue_full(prefill_router)
+        if not why:
+            try:
+                return await prefill_router.route(request)
+            except Overloaded as exc:
+                why = exc.message
+            except NoWorkersAvailable:
+                return None
+        self.num_busy += 1
+        logger.debug("request_id=%s: prefill pool busy (%s); prefilling on the decode worker",
+                     request.request_id, why)  # fmt: skip
+        return None
+
+    def _pool_queue_full(self, prefill_router: Router) -> str:
+        """Why every prefill worker's queue is full ('' when one has room): its depth is
+        the larger of this frontend's prefill legs in flight there and the worker's own
+        reported waiting requests."""
+        limit = self.config.max_prefill_queue
+        if not limit:
+            return ""
+        loads = prefill_router.worker_loads()
+        depths = [max(row.get("inflight", 0.0), row.get("waiting", 0.0)) for row in loads.values()]
+        if not depths or min(depths) < limit:
+            return ""
+        return f"all {len(depths)} prefill workers have >= {limit} prefills queued"
 
     def _worth_splitting(self, request: PreprocessedRequest, decision: RouteDecision) -> bool:
         """Conditional disaggregation: is the uncached part on the decode worker big enough?"""
@@ -114,8 +157,9 @@ class DisaggStreamer:
         pinned: PreprocessedRequest,
         router: Router,
         prefill_router: Router,
+        prefill_at: RouteDecision,
     ) -> AsyncGenerator[EngineOutput, None]:
-        first = await self._prefill_or_none(request, prefill_router)
+        first = await self._prefill_or_none(request, prefill_router, prefill_at)
         if first is None:
             async for out in self.aggregated.stream(pinned, router):
                 yield out
@@ -142,6 +186,7 @@ class DisaggStreamer:
         router: Router,
         prefill_router: Router,
         decision: RouteDecision,
+        prefill_at: RouteDecision,
     ) -> AsyncGenerator[EngineOutput, None]:
         inst = self.decode_instances.instances.get(decision.instance_id)
         address = inst.metadata.get("kv_transfer_address") if inst is not None else None
@@ -155,7 +200,9 @@ class DisaggStreamer:
         host, port = str(address[0]), int(address[1])
         push = DisaggParams(mode="push", op_id=op_id, address=(host, port), agent_id=agent_id)
         prefill_req = msgspec.structs.replace(request, disagg_params=push.to_dict())
-        prefill = asyncio.create_task(self._prefill_or_none(prefill_req, prefill_router))
+        prefill = asyncio.create_task(
+            self._prefill_or_none(prefill_req, prefill_router, prefill_at)
+        )
         try:
             decode_req = msgspec.structs.replace(pinned, disagg_params=room.to_dict())
             async for out in self.aggregated.stream(decode_req, router):
@@ -166,23 +213,28 @@ class DisaggStreamer:
             await asyncio.gather(prefill, return_exceptions=True)
 
     async def _prefill_or_none(
-        self, request: PreprocessedRequest, router: Router
+        self, request: PreprocessedRequest, router: Router, first_at: RouteDecision
     ) -> EngineOutput | None:
         """The prefill leg's final output, or None when no prefill worker could do it."""
         try:
             async with asyncio.timeout(self.config.prefill_timeout_s):
-                return await self._prefill_leg(request, router)
-        except (PeerGone, NoWorkersAvailable, TransferError, EngineError, TimeoutError) as exc:
+                return await self._prefill_leg(request, router, first_at)
+        except (PeerGone, NoWorkersAvailable, Overloaded, TransferError, EngineError,
+                TimeoutError) as exc:  # fmt: skip
             self.num_prefill_failures += 1
             logger.warning("request_id=%s: prefill leg failed (%s); serving on the decode worker",
                            request.request_id, exc)  # fmt: skip
             return None
 
-    async def _prefill_leg(self, request: PreprocessedRequest, router: Router) -> EngineOutput:
+    async def _prefill_leg(
+        self, request: PreprocessedRequest, router: Router, first_at: RouteDecision
+    ) -> EngineOutput:
         excluded: set[str] = set()
         rid = request.request_id
+        decision: RouteDecision | None = first_at
         while True:  # bounded: route raises NoWorkersAvailable once all are excluded
-            decision = await router.route(request, exclude=frozenset(excluded))
+            if decision is None:
+                decision = await router.route(request, exclude=frozenset(excluded))
             stream = self.client.stream(decision.address, self.prefill_path, encode(request),
                                         request_id=rid, deadline_s=request.deadline_s)  # fmt: skip
             try:
@@ -198,6 +250,7 @@ class DisaggStreamer:
                 logger.info("request_id=%s: prefill worker %s lost (%s); trying another",
                             rid, decision.instance_id, exc)  # fmt: skip
                 excluded.add(decision.instance_id)
+                decision = None
             finally:
                 router.on_finish(rid)
                 aclose = getattr(stream, "aclose", None)

@@ -92,7 +92,10 @@ def disagg_streamer(
     from tandem.router.registry import make_router
 
     dc = config.disagg
-    router_config = dataclasses.replace(config.router, worker_component=dc.prefill_component)
+    # a busy prefill pool never queues a prompt: the decode worker prefills it (DESIGN §4)
+    router_config = dataclasses.replace(
+        config.router, worker_component=dc.prefill_component, queue_size=0
+    )
     pool = PrefillPool(
         runtime.instance_set(dc.prefill_component, config.worker_endpoint),
         lambda view: make_router(

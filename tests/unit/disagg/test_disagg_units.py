@@ -10,7 +10,9 @@ import pytest
 
 from tandem.cli.serve import _validate, build_parser, worker_specs
 from tandem.disagg.args import (
+    add_disagg_route_args,
     add_disagg_worker_args,
+    disagg_route_config_from_args,
     disagg_worker_config_from_args,
 )
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
@@ -53,6 +55,15 @@ def test_worker_flags() -> None:
                             "--disagg-on-transfer-failure", "fail"])  # fmt: skip
     cfg = disagg_worker_config_from_args(ns)
     assert (cfg.mode, cfg.backends, cfg.on_transfer_failure) == ("decode", ("tcp",), "fail")
+
+
+def test_route_flags_busy_prefill_queue() -> None:
+    parser = argparse.ArgumentParser()
+    add_disagg_route_args(parser)
+    ns = parser.parse_args(["--disagg", "--disagg-max-prefill-queue", "4"])
+    assert disagg_route_config_from_args(ns).max_prefill_queue == 4
+    with pytest.raises(ValueError, match="max_prefill_queue=-1"):
+        DisaggRouteConfig(max_prefill_queue=-1)
 
 
 def test_first_token_can_end_the_request() -> None:

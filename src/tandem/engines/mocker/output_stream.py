@@ -10,22 +10,35 @@ from tandem.protocols.engine import EngineOutput
 
 class OutputStream:
     """Unbounded only in principle: a request gets at most one output per step and at most
-    max_tokens steps produce one. One producer (step loop), one consumer."""
+    max_tokens steps produce one. One producer (step loop), one consumer; create it on the
+    event loop that runs both.
 
-    __slots__ = ("_outputs", "_ready")
+    The consumer waits on a bare future rather than an `asyncio.Event`: this runs once per
+    token per request, and an Event's wait/set (waiter deque, loop lookup) cost several times
+    more."""
+
+    __slots__ = ("_loop", "_outputs", "_waiter")
 
     def __init__(self) -> None:
         self._outputs: deque[EngineOutput] = deque()
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
 
     def push(self, output: EngineOutput) -> None:
         self._outputs.append(output)
-        self._ready.set()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def wait(self) -> None:
-        if not self._outputs:
-            self._ready.clear()
-            await self._ready.wait()
+        """Return once at least one output is queued (at once if one is)."""
+        if self._outputs:
+            return
+        self._waiter = waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
 
     def take_all(self) -> list[EngineOutput]:
         outputs = list(self._outputs)

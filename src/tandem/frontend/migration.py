@@ -82,6 +82,7 @@ class EngineStreamer:
                         decision.instance_id,
                         exc,
                     )
+                    current = _without_handoff(current)
                     continue
                 if attempt >= self._limit or not isinstance(exc, PeerGone):
                     raise
@@ -117,16 +118,24 @@ def _continuation(
         max_tokens=max(request.stop.max_tokens - len(generated), 1),
         min_tokens=max(request.stop.min_tokens - len(generated), 0),
     )
-    # a disaggregated decode leg's KV handoff was for the lost worker, and so was the
-    # frontend's pin of it: the continuation prefills wherever it is routed next
-    routing = request.routing
-    if routing is not None and PINNED_ANNOTATION in request.annotations:
-        routing = msgspec.structs.replace(routing, worker_id=None)
-    return msgspec.structs.replace(
-        request,
-        request_id=f"{request.request_id}-m{attempt}",
-        token_ids=request.token_ids + generated,
-        stop=stop,
-        disagg_params=None,
-        routing=routing,
+    return _without_handoff(
+        msgspec.structs.replace(
+            request,
+            request_id=f"{request.request_id}-m{attempt}",
+            token_ids=request.token_ids + generated,
+            stop=stop,
+        )
     )
+
+
+def _without_handoff(request: PreprocessedRequest) -> PreprocessedRequest:
+    """A disaggregated decode leg's KV handoff was for the lost worker (e.g. it died
+    mid-pull, its claim on the prefill's op gone with it), and so was the frontend's pin of
+    it: routed again, the request prefills wherever it lands."""
+    routing = request.routing
+    pinned = routing is not None and PINNED_ANNOTATION in request.annotations
+    if request.disagg_params is None and not pinned:
+        return request
+    if routing is not None and pinned:
+        routing = msgspec.structs.replace(routing, worker_id=None)
+    return msgspec.structs.replace(request, disagg_params=None, routing=routing)

@@ -26,6 +26,7 @@ from tandem.disagg.transfer.wire import (
     recv_frame,
     send_frame,
 )
+from tandem.errors import TransferError
 
 if TYPE_CHECKING:
     from tandem.disagg.transfer.agent import TransferAgent
@@ -93,7 +94,7 @@ class ControlServer:
                 send_frame(conn, _status(op))
             elif isinstance(frame, Query):
                 send_frame(conn, _status(self._agent.find_op(frame.op_id)))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TransferError) as exc:  # the peer died or the op ended
             logger.debug("transfer control connection ended: %s", exc)
         except Exception:
             logger.exception("transfer control connection failed")

@@ -94,6 +94,8 @@ async def test_disagg_tokens_equal_aggregated(model, reference, flow, backends) 
         assert agent is not None
         if flow == "prefill-first":
             assert agent.stats.bytes_received > 0
+        else:  # every decode resumed after the prefill's first token (none recomputed it)
+            assert s.decode[0].decode.num_resumed_after_first == len(results)
         stats = s.prefill[0].agent.stats  # type: ignore[union-attr]
         assert stats.num_expired == stats.num_errored == 0
         for e in [*s.prefill, *s.decode]:

@@ -58,6 +58,7 @@ def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
 
 def disagg_worker_config_from_args(ns: argparse.Namespace) -> DisaggWorkerConfig:
     spec = ns.disagg_transfer_backends.strip()
+    lazy: tuple[str, ...]
     if spec == "auto":
         backends, lazy = BACKEND_NAMES, LAZY_BACKENDS
     else:

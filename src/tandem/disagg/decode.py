@@ -3,7 +3,9 @@
 ``pull`` (prefill-first): allocate blocks, pull the prefill's readable op into them (its
 completion is the ack that unpins the prefill), resume from prompt + first token.
 ``rendezvous`` (decode-first): allocate blocks, publish them as a writable op under the
-frontend's op id, wait for a prefill to push, resume by recomputing the last prompt token.
+frontend's op id, wait for a prefill to push, resume after the prefill's first token that
+came with the push (its stream leads with that token), or — from a prefill that sent none —
+by recomputing the last prompt token.
 
 Any failure — no room, the source expired, the prefill died, the transfer erred or passed
 `transfer_timeout_s` — frees the blocks and, with ``on_transfer_failure="local"``, prefills
@@ -19,18 +21,19 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
+from typing import Any
 
 import msgspec
 
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.guard import BlockGuard
-from tandem.disagg.params import DisaggParams
+from tandem.disagg.params import DisaggParams, after_first_tokens
 from tandem.disagg.prefill import REGION
 from tandem.disagg.transfer import OpStatus, TransferAgent, decode_meta
 from tandem.engines.base import Engine
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import InvalidRequest, Overloaded, TransferError
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_output
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class DecodeSide:
         self.engine, self.handoff, self.agent, self.config = engine, handoff, agent, config
         self.executor = executor  # transfer threads (kept off the loop's default pool)
         self.num_fallbacks = 0
+        self.num_resumed_after_first = 0  # decode-first legs that got the prefill's token
 
     async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
         assert request.disagg_params is not None
@@ -68,36 +72,44 @@ class DecodeSide:
             self._check_policy(local, exc)
             stream = self.engine.generate(local)
         else:
-            if not await self._receive(local, params, blocks, num_tokens):
-                num_computed = 0  # prefill here, into the blocks already allocated
-            stream = self.handoff.resume(local, num_computed)
+            has_kv, first = await self._receive(local, params, blocks, num_tokens)
+            if not has_kv:  # prefill here, into the blocks already allocated
+                stream = self.handoff.resume(local, 0)
+            elif first is not None:  # decode-first: resume after the prefill's first token
+                self.num_resumed_after_first += 1
+                resumed = after_first_tokens(local, first.token_ids)
+                stream = _led_by(first, self.handoff.resume(resumed, num_tokens))
+            else:
+                stream = self.handoff.resume(local, num_computed)
         async for out in stream:
             yield out
 
     async def _receive(
         self, request: PreprocessedRequest, params: DisaggParams, blocks: list[int], n: int
-    ) -> bool:
-        """Fill the allocated blocks: True when they hold the KV, False to prefill locally
-        (policy 'local'); raises TransferError (policy 'fail'). The blocks are kept for the
-        caller to resume unless this raises or is cancelled (then they are freed)."""
+    ) -> tuple[bool, EngineOutput | None]:
+        """Fill the allocated blocks: (True, the prefill's first output when a push carried
+        one) when they hold the KV, (False, None) to prefill locally (policy 'local');
+        raises TransferError (policy 'fail'). The blocks are kept for the caller to resume
+        unless this raises or is cancelled (then they are freed)."""
         rid = request.request_id
         guard = BlockGuard(lambda: self.handoff.release(rid))
         keep = False
         try:
             try:
+                first = None
                 if params.mode == "pull":
                     await self._pull(params, blocks, guard)
                 else:
-                    await self._await_push(params, blocks)
+                    first = _first_output(await self._await_push(params, blocks))
                 await asyncio.sleep(self.handoff.transfer_delay_s(n))
                 keep = True
-                return True
+                return True, first
             except TransferError as exc:
                 if params.mode == "pull":
                     self._cancel_source(params, f"decode failed: {exc.message}")
                 self._check_policy(request, exc)
                 keep = True
-                return False
+                return False, None
         finally:
             if keep:
                 guard.keep()
@@ -117,8 +129,9 @@ class DecodeSide:
         pull = lambda: self.agent.pull(meta, REGION, blocks, timeout_s=timeout)  # noqa: E731
         await guard.run(pull, self.executor)
 
-    async def _await_push(self, params: DisaggParams, blocks: list[int]) -> None:
-        """Publish the rendezvous and wait for it without holding a thread."""
+    async def _await_push(self, params: DisaggParams, blocks: list[int]) -> bytes:
+        """Publish the rendezvous and wait for it without holding a thread; returns the
+        annex the prefill pushed with the KV."""
         timeout = self.config.transfer_timeout_s
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[None] = loop.create_future()
@@ -143,6 +156,7 @@ class DecodeSide:
                 ) from None
             if op.status is not OpStatus.COMPLETE:
                 raise TransferError(f"transfer op={op.op_id} {op.status.value}: {op.reason}")
+            return op.annex
         finally:
             in_flight = op.status is OpStatus.IN_PROGRESS
             self.agent.cancel(op.op_id, "decode stopped waiting (timeout or abort)")
@@ -168,3 +182,41 @@ class DecodeSide:
         self.num_fallbacks += 1
         logger.warning("request_id=%s: KV transfer failed (%s); prefilling locally",
                        request.request_id, exc.message)  # fmt: skip
+
+
+def _first_output(annex: bytes) -> EngineOutput | None:
+    """The prefill's first output a push carried, or None (an older prefill sent none: the
+    decode then recomputes the last prompt token, which gives the same greedy token)."""
+    if not annex:
+        return None
+    try:
+        out = decode_output(annex)
+    except msgspec.DecodeError:
+        logger.warning("rendezvous annex of %d bytes is not an EngineOutput; ignored", len(annex))
+        return None
+    return out if out.token_ids else None
+
+
+async def _led_by(
+    first: EngineOutput, stream: AsyncIterator[EngineOutput]
+) -> AsyncIterator[EngineOutput]:
+    """``stream`` with ``first``'s tokens (and logprobs) in front of its first chunk, so the
+    decode leg reads as the whole answer (its consumer, or a migration, sees every token).
+    Closing it closes ``stream`` (the engine aborts the request)."""
+    is_first = True
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async for out in stream:
+            if is_first:
+                is_first = False
+                out = msgspec.structs.replace(
+                    out,
+                    token_ids=first.token_ids + out.token_ids,
+                    logprobs=_joined(first.logprobs, out.logprobs),
+                    top_logprobs=_joined(first.top_logprobs, out.top_logprobs),
+                    num_cached_tokens=first.num_cached_tokens,
+                )
+            yield out
+
+
+def _joined(a: list[Any] | None, b: list[Any] | None) -> list[Any] | None:
+    return None if a is None or b is None else a + b

@@ -11,8 +11,9 @@ with the *decode* pool's router). Per request:
 3. prefill-first: the prefill router (KV-aware over the prefill pool) picks a prefill worker,
    which returns the first token + `disagg_params`; the first token goes to the client at
    once and the decode leg (prompt + first token, the params) goes to the chosen decode
-   worker. decode-first: both legs start together; the decode publishes a rendezvous op
-   under an id chosen here and the prefill pushes into it at the decode agent's address.
+   worker. decode-first (`tandem.disagg.decode_first`): both legs start together; the
+   decode publishes a rendezvous op, the prefill's first token goes to the client at once
+   and the prefill pushes the KV and that token into the rendezvous.
 A prefill leg that fails (no prefill worker left, worker died) falls back to the decode
 worker; a first token that is never handed to a decode (client gone, stop string) has its
 pins cancelled at once rather than at TTL. The decode leg keeps migration: a continuation
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import AsyncGenerator
 from types import SimpleNamespace
 from typing import Any
@@ -32,9 +32,10 @@ from typing import Any
 import msgspec
 
 from tandem.disagg.config import DisaggRouteConfig
+from tandem.disagg.decode_first import decode_first
 from tandem.disagg.params import PINNED_ANNOTATION, DisaggParams
 from tandem.disagg.pool import PrefillPool
-from tandem.disagg.transfer import decode_meta
+from tandem.disagg.transfer import OpRef, decode_meta
 from tandem.disagg.transfer.client import send_control
 from tandem.errors import EngineError, NoWorkersAvailable, Overloaded, PeerGone, TransferError
 from tandem.protocols.engine import (
@@ -63,6 +64,7 @@ class DisaggStreamer:
         self.aggregated, self.pool, self.decode_instances = aggregated, pool, decode_instances
         self.client, self.prefill_path, self.config = client, prefill_path, config
         self.num_local = self.num_remote = self.num_prefill_failures = 0
+        self.num_rejoined = 0  # decode-first legs that disagreed on the first token
         self.num_busy = 0  # of num_local: kept on the decode worker as the prefill pool was busy
 
     async def stream(
@@ -159,7 +161,7 @@ class DisaggStreamer:
         prefill_router: Router,
         prefill_at: RouteDecision,
     ) -> AsyncGenerator[EngineOutput, None]:
-        first = await self._prefill_or_none(request, prefill_router, prefill_at)
+        first = await self.prefill_or_none(request, prefill_router, prefill_at)
         if first is None:
             async for out in self.aggregated.stream(pinned, router):
                 yield out
@@ -194,40 +196,42 @@ class DisaggStreamer:
             async for out in self.aggregated.stream(pinned, router):
                 yield out
             return
-        op_id = f"{request.request_id}-{secrets.token_hex(4)}"
-        room = DisaggParams(mode="rendezvous", op_id=op_id, num_tokens=len(request.token_ids))
         agent_id = str(inst.metadata.get("kv_transfer_agent_id", ""))
-        host, port = str(address[0]), int(address[1])
-        push = DisaggParams(mode="push", op_id=op_id, address=(host, port), agent_id=agent_id)
-        prefill_req = msgspec.structs.replace(request, disagg_params=push.to_dict())
-        prefill = asyncio.create_task(
-            self._prefill_or_none(prefill_req, prefill_router, prefill_at)
-        )
-        try:
-            decode_req = msgspec.structs.replace(pinned, disagg_params=room.to_dict())
-            async for out in self.aggregated.stream(decode_req, router):
+        room = OpRef(address=(str(address[0]), int(address[1])), op_id="", agent_id=agent_id)
+        legs = decode_first(self, request, pinned, router, prefill_router, prefill_at, room)
+        async with contextlib.aclosing(legs):
+            async for out in legs:
                 yield out
-        finally:
-            if not prefill.done():
-                prefill.cancel()
-            await asyncio.gather(prefill, return_exceptions=True)
 
-    async def _prefill_or_none(
-        self, request: PreprocessedRequest, router: Router, first_at: RouteDecision
+    async def prefill_or_none(
+        self,
+        request: PreprocessedRequest,
+        router: Router,
+        first_at: RouteDecision,
+        head: asyncio.Future[EngineOutput | None] | None = None,
     ) -> EngineOutput | None:
-        """The prefill leg's final output, or None when no prefill worker could do it."""
+        """The prefill leg's final output, or None when no prefill worker could do it.
+        ``head`` (decode-first) gets the first output with tokens as soon as it streams in,
+        or None if none came."""
         try:
             async with asyncio.timeout(self.config.prefill_timeout_s):
-                return await self._prefill_leg(request, router, first_at)
+                return await self._prefill_leg(request, router, first_at, head)
         except (PeerGone, NoWorkersAvailable, Overloaded, TransferError, EngineError,
                 TimeoutError) as exc:  # fmt: skip
             self.num_prefill_failures += 1
             logger.warning("request_id=%s: prefill leg failed (%s); serving on the decode worker",
                            request.request_id, exc)  # fmt: skip
             return None
+        finally:
+            if head is not None and not head.done():
+                head.set_result(None)
 
     async def _prefill_leg(
-        self, request: PreprocessedRequest, router: Router, first_at: RouteDecision
+        self,
+        request: PreprocessedRequest,
+        router: Router,
+        first_at: RouteDecision,
+        head: asyncio.Future[EngineOutput | None] | None,
     ) -> EngineOutput:
         excluded: set[str] = set()
         rid = request.request_id
@@ -242,6 +246,9 @@ class DisaggStreamer:
                     out = decode_output(payload)
                     if out.finish_reason == "error" or out.error is not None:
                         raise EngineError(f"prefill worker failed: {out.error}")
+                    if head is not None and out.token_ids and not head.done():
+                        router.on_first_token(rid)
+                        head.set_result(out)  # decode-first: the client's first token
                     if out.finish_reason is not None:
                         router.on_first_token(rid)
                         return out

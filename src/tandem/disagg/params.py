@@ -6,7 +6,8 @@ Three shapes, told apart by ``mode``:
   `TransferOpMeta`); the decode pulls it. ``num_tokens`` prompt tokens are covered; the
   decode request's ``token_ids`` are prompt + the prefill's first token.
 - ``rendezvous`` (decode-first, to the decode worker): create a writable op ``op_id`` for
-  the prompt's blocks and wait for a prefill to push into it.
+  the prompt's blocks and wait for a prefill to push into it (the push's annex carries the
+  prefill's first output; the decode resumes after it).
 - ``push`` (decode-first, to the prefill worker): push the prompt's KV to the decode
   agent at ``address`` into op ``op_id`` (the op may not exist yet; the owner waits).
 """
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from tandem.errors import InvalidRequest
+from tandem.protocols.engine import PreprocessedRequest
 
 Mode = Literal["pull", "rendezvous", "push"]
 PINNED_ANNOTATION = "tandem.disagg.pinned"  # the frontend pinned this leg to a worker
@@ -45,3 +47,15 @@ class DisaggParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             return msgspec.convert(data, cls)
         except msgspec.ValidationError as exc:
             raise InvalidRequest(f"bad disagg_params: {exc}", param="disagg_params") from exc
+
+
+def after_first_tokens(request: PreprocessedRequest, tokens: list[int]) -> PreprocessedRequest:
+    """``request`` continued after ``tokens`` it already generated elsewhere (the prefill's
+    first token): prompt + tokens, the budget reduced by them."""
+    n = len(tokens)
+    stop = msgspec.structs.replace(
+        request.stop,
+        max_tokens=max(request.stop.max_tokens - n, 1),
+        min_tokens=max(request.stop.min_tokens - n, 0),
+    )
+    return msgspec.structs.replace(request, token_ids=request.token_ids + tokens, stop=stop)

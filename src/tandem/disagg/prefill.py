@@ -3,9 +3,12 @@
 Prefill-first: the pinned blocks become a *readable* transfer op (TTL = `pin_ttl_s`); the
 output carries the first token and `DisaggParams(mode="pull")`. The op's release — a
 decode's completed pull (the ack), a cancel from the decode or the frontend, the TTL, or
-the agent closing — unpins the blocks. Decode-first: the blocks are pushed into the decode
-worker's rendezvous op, then unpinned; a failed push cancels that op so the decode learns
-at once instead of waiting out its timeout.
+the agent closing — unpins the blocks. Decode-first: the first token is streamed out at
+once (finish_reason None), then the blocks are pushed into the decode worker's rendezvous
+op with that first output as the push's annex (the decode resumes after it), then unpinned
+and a last empty "stop" output ends the leg; a failed push cancels that op so the decode
+learns at once instead of waiting out its timeout. A request that ends at its first token
+pushes nothing and cancels the rendezvous.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 
 import msgspec
@@ -24,10 +27,19 @@ from tandem.disagg.params import DisaggParams
 from tandem.disagg.transfer import OpRef, TransferAgent, encode_meta
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import EngineError, TransferError
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest, encode
 
 logger = logging.getLogger(__name__)
 REGION = "kv"
+
+
+def _target(params: DisaggParams) -> OpRef:
+    return OpRef(address=params.address, op_id=params.op_id, agent_id=params.agent_id)
+
+
+def _in_thread(fn: Callable[..., object], *args: object) -> None:
+    """Fire and forget on the default executor (a blocking control message)."""
+    asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 def finishes_at_first(request: PreprocessedRequest, token: int, eos_ids: list[int]) -> str | None:
@@ -72,11 +84,17 @@ class PrefillSide:
             if params is None:
                 out = self._export(request, first, blocks, guard)
                 handed = out.disagg_params is not None
-            else:
-                await self._push(params, blocks, guard, len(request.token_ids))
-                out = EngineOutput(token_ids=first.token_ids, finish_reason="stop",
-                                   num_cached_tokens=first.num_cached_tokens)  # fmt: skip
-            yield out
+                yield out
+            else:  # decode-first: the first token goes out before the KV moves
+                reason = finishes_at_first(request, first.token_ids[-1], self.eos_token_ids)
+                head = msgspec.structs.replace(first, finish_reason=reason)
+                yield head
+                target = _target(params)
+                if reason is not None:  # nothing left to decode: free the rendezvous now
+                    _in_thread(self._cancel_quietly, target, "request ended at its first token")
+                    return
+                await self._push(target, blocks, guard, len(request.token_ids), encode(head))
+                yield EngineOutput(finish_reason="stop")  # the KV (and the token) arrived
         finally:
             if not handed:
                 loop.run_in_executor(None, guard.give_up)
@@ -123,16 +141,20 @@ class PrefillSide:
         )
 
     async def _push(
-        self, params: DisaggParams, blocks: list[int], guard: BlockGuard, num_tokens: int
+        self, target: OpRef, blocks: list[int], guard: BlockGuard, num_tokens: int, annex: bytes
     ) -> None:
-        target = OpRef(address=params.address, op_id=params.op_id, agent_id=params.agent_id)
+        """Push the prompt's KV into the decode's rendezvous; ``annex`` (the encoded first
+        output) lets the decode resume after the first token instead of recomputing it."""
         timeout = self.config.transfer_timeout_s
+
+        def push() -> object:
+            return self.agent.push(REGION, blocks, target, timeout_s=timeout, annex=annex)
+
         try:
             await asyncio.sleep(self.handoff.transfer_delay_s(num_tokens))
-            push = lambda: self.agent.push(REGION, blocks, target, timeout_s=timeout)  # noqa: E731
             await guard.run(push, self.executor)
         except TransferError as exc:
-            asyncio.get_running_loop().run_in_executor(None, self._cancel_quietly, target, str(exc))
+            _in_thread(self._cancel_quietly, target, str(exc))
             raise
 
     def _cancel_quietly(self, target: OpRef, reason: str) -> None:

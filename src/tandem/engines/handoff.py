@@ -91,5 +91,8 @@ class KvHandoff(Protocol):
     ) -> AsyncIterator[EngineOutput]:
         """Decode ``request`` whose first ``num_computed`` tokens' KV now sits in its
         allocated blocks (``request.token_ids[num_computed:]`` are computed next). Streams
-        like `Engine.generate`; closing it early aborts the request."""
+        like `Engine.generate`; closing it early aborts the request. ``request.token_ids``
+        may extend the tokens given to `allocate` (decode-first: the prefill's first token,
+        already sent to the client): they are taken as given, never emitted again, and
+        ``request.stop`` is the budget left after them."""
         ...

@@ -290,7 +290,7 @@ class TransferAgent:
         num_bytes = done.num_bytes or moved
         if not done.ok:
             op.finish(OpStatus.ERRORED, f"peer {op.peer} failed: {done.reason}")
-        elif op.finish(OpStatus.COMPLETE, num_bytes=num_bytes):
+        elif op.finish(OpStatus.COMPLETE, num_bytes=num_bytes, annex=done.annex):
             with self._cond:
                 if op.meta.kind is OpKind.READABLE:
                     self.stats.bytes_sent += num_bytes
@@ -350,9 +350,12 @@ class TransferAgent:
         target: TransferOpMeta | OpRef,
         *,
         timeout_s: float | None = None,
+        annex: bytes = b"",
     ) -> TransferResult:
-        """Write our ``block_ids`` of ``region`` into a peer's writable op (same layers)."""
-        return self._transfer("push", target, region, block_ids, timeout_s)
+        """Write our ``block_ids`` of ``region`` into a peer's writable op (same layers).
+        ``annex`` (small, opaque) reaches the owner's `TransferOp.annex` with the completion,
+        e.g. the prefill's first token for the decode to resume after."""
+        return self._transfer("push", target, region, block_ids, timeout_s, annex)
 
     async def pull_async(self, *args: Any, **kwargs: Any) -> TransferResult:
         return await asyncio.to_thread(self.pull, *args, **kwargs)
@@ -367,12 +370,14 @@ class TransferAgent:
         region: str,
         block_ids: Sequence[int],
         timeout_s: float | None,
+        annex: bytes = b"",
     ) -> TransferResult:
         timeout = self.config.io_timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
         backend, num_bytes = run_transfer(
-            self, direction, target, self.region(region), [int(b) for b in block_ids], timeout
-        )
+            self, direction, target, self.region(region), [int(b) for b in block_ids], timeout,
+            annex,
+        )  # fmt: skip
         with self._cond:
             if direction == "pull":
                 self.stats.bytes_received += num_bytes

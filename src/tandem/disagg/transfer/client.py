@@ -35,6 +35,7 @@ def run_transfer(
     local: MemoryRegion,
     block_ids: list[int],
     timeout_s: float,
+    annex: bytes = b"",
 ) -> tuple[str, int]:
     """Pull from / push to ``target``; return (backend name, bytes moved).
 
@@ -49,7 +50,7 @@ def run_transfer(
             (target.address[0], target.address[1]), timeout=timeout_s
         ) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return _run(agent, sock, direction, target, local, block_ids, deadline)
+            return _run(agent, sock, direction, target, local, block_ids, deadline, annex)
     except TransferError as exc:
         raise TransferError(f"{where}: {exc}") from exc
     except TimeoutError as exc:
@@ -66,6 +67,7 @@ def _run(
     local: MemoryRegion,
     block_ids: list[int],
     deadline: float,
+    annex: bytes,
 ) -> tuple[str, int]:
     send_frame(sock, Begin(op_id=target.op_id, direction=direction, peer=agent.agent_id,
                            timeout_s=_remaining(deadline), host_id=agent.host_id))  # fmt: skip
@@ -92,7 +94,7 @@ def _run(
             recv_frame(sock)  # the owner has recorded the failure once it answers
         raise TransferError(f"{type(exc).__name__}: {exc}") from exc
     sock.settimeout(_remaining(deadline))
-    send_frame(sock, Done(ok=True, num_bytes=num_bytes))
+    send_frame(sock, Done(ok=True, num_bytes=num_bytes, annex=annex))
     status = recv_frame(sock)
     if not isinstance(status, StatusReply) or status.status != "complete":
         what = status.status if isinstance(status, StatusReply) else repr(status)

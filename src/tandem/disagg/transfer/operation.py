@@ -29,6 +29,7 @@ class TransferOp:
         self.reason = ""
         self.peer = ""
         self.num_bytes = 0
+        self.annex = b""  # what the peer handed over with a completed push (set before COMPLETE)
         self.retire_at = float("inf")  # set by the agent when the op ends
         self._on_release = on_release
         self._lock = threading.Lock()
@@ -48,8 +49,11 @@ class TransferOp:
             self.peer = peer
             return None
 
-    def finish(self, status: OpStatus, reason: str = "", num_bytes: int = 0) -> bool:
-        """Move to terminal ``status``; False (and nothing changes) if already terminal."""
+    def finish(
+        self, status: OpStatus, reason: str = "", num_bytes: int = 0, annex: bytes = b""
+    ) -> bool:
+        """Move to terminal ``status``; False (and nothing changes) if already terminal.
+        ``annex`` is kept (before waiters wake) as what the peer handed over."""
         assert status.is_terminal, status
         with self._lock:
             if self.status.is_terminal:
@@ -57,6 +61,7 @@ class TransferOp:
             self.status = status
             self.reason = reason or status.value
             self.num_bytes = num_bytes
+            self.annex = annex
         log = logger.debug if status is OpStatus.COMPLETE else logger.info
         log("transfer op=%s %s peer=%s reason=%s", self.op_id, status.value, self.peer, reason)
         self._done.set()

@@ -41,6 +41,7 @@ class Done(msgspec.Struct, tag="done", kw_only=True):
     ok: bool
     num_bytes: int = 0
     reason: str = ""
+    annex: bytes = b""  # opaque, handed to the owner with a completed push (TransferOp.annex)
 
 
 class Cancel(msgspec.Struct, tag="cancel", kw_only=True):

@@ -153,11 +153,28 @@ class NativeKvHandoff:
             if request.request_id in core.seqs:
                 core.block_manager.free(seq)
                 raise InvalidRequest(f"request_id={request.request_id} is already running")
-            seq.num_computed_tokens = num_computed
-            seq.num_cached_tokens = 0
-            seq.status = SequenceStatus.RUNNING
-            core.seqs[request.request_id] = seq
-            core.scheduler.running.append(seq)
-            core.block_manager.commit(seq)  # the imported full blocks join the prefix cache
+            live = self._extended(core, seq, request)
+            live.num_computed_tokens = num_computed
+            live.num_cached_tokens = 0
+            live.status = SequenceStatus.RUNNING
+            core.seqs[request.request_id] = live
+            core.scheduler.running.append(live)
+            core.block_manager.commit(live)  # the imported full blocks join the prefix cache
 
         return self.engine.generate(request, install=install)
+
+    def _extended(self, core: EngineCore, seq: Sequence, request: PreprocessedRequest) -> Sequence:
+        """``seq`` as allocated, or — when ``request`` carries more tokens (decode-first: the
+        prefill's first token, already sent) — a sequence of ``request`` that takes over its
+        blocks, exactly as a prefill-first decode allocated for prompt + first token."""
+        if len(request.token_ids) <= len(seq.token_ids):
+            return seq
+        if request.token_ids[: len(seq.token_ids)] != seq.token_ids:
+            core.block_manager.free(seq)
+            raise InvalidRequest(f"request_id={request.request_id}: resumed tokens do not "
+                                 "extend the allocated prompt")  # fmt: skip
+        live = Sequence(request, self.core.model.config.eos_token_ids)
+        bm = core.block_manager
+        bm.tables[live.seq_id] = bm.tables.pop(seq.seq_id)
+        bm.num_committed[live.seq_id] = bm.num_committed.pop(seq.seq_id)
+        return live

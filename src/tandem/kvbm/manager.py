@@ -142,20 +142,37 @@ class BlockManager:
             tiers.append("disk")
         return tiers
 
-    def onboard(self, block_hashes: Sequence[int], *, num_device_hits: int = 0) -> OnboardResult:
+    def may_hold(self, block_hash: int, tier: TierName | None = None) -> bool:
+        """Lock-free hint: whether G2 (`tier="host"`), G3 (`"disk"`) or either holds the
+        block now. Never waits for a copy in progress (the caller may be an engine's step
+        loop); the answer may be stale by the time the caller acts on it."""
+        if tier != "disk" and self._host.contains(block_hash):
+            return True
+        return tier != "host" and self._disk is not None and self._disk.contains(block_hash)
+
+    def onboard(
+        self,
+        block_hashes: Sequence[int],
+        *,
+        num_device_hits: int = 0,
+        num_lookup_blocks: int | None = None,
+    ) -> OnboardResult:
         """Copies of the leading blocks found in G2/G3 (a partial hit returns the first k).
         A disk block that fails its checksum ends the prefix there and is dropped: the caller
         recomputes from it. `num_device_hits` (blocks the caller already had in G1, before
-        `block_hashes`) only feeds the hit-rate window."""
+        `block_hashes`) and `num_lookup_blocks` (the whole prompt's full blocks, when the
+        caller looked up fewer) only feed the hit-rate window."""
         result = OnboardResult()
         for block_hash in block_hashes:
+            if not self.may_hold(block_hash):  # a miss never waits on a tier's lock
+                break
             data, tier = self._read_block(block_hash)
             if data is None or tier is None:
                 break
             result.blocks.append(data)
             result.tiers.append(tier)
         self.metrics.record_lookup(
-            num_blocks=num_device_hits + len(block_hashes),
+            num_blocks=max(num_lookup_blocks or 0, num_device_hits + len(block_hashes)),
             device=num_device_hits,
             host=result.tiers.count("host"),
             disk=result.tiers.count("disk"),

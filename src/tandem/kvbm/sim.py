@@ -189,7 +189,13 @@ class SimBlockManager:
                 break
         return tiers
 
-    def onboard(self, block_hashes: Sequence[int], *, num_device_hits: int = 0) -> SimOnboard:
+    def onboard(
+        self,
+        block_hashes: Sequence[int],
+        *,
+        num_device_hits: int = 0,
+        num_lookup_blocks: int | None = None,
+    ) -> SimOnboard:
         """Account copying the leading G2/G3 hits into G1; their simulated times add up."""
         tiers: list[TierName] = []
         seconds = 0.0
@@ -202,7 +208,7 @@ class SimBlockManager:
             seconds += hit[1]
             num_bytes += hit[2]
         self.metrics.record_lookup(
-            num_blocks=num_device_hits + len(block_hashes),
+            num_blocks=max(num_lookup_blocks or 0, num_device_hits + len(block_hashes)),
             device=num_device_hits,
             host=tiers.count("host"),
             disk=tiers.count("disk"),

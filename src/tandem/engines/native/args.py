@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tandem.engines.native.config import DTYPES, NativeConfig
+from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
 
 
 def _bool(raw: str) -> bool:
@@ -52,6 +53,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=_bool(os.environ.get(env, "0")),
         help=f"disable prefix caching (env {env})",
     )
+    add_kvbm_args(parser)
 
 
 def config_from_args(ns: argparse.Namespace) -> NativeConfig:
@@ -68,4 +70,5 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         num_threads=ns.num_threads,
         enable_prefix_caching=not ns.no_prefix_caching,
         seed=ns.seed,
+        kvbm=kvbm_config_from_args(ns),
     )

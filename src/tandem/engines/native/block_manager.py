@@ -4,20 +4,43 @@ A block is free (ref 0) or used (ref > 0). Free blocks that hold a full, hashed 
 in the prefix cache (LRU order) until a new allocation evicts them; free uncached blocks are
 handed out first. Every newly computed full block is announced with a BlockStored event,
 every eviction with a BlockRemoved event (DESIGN.md §6), exactly as the mocker does.
+
+With `record_evictions` (a KV block manager behind the pool, tandem.kvbm), each evicted
+block is also remembered as an `EvictedBlock` until `take_evicted()`: its KV stays intact in
+the cache until the next write into that block, so the owner must export it before any
+forward pass or import (`tiering.KvTiering` does).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from typing import NamedTuple
 
 from tandem.engines.native.sequence import Sequence
 from tandem.protocols.kv_events import BlockRemoved, BlockStored, KvEvent
 
 
+class EvictedBlock(NamedTuple):
+    """A cached block reused for new data; `block_id` still holds its KV until written."""
+
+    block_id: int
+    block_hash: int
+    token_ids: list[int]
+    parent_hash: int | None
+    lora_name: str | None
+
+
 class BlockManager:
     """Owns the block table of every sequence that holds blocks. Not thread-safe."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        record_evictions: bool = False,
+    ):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks={num_blocks}, block_size={block_size} must be > 0")
         self.num_blocks = num_blocks
@@ -34,6 +57,8 @@ class BlockManager:
         self.tables: dict[int, list[int]] = {}  # seq_id -> block ids
         self.num_committed: dict[int, int] = {}  # seq_id -> blocks already hashed/announced
         self.events: list[KvEvent] = []
+        self.record_evictions = record_evictions
+        self.evicted: list[EvictedBlock] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -102,10 +127,60 @@ class BlockManager:
             assert h is not None
             del self.hash_to_block[h]
             evicted.append(h)
+            if self.record_evictions:
+                tokens = self.block_tokens[block]
+                assert tokens is not None
+                self.evicted.append(
+                    EvictedBlock(block, h, tokens, self.block_parent[block], self.block_lora[block])
+                )
             self.block_hash[block] = self.block_tokens[block] = self.block_parent[block] = None
             self.block_lora[block] = None
         self.ref_counts[block] = 1
         return block
+
+    def take_evicted(self) -> list[EvictedBlock]:
+        """Evictions recorded since the last call, oldest first."""
+        evicted, self.evicted = self.evicted, []
+        return evicted
+
+    def onboard_candidates(self, seq: Sequence, num_cached_tokens: int) -> list[int]:
+        """Hashes of the prompt's full blocks after the `num_cached_tokens` matched on device
+        that a lower tier could supply: up to the last computable block (the last token is
+        always computed) and the first one already held here."""
+        bs = self.block_size
+        hashes = seq.full_block_hashes(bs)[: (len(seq.token_ids) - 1) // bs]
+        out: list[int] = []
+        for h in hashes[num_cached_tokens // bs :]:
+            if h in self.hash_to_block:
+                break
+            out.append(h)
+        return out
+
+    def allocate_onboarded(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """Append `num_blocks` fresh blocks to the sequence's table (right after its matched
+        prefix) and cache them as its next full blocks, announced with BlockStored. The
+        caller writes their KV before the next forward pass. Needs `num_blocks` free blocks."""
+        assert num_blocks <= self.num_free_blocks, "onboarding more blocks than are free"
+        bs = self.block_size
+        table = self.tables[seq.seq_id]
+        first = len(table)
+        assert self.num_committed[seq.seq_id] == first, "onboarding after uncommitted blocks"
+        hashes = seq.full_block_hashes(bs)
+        evicted: list[int] = []
+        new_blocks = [self._take_free_block(evicted) for _ in range(num_blocks)]
+        if evicted:
+            self.events.append(BlockRemoved(block_hashes=evicted))
+        for i, block in enumerate(new_blocks, start=first):
+            assert hashes[i] not in self.hash_to_block, "onboarding a block already cached"
+            self.hash_to_block[hashes[i]] = block
+            self.block_hash[block] = hashes[i]
+            self.block_tokens[block] = seq.token_ids[i * bs : (i + 1) * bs]
+            self.block_parent[block] = hashes[i - 1] if i else None
+            self.block_lora[block] = seq.lora_name
+        table += new_blocks
+        self.num_committed[seq.seq_id] = len(table)
+        self._announce(seq, list(range(first, len(table))), hashes)
+        return new_blocks
 
     def commit(self, seq: Sequence) -> None:
         """Hash and announce the sequence's blocks that became full and computed."""

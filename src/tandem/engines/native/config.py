@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.kvbm.base import KvbmConfig
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NativeConfig:
     """model: a .gguf file, a HF safetensors dir, or None for the SmolLM2 GGUF.
-    num_blocks: explicit KV block count; else derived from kv_cache_memory_gb."""
+    num_blocks: explicit KV block count; else derived from kv_cache_memory_gb.
+    kvbm: host (G2) / disk (G3) tiers behind the KV pool (tandem.kvbm), None = device only."""
 
     model: str | None = None
     served_model_name: str | None = None
@@ -24,6 +27,7 @@ class NativeConfig:
     num_threads: int = 2
     enable_prefix_caching: bool = True
     seed: int = 0
+    kvbm: KvbmConfig | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -38,6 +42,8 @@ class NativeConfig:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len, 1 << 22)
         _positive("num_threads", self.num_threads, 1024)
+        if self.kvbm is not None and not self.enable_prefix_caching:
+            raise ValueError("kvbm tiers set with enable_prefix_caching=False; expected True")
 
 
 def _positive(name: str, value: int, upper: int) -> None:

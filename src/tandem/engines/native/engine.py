@@ -69,6 +69,10 @@ class NativeEngine:
             self.core, self.model_path = await asyncio.to_thread(build_core, self.config)
         assert self.core is not None
         self._info = self._make_info(self.core)
+        loop = self._loop
+        self.core.kvbm_event_sink = lambda events: loop.call_soon_threadsafe(
+            self._dispatch, [], events
+        )
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
         self._thread.start()
         logger.info(
@@ -137,6 +141,7 @@ class NativeEngine:
         assert self.core is not None, "run_locked before start()"
         with self._lock:
             result = fn(self.core)
+            self.core.flush_evicted()  # `fn` may have allocated over cached blocks
         with self._cv:
             self._cv.notify()
         return result
@@ -158,7 +163,11 @@ class NativeEngine:
     def kv_snapshot(self) -> list[KvEvent]:
         assert self.core is not None, "kv_snapshot before start()"
         with self._lock:
-            return self.core.block_manager.snapshot()
+            return self.core.kv_snapshot()
+
+    def prometheus_lines(self) -> list[str]:
+        """Tier metrics of the KV block manager (empty without --kvbm-* tiers)."""
+        return [] if self.core is None else self.core.prometheus_lines()
 
     def load(self) -> EngineLoad:
         core = self.core
@@ -179,6 +188,8 @@ class NativeEngine:
         thread, self._thread = self._thread, None
         if thread is not None:
             await asyncio.to_thread(thread.join)
+        if self.core is not None:
+            await asyncio.to_thread(self.core.close)
         for stream in self._streams.values():
             stream.push(EngineOutput(finish_reason="cancelled"))
         self._events_ready.set()
@@ -206,6 +217,7 @@ class NativeEngine:
         """Write per-layer data (as `export_blocks` returns) into the given blocks."""
         assert self.core is not None, "import_blocks before start()"
         with self._lock:
+            self.core.flush_evicted()
             self.core.runner.import_blocks(block_ids, data)
 
     # ---------------------------------------------------------------- step thread

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import torch
@@ -16,6 +17,7 @@ from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.model_runner import ModelRunner
 from tandem.engines.native.scheduler import Scheduler
 from tandem.engines.native.sequence import Sequence
+from tandem.engines.native.tiering import KvTiering
 from tandem.errors import ContextLengthExceeded, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
@@ -46,12 +48,23 @@ class EngineCore:
         self.block_manager = BlockManager(
             self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size, seed=config.seed)
+        # host/disk KV events arrive on kvbm's threads: buffered here until `take_events`,
+        # or handed straight to `kvbm_event_sink` once an async engine sets one
+        self.kvbm_event_sink: Callable[[list[KvEvent]], None] | None = None
+        self._kvbm_events: list[KvEvent] = []
+        self._kvbm_events_lock = threading.Lock()
+        self.tiering: KvTiering | None = None
+        if config.kvbm is not None:
+            self.tiering = KvTiering(
+                config.kvbm, self.block_manager, self.runner, on_events=self._on_kvbm_events
+            )
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            onboard=self.tiering.onboard if self.tiering is not None else None,
         )
-        self.runner = ModelRunner(model, self.num_blocks, config.block_size, seed=config.seed)
         self.seqs: dict[str, Sequence] = {}
         # called with each sequence that finished in a step, before its blocks are freed
         # (disaggregated prefill pins the prompt blocks there: tandem.engines.native.kv_transfer)
@@ -108,6 +121,7 @@ class EngineCore:
             del self.seqs[seq.request_id]
         if not batch.seqs:
             return outputs
+        self.flush_evicted()
         sampled = self.runner.run(batch, self.block_manager)
         self.scheduler.update(batch)
         finished: list[Sequence] = []
@@ -147,5 +161,41 @@ class EngineCore:
             return "length"
         return None
 
+    def flush_evicted(self) -> None:
+        """Offload blocks evicted since the last call before anything writes the KV cache
+        (a step does it; call it after allocating outside a step, e.g. in run_locked)."""
+        if self.tiering is not None:
+            self.tiering.flush_evicted()
+
     def take_events(self) -> list[KvEvent]:
-        return self.block_manager.take_events()
+        """Device KV events of the steps so far, then buffered host/disk ones."""
+        events = self.block_manager.take_events()
+        if self._kvbm_events:
+            with self._kvbm_events_lock:
+                events += self._kvbm_events
+                self._kvbm_events = []
+        return events
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        """BlockStored for every block on device, then in host memory and on disk."""
+        events = self.block_manager.snapshot()
+        if self.tiering is not None:
+            events += self.tiering.kvbm.kv_snapshot()
+        return events
+
+    def prometheus_lines(self) -> list[str]:
+        """kvbm's tier metrics (transfers, hit rates, occupancy); empty without tiers."""
+        return [] if self.tiering is None else self.tiering.kvbm.prometheus_lines()
+
+    def close(self) -> None:
+        """Finish queued offloads and stop kvbm's threads (idempotent)."""
+        if self.tiering is not None:
+            self.tiering.close()
+
+    def _on_kvbm_events(self, events: list[KvEvent]) -> None:
+        sink = self.kvbm_event_sink
+        if sink is not None:
+            sink(events)
+            return
+        with self._kvbm_events_lock:
+            self._kvbm_events += events

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.engines.native.block_manager import BlockManager
@@ -41,8 +42,13 @@ class Scheduler:
         *,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        onboard: Callable[[Sequence, int], int] | None = None,
     ) -> None:
+        """`onboard(seq, num_cached_tokens)`, when given, runs at admission after the device
+        prefix match and returns how many more prompt tokens it made cached (blocks brought
+        back from a lower KV tier into the sequence's table)."""
         self.block_manager = block_manager
+        self.onboard = onboard
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -90,6 +96,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             cached = bm.match_prefix(seq)
+            if self.onboard is not None:
+                cached += self.onboard(seq, cached)
             num_new = min(len(seq.token_ids) - cached, budget)
             if not bm.ensure_slots(seq, cached + num_new):
                 bm.free(seq)

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import psutil
 
+from tandem.bench.shared import DYNAMO_ANCHOR_DIR
 from tandem.bench.stack import free_port
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ANCHOR_DIR = "/work/shared/anchors/dynamo"
+DEFAULT_ANCHOR_DIR = DYNAMO_ANCHOR_DIR
 DEFAULT_INSTALL_DIR = "/tmp/anchor"
 
 

@@ -16,9 +16,10 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from tandem.bench.shared import MOONCAKE_TRACE
 from tandem.router.indexer import KvIndexer, WorkerKey
 
-DEFAULT_TRACE = "../shared/data/mooncake_synthetic_trace.jsonl"
+DEFAULT_TRACE = MOONCAKE_TRACE
 _MASK = (1 << 64) - 1
 
 Op = tuple[bool, WorkerKey, list[int]]  # (is_store, worker, block hashes)

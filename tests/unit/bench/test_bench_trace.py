@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +72,9 @@ def test_bad_record_names_line(tmp_path):
         trace_requests(path, TraceConfig(block_size=4))
 
 
-SHARED_TRACE = "/work/shared/data/mooncake_synthetic_trace.jsonl"
+SHARED_TRACE = str(
+    Path(__file__).resolve().parents[3].parent / "shared/data/mooncake_synthetic_trace.jsonl"
+)
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED_TRACE), reason="shared trace not present")

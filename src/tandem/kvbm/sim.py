@@ -19,6 +19,7 @@ from tandem.kvbm.disk_format import file_bytes
 from tandem.kvbm.frequency import ReuseCounter
 from tandem.kvbm.lru import LruIndex
 from tandem.kvbm.metrics import Direction, KvbmMetrics
+from tandem.protocols.kv_events import KvEvent
 
 
 @dataclass(slots=True)
@@ -244,6 +245,16 @@ class SimBlockManager:
 
     def prometheus_lines(self) -> list[str]:
         return self.metrics.prometheus_lines(self.occupancy())
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        """BlockStored events for every block held in G2 and G3 (for a router catching up)."""
+        out: list[KvEvent] = []
+        for tier in [self.host] if self.disk is None else [self.host, self.disk]:
+            for block_hash in tier.block_hashes():
+                meta = tier.meta(block_hash)
+                assert meta is not None
+                out.append(events.stored(block_hash, meta, tier.name))
+        return out
 
     def check_integrity(self) -> None:
         self.host.check_integrity()

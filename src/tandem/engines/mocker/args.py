@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tandem.engines.mocker.config import MockerConfig, default_tokenizer
+from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
 
 # flag -> (type, default, help)
 _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
@@ -52,6 +53,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         raw = os.environ.get(env)
         value = type_(raw) if raw is not None else default
         group.add_argument(flag, type=type_, default=value, help=f"{help_} (env {env})")
+    add_kvbm_args(parser)
 
 
 def config_from_args(ns: argparse.Namespace) -> MockerConfig:
@@ -71,4 +73,5 @@ def config_from_args(ns: argparse.Namespace) -> MockerConfig:
         speedup_ratio=ns.speedup_ratio,
         kv_bytes_per_token=ns.kv_bytes_per_token,
         kv_transfer_bandwidth_gbps=ns.kv_transfer_bandwidth_gbps,
+        kvbm=kvbm_config_from_args(ns),
     )

@@ -5,7 +5,8 @@ order) or in use (referenced by ≥ 1 sequence; hashed once it is full and compu
 blocks are found by their chained sequence hash. The pool records the KV events it causes:
 `BlockStored` for each newly cached block (a block whose hash was already cached is a
 duplicate and stays uncached, with no event), `BlockRemoved` when an evictable block is
-reused. Synchronous and not thread-safe.
+reused. With `record_evictions` (simulated kvbm tiers behind the pool) each evicted block's
+hash and metadata is also kept until `take_evicted()`. Synchronous and not thread-safe.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tandem.protocols.kv_events import BlockRemoved, BlockStored, KvEvent
 
@@ -24,6 +26,13 @@ class _Block:
     parent_hash: int | None = None
     token_ids: tuple[int, ...] = ()
     lora_name: str | None = None
+
+
+class EvictedBlock(NamedTuple):
+    block_hash: int
+    parent_hash: int | None
+    token_ids: tuple[int, ...]
+    lora_name: str | None
 
 
 class BlockPool:
@@ -38,6 +47,8 @@ class BlockPool:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._num_active = 0
         self._events: list[KvEvent] = []
+        self.record_evictions = False
+        self._evicted: list[EvictedBlock] = []
 
     # ------------------------------------------------------------------ queries
     @property
@@ -97,6 +108,12 @@ class BlockPool:
                 block = self._blocks[block_id]
                 assert block.block_hash is not None
                 removed.append(block.block_hash)
+                if self.record_evictions:
+                    self._evicted.append(
+                        EvictedBlock(
+                            block.block_hash, block.parent_hash, block.token_ids, block.lora_name
+                        )
+                    )
                 del self._cached[block.block_hash]
                 self._blocks[block_id] = _Block()
             self._blocks[block_id].ref_count = 1
@@ -156,6 +173,11 @@ class BlockPool:
                     self._free.append(block_id)
                 else:
                     self._evictable[block_id] = None
+
+    def take_evicted(self) -> list[EvictedBlock]:
+        """Blocks evicted since the last call (with `record_evictions`), oldest first."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
 
     def drain_events(self) -> list[KvEvent]:
         """KV events since the last call, in order."""

@@ -6,6 +6,8 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 
+from tandem.kvbm.base import KvbmConfig
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -47,6 +49,9 @@ class MockerConfig:
     # (default: a Llama-3-8B-shaped cache, 32 layers × 8 KV heads × 128 dims × K,V × bf16)
     kv_bytes_per_token: int = 131072
     kv_transfer_bandwidth_gbps: float = 64.0  # GB/s (1e9 bytes)
+    # simulated host/disk tiers (tandem.kvbm.sim): blocks of kv_bytes_per_token × block_size
+    # bytes, copy times from the config's host/disk bandwidths; None = device pool only
+    kvbm: KvbmConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.model_name:

@@ -115,7 +115,16 @@ class MockerEngine:
             yield self._events.popleft()
 
     def kv_snapshot(self) -> list[KvEvent]:
-        return self.scheduler.pool.snapshot()
+        """Every cached device block, then the simulated host/disk tiers' blocks."""
+        events = self.scheduler.pool.snapshot()
+        if self.scheduler.kvbm is not None:
+            events += self.scheduler.kvbm.kv_snapshot()
+        return events
+
+    def prometheus_lines(self) -> list[str]:
+        """Simulated tier metrics (tandem.kvbm); empty without --kvbm-* tiers."""
+        kvbm = self.scheduler.kvbm
+        return [] if kvbm is None else kvbm.prometheus_lines()
 
     def load(self) -> EngineLoad:
         s = self.scheduler

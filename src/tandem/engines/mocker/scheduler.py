@@ -8,6 +8,11 @@ then, if nothing was preempted, waiting sequences join while `max_num_seqs`, the
 sequence whose tokens are all computed samples one new token. Requests join (`add_request`)
 and leave (`abort`, finishing) between steps. Simulated time advances by the perf model
 (`clock_ms`). Deterministic; not thread-safe.
+
+With `config.kvbm`, a `SimBlockManager` stands behind the pool: blocks evicted in a step are
+offloaded (accounted) at its end, and admission onboards the prompt's next blocks found in
+the simulated host/disk tiers after the device match, as cached tokens; their simulated copy
+time is added to the step. Tier KV events (medium host/disk) join the step's events.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from tandem.engines.mocker.block_pool import BlockPool
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.sequence import Sequence
 from tandem.errors import InvalidRequest
+from tandem.kvbm.args import with_block_bytes
+from tandem.kvbm.base import BlockMeta
+from tandem.kvbm.sim import SimBlockManager
 from tandem.protocols.engine import EngineOutput, FinishReason, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
@@ -52,6 +60,17 @@ class Scheduler:
         self.pin_on_finish: set[str] = set()
         self.pins: dict[str, list[int]] = {}
         self.held: dict[str, Sequence] = {}
+        self._tier_events: list[KvEvent] = []
+        self._onboard_ms = 0.0  # simulated copy time of this step's onboards
+        self.kvbm: SimBlockManager | None = None
+        if config.kvbm is not None:
+            block_bytes = config.kv_bytes_per_token * config.block_size
+            self.kvbm = SimBlockManager(
+                with_block_bytes(config.kvbm, block_bytes),
+                on_events=self._tier_events.extend,
+                clock=lambda: self.clock_ms / 1000.0,
+            )
+            self.pool.record_evictions = True
 
     @property
     def num_waiting(self) -> int:
@@ -108,16 +127,23 @@ class Scheduler:
             if seq.num_computed_tokens == len(seq.token_ids):
                 outputs.append(self._sample(seq, finished))
         duration = perf_model.step_ms(num_prefill_tokens, num_decode, self.pool.usage)
+        duration += self._onboard_ms
+        self._onboard_ms = 0.0
         self.clock_ms += duration
+        self._offload_evicted()
         for seq in finished:
             if seq.request_id in self.pin_on_finish:
                 self._pin(seq)
             self._finish(seq, seq.finish_reason)
         if finished:
             self._running = [s for s in self._running if s.finish_reason is None]
+        events = self.pool.drain_events()
+        if self._tier_events:
+            events += self._tier_events
+            self._tier_events.clear()  # the sink holds this list: clear, never rebind
         return StepResult(
             outputs=outputs,
-            events=self.pool.drain_events(),
+            events=events,
             duration_ms=duration,
             num_prefill_tokens=num_prefill_tokens,
             num_decode_seqs=num_decode,
@@ -154,10 +180,12 @@ class Scheduler:
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             seq = self._waiting[0]
             # at least one token is always computed, so the last block is never a hit
-            hits = self.pool.match_prefix(seq.hashes_upto((len(seq.token_ids) - 1) // size))
+            hashes = seq.hashes_upto((len(seq.token_ids) - 1) // size)
+            hits = self.pool.match_prefix(hashes)
+            self.pool.acquire(hits)
+            hits += self._onboard(seq, hashes, len(hits))
             num_cached = len(hits) * size
             num_new = min(len(seq.token_ids) - num_cached, budget)
-            self.pool.acquire(hits)
             fresh = self.pool.allocate(-(-(num_cached + num_new) // size) - len(hits))
             if fresh is None:
                 self.pool.release(hits)
@@ -173,6 +201,49 @@ class Scheduler:
             budget -= num_new
 
     # ------------------------------------------------------------------ helpers
+    def _onboard(self, seq: Sequence, hashes: list[int], num_hits: int) -> list[int]:
+        """Fresh blocks, cached, holding the prompt blocks after the device hits that the
+        simulated tiers had (as many as the pool can give); [] without tiers."""
+        if self.kvbm is None:
+            return []
+        candidates: list[int] = []
+        for h in hashes[num_hits:]:
+            if self.pool.match_prefix([h]):
+                break
+            candidates.append(h)
+        limit = min(len(candidates), self.pool.num_allocatable_blocks)
+        found = self.kvbm.onboard(
+            candidates[:limit], num_device_hits=num_hits, num_lookup_blocks=len(hashes)
+        )
+        if not found.num_blocks:
+            return []
+        fresh = self.pool.allocate(found.num_blocks)
+        assert fresh is not None, "fewer allocatable blocks than counted"
+        size = self.config.block_size
+        end = num_hits + found.num_blocks
+        self.pool.cache_full_blocks(
+            fresh,
+            hashes[num_hits:end],
+            hashes[num_hits - 1] if num_hits else None,
+            seq.token_ids[num_hits * size : end * size],
+            seq.lora_name,
+        )
+        self._onboard_ms += found.seconds * 1000.0
+        return fresh
+
+    def _offload_evicted(self) -> None:
+        if self.kvbm is None:
+            return
+        size = self.config.block_size
+        for e in self.pool.take_evicted():
+            meta = BlockMeta(
+                block_size=size,
+                token_ids=e.token_ids,
+                parent_hash=e.parent_hash,
+                lora_name=e.lora_name,
+            )
+            self.kvbm.offload(e.block_hash, meta)
+
     def _grow(self, seq: Sequence, num_new: int) -> bool:
         """Give `seq` the blocks to hold `num_new` more tokens; False if the pool is short."""
         size = self.config.block_size

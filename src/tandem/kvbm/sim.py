@@ -8,6 +8,7 @@ that finds `offload_queue_size` copies still in flight is skipped, as the real q
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -20,6 +21,8 @@ from tandem.kvbm.frequency import ReuseCounter
 from tandem.kvbm.lru import LruIndex
 from tandem.kvbm.metrics import Direction, KvbmMetrics
 from tandem.protocols.kv_events import KvEvent
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -163,6 +166,16 @@ class SimBlockManager:
         self._reuse = ReuseCounter(
             min_reuse=config.disk_min_reuse, max_entries=4 * self.host.capacity_blocks + 1024
         )
+        self._last_log = clock()
+
+    def tick(self) -> None:
+        """Log the hit-rate summary once `log_interval_s` passed on the clock (the mocker
+        calls it every step; 0 = never)."""
+        interval = self.config.log_interval_s
+        now = self._clock()
+        if interval and now - self._last_log >= interval:
+            self._last_log = now
+            logger.info("kvbm (simulated) %s", self.metrics.summary(self.occupancy()))
 
     def offload(self, block_hash: int, meta: BlockMeta, num_bytes: int | None = None) -> bool:
         """Account a G1 → G2 copy; False when skipped because the link is saturated."""

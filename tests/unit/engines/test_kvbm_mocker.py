@@ -132,3 +132,14 @@ def test_flags_reach_the_mocker_config(tmp_path: Path):
     assert config_from_args(parser.parse_args(["--tokenizer", "none"])).kvbm is None
     s = Scheduler(cfg)  # GB capacity resolved from kv_bytes_per_token x block_size
     assert s.kvbm is not None and s.kvbm.occupancy()["host"] == (0, 32)
+
+
+def test_summary_line_logged_on_the_simulated_clock(caplog: pytest.LogCaptureFixture):
+    tiers = KvbmConfig(host_blocks=64, log_interval_s=0.01)
+    s = Scheduler(config(tiers))
+    events: list[KvEvent] = []
+    with caplog.at_level("INFO", logger="tandem.kvbm.sim"):
+        conversation(s, events)
+    lines = [r.getMessage() for r in caplog.records if "kvbm (simulated)" in r.getMessage()]
+    assert lines and "occupancy host=" in lines[-1]
+    assert len(lines) <= s.clock_ms / 10 + 1  # at most one per 10 simulated ms

@@ -234,6 +234,7 @@ class Scheduler:
     def _offload_evicted(self) -> None:
         if self.kvbm is None:
             return
+        self.kvbm.tick()
         size = self.config.block_size
         for e in self.pool.take_evicted():
             meta = BlockMeta(

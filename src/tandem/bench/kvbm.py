@@ -95,7 +95,7 @@ def run_turn(
             stop=StopConditions(max_tokens=max_tokens, ignore_eos=True),
         )
     )
-    ttft, cached, out = 0.0, 0, []
+    ttft, cached, out = 0.0, 0, list[int]()
     while core.has_work():
         for request_id, o in core.step():
             if request_id != rid:

@@ -69,10 +69,7 @@ class NativeEngine:
             self.core, self.model_path = await asyncio.to_thread(build_core, self.config)
         assert self.core is not None
         self._info = self._make_info(self.core)
-        loop = self._loop
-        self.core.kvbm_event_sink = lambda events: loop.call_soon_threadsafe(
-            self._dispatch, [], events
-        )
+        self.core.kvbm_event_sink = self._post_tier_events
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
         self._thread.start()
         logger.info(
@@ -276,6 +273,11 @@ class NativeEngine:
             else:
                 self._events.append(events)
             self._events_ready.set()
+
+    def _post_tier_events(self, events: list[KvEvent]) -> None:
+        """Host/disk KV events from kvbm's threads, queued like a step's (thread-safe)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._dispatch, [], events)
 
     def _fail_all(self, failed: EngineOutput) -> None:
         for stream in self._streams.values():

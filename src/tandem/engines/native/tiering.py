@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ from tandem.engines.native.sequence import Sequence
 from tandem.kvbm.args import with_block_bytes
 from tandem.kvbm.base import BlockMeta, KvbmConfig
 from tandem.kvbm.events import EventSink
-from tandem.kvbm.layout import join_blocks, per_block
+from tandem.kvbm.layout import join_blocks
 from tandem.kvbm.manager import BlockManager as TierManager
 
 logger = logging.getLogger(__name__)
@@ -74,9 +75,9 @@ class KvTiering:
         start = time.perf_counter()
         todo = [e for e in evicted if not self.kvbm.may_hold(e.block_hash, "host")]
         if todo:
-            exported = self.runner.export_blocks([e.block_id for e in todo])
+            exported = self._export([e.block_id for e in todo])
             bs = self.blocks.block_size
-            for e, parts in zip(todo, per_block(exported), strict=True):
+            for e, parts in zip(todo, exported, strict=True):
                 meta = BlockMeta(
                     block_size=bs,
                     token_ids=tuple(e.token_ids),
@@ -86,6 +87,15 @@ class KvTiering:
                 if not self.kvbm.offload(e.block_hash, parts, meta):
                     self.num_offload_skipped += 1
         self.max_flush_s = max(self.max_flush_s, time.perf_counter() - start)
+
+    def _export(self, block_ids: list[int]) -> list[Any]:
+        """One contiguous uint8 numpy array per block: its per-layer [2, 1, bs, heads, dim]
+        KV back to back (the layout `join_blocks` reads). All torch work happens here, on the
+        step thread, so kvbm's threads only copy bytes (no second torch thread pool)."""
+        layers = self.runner.export_blocks(block_ids)  # per layer [2, n, bs, heads, dim]
+        stacked = torch.stack(layers).movedim(2, 0).contiguous()  # [n, layers, 2, bs, ...]
+        flat = stacked.view(len(block_ids), -1).view(torch.uint8).numpy()
+        return list(flat)
 
     def onboard(self, seq: Sequence, num_cached_tokens: int) -> int:
         """Bring the prompt's next blocks from G2/G3 into G1 (as many as are free); returns

@@ -3,7 +3,8 @@
 Prints, in one run on the same model, dtype and thread count: prefill tokens/s at
 --prompt-len tokens; decode tokens/s (aggregate) at each --concurrency; the same for HF
 transformers `generate`; the weight-streaming bound (weight bytes / measured memcpy GB/s)
-and how far the native batch-1 step is from it.
+and how far the native batch-1 step is from it. Native and HF repeats alternate, so on a
+shared machine both engines meet the same background load.
 """
 
 from __future__ import annotations
@@ -85,38 +86,41 @@ def _request(rid: str, prompt: list[int], max_tokens: int) -> PreprocessedReques
     )
 
 
-def native_prefill(core: EngineCore, args: argparse.Namespace, rng: random.Random) -> float:
-    times = []
-    for i in range(args.repeats + 1):
-        core.add(_request(f"p{i}", _prompt(rng, args.prompt_len, args.vocab_size), 1))
-        start = time.perf_counter()
-        while core.has_work():
-            core.step()
-        times.append(time.perf_counter() - start)
-    return float(args.prompt_len / statistics.median(times[1:]))  # the first warms up
+class NativeBench:
+    """Timed windows of the native engine; each call is one repeat (callers interleave)."""
 
+    def __init__(self, core: EngineCore, args: argparse.Namespace, rng: random.Random) -> None:
+        self.core, self.args, self.rng = core, args, rng
 
-def native_decode(core: EngineCore, n: int, args: argparse.Namespace, rng: random.Random) -> float:
-    """Aggregate decode tokens/s of n sequences, prefill excluded: the fastest of
-    --repeats windows of --decode-tokens steps (a shared machine only ever slows us)."""
-    max_tokens = args.decode_tokens * args.repeats + 3
-    for i in range(n):
-        core.add(
-            _request(f"d{n}-{i}", _prompt(rng, args.decode_prompt_len, args.vocab_size), max_tokens)
-        )
-    while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
-        core.step()
-    core.step()  # warm-up decode step
-    best = float("inf")
-    for _ in range(args.repeats):
+    def prefill_s(self, rid: str) -> float:
+        a = self.args
+        self.core.add(_request(rid, _prompt(self.rng, a.prompt_len, a.vocab_size), 1))
         start = time.perf_counter()
-        for _ in range(args.decode_tokens):
-            core.step()
-        best = min(best, time.perf_counter() - start)
-    for rid in list(core.seqs):
-        core.abort(rid)
-    core.step()
-    return float(n * args.decode_tokens / best)
+        while self.core.has_work():
+            self.core.step()
+        return time.perf_counter() - start
+
+    def start_decode(self, n: int) -> None:
+        """Admit n sequences, finish their prefill and one warm-up decode step."""
+        a = self.args
+        max_tokens = a.decode_tokens * a.repeats + 3
+        for i in range(n):
+            prompt = _prompt(self.rng, a.decode_prompt_len, a.vocab_size)
+            self.core.add(_request(f"d{n}-{i}", prompt, max_tokens))
+        while any(s.num_computed_tokens < s.num_prompt_tokens for s in self.core.seqs.values()):
+            self.core.step()
+        self.core.step()
+
+    def decode_window_s(self) -> float:
+        start = time.perf_counter()
+        for _ in range(self.args.decode_tokens):
+            self.core.step()
+        return time.perf_counter() - start
+
+    def stop_decode(self) -> None:
+        for rid in list(self.core.seqs):
+            self.core.abort(rid)
+        self.core.step()
 
 
 def hf_model(config: Any, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
@@ -133,38 +137,62 @@ def hf_model(config: Any, weights: dict[str, torch.Tensor], dtype: torch.dtype) 
 
 
 @torch.inference_mode()
-def hf_prefill(model: Any, args: argparse.Namespace, rng: random.Random) -> float:
-    times = []
-    for _ in range(args.repeats + 1):
-        ids = torch.tensor([_prompt(rng, args.prompt_len, args.vocab_size)])
-        start = time.perf_counter()
-        model(ids)
-        times.append(time.perf_counter() - start)
-    return float(args.prompt_len / statistics.median(times[1:]))
+def hf_prefill_s(model: Any, args: argparse.Namespace, rng: random.Random) -> float:
+    ids = torch.tensor([_prompt(rng, args.prompt_len, args.vocab_size)])
+    start = time.perf_counter()
+    model(ids)
+    return time.perf_counter() - start
 
 
 @torch.inference_mode()
-def hf_decode(model: Any, n: int, args: argparse.Namespace, rng: random.Random) -> float:
-    """Aggregate decode tokens/s of `generate` at batch n: time(1+T tokens) - time(1 token)."""
+def hf_generate_s(model: Any, ids: torch.Tensor, new_tokens: int) -> float:
+    """Wall time of `generate` producing exactly new_tokens greedy tokens for the batch."""
+    start = time.perf_counter()
+    model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return time.perf_counter() - start
+
+
+def prefill_figures(
+    native: NativeBench, hf: Any, args: argparse.Namespace, rng: random.Random
+) -> tuple[float, float | None]:
+    """Median prefill tokens/s of each engine, repeats interleaved (first ones warm up)."""
+    native_s: list[float] = []
+    hf_s: list[float] = []
+    for i in range(args.repeats + 1):
+        native_s.append(native.prefill_s(f"p{i}"))
+        if hf is not None:
+            hf_s.append(hf_prefill_s(hf, args, rng))
+    hf_tok_s = args.prompt_len / statistics.median(hf_s[1:]) if hf is not None else None
+    return args.prompt_len / statistics.median(native_s[1:]), hf_tok_s
+
+
+def decode_figures(
+    native: NativeBench, hf: Any, n: int, args: argparse.Namespace, rng: random.Random
+) -> tuple[float, float | None]:
+    """Aggregate decode tokens/s at n sequences, prefill excluded, for each engine: the
+    fastest of --repeats windows of --decode-tokens steps (a shared machine only ever slows
+    a window down), native and HF windows interleaved so both meet the same load. HF's
+    window is time(generate 1 + T tokens) - time(generate 1 token)."""
+    native.start_decode(n)
     ids = torch.tensor([_prompt(rng, args.decode_prompt_len, args.vocab_size) for _ in range(n)])
-    mask = torch.ones_like(ids)
-
-    def timed(new_tokens: int) -> float:
-        start = time.perf_counter()
-        model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-        return time.perf_counter() - start
-
-    timed(2)  # warm-up
-    first = min(timed(1) for _ in range(args.repeats))
-    decode_s = min(timed(1 + args.decode_tokens) for _ in range(args.repeats)) - first
-    return float(n * args.decode_tokens / decode_s)
+    if hf is not None:
+        hf_generate_s(hf, ids, 2)  # warm-up
+    native_best = hf_first = hf_full = float("inf")
+    for _ in range(args.repeats):
+        native_best = min(native_best, native.decode_window_s())
+        if hf is not None:
+            hf_first = min(hf_first, hf_generate_s(hf, ids, 1))
+            hf_full = min(hf_full, hf_generate_s(hf, ids, 1 + args.decode_tokens))
+    native.stop_decode()
+    tokens = n * args.decode_tokens
+    return tokens / native_best, (tokens / (hf_full - hf_first) if hf is not None else None)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,15 +223,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bound_step_ms": model.weight_bytes() / (gbps * 1e9) * 1e3,
         "matvec_gbps": mv_gbps,
         "matvec_bound_step_ms": model.weight_bytes() / (mv_gbps * 1e9) * 1e3,
-        "native": {"prefill_tok_s": native_prefill(core, args, rng)},
     }
+    hf = None if args.skip_hf else hf_model(config, weights, dtype)
+    native = NativeBench(core, args, rng)
+    native_prefill, hf_prefill = prefill_figures(native, hf, args, rng)
+    result["native"] = {"prefill_tok_s": native_prefill}
+    if hf is not None:
+        result["hf"] = {"prefill_tok_s": hf_prefill}
     for n in args.concurrency:
-        result["native"][f"decode_tok_s@{n}"] = native_decode(core, n, args, rng)
-    if not args.skip_hf:
-        hf = hf_model(config, weights, dtype)
-        result["hf"] = {"prefill_tok_s": hf_prefill(hf, args, rng)}
-        for n in args.concurrency:
-            result["hf"][f"decode_tok_s@{n}"] = hf_decode(hf, n, args, rng)
+        native_tok_s, hf_tok_s = decode_figures(native, hf, n, args, rng)
+        result["native"][f"decode_tok_s@{n}"] = native_tok_s
+        if hf is not None:
+            result["hf"][f"decode_tok_s@{n}"] = hf_tok_s
     return result
 
 

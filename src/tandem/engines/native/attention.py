@@ -26,6 +26,28 @@ class PrefillSpan:
 
 
 @dataclass(slots=True, kw_only=True)
+class SingleDecode:
+    """The one sequence of a batch-1 decode step: its new token goes to `slot` and
+    attends over ctx_len tokens; `rope` is the [d, d] RoPE matrix of its position.
+    `first_slot` is set when its blocks are consecutive (K/V read in place), else
+    `blocks` lists them (K/V gathered a block at a time)."""
+
+    slot: int
+    ctx_len: int
+    rope: torch.Tensor
+    first_slot: int | None = None
+    blocks: torch.Tensor | None = None
+
+    def context(self, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[ctx_len, kv_heads, d] of one cache plane, given as slots and as block rows."""
+        if self.first_slot is not None:
+            return slots[self.first_slot : self.first_slot + self.ctx_len]
+        assert self.blocks is not None
+        gathered = rows.index_select(0, self.blocks).view(-1, *slots.shape[1:])
+        return gathered[: self.ctx_len]
+
+
+@dataclass(slots=True, kw_only=True)
 class AttentionMetadata:
     """Everything the attention of every layer needs for one step; built once per step."""
 
@@ -36,6 +58,7 @@ class AttentionMetadata:
     decode_blocks: torch.Tensor | None = None  # [D * max_blocks] long, padded with block 0
     decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_blocks * block_size], True = attend
     prefills: list[PrefillSpan] = field(default_factory=list)
+    single: SingleDecode | None = None  # set for a batch-1 decode step (LlamaModel.decode_one)
 
 
 def paged_attention(
@@ -46,10 +69,12 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     out: torch.Tensor,
+    *,
+    scale: float | None = None,
 ) -> None:
     """Write this step's k/v [T, kv_heads, d] into the cache, then attention of q
     [T, heads, d] into `out` [T, heads, d]. k_cache/v_cache: [num_blocks, block_size,
-    kv_heads, d]; K/V are gathered a whole block at a time."""
+    kv_heads, d]; K/V are gathered a whole block at a time. `scale`: SDPA's (None = 1/sqrt(d))."""
     num_blocks, _, kv_heads, dim = k_cache.shape
     k_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, v)
@@ -63,7 +88,7 @@ def paged_attention(
         kd = k_rows.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
         vd = v_rows.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
         res = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True
+            qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True, scale=scale
         )
         out[:num_decode] = res.squeeze(2)
     for span in meta.prefills:
@@ -82,5 +107,6 @@ def paged_attention(
             attn_mask=span.mask,
             is_causal=span.mask is None,
             enable_gqa=True,
+            scale=scale,
         )
         out[span.start : span.end] = res[0].transpose(0, 1)

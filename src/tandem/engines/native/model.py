@@ -1,29 +1,45 @@
 """A llama-family decoder as plain tensors and functions (no nn.Module overhead).
 
 Q/K/V and gate/up projections are fused into one matmul each; residual adds are fused
-into the output projections (addmm). The forward runs over a flat batch of tokens with
-a paged KV cache of shape [num_layers, 2, num_blocks, block_size, kv_heads, head_dim].
+into the output projections (addmm). Each RMSNorm weight is folded into the columns of the
+projection that follows it (and the attention scale into the Q rows when it is a power of
+two, which is exact), so a norm is one reduction and one scale. The KV cache has shape
+[num_layers, 2, num_blocks, block_size, kv_heads, head_dim].
+
+Two forwards: `hidden` runs any flat batch of tokens (prefill chunks and decodes);
+`decode_one` is the batch-1 decode step, where the time goes to streaming weights and every
+extra kernel is overhead: norms reduce to a Python scalar, RoPE is one small matmul, and
+attention reads the sequence's K/V in place when its blocks are consecutive.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from tandem.engines.native.attention import AttentionMetadata, paged_attention
+from tandem.engines.native.attention import AttentionMetadata, SingleDecode, paged_attention
+from tandem.engines.native.head import OutputHead, fast_bf16_available
 from tandem.engines.native.linear import Linear, can_pack
 from tandem.engines.native.model_config import ModelConfig
 
 
 class LayerWeights(NamedTuple):
-    input_norm: torch.Tensor
-    qkv: Linear  # hidden -> (H + 2 KVH) * d
+    qkv: Linear  # hidden -> (H + 2 KVH) * d, input norm (and attention scale) folded in
     o: Linear  # H * d -> hidden
-    post_norm: torch.Tensor
-    gate_up: Linear  # hidden -> 2 * ffn
+    gate_up: Linear  # hidden -> 2 * ffn, post-attention norm folded in
     down: Linear  # ffn -> hidden
+
+
+class KvViews(NamedTuple):
+    """One layer of the KV cache seen as slots [num_slots, kv_heads, d] and as block rows."""
+
+    k_slots: torch.Tensor
+    v_slots: torch.Tensor
+    k_rows: torch.Tensor
+    v_rows: torch.Tensor
 
 
 def rope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +53,13 @@ def rope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, 
     return emb.cos(), emb.sin()
 
 
+def _rope_index(dim: int) -> torch.Tensor:
+    """Flat positions in a [dim, dim] matrix M (out = q @ M) of cos_i on the diagonal,
+    -sin_i at (i + half, i) and sin_{i + half} at (i, i + half), for i < half."""
+    half, i = dim // 2, torch.arange(dim // 2)
+    return torch.cat((torch.arange(dim) * (dim + 1), (i + half) * dim + i, i * dim + i + half))
+
+
 class LlamaModel:
     """Weights + forward. Not thread-safe: one step at a time."""
 
@@ -48,48 +71,66 @@ class LlamaModel:
         dtype: torch.dtype = torch.float32,
         max_positions: int | None = None,
         pack_weights: bool = True,
+        screen_head: bool | None = None,
     ) -> None:
         self.config = config
         self.dtype = dtype
-        w = {k: v.to(dtype) for k, v in weights.items()}
+        w = {k: v.to(torch.float32) for k, v in weights.items()}
         pack = pack_weights and can_pack(dtype)
-        self.layers = [self._layer(w, i, pack) for i in range(config.num_layers)]
-        self.embed = w["model.embed_tokens.weight"].contiguous()
-        head = self.embed if config.tie_word_embeddings else w["lm_head.weight"]
-        self.lm_head = Linear(head, pack=pack)
-        self.norm = w["model.norm.weight"]
+        scale = config.head_dim**-0.5
+        self.attn_scale = 1.0 if math.frexp(scale)[0] == 0.5 else scale  # 2^k folds exactly
+        self.layers = [
+            self._layer(w, i, pack, scale / self.attn_scale, dtype)
+            for i in range(config.num_layers)
+        ]
+        self.embed = w["model.embed_tokens.weight"].to(dtype).contiguous()
+        head = w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
+        screen = fast_bf16_available() if screen_head is None else screen_head
+        self.head = OutputHead((head * w["model.norm.weight"]).to(dtype), pack=pack, screen=screen)
         cos, sin = rope_tables(config, max_positions or config.context_length)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+        self._rope_index = _rope_index(config.head_dim)
+        self._kv_views: tuple[tuple[int, tuple[int, ...]], list[KvViews]] | None = None
 
     @staticmethod
-    def _layer(w: dict[str, torch.Tensor], i: int, pack: bool) -> LayerWeights:
+    def _layer(
+        w: dict[str, torch.Tensor], i: int, pack: bool, q_scale: float, dtype: torch.dtype
+    ) -> LayerWeights:
         p = f"model.layers.{i}."
-        qkv = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        q = w[p + "self_attn.q_proj.weight"] * q_scale
+        qkv = torch.cat([q, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.v_proj.weight"]])
         gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
         return LayerWeights(
-            input_norm=w[p + "input_layernorm.weight"],
-            qkv=Linear(qkv, pack=pack),
-            o=Linear(w[p + "self_attn.o_proj.weight"], pack=pack),
-            post_norm=w[p + "post_attention_layernorm.weight"],
-            gate_up=Linear(gate_up, pack=pack),
-            down=Linear(w[p + "mlp.down_proj.weight"], pack=pack),
+            qkv=Linear((qkv * w[p + "input_layernorm.weight"]).to(dtype), pack=pack),
+            o=Linear(w[p + "self_attn.o_proj.weight"].to(dtype), pack=pack),
+            gate_up=Linear(
+                (gate_up * w[p + "post_attention_layernorm.weight"]).to(dtype), pack=pack
+            ),
+            down=Linear(w[p + "mlp.down_proj.weight"].to(dtype), pack=pack),
         )
 
     def weight_bytes(self) -> int:
-        """Bytes streamed per decode step: every layer weight and the output head once (the
-        embedding lookup reads only a few rows)."""
-        total = 0
-        for layer in self.layers:
-            total += sum(lin.num_bytes for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
-            total += (
-                layer.input_norm.numel() + layer.post_norm.numel()
-            ) * layer.input_norm.element_size()
-        return total + self.lm_head.num_bytes
+        """Bytes streamed per decode step: every layer weight and the fp32 output head once
+        (the embedding lookup reads only a few rows)."""
+        total = sum(
+            lin.num_bytes
+            for layer in self.layers
+            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        )
+        return total + self.head.num_bytes
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
         c = self.config
         shape = (c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim)
         return torch.zeros(shape, dtype=self.dtype)
+
+    def rope_matrix(self, position: int) -> torch.Tensor:
+        """[d, d] M with q @ M == rotate-half RoPE of q at `position`."""
+        d, half = self.config.head_dim, self.config.head_dim // 2
+        cos, sin = self.cos[position], self.sin[position]
+        m = torch.zeros(d * d, dtype=self.dtype)
+        m[self._rope_index] = torch.cat((cos, -sin[:half], sin[half:]))
+        return m.view(d, d)
 
     def forward(
         self,
@@ -100,6 +141,17 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Logits [len(logits_rows), vocab] (fp32) for the given rows of the flat batch;
         writes every row's K/V into `kv_cache` at `meta.slot_mapping`."""
+        return self.head.logits(self.hidden(input_ids, meta, kv_cache, logits_rows))
+
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Final-normed hidden states [len(rows), hidden] (the head's input) of the given
+        rows of the flat batch; writes every row's K/V into `kv_cache`."""
         c = self.config
         num_tokens = input_ids.shape[0]
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
@@ -110,20 +162,72 @@ class LlamaModel:
         cos, sin = meta.cos, meta.sin
         half = dim // 2
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, hidden_shape, layer.input_norm, eps)
-            qkv = layer.qkv(h)
+            qkv = layer.qkv(F.rms_norm(x, hidden_shape, None, eps))
             qk = qkv[:, :k_end].view(num_tokens, heads + kv_heads, dim)
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = qk * cos + rotated * sin
             v = qkv[:, k_end:].view(num_tokens, kv_heads, dim)
             paged_attention(
-                qk[:, :heads], qk[:, heads:], v, kv_cache[i, 0], kv_cache[i, 1], meta, attn_out
+                qk[:, :heads],
+                qk[:, heads:],
+                v,
+                kv_cache[i, 0],
+                kv_cache[i, 1],
+                meta,
+                attn_out,
+                scale=self.attn_scale,
             )
             x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
-            h = F.rms_norm(x, hidden_shape, layer.post_norm, eps)
-            gate_up = layer.gate_up(h)
+            gate_up = layer.gate_up(F.rms_norm(x, hidden_shape, None, eps))
             ffn = gate_up.shape[1] // 2
             act = F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:]
             x = layer.down(act, residual=x)
-        last = F.rms_norm(x[logits_rows], hidden_shape, self.norm, eps)
-        return self.lm_head(last).float()
+        return F.rms_norm(x[rows], hidden_shape, None, eps)
+
+    def decode_one(self, token: int, step: SingleDecode, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The batch-1 decode step: final-normed hidden [1, hidden] of `token`; writes its
+        K/V at `step.slot`. Same math as `hidden`, a third of the kernels."""
+        c = self.config
+        heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
+        group, k_end, ffn = heads // kv_heads, (heads + kv_heads) * dim, c.intermediate_size
+        inv_n, eps, scale = 1.0 / c.hidden_size, c.rms_norm_eps, self.attn_scale
+        attn = torch.empty(kv_heads, group, dim, dtype=self.dtype)
+        x = self.embed[token].unsqueeze(0)
+        for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
+            qkv = torch.mm(x * _rms_scale(x, inv_n, eps), layer.qkv.weight_t)[0]
+            rot = torch.mm(qkv[:k_end].view(-1, dim), step.rope)  # [H + KVH, d]
+            kv.k_slots[step.slot] = rot[heads:]
+            kv.v_slots[step.slot] = qkv[k_end:].view(kv_heads, dim)
+            keys, values = step.context(kv.k_slots, kv.k_rows), step.context(kv.v_slots, kv.v_rows)
+            scores = torch.bmm(rot[:heads].view(kv_heads, group, dim), keys.permute(1, 2, 0))
+            if scale != 1.0:
+                scores.mul_(scale)
+            torch.bmm(scores.softmax(-1), values.transpose(0, 1), out=attn)
+            x = torch.addmm(x, attn.view(1, -1), layer.o.weight_t)
+            gate_up = torch.mm(x * _rms_scale(x, inv_n, eps), layer.gate_up.weight_t)
+            act = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
+            x = torch.addmm(x, act, layer.down.weight_t)
+        return x * _rms_scale(x, inv_n, eps)
+
+    def kv_views(self, kv_cache: torch.Tensor) -> list[KvViews]:
+        """Per-layer views of `kv_cache` (cached for the last cache seen)."""
+        key = (kv_cache.data_ptr(), tuple(kv_cache.shape))
+        if self._kv_views is None or self._kv_views[0] != key:
+            _, _, num_blocks, _, kv_heads, dim = kv_cache.shape
+            views = [
+                KvViews(
+                    layer[0].view(-1, kv_heads, dim),
+                    layer[1].view(-1, kv_heads, dim),
+                    layer[0].view(num_blocks, -1),
+                    layer[1].view(num_blocks, -1),
+                )
+                for layer in kv_cache
+            ]
+            self._kv_views = (key, views)
+        return self._kv_views[1]
+
+
+def _rms_scale(x: torch.Tensor, inv_n: float, eps: float) -> float:
+    """1 / RMS of the single row x (the RMSNorm factor; its weight is folded downstream)."""
+    row = x[0]
+    return 1.0 / math.sqrt(float(torch.dot(row, row)) * inv_n + eps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tandem.engines.native.attention import AttentionMetadata, PrefillSpan
+from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
 from tandem.engines.native.block_manager import BlockManager
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.sampler import Sampler
@@ -26,6 +26,25 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch, block_manager: BlockManager) -> dict[int, int]:
         """Forward the batch; returns {seq_id: sampled token} for sequences whose chunk
         reached the end of their tokens (the others are mid-prefill)."""
+        if len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1:
+            seq = batch.seqs[0]
+            pos = seq.num_computed_tokens
+            step = self._single(seq, block_manager)
+            hidden = self.model.decode_one(seq.token_ids[pos], step, self.kv_cache)
+            sample_seqs = [seq] if pos + 1 == len(seq.token_ids) else []
+        else:
+            hidden, sample_seqs = self._forward(batch, block_manager)
+        if not sample_seqs:
+            return {}
+        if Sampler.is_plain_greedy(sample_seqs):
+            tokens = self.model.head.greedy(hidden)
+        else:
+            tokens = self.sampler(self.model.head.logits(hidden), sample_seqs)
+        return {seq.seq_id: tok for seq, tok in zip(sample_seqs, tokens, strict=True)}
+
+    def _forward(
+        self, batch: ScheduledBatch, block_manager: BlockManager
+    ) -> tuple[torch.Tensor, list[Sequence]]:
         ids: list[int] = []
         positions: list[int] = []
         sample_rows: list[int] = []
@@ -40,11 +59,22 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.long)
         meta = self._metadata(batch, block_manager, pos)
         rows = torch.tensor(sample_rows, dtype=torch.long)
-        logits = self.model.forward(torch.tensor(ids, dtype=torch.long), meta, self.kv_cache, rows)
-        if not sample_seqs:
-            return {}
-        tokens = self.sampler(logits, sample_seqs)
-        return {seq.seq_id: tok for seq, tok in zip(sample_seqs, tokens, strict=True)}
+        ids_t = torch.tensor(ids, dtype=torch.long)
+        return self.model.hidden(ids_t, meta, self.kv_cache, rows), sample_seqs
+
+    def _single(self, seq: Sequence, block_manager: BlockManager) -> SingleDecode:
+        """Where the one new token of `seq` goes and which blocks it reads."""
+        bs, pos = self.block_size, seq.num_computed_tokens
+        table = block_manager.block_table(seq)[: pos // bs + 1]
+        step = SingleDecode(
+            slot=table[-1] * bs + pos % bs, ctx_len=pos + 1, rope=self.model.rope_matrix(pos)
+        )
+        first = table[0]
+        if table[-1] - first == len(table) - 1 and table == list(range(first, table[-1] + 1)):
+            step.first_slot = first * bs
+        else:
+            step.blocks = torch.tensor(table, dtype=torch.long)
+        return step
 
     def _metadata(
         self, batch: ScheduledBatch, block_manager: BlockManager, pos: torch.Tensor

@@ -28,6 +28,17 @@ class Sampler:
         return tokens
 
     @staticmethod
+    def is_plain_greedy(seqs: list[Sequence]) -> bool:
+        """True when every row is the argmax of unmasked logits (no temperature, no
+        logprobs, no stop ids banned by min_tokens): the head may pick tokens itself."""
+        return all(
+            s.sampling.temperature <= 0
+            and s.sampling.logprobs is None
+            and s.num_output_tokens >= s.stop.min_tokens
+            for s in seqs
+        )
+
+    @staticmethod
     def _mask_min_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         for i, seq in enumerate(seqs):
             if seq.num_output_tokens < seq.stop.min_tokens:

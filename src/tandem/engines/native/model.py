@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from tandem.engines.native.arena import huge_page_copies
 from tandem.engines.native.attention import AttentionMetadata, SingleDecode, paged_attention
 from tandem.engines.native.head import OutputHead, fast_bf16_available
 from tandem.engines.native.linear import Linear, can_pack
@@ -91,6 +92,19 @@ class LlamaModel:
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
         self._rope_index = _rope_index(config.head_dim)
         self._kv_views: tuple[tuple[int, tuple[int, ...]], list[KvViews]] | None = None
+        self._place_streamed_weights()
+
+    def _place_streamed_weights(self) -> None:
+        """Move what a decode step streams onto huge pages (see `arena`)."""
+        linears = [lin for layer in self.layers for lin in layer] + [self.head.linear]
+        tensors = [lin.weight_t for lin in linears]
+        if self.head.low is not None:
+            tensors.append(self.head.low)
+        copies = huge_page_copies(tensors)
+        for lin, weight_t in zip(linears, copies, strict=False):
+            lin.weight_t = weight_t
+        if self.head.low is not None:
+            self.head.low = copies[-1]
 
     @staticmethod
     def _layer(

@@ -12,7 +12,9 @@ def test_copies_are_equal_aligned_and_independent_of_the_originals():
     tensors = [torch.randn(7, 5), torch.randn(3).to(torch.bfloat16), torch.arange(10.0)]
     copies = huge_page_copies(tensors)
     assert [c.dtype for c in copies] == [t.dtype for t in tensors]
-    assert all(torch.equal(c, t) and c.is_contiguous() for c, t in zip(copies, tensors))
+    assert all(
+        torch.equal(c, t) and c.is_contiguous() for c, t in zip(copies, tensors, strict=True)
+    )
     assert copies[0].data_ptr() % HUGE_PAGE == 0
     assert all(c.data_ptr() % ALIGN == 0 for c in copies)
     tensors[0].zero_()

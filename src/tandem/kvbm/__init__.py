@@ -2,4 +2,6 @@
 
 `manager.BlockManager` offloads blocks in the background and onboards prefixes; `sim.
 SimBlockManager` is its data-less twin for the mocker; `args` holds the `--kvbm-*` flags.
+Engines wire them in: `tandem.engines.native.tiering.KvTiering` (offload on G1 eviction,
+onboard at admission) and the mocker's `Scheduler` (`MockerConfig.kvbm`).
 """

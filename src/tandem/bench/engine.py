@@ -91,6 +91,7 @@ class NativeBench:
 
     def __init__(self, core: EngineCore, args: argparse.Namespace, rng: random.Random) -> None:
         self.core, self.args, self.rng = core, args, rng
+        self.threads_used: dict[int, int] = {}  # decode steps per thread count, this n
 
     def prefill_s(self, rid: str) -> float:
         a = self.args
@@ -112,10 +113,16 @@ class NativeBench:
         self.core.step()
 
     def decode_window_s(self) -> float:
+        """Seconds for --decode-tokens steps; counts their steps by intra-op thread count
+        (the engine picks per step: tandem.engines.native.thread_policy)."""
+        self.core.runner.steps_by_threads.clear()
         start = time.perf_counter()
         for _ in range(self.args.decode_tokens):
             self.core.step()
-        return time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        for threads, steps in self.core.runner.steps_by_threads.items():
+            self.threads_used[threads] = self.threads_used.get(threads, 0) + steps
+        return elapsed
 
     def stop_decode(self) -> None:
         for rid in list(self.core.seqs):
@@ -181,6 +188,7 @@ def decode_figures(
     a window down), native and HF windows interleaved so both meet the same load. HF's
     window is time(generate 1 + T tokens) - time(generate 1 token)."""
     native.start_decode(n)
+    native.threads_used = {}
     ids = torch.tensor([_prompt(rng, args.decode_prompt_len, args.vocab_size) for _ in range(n)])
     if hf is not None:
         hf_generate_s(hf, ids, 2)  # warm-up
@@ -233,6 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for n in args.concurrency:
         native_tok_s, hf_tok_s = decode_figures(native, hf, n, args, rng)
         result["native"][f"decode_tok_s@{n}"] = native_tok_s
+        result.setdefault("native_decode_steps_by_threads", {})[str(n)] = native.threads_used
         if hf is not None:
             result["hf"][f"decode_tok_s@{n}"] = hf_tok_s
     return result
@@ -254,6 +263,12 @@ def format_result(r: dict[str, Any]) -> str:
                 f"{name:10}{row['prefill_tok_s']:>15.0f}"
                 + "".join(f"{v:>13.1f}" for k, v in row.items() if "@" in k)
             )
+    used = r.get("native_decode_steps_by_threads", {})
+    if used:
+        lines.append(
+            "native decode steps by intra-op threads: "
+            + "  ".join(f"@{n} {dict(sorted(v.items()))}" for n, v in used.items())
+        )
     native = r["native"]
     if "decode_tok_s@1" in native:
         step_ms = 1e3 / native["decode_tok_s@1"]

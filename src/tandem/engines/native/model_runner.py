@@ -3,6 +3,8 @@ metadata), runs the model and samples. Owns the KV cache tensor."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
@@ -11,6 +13,7 @@ from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.sampler import Sampler
 from tandem.engines.native.scheduler import ScheduledBatch
 from tandem.engines.native.sequence import Sequence
+from tandem.engines.native.thread_policy import ThreadPolicy
 
 
 class ModelRunner:
@@ -21,11 +24,18 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_cache = model.new_kv_cache(num_blocks, block_size)
         self.sampler = Sampler(seed)
+        probe_weight = model.layers[0].gate_up.weight_t
+        probe_x = torch.ones(1, probe_weight.shape[0], dtype=probe_weight.dtype)
+        self.thread_policy = ThreadPolicy(
+            torch.get_num_threads(), lambda: torch.mm(probe_x, probe_weight)
+        )
+        self.steps_by_threads: Counter[int] = Counter()
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager) -> dict[int, int]:
         """Forward the batch; returns {seq_id: sampled token} for sequences whose chunk
         reached the end of their tokens (the others are mid-prefill)."""
+        self.steps_by_threads[self.thread_policy.before_step()] += 1
         if len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1:
             seq = batch.seqs[0]
             pos = seq.num_computed_tokens

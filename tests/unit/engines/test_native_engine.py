@@ -153,10 +153,14 @@ def test_args_build_a_config(monkeypatch):
 
 async def test_duplicate_request_id_is_rejected_without_disturbing_the_first():
     engine = await started()
-    first = engine.generate(request("same", [5, 6, 7], max_tokens=6))
-    await anext(first)
+    # long enough that the first is surely still running when the duplicate arrives (a short one
+    # could finish, its outputs merged into one chunk, before the second generate() call)
+    first = engine.generate(request("same", [5, 6, 7], max_tokens=200))
+    outs = [await anext(first)]
     with pytest.raises(InvalidRequest, match="already running"):
         await anext(engine.generate(request("same", [8, 9], max_tokens=6)))
-    rest = [out async for out in first]
-    assert rest[-1].finish_reason == "length"
+    outs += [out async for out in first]
+    assert outs[-1].finish_reason == "length"
+    assert sum(len(out.token_ids) for out in outs) == 200
+    assert engine.load().num_active_blocks == 0
     await engine.stop()

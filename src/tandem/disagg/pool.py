@@ -10,37 +10,21 @@ from typing import Any
 
 from tandem.protocols.discovery import InstanceEvent
 from tandem.router.base import Router
+from tandem.router.source import StaticInstanceSet
 
 logger = logging.getLogger(__name__)
-
-
-class PoolView:
-    """The live prefill instances of one model (an InstanceSource for its router)."""
-
-    def __init__(self) -> None:
-        self.instances: dict[str, Any] = {}
-        self._listeners: list[Callable[[Any], Any]] = []
-
-    def add_listener(self, callback: Callable[[Any], Any]) -> None:
-        self._listeners.append(callback)
-
-    def apply(self, event: InstanceEvent) -> None:
-        if event.kind == "added":
-            self.instances[event.instance.instance_id] = event.instance
-        elif self.instances.pop(event.instance.instance_id, None) is None:
-            return
-        for callback in list(self._listeners):
-            callback(event)
 
 
 class PrefillPool:
     """Follows an InstanceSet of ``ns.prefill.generate``; `make_router(view)` builds each
     model's router. One event loop; not thread-safe."""
 
-    def __init__(self, instance_set: Any, make_router: Callable[[PoolView], Router]) -> None:
+    def __init__(
+        self, instance_set: Any, make_router: Callable[[StaticInstanceSet], Router]
+    ) -> None:
         self._set = instance_set
         self._make_router = make_router
-        self.views: dict[str, PoolView] = {}
+        self.views: dict[str, StaticInstanceSet] = {}
         self._routers: dict[str, tuple[Router, asyncio.Task[None]]] = {}
 
     async def start(self) -> None:
@@ -57,7 +41,7 @@ class PrefillPool:
         if view is None:
             if event.kind != "added":
                 return
-            view = self.views[card.name] = PoolView()
+            view = self.views[card.name] = StaticInstanceSet()
             router = self._make_router(view)
             task = asyncio.create_task(router.start(), name=f"prefill-router-{card.name}")
             self._routers[card.name] = (router, task)

@@ -7,14 +7,14 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from tandem.errors import InvalidRequest, ModelNotFound
 from tandem.frontend.config import FrontendConfig
-from tandem.protocols.discovery import Instance, InstanceEvent, ModelCard
+from tandem.protocols.discovery import InstanceEvent, ModelCard
 from tandem.router.base import Router
 from tandem.router.registry import make_router
+from tandem.router.source import StaticInstanceSet
 from tandem.tokens.chat_template import ChatTemplate
 from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 
@@ -39,29 +39,10 @@ def freeze_long_lived() -> None:
         gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
 
 
-class ModelInstances:
-    """The live instances serving one model (an InstanceSource for its router)."""
-
-    def __init__(self) -> None:
-        self.instances: dict[str, Instance] = {}
-        self._listeners: list[Callable[[Any], Any]] = []
-
-    def add_listener(self, callback: Callable[[Any], Any]) -> None:
-        self._listeners.append(callback)
-
-    def apply(self, event: InstanceEvent) -> None:
-        if event.kind == "added":
-            self.instances[event.instance.instance_id] = event.instance
-        elif self.instances.pop(event.instance.instance_id, None) is None:
-            return
-        for callback in list(self._listeners):
-            callback(event)
-
-
 class ServedModel:
     """One model name: its card, instances, router and (lazily loaded) tokenizer."""
 
-    def __init__(self, card: ModelCard, router: Router, instances: ModelInstances) -> None:
+    def __init__(self, card: ModelCard, router: Router, instances: StaticInstanceSet) -> None:
         self.name, self.card, self.router, self.instances = card.name, card, router, instances
         self.created = int(time.time())
         self.tokenizer: ModelTokenizer | None = None
@@ -137,7 +118,7 @@ class ModelRegistry:
         model.instances.apply(event)
 
     def _add(self, card: ModelCard) -> ServedModel:
-        view = ModelInstances()
+        view = StaticInstanceSet()
         router = make_router(
             self._config.router_policy,
             self._config.router,

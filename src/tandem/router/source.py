@@ -26,8 +26,9 @@ class EventSource(Protocol):
 
 
 class StaticInstanceSet:
-    """In-memory `InstanceSource`: instances added and removed by hand (tests, fixed fleets).
-    Listeners receive `InstanceEvent`s synchronously."""
+    """In-memory `InstanceSource`: instances added and removed by hand (tests, fixed fleets)
+    or fed discovery events through `apply` (one model's view of a wider `InstanceSet`).
+    Listeners receive `InstanceEvent`s synchronously. One event loop; not thread-safe."""
 
     def __init__(self, instances: list[Instance] | None = None) -> None:
         self.instances: dict[str, Instance] = {i.instance_id: i for i in instances or []}
@@ -37,15 +38,19 @@ class StaticInstanceSet:
         self._listeners.append(callback)
 
     def add(self, instance: Instance) -> None:
-        self.instances[instance.instance_id] = instance
-        self._notify("added", instance)
+        self.apply(InstanceEvent(kind="added", instance=instance))
 
     def remove(self, instance_id: str) -> None:
-        instance = self.instances.pop(instance_id, None)
+        instance = self.instances.get(instance_id)
         if instance is not None:
-            self._notify("removed", instance)
+            self.apply(InstanceEvent(kind="removed", instance=instance))
 
-    def _notify(self, kind: str, instance: Instance) -> None:
-        event = InstanceEvent(kind=kind, instance=instance)  # type: ignore[arg-type]
+    def apply(self, event: InstanceEvent) -> None:
+        """Add or remove `event.instance` and pass `event` to the listeners; a removal of an
+        unknown instance is ignored (no listener call)."""
+        if event.kind == "added":
+            self.instances[event.instance.instance_id] = event.instance
+        elif self.instances.pop(event.instance.instance_id, None) is None:
+            return
         for callback in list(self._listeners):
             callback(event)

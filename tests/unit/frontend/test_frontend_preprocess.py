@@ -5,17 +5,18 @@ import pytest
 
 from tandem.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, Overloaded
 from tandem.frontend import errors as http_errors
-from tandem.frontend.models import ModelInstances, ServedModel
+from tandem.frontend.models import ServedModel
 from tandem.frontend.preprocess import preprocess_chat, preprocess_completion, resolve_max_tokens
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+from tandem.router.source import StaticInstanceSet
 from tandem.tokens.chat_template import ChatTemplate
 
 
 @pytest.fixture
 def model(smollm2) -> ServedModel:
     card = ModelCard(name="m", context_length=64, block_size=16, num_total_blocks=8)
-    served = ServedModel(card, router=None, instances=ModelInstances())  # type: ignore[arg-type]
+    served = ServedModel(card, router=None, instances=StaticInstanceSet())  # type: ignore[arg-type]
     served.tokenizer = smollm2
     served.chat_template = ChatTemplate(smollm2.chat_template)
     served.eos_token_ids = [2]

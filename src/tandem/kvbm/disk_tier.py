@@ -15,23 +15,15 @@ import logging
 import mmap
 import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.kvbm import disk_format
 from tandem.kvbm.base import BlockMeta, TierName
-from tandem.kvbm.lru import LruIndex
+from tandem.kvbm.lru import LruTier, TierEntry
 
 logger = logging.getLogger(__name__)
 _BLOCK_FILE = re.compile(r"^[0-9a-f]{16}\.kvb(\.tmp)?$")
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-
-
-@dataclass(slots=True)
-class _File:
-    num_bytes: int
-    meta: BlockMeta
 
 
 def probe_direct_io(directory: Path) -> bool:
@@ -55,7 +47,7 @@ def probe_direct_io(directory: Path) -> bool:
         path.unlink(missing_ok=True)
 
 
-class DiskTier:
+class DiskTier(LruTier[TierEntry]):
     """`StorageTier` over files; capacity in blocks of at most `block_bytes`. Not thread-safe."""
 
     name: TierName = "disk"
@@ -65,8 +57,7 @@ class DiskTier:
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._block_bytes = block_bytes
-        self._index: LruIndex[_File] = LruIndex(capacity_blocks)
+        super().__init__(capacity_blocks=capacity_blocks, block_bytes=block_bytes)
         self._buf = mmap.mmap(-1, disk_format.file_bytes(block_bytes))  # page-aligned
         self.direct_io = direct_io and probe_direct_io(self.directory)
         self.num_corrupt = 0
@@ -79,18 +70,6 @@ class DiskTier:
             self.direct_io,
         )
 
-    @property
-    def capacity_blocks(self) -> int:
-        return self._index.capacity
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self._index)
-
-    @property
-    def block_bytes(self) -> int:
-        return self._block_bytes
-
     def path_of(self, block_hash: int) -> Path:
         return self.directory / f"{block_hash & ((1 << 64) - 1):016x}.kvb"
 
@@ -102,14 +81,10 @@ class DiskTier:
             raise ValueError(f"block of {payload.nbytes} bytes exceeds {self._block_bytes}")
         if self._index.touch(block_hash) is not None:
             return []
-        evicted = []
-        while self._index.is_full:
-            old_hash, _ = self._index.pop_lru()
-            self.path_of(old_hash).unlink(missing_ok=True)
-            evicted.append(old_hash)
+        evicted = self._make_room()
         total = disk_format.encode_into(memoryview(self._buf), block_hash, payload)
         self._write(self.path_of(block_hash), total)
-        self._index.insert(block_hash, _File(payload.nbytes, meta))
+        self._index.insert(block_hash, TierEntry(num_bytes=payload.nbytes, meta=meta))
         return evicted
 
     def get(self, block_hash: int) -> bytes | None:
@@ -126,25 +101,6 @@ class DiskTier:
             self.remove(block_hash)
             return None
 
-    def meta(self, block_hash: int) -> BlockMeta | None:
-        entry = self._index.peek(block_hash)
-        return None if entry is None else entry.meta
-
-    def contains(self, block_hash: int) -> bool:
-        return block_hash in self._index
-
-    def remove(self, block_hash: int) -> bool:
-        if self._index.pop(block_hash) is None:
-            return False
-        self.path_of(block_hash).unlink(missing_ok=True)
-        return True
-
-    def lookup(self, block_hashes: Sequence[int]) -> int:
-        return self._index.leading(block_hashes)
-
-    def block_hashes(self) -> list[int]:
-        return list(self._index)
-
     def clear(self) -> list[int]:
         hashes = self._index.clear()
         for block_hash in hashes:
@@ -157,6 +113,9 @@ class DiskTier:
         indexed = {self.path_of(h).name for h in self._index}
         assert on_disk == indexed, f"files {sorted(on_disk ^ indexed)} disagree with the index"
         assert all(f.num_bytes <= self._block_bytes for _, f in self._index.items())
+
+    def _release(self, block_hash: int, entry: TierEntry) -> None:
+        self.path_of(block_hash).unlink(missing_ok=True)
 
     def _flags(self) -> int:
         return _O_DIRECT if self.direct_io else 0

@@ -10,23 +10,20 @@ from __future__ import annotations
 import logging
 import mmap
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tandem.kvbm.base import BlockMeta, TierName
-from tandem.kvbm.lru import LruIndex
+from tandem.kvbm.lru import LruTier, TierEntry
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class _Slot:
+@dataclass(slots=True, kw_only=True)
+class _Slot(TierEntry):
     index: int
-    num_bytes: int
-    meta: BlockMeta
 
 
 def allocate_host_buffer(num_bytes: int) -> tuple[np.ndarray, Any]:
@@ -42,7 +39,7 @@ def allocate_host_buffer(num_bytes: int) -> tuple[np.ndarray, Any]:
     return np.frombuffer(owner, dtype=np.uint8), owner
 
 
-class HostTier:
+class HostTier(LruTier[_Slot]):
     """`StorageTier` over host memory: `capacity_blocks` slots of `block_bytes` each.
 
     A slot holds one block; `put` of a present hash only refreshes its LRU position (the same
@@ -54,8 +51,7 @@ class HostTier:
     def __init__(self, *, capacity_blocks: int, block_bytes: int) -> None:
         if block_bytes < 1:
             raise ValueError(f"block_bytes={block_bytes} out of range; expected >= 1")
-        self._block_bytes = block_bytes
-        self._index: LruIndex[_Slot] = LruIndex(capacity_blocks)
+        super().__init__(capacity_blocks=capacity_blocks, block_bytes=block_bytes)
         self._buffer, self._owner = allocate_host_buffer(capacity_blocks * block_bytes)
         self._free = list(range(capacity_blocks - 1, -1, -1))
         logger.info(
@@ -66,33 +62,17 @@ class HostTier:
             type(self._owner).__name__,
         )
 
-    @property
-    def capacity_blocks(self) -> int:
-        return self._index.capacity
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self._index)
-
-    @property
-    def block_bytes(self) -> int:
-        return self._block_bytes
-
     def put(self, block_hash: int, data: memoryview | bytes, meta: BlockMeta) -> list[int]:
         src = np.frombuffer(data, dtype=np.uint8)
         if src.size > self._block_bytes:
             raise ValueError(f"block of {src.size} bytes exceeds block_bytes={self._block_bytes}")
         if self._index.touch(block_hash) is not None:
             return []
-        evicted = []
-        while not self._free:
-            old_hash, old = self._index.pop_lru()
-            self._free.append(old.index)
-            evicted.append(old_hash)
+        evicted = self._make_room()
         slot = self._free.pop()
         start = slot * self._block_bytes
         self._buffer[start : start + src.size] = src
-        self._index.insert(block_hash, _Slot(slot, int(src.size), meta))
+        self._index.insert(block_hash, _Slot(index=slot, num_bytes=int(src.size), meta=meta))
         return evicted
 
     def get(self, block_hash: int) -> bytes | None:
@@ -101,26 +81,6 @@ class HostTier:
             return None
         start = slot.index * self._block_bytes
         return self._buffer[start : start + slot.num_bytes].tobytes()
-
-    def meta(self, block_hash: int) -> BlockMeta | None:
-        slot = self._index.peek(block_hash)
-        return None if slot is None else slot.meta
-
-    def contains(self, block_hash: int) -> bool:
-        return block_hash in self._index
-
-    def remove(self, block_hash: int) -> bool:
-        slot = self._index.pop(block_hash)
-        if slot is None:
-            return False
-        self._free.append(slot.index)
-        return True
-
-    def lookup(self, block_hashes: Sequence[int]) -> int:
-        return self._index.leading(block_hashes)
-
-    def block_hashes(self) -> list[int]:
-        return list(self._index)
 
     def clear(self) -> list[int]:
         hashes = self._index.clear()
@@ -138,3 +98,6 @@ class HostTier:
         )
         assert all(0 <= i < self.capacity_blocks for i in used + self._free), "slot out of range"
         assert all(s.num_bytes <= self._block_bytes for _, s in self._index.items())
+
+    def _release(self, block_hash: int, entry: _Slot) -> None:
+        self._free.append(entry.index)

@@ -1,13 +1,16 @@
-"""`LruIndex`: block_hash → entry in least-recently-used order, bounded by a capacity.
-
-The bookkeeping every tier shares (host slots, disk files, simulated blocks). Not thread-safe.
+"""`LruIndex`: block_hash → entry in least-recently-used order, bounded by a capacity;
+`LruTier`: the `StorageTier` bookkeeping every tier shares (host slots, disk files, simulated
+blocks) over one. Not thread-safe.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from tandem.kvbm.base import BlockMeta
 
 E = TypeVar("E")
 
@@ -72,3 +75,71 @@ class LruIndex(Generic[E]):
         hashes = list(self._entries)
         self._entries.clear()
         return hashes
+
+
+@dataclass(slots=True)
+class TierEntry:
+    """What a tier keeps per block besides its data."""
+
+    num_bytes: int
+    meta: BlockMeta
+
+
+EntryT = TypeVar("EntryT", bound=TierEntry)
+
+
+class LruTier(Generic[EntryT]):
+    """The `StorageTier` accessors every tier shares, over an `LruIndex` of `TierEntry`s.
+
+    A subclass stores the data (`put`, `get`, `clear`, `check_integrity`) and frees what an
+    entry holds in `_release`, which `remove` and `_make_room` call once the entry has left the
+    index. Not thread-safe.
+    """
+
+    def __init__(self, *, capacity_blocks: int, block_bytes: int) -> None:
+        self._block_bytes = block_bytes
+        self._index: LruIndex[EntryT] = LruIndex(capacity_blocks)
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self._index.capacity
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._index)
+
+    @property
+    def block_bytes(self) -> int:
+        return self._block_bytes
+
+    def meta(self, block_hash: int) -> BlockMeta | None:
+        entry = self._index.peek(block_hash)
+        return None if entry is None else entry.meta
+
+    def contains(self, block_hash: int) -> bool:
+        return block_hash in self._index
+
+    def remove(self, block_hash: int) -> bool:
+        entry = self._index.pop(block_hash)
+        if entry is None:
+            return False
+        self._release(block_hash, entry)
+        return True
+
+    def lookup(self, block_hashes: Sequence[int]) -> int:
+        return self._index.leading(block_hashes)
+
+    def block_hashes(self) -> list[int]:
+        return list(self._index)
+
+    def _make_room(self) -> list[int]:
+        """Evict least recently used blocks until one more fits; their hashes, LRU first."""
+        evicted = []
+        while self._index.is_full:
+            block_hash, entry = self._index.pop_lru()
+            self._release(block_hash, entry)
+            evicted.append(block_hash)
+        return evicted
+
+    def _release(self, block_hash: int, entry: EntryT) -> None:
+        """Free what `entry` held (a slot, a file); it has already left the index."""

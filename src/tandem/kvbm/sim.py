@@ -18,38 +18,19 @@ from tandem.kvbm import events
 from tandem.kvbm.base import BlockMeta, KvbmConfig, TierName
 from tandem.kvbm.disk_format import file_bytes
 from tandem.kvbm.frequency import ReuseCounter
-from tandem.kvbm.lru import LruIndex
+from tandem.kvbm.lru import LruTier, TierEntry
 from tandem.kvbm.metrics import Direction, KvbmMetrics
 from tandem.protocols.kv_events import KvEvent
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class _SimEntry:
-    num_bytes: int
-    meta: BlockMeta
-
-
-class SimTier:
+class SimTier(LruTier[TierEntry]):
     """`StorageTier` keeping hashes, sizes and metadata only; `get` returns b"" on a hit."""
 
     def __init__(self, name: TierName, *, capacity_blocks: int, block_bytes: int) -> None:
+        super().__init__(capacity_blocks=capacity_blocks, block_bytes=block_bytes)
         self.name = name
-        self._block_bytes = block_bytes
-        self._index: LruIndex[_SimEntry] = LruIndex(capacity_blocks)
-
-    @property
-    def capacity_blocks(self) -> int:
-        return self._index.capacity
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self._index)
-
-    @property
-    def block_bytes(self) -> int:
-        return self._block_bytes
 
     def put(self, block_hash: int, data: memoryview | bytes, meta: BlockMeta) -> list[int]:
         return self.put_sized(block_hash, len(data) or self._block_bytes, meta)
@@ -59,10 +40,8 @@ class SimTier:
             raise ValueError(f"block of {num_bytes} bytes exceeds block_bytes={self._block_bytes}")
         if self._index.touch(block_hash) is not None:
             return []
-        evicted = []
-        while self._index.is_full:
-            evicted.append(self._index.pop_lru()[0])
-        self._index.insert(block_hash, _SimEntry(num_bytes, meta))
+        evicted = self._make_room()
+        self._index.insert(block_hash, TierEntry(num_bytes=num_bytes, meta=meta))
         return evicted
 
     def get(self, block_hash: int) -> bytes | None:
@@ -71,22 +50,6 @@ class SimTier:
     def size_of(self, block_hash: int) -> int:
         entry = self._index.peek(block_hash)
         return 0 if entry is None else entry.num_bytes
-
-    def meta(self, block_hash: int) -> BlockMeta | None:
-        entry = self._index.peek(block_hash)
-        return None if entry is None else entry.meta
-
-    def contains(self, block_hash: int) -> bool:
-        return block_hash in self._index
-
-    def remove(self, block_hash: int) -> bool:
-        return self._index.pop(block_hash) is not None
-
-    def lookup(self, block_hashes: Sequence[int]) -> int:
-        return self._index.leading(block_hashes)
-
-    def block_hashes(self) -> list[int]:
-        return list(self._index)
 
     def clear(self) -> list[int]:
         return self._index.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from tandem.kvbm.base import BlockMeta, TierName
+from tandem.kvbm.base import BlockMeta, StorageTier, TierName
 from tandem.protocols.kv_events import BlockRemoved, BlockStored, KvEvent
 
 EventSink = Callable[[list[KvEvent]], None]
@@ -24,6 +24,17 @@ def stored(block_hash: int, meta: BlockMeta, medium: TierName) -> BlockStored:
 
 def removed(block_hashes: Iterable[int], medium: TierName) -> BlockRemoved:
     return BlockRemoved(block_hashes=list(block_hashes), medium=medium)
+
+
+def snapshot(tier: StorageTier) -> list[KvEvent]:
+    """BlockStored for every block `tier` holds, least recently used first (no LRU touch);
+    the caller serialises it with the tier's other calls."""
+    out: list[KvEvent] = []
+    for block_hash in tier.block_hashes():
+        meta = tier.meta(block_hash)
+        assert meta is not None
+        out.append(stored(block_hash, meta, tier.name))
+    return out
 
 
 def put_events(

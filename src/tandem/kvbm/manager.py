@@ -24,7 +24,7 @@ from tandem.kvbm.frequency import ReuseCounter
 from tandem.kvbm.host_tier import HostTier
 from tandem.kvbm.lane import Lane
 from tandem.kvbm.layout import as_bytes
-from tandem.kvbm.metrics import KvbmMetrics
+from tandem.kvbm.metrics import KvbmMetrics, occupancy
 from tandem.protocols.kv_events import AllBlocksCleared, KvEvent
 
 logger = logging.getLogger(__name__)
@@ -213,12 +213,7 @@ class BlockManager:
 
     def occupancy(self) -> dict[TierName, tuple[int, int]]:
         """tier → (blocks stored, capacity in blocks)."""
-        out: dict[TierName, tuple[int, int]] = {
-            "host": (self._host.num_blocks, self._host.capacity_blocks)
-        }
-        if self._disk is not None:
-            out["disk"] = (self._disk.num_blocks, self._disk.capacity_blocks)
-        return out
+        return occupancy([self._host, self._disk])
 
     def prometheus_lines(self) -> list[str]:
         return self.metrics.prometheus_lines(self.occupancy())
@@ -230,10 +225,7 @@ class BlockManager:
             if tier is None:
                 continue
             with lock:
-                for block_hash in tier.block_hashes():
-                    meta = tier.meta(block_hash)
-                    assert meta is not None
-                    out.append(events.stored(block_hash, meta, tier.name))
+                out += events.snapshot(tier)
         return out
 
     def check_integrity(self) -> None:

@@ -11,11 +11,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from tandem.kvbm.base import TierName
+from tandem.kvbm.base import StorageTier, TierName
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,11 @@ class _LookupSample:
     device: int
     host: int
     disk: int
+
+
+def occupancy(tiers: Iterable[StorageTier | None]) -> dict[TierName, tuple[int, int]]:
+    """tier name → (blocks stored, capacity in blocks), in order, skipping absent tiers."""
+    return {t.name: (t.num_blocks, t.capacity_blocks) for t in tiers if t is not None}
 
 
 class KvbmMetrics:

@@ -19,7 +19,7 @@ from tandem.kvbm.base import BlockMeta, KvbmConfig, TierName
 from tandem.kvbm.disk_format import file_bytes
 from tandem.kvbm.frequency import ReuseCounter
 from tandem.kvbm.lru import LruTier, TierEntry
-from tandem.kvbm.metrics import Direction, KvbmMetrics
+from tandem.kvbm.metrics import Direction, KvbmMetrics, occupancy
 from tandem.protocols.kv_events import KvEvent
 
 logger = logging.getLogger(__name__)
@@ -212,25 +212,15 @@ class SimBlockManager:
         return tier_name, seconds, size
 
     def occupancy(self) -> dict[TierName, tuple[int, int]]:
-        out: dict[TierName, tuple[int, int]] = {
-            "host": (self.host.num_blocks, self.host.capacity_blocks)
-        }
-        if self.disk is not None:
-            out["disk"] = (self.disk.num_blocks, self.disk.capacity_blocks)
-        return out
+        return occupancy([self.host, self.disk])
 
     def prometheus_lines(self) -> list[str]:
         return self.metrics.prometheus_lines(self.occupancy())
 
     def kv_snapshot(self) -> list[KvEvent]:
         """BlockStored events for every block held in G2 and G3 (for a router catching up)."""
-        out: list[KvEvent] = []
-        for tier in [self.host] if self.disk is None else [self.host, self.disk]:
-            for block_hash in tier.block_hashes():
-                meta = tier.meta(block_hash)
-                assert meta is not None
-                out.append(events.stored(block_hash, meta, tier.name))
-        return out
+        tiers = [self.host] if self.disk is None else [self.host, self.disk]
+        return [event for tier in tiers for event in events.snapshot(tier)]
 
     def check_integrity(self) -> None:
         self.host.check_integrity()

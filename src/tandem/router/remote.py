@@ -28,6 +28,7 @@ from tandem.router.messages import (
     route_response_decoder,
 )
 from tandem.runtime.instances import InstanceSet
+from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +66,7 @@ class RemoteRouter:
             self._sender = asyncio.create_task(self._send_notices(), name="remote-router-notices")
 
     async def close(self) -> None:
-        if self._sender is not None:
-            self._sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sender
+        await cancel_and_wait([self._sender])
         await self.services.close()
 
     # ------------------------------------------------------------ routing

@@ -4,7 +4,6 @@ prefill done, free) on `{ns}.router.sync`, so they do not all pick the same idle
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import msgspec
 
 from tandem.router.active_sequences import ActiveSequences
 from tandem.router.source import EventSource
+from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -98,9 +98,5 @@ class ReplicaSync:
             self._on_change()
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.runtime.base import Discovery
+from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +77,5 @@ class InstanceSet:
         return dict(self.instances)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None

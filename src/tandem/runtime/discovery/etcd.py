@@ -24,6 +24,7 @@ import aiohttp
 import msgspec
 
 from tandem.protocols.discovery import Instance, InstanceEvent
+from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -189,11 +190,8 @@ class EtcdDiscovery:
             logger.warning("etcd watch stream at %s broke: %r", self.url, exc)
 
     async def close(self) -> None:
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
-            self._keepalive = None
+        await cancel_and_wait([self._keepalive])
+        self._keepalive = None
         with contextlib.suppress(EtcdError):
             for instance_id in list(self._owned):
                 await self.unregister(instance_id)

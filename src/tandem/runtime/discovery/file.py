@@ -22,6 +22,7 @@ import msgspec
 import psutil
 
 from tandem.protocols.discovery import Instance, InstanceEvent
+from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 _HOST = socket.gethostname()
@@ -149,10 +150,7 @@ class FileDiscovery:
             await asyncio.sleep(self.poll_interval_s)
 
     async def close(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
-            self._heartbeat = None
+        await cancel_and_wait([self._heartbeat])
+        self._heartbeat = None
         for instance_id in list(self._owned):
             await self.unregister(instance_id)

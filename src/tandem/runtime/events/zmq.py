@@ -27,6 +27,7 @@ from tandem.protocols.discovery import Instance, endpoint_path
 from tandem.runtime.base import Discovery
 from tandem.runtime.events.subject import validate_pattern, validate_subject
 from tandem.runtime.events.subscription import BufferedSubscription
+from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 PUBLISHER_COMPONENT, PUBLISHER_ENDPOINT = "_events", "pub"
@@ -132,11 +133,7 @@ class ZmqEventBus:
             logger.exception("zmq event bus receive loop failed")
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         for sub in list(self._subs):
             await sub.close()

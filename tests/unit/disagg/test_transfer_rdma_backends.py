@@ -1,11 +1,15 @@
+"""The optional RDMA-capable backends (Mooncake, NIXL) move blocks exactly, each tried with
+TCP as the fallback; skipped where the package is absent or its engine does not start."""
+
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 
 from tandem.disagg.transfer import OpStatus, RegionLayout, TransferAgent, TransferAgentConfig
 
-pytest.importorskip("mooncake.engine", reason="mooncake is optional")
 pytestmark = pytest.mark.timeout(60)
 
 LAYOUT = RegionLayout.for_kv_cache(
@@ -13,37 +17,53 @@ LAYOUT = RegionLayout.for_kv_cache(
 )
 
 
-@pytest.fixture(scope="module")
-def agents():
-    a = TransferAgent(TransferAgentConfig(agent_id="mc-a", backends=("mooncake", "tcp")))
-    b = TransferAgent(TransferAgentConfig(agent_id="mc-b", backends=("mooncake", "tcp")))
-    if "mooncake" not in a.backend_names:
-        pytest.skip("mooncake is installed but its engine did not start")
+class Backend(NamedTuple):
+    name: str
+    module: str  # imported only to skip when absent
+    agent_prefix: str
+    not_started: str  # skip reason when installed but not usable
+
+
+BACKENDS = [
+    Backend("mooncake", "mooncake.engine", "mc", "its engine did not start"),
+    Backend("nixl", "nixl", "nixl", "its UCX backend did not start"),
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS, ids=lambda b: b.name)
+def agents(request):
+    backend: Backend = request.param
+    pytest.importorskip(backend.module, reason=f"{backend.name} is optional")
+    backends = (backend.name, "tcp")
+    a = TransferAgent(TransferAgentConfig(agent_id=f"{backend.agent_prefix}-a", backends=backends))
+    b = TransferAgent(TransferAgentConfig(agent_id=f"{backend.agent_prefix}-b", backends=backends))
+    if backend.name not in a.backend_names:
+        pytest.skip(f"{backend.name} is installed but {backend.not_started}")
     rng = np.random.default_rng(5)
     a.register_region("kv", rng.integers(0, 256, LAYOUT.span_bytes, np.uint8), LAYOUT)
     b.register_region("kv", np.zeros(LAYOUT.span_bytes, np.uint8), LAYOUT)
-    yield a, b
+    yield backend.name, a, b
     b.close()
     a.close()
 
 
-def test_mooncake_pull_and_push_are_exact(agents) -> None:
-    a, b = agents
+def test_pull_and_push_are_exact(agents) -> None:
+    name, a, b = agents
     op = a.create_readable("kv", [1, 6, 2])
-    assert b.pull(op.meta, "kv", [0, 3, 7], timeout_s=10).backend == "mooncake"
+    assert b.pull(op.meta, "kv", [0, 3, 7], timeout_s=10).backend == name
     assert a.wait(op.op_id, 5) is OpStatus.COMPLETE
     got, want = b.region("kv").blocks(), a.region("kv").blocks()
     assert np.array_equal(got[:, :, [0, 3, 7]], want[:, :, [1, 6, 2]])
     writable = a.create_writable("kv", [5], layers=(2, 3))
     before = want[:2, :, 5].copy()
-    assert b.push("kv", [4], writable.meta, timeout_s=10).backend == "mooncake"
+    assert b.push("kv", [4], writable.meta, timeout_s=10).backend == name
     assert a.wait(writable.op_id, 5) is OpStatus.COMPLETE
     assert np.array_equal(want[2, :, 5], got[2, :, 4])
     assert np.array_equal(want[:2, :, 5], before)
 
 
 def test_regions_registered_later_are_reachable(agents) -> None:
-    a, b = agents
+    _, a, b = agents
     small = RegionLayout.contiguous(num_blocks=2, block_bytes=64)
     a.register_region("late", np.full(small.span_bytes, 7, np.uint8), small)
     b.register_region("late", np.zeros(small.span_bytes, np.uint8), small)

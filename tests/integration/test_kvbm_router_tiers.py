@@ -5,12 +5,11 @@ memory (partial credit, DESIGN.md §7), where it is onboarded instead of recompu
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
-from collections.abc import Callable
 
 import pytest
+from tests.support.eventually import eventually
 
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
@@ -31,12 +30,6 @@ from tandem.tokens.hashing import sequence_hashes
 pytestmark = pytest.mark.timeout(30)
 BS = 4
 NS = "t"
-
-
-async def eventually(pred: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not pred():  # noqa: ASYNC110 - state spread over several tasks
-            await asyncio.sleep(0.005)
 
 
 async def test_router_credits_host_tier_and_the_worker_onboards() -> None:

@@ -8,6 +8,7 @@ import contextlib
 
 import pytest
 from router_fake_worker import FakeKvWorker
+from tests.support.eventually import eventually
 
 from tandem.router.config import RouterConfig
 from tandem.router.indexer import WorkerKey
@@ -19,12 +20,6 @@ from tandem.runtime.events.memory import MemoryEventBus
 from tandem.runtime.runtime import open_runtime
 
 pytestmark = pytest.mark.timeout(30)
-
-
-async def eventually(pred, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not pred():  # noqa: ASYNC110 - state spread over several tasks
-            await asyncio.sleep(0.005)
 
 
 def truth(workers: list[FakeKvWorker]) -> dict:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from tests.support.eventually import eventually
 
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
@@ -31,12 +32,6 @@ from tandem.runtime.runtime import Runtime, open_runtime
 pytestmark = pytest.mark.timeout(30)
 BS = 4
 NS = "t"
-
-
-async def eventually(pred: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not pred():  # noqa: ASYNC110 - state spread over several tasks
-            await asyncio.sleep(0.005)
 
 
 @dataclass

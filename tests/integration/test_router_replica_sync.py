@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
 import pytest
+from tests.support.eventually import eventually
 
 from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
@@ -15,12 +15,6 @@ from tandem.router.source import StaticInstanceSet
 from tandem.runtime.events.memory import MemoryEventBus
 
 pytestmark = pytest.mark.timeout(20)
-
-
-async def eventually(pred, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not pred():  # noqa: ASYNC110 - state changed by another task
-            await asyncio.sleep(0.002)
 
 
 def req(rid: str, i: int) -> PreprocessedRequest:
@@ -57,14 +51,14 @@ async def test_two_synced_routers_balance_load() -> None:
     try:
         used_by_a = {(await a.route(req(f"a{i}", i))).instance_id for i in range(3)}
         assert len(used_by_a) == 3
-        await eventually(lambda: len(b.active) == 3)
+        await eventually(lambda: len(b.active) == 3, poll_s=0.002)
         idle = ({"w0", "w1", "w2", "w3"} - used_by_a).pop()
         assert (await b.route(req("b0", 10))).instance_id == idle
         picks = Counter()
         for i in range(1, 9):  # alternate frontends: load stays even
             router = a if i % 2 else b
             picks[(await router.route(req(f"x{i}", 20 + i))).instance_id] += 1
-            await eventually(lambda: len(a.active) == len(b.active))
+            await eventually(lambda: len(a.active) == len(b.active), poll_s=0.002)
         assert sorted(picks.values()) == [2, 2, 2, 2]
         for i in range(3):
             a.on_finish(f"a{i}")

@@ -8,11 +8,12 @@ import argparse
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
 import pytest
+from tests.support.eventually import eventually
 
 from tandem.cli import router as router_cli
 from tandem.engines.mocker.config import MockerConfig
@@ -35,12 +36,6 @@ from tandem.runtime.runtime import Runtime, open_runtime
 
 pytestmark = pytest.mark.timeout(30)
 BS = 4
-
-
-async def eventually(pred: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not pred():  # noqa: ASYNC110 - state spread over several tasks
-            await asyncio.sleep(0.005)
 
 
 def req(rid: str, tokens: list[int], max_tokens: int = 3) -> PreprocessedRequest:

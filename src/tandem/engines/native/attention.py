@@ -58,6 +58,7 @@ class AttentionMetadata:
     decode_blocks: torch.Tensor | None = None  # [D * max_blocks] long, padded with block 0
     decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_blocks * block_size], True = attend
     prefills: list[PrefillSpan] = field(default_factory=list)
+    rope: torch.Tensor | None = None  # [T, d, d] RoPE matrices (LlamaModel.rope_matrices)
     single: SingleDecode | None = None  # set for a batch-1 decode step (LlamaModel.decode_one)
 
 

@@ -146,6 +146,14 @@ class LlamaModel:
         m[self._rope_index] = torch.cat((cos, -sin[:half], sin[half:]))
         return m.view(d, d)
 
+    def rope_matrices(self, positions: torch.Tensor) -> torch.Tensor:
+        """[T, d, d]: `rope_matrix` of each position."""
+        d, half = self.config.head_dim, self.config.head_dim // 2
+        cos, sin = self.cos[positions], self.sin[positions]
+        m = torch.zeros(len(positions), d * d, dtype=self.dtype)
+        m[:, self._rope_index] = torch.cat((cos, -sin[:, :half], sin[:, half:]), dim=1)
+        return m.view(-1, d, d)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -170,16 +178,13 @@ class LlamaModel:
         num_tokens = input_ids.shape[0]
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
-        eps, hidden_shape = c.rms_norm_eps, (c.hidden_size,)
+        eps = c.rms_norm_eps
         x = F.embedding(input_ids, self.embed)
         attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
-        cos, sin = meta.cos, meta.sin
-        half = dim // 2
+        inv_n = 1.0 / c.hidden_size
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(F.rms_norm(x, hidden_shape, None, eps))
-            qk = qkv[:, :k_end].view(num_tokens, heads + kv_heads, dim)
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin
+            qkv = layer.qkv(_rms_normalize(x, inv_n, eps))
+            qk = self._rope(qkv[:, :k_end].view(num_tokens, heads + kv_heads, dim), meta)
             v = qkv[:, k_end:].view(num_tokens, kv_heads, dim)
             paged_attention(
                 qk[:, :heads],
@@ -192,11 +197,21 @@ class LlamaModel:
                 scale=self.attn_scale,
             )
             x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
-            gate_up = layer.gate_up(F.rms_norm(x, hidden_shape, None, eps))
+            gate_up = layer.gate_up(_rms_normalize(x, inv_n, eps))
             ffn = gate_up.shape[1] // 2
-            act = F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:]
+            act = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
             x = layer.down(act, residual=x)
-        return F.rms_norm(x[rows], hidden_shape, None, eps)
+        return _rms_normalize(x[rows], inv_n, eps)
+
+    @staticmethod
+    def _rope(qk: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Rotate-half RoPE of qk [T, heads, d]: one bmm with the step's per-token
+        matrices when it has them (few tokens), else elementwise."""
+        if meta.rope is not None:
+            return torch.bmm(qk, meta.rope)
+        half = qk.shape[-1] // 2
+        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+        return qk * meta.cos + rotated * meta.sin
 
     def decode_one(self, token: int, step: SingleDecode, kv_cache: torch.Tensor) -> torch.Tensor:
         """The batch-1 decode step: final-normed hidden [1, hidden] of `token`; writes its
@@ -239,6 +254,12 @@ class LlamaModel:
             ]
             self._kv_views = (key, views)
         return self._kv_views[1]
+
+
+def _rms_normalize(x: torch.Tensor, inv_n: float, eps: float) -> torch.Tensor:
+    """x / RMS(x) per row (RMSNorm; its weight is folded into the next projection)."""
+    scale = torch.linalg.vecdot(x, x).mul_(inv_n).add_(eps).rsqrt_()
+    return x * scale.unsqueeze(1)
 
 
 def _rms_scale(x: torch.Tensor, inv_n: float, eps: float) -> float:

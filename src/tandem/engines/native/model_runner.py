@@ -15,6 +15,8 @@ from tandem.engines.native.scheduler import ScheduledBatch
 from tandem.engines.native.sequence import Sequence
 from tandem.engines.native.thread_policy import ThreadPolicy
 
+ROPE_MATRIX_MAX_TOKENS = 64  # steps this small apply RoPE as one bmm (fewer kernels)
+
 
 class ModelRunner:
     """Not thread-safe; one step at a time on the engine thread."""
@@ -123,6 +125,8 @@ class ModelRunner:
             num_decode=len(decode_tables),
             prefills=prefills,
         )
+        if len(pos) <= ROPE_MATRIX_MAX_TOKENS:
+            meta.rope = self.model.rope_matrices(pos)
         if decode_tables:
             width = max(map(len, decode_tables))
             padded = [t + [0] * (width - len(t)) for t in decode_tables]

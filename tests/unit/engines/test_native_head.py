@@ -9,7 +9,7 @@ import torch
 from native_tiny import TINY, TINY_WEIGHTS
 
 from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
-from tandem.engines.native.head import OutputHead
+from tandem.engines.native.head import SCREEN_MAX_ROWS, OutputHead
 from tandem.engines.native.model import LlamaModel
 
 
@@ -23,8 +23,10 @@ def test_screened_greedy_is_the_fp32_argmax_even_below_bf16_resolution():
     x = torch.randn(64, 96, generator=gen)
     x[:32] = weight[99] * (1 + torch.rand(32, 1, generator=gen))  # aim at the near-tied rows
     expected = torch.mm(x, weight.t()).max(dim=1).indices.tolist()
-    assert head.greedy(x) == expected
+    chunks = [x[i : i + SCREEN_MAX_ROWS] for i in range(0, len(x), SCREEN_MAX_ROWS)]
+    assert [t for chunk in chunks for t in head.greedy(chunk)] == expected
     assert head.greedy(x[5:6]) == expected[5:6]
+    assert head.greedy(x) == expected  # more rows than screened: the fp32 head
     assert any(99 < e < 140 for e in expected[:32])  # the near-tied rows really compete
 
 

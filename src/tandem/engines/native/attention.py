@@ -57,6 +57,7 @@ class AttentionMetadata:
     num_decode: int = 0
     decode_blocks: torch.Tensor | None = None  # [D * max_blocks] long, padded with block 0
     decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_blocks * block_size], True = attend
+    decode_gather: tuple[torch.Tensor, torch.Tensor] | None = None  # K/V gather buffers
     prefills: list[PrefillSpan] = field(default_factory=list)
     rope: torch.Tensor | None = None  # [T, d, d] RoPE matrices (LlamaModel.rope_matrices)
     single: SingleDecode | None = None  # set for a batch-1 decode step (LlamaModel.decode_one)
@@ -86,8 +87,13 @@ def paged_attention(
         assert meta.decode_blocks is not None
         qd = q[:num_decode].unsqueeze(2)  # [D, H, 1, d]
         shape = (num_decode, -1, kv_heads, dim)
-        kd = k_rows.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
-        vd = v_rows.index_select(0, meta.decode_blocks).view(shape).transpose(1, 2)
+        if meta.decode_gather is None:  # one pair of buffers for every layer of the step
+            rows = (len(meta.decode_blocks), k_rows.shape[1])
+            meta.decode_gather = (k_rows.new_empty(rows), v_rows.new_empty(rows))
+        k_buf, v_buf = meta.decode_gather
+        kd = torch.index_select(k_rows, 0, meta.decode_blocks, out=k_buf)
+        vd = torch.index_select(v_rows, 0, meta.decode_blocks, out=v_buf)
+        kd, vd = kd.view(shape).transpose(1, 2), vd.view(shape).transpose(1, 2)
         res = F.scaled_dot_product_attention(
             qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True, scale=scale
         )

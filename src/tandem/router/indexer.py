@@ -194,7 +194,7 @@ class KvIndexer:
                     lo = mid
                 else:
                     hi = mid
-            block_hashes = block_hashes[: hi + 1]
+            block_hashes = block_hashes[:hi]  # block `hi` is a miss: the walk ends there
         return self._walk(masks_of(block_hashes))
 
     def _mask_readers(
@@ -310,3 +310,5 @@ class KvIndexer:
             for slot in live:
                 for h in self._blocks[slot][medium]:
                     assert holders.get(h, 0) >> slot & 1, f"mask of {h:#x} misses slot {slot}"
+            for h, mask in holders.items():  # a speed invariant: masks are the interned objects
+                assert self._intern.get(mask) is mask, f"mask of {h:#x} is not interned"

@@ -4,16 +4,24 @@ Each request's `hash_ids` become a chain of block hashes (optionally each trace 
 into `--sub-blocks` smaller blocks); request i is served by worker i mod W, whose cache
 holds `--capacity-blocks` blocks with LRU eviction (BlockRemoved). Events are generated
 first, then timed: block-ops/s (stored + removed blocks per second, one core) and
-find_matches latency over every request's chain at the end state."""
+find_matches latency over every request's chain at the end state.
+
+find_matches time grows with the matched depth, so the p99 is the latency of the trace's
+longest chains (the header prints chain lengths). Latencies include one perf_counter_ns
+pair (the header prints its cost). `--gc frozen` collects and freezes the heap and turns
+the collector off for the timed sections; the default leaves it on, as the router runs."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import statistics
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 from tandem.bench.shared import MOONCAKE_TRACE
@@ -61,22 +69,53 @@ def build_ops(chains: list[list[int]], num_workers: int, capacity: int) -> list[
     return ops
 
 
-def run_one(chains: list[list[int]], num_workers: int, capacity: int) -> dict[str, float]:
+@contextlib.contextmanager
+def gc_mode(mode: str) -> Iterator[None]:
+    """`frozen`: no collector pauses inside (heap collected and frozen first)."""
+    if mode != "frozen":
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def timer_overhead_ns(samples: int = 20_000) -> float:
+    """Median cost of the empty `perf_counter_ns` pair that wraps each timed call."""
+    clock = time.perf_counter_ns
+    costs = []
+    for _ in range(samples):
+        t0 = clock()
+        costs.append(clock() - t0)
+    return statistics.median(costs)
+
+
+def run_one(
+    chains: list[list[int]], num_workers: int, capacity: int, gc_setting: str = "on"
+) -> dict[str, float]:
     ops = build_ops(chains, num_workers, capacity)
     idx = KvIndexer()
     num_block_ops = sum(len(hashes) for _, _, hashes in ops)
-    start = time.perf_counter()
-    for is_store, key, hashes in ops:
-        if is_store:
-            idx.store(key, hashes)
-        else:
-            idx.remove(key, hashes)
-    elapsed = time.perf_counter() - start
+    with gc_mode(gc_setting):
+        start = time.perf_counter()
+        for is_store, key, hashes in ops:
+            if is_store:
+                idx.store(key, hashes)
+            else:
+                idx.remove(key, hashes)
+        elapsed = time.perf_counter() - start
+    clock = time.perf_counter_ns
     latencies_us = []
-    for chain in chains:
-        t0 = time.perf_counter_ns()
-        idx.find_matches(chain)
-        latencies_us.append((time.perf_counter_ns() - t0) / 1000)
+    with gc_mode(gc_setting):
+        for chain in chains:
+            t0 = clock()
+            idx.find_matches(chain)
+            latencies_us.append((clock() - t0) / 1000)
     q = statistics.quantiles(latencies_us, n=100)
     return {
         "workers": num_workers,
@@ -100,22 +139,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--capacity-blocks", type=int, default=8192, help="per-worker cache size")
     p.add_argument("--limit", type=int, default=None, help="use the first N requests only")
+    p.add_argument(
+        "--gc",
+        choices=("on", "frozen"),
+        default="on",
+        help="collector during timed sections: on (as the router runs) or frozen",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per run")
     args = p.parse_args(argv)
     path = Path(args.trace)
     if not path.exists():
         raise SystemExit(f"trace {path} not found; pass --trace FILE.jsonl (Mooncake format)")
     chains = load_chains(path, args.sub_blocks, args.limit)
+    lengths = statistics.quantiles([len(c) for c in chains], n=100) if len(chains) > 1 else [0] * 99
     print(
         f"trace {path}: {len(chains)} requests, sub-blocks {args.sub_blocks}, "
-        f"capacity {args.capacity_blocks} blocks/worker"
+        f"capacity {args.capacity_blocks} blocks/worker; chain blocks p50 {lengths[49]:.0f} "
+        f"p99 {lengths[98]:.0f} max {max(map(len, chains), default=0)}"
     )
+    print(f"gc {args.gc}; timer overhead {timer_overhead_ns():.0f} ns per call (included)")
     print(
         f"{'workers':>8} {'block-ops':>10} {'block-ops/s':>12} {'find p50 µs':>12} "
         f"{'find p99 µs':>12}"
     )
     for n in (int(x) for x in args.workers.split(",")):
-        r = run_one(chains, n, args.capacity_blocks)
+        r = run_one(chains, n, args.capacity_blocks, args.gc)
         if args.json:
             print(json.dumps(r))
         else:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -24,3 +25,14 @@ def test_chains_share_prefixes_and_lru_evicts(tmp_path) -> None:
     assert len(stored) == 6 + 2 + 2  # second request reuses 4 blocks
     assert len(stored) - len(removed) == 6  # capacity respected
     assert main(["--trace", str(trace), "--workers", "1,2", "--json"]) == 0
+
+
+def test_gc_frozen_restores_the_collector(tmp_path, capsys) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"hash_ids": [1, 2, 3]}) + "\n" + json.dumps({"hash_ids": [1]}))
+    assert main(["--trace", str(trace), "--workers", "2", "--gc", "frozen", "--json"]) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    out = capsys.readouterr().out
+    assert "gc frozen" in out
+    (row,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert row["workers"] == 2 and row["block_ops"] == (3 + 1) * 4  # 4 sub-blocks each

@@ -96,15 +96,20 @@ class KvIndexer:
         holders = self._holders[medium]
         get = holders.get
         intern = self._intern.setdefault
+        old: int | None = None  # a chain's masks come in runs of one object:
+        new = 0  # OR and intern once per run
         for h in block_hashes:
             if h not in held:
                 held.add(h)
                 mask = get(h)
                 if mask is None:
                     holders[h] = bit
+                elif mask is old:
+                    holders[h] = new
                 else:
+                    old = mask
                     mask |= bit
-                    holders[h] = intern(mask, mask)
+                    holders[h] = new = intern(mask, mask)
         if engine_hashes:
             self._engine_map[slot].update(zip(engine_hashes, block_hashes, strict=False))
         if len(self._intern) > self._intern_sweep_at:
@@ -120,6 +125,8 @@ class KvIndexer:
         holders = self._holders[medium]
         aliases = self._engine_map[slot]
         intern = self._intern.setdefault
+        old: int | None = None  # as in `store`
+        new = 0
         dropped = 0
         for h in block_hashes:
             if aliases:
@@ -129,9 +136,12 @@ class KvIndexer:
                 mask = holders[h]
                 if mask is bit or mask == bit:
                     del holders[h]
+                elif mask is old:
+                    holders[h] = new
                 else:
+                    old = mask
                     mask ^= bit
-                    holders[h] = intern(mask, mask)
+                    holders[h] = new = intern(mask, mask)
                 dropped += 1
         return dropped
 

@@ -221,9 +221,12 @@ class LlamaModel:
         group, k_end, ffn = heads // kv_heads, (heads + kv_heads) * dim, c.intermediate_size
         inv_n, eps, scale = 1.0 / c.hidden_size, c.rms_norm_eps, self.attn_scale
         attn = torch.empty(kv_heads, group, dim, dtype=self.dtype)
+        zeros = torch.zeros(1, 1, dtype=self.dtype)  # addmm's ignored input (beta=0)
         x = self.embed[token].unsqueeze(0)
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
-            qkv = torch.mm(x * _rms_scale(x, inv_n, eps), layer.qkv.weight_t)[0]
+            qkv = torch.addmm(
+                zeros, x, layer.qkv.weight_t, beta=0, alpha=_rms_scale(x, inv_n, eps)
+            )[0]
             rot = torch.mm(qkv[:k_end].view(-1, dim), step.rope)  # [H + KVH, d]
             kv.k_slots[step.slot] = rot[heads:]
             kv.v_slots[step.slot] = qkv[k_end:].view(kv_heads, dim)
@@ -233,7 +236,9 @@ class LlamaModel:
                 scores.mul_(scale)
             torch.bmm(scores.softmax(-1), values.transpose(0, 1), out=attn)
             x = torch.addmm(x, attn.view(1, -1), layer.o.weight_t)
-            gate_up = torch.mm(x * _rms_scale(x, inv_n, eps), layer.gate_up.weight_t)
+            gate_up = torch.addmm(
+                zeros, x, layer.gate_up.weight_t, beta=0, alpha=_rms_scale(x, inv_n, eps)
+            )
             act = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
             x = torch.addmm(x, act, layer.down.weight_t)
         return x * _rms_scale(x, inv_n, eps)

@@ -263,7 +263,7 @@ class LlamaModel:
 
 def _rms_normalize(x: torch.Tensor, inv_n: float, eps: float) -> torch.Tensor:
     """x / RMS(x) per row (RMSNorm; its weight is folded into the next projection)."""
-    scale = torch.linalg.vecdot(x, x).mul_(inv_n).add_(eps).rsqrt_()
+    scale: torch.Tensor = torch.linalg.vecdot(x, x).mul_(inv_n).add_(eps).rsqrt_()
     return x * scale.unsqueeze(1)
 
 

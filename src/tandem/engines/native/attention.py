@@ -56,7 +56,8 @@ class AttentionMetadata:
     sin: torch.Tensor  # [T, 1, head_dim]
     num_decode: int = 0
     decode_blocks: torch.Tensor | None = None  # [D * max_blocks] long, padded with block 0
-    decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_blocks * block_size], True = attend
+    decode_mask: torch.Tensor | None = None  # [D, 1, 1, max_blocks * block_size]: bool (True =
+    # attend) or additive float (0 / -inf)
     decode_gather: tuple[torch.Tensor, torch.Tensor] | None = None  # K/V gather buffers
     prefills: list[PrefillSpan] = field(default_factory=list)
     rope: torch.Tensor | None = None  # [T, d, d] RoPE matrices (LlamaModel.rope_matrices)

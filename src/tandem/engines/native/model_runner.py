@@ -132,7 +132,9 @@ class ModelRunner:
             padded = [t + [0] * (width - len(t)) for t in decode_tables]
             meta.decode_blocks = torch.tensor(padded, dtype=torch.long).view(-1)
             mask = torch.arange(width * bs)[None, :] < torch.tensor(decode_lens)[:, None]
-            meta.decode_mask = mask[:, None, None, :]
+            # additive float mask built once: SDPA would convert a bool mask in every layer
+            additive = torch.zeros(mask.shape, dtype=self.model.dtype)
+            meta.decode_mask = additive.masked_fill_(~mask, float("-inf"))[:, None, None, :]
         return meta
 
     def export_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:

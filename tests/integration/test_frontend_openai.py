@@ -16,7 +16,7 @@ from tests.support.smollm2 import smollm2_gguf
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.main import serve_frontend
 from tandem.protocols.discovery import ModelCard
-from tandem.protocols.engine import EngineOutput, decode_request, encode
+from tandem.protocols.engine import EngineOutput, TopLogprob, decode_request, encode
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery
 from tandem.runtime.events.memory import MemoryEventBus
@@ -24,6 +24,7 @@ from tandem.runtime.runtime import Runtime, open_runtime
 from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 
 MODEL = "smollm2"
+ALT_TOKEN = 28  # any id; the fake worker's second-best alternative
 SCRIPT = "Hello world! The answer is 42. STOP here, then more text ✓ 日本 follows and follows."
 
 
@@ -58,9 +59,15 @@ class FakeWorker:
                     await asyncio.sleep(self.delay_s)
                 last = i + 1 == req.stop.max_tokens
                 tok = script[(len(req.token_ids) + i) % len(script)]
-                yield encode(
-                    EngineOutput(token_ids=[tok], finish_reason="length" if last else None)
-                )
+                out = EngineOutput(token_ids=[tok], finish_reason="length" if last else None)
+                if req.sampling.logprobs is not None:  # fake but checkable: -(i+1)/8 per token
+                    out.logprobs = [-(i + 1) / 8]
+                    out.top_logprobs = [
+                        [TopLogprob(tok, -(i + 1) / 8), TopLogprob(ALT_TOKEN, -(i + 9) / 8)][
+                            : req.sampling.logprobs
+                        ]
+                    ]
+                yield encode(out)
             done = True
         finally:
             self.finished.append((req.request_id, done))
@@ -249,3 +256,40 @@ async def test_migration_continues_stream_on_another_worker() -> None:
         [moved] = [r for r in served if r.request_id.endswith("-m1")]
         assert moved.stop.max_tokens == 15
         assert moved.token_ids == prompt + script_ids[:5]
+
+
+@pytest.mark.timeout(30)
+async def test_logprobs_reach_the_client_in_chat_stream_and_completions() -> None:
+    async with AsyncExitStack() as stack:
+        st = await _start(stack)
+        alt = st.tokenizer.decode([ALT_TOKEN])
+        chunks = await st.client().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            stream=True,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        entries = []
+        async for chunk in chunks:
+            for choice in chunk.choices:
+                if choice.logprobs and choice.logprobs.content:
+                    entries += choice.logprobs.content
+        assert [e.logprob for e in entries] == [-1 / 8, -2 / 8, -3 / 8, -4 / 8]
+        assert all(len(e.top_logprobs) == 2 for e in entries)
+        assert all(e.top_logprobs[0].token == e.token for e in entries)
+        assert all(e.top_logprobs[1].token == alt for e in entries)
+        assert st.workers[0].requests[-1].sampling.logprobs == 2
+
+        done = await st.client().completions.create(
+            model=MODEL, prompt="hello", max_tokens=3, logprobs=1
+        )
+        lp = done.choices[0].logprobs
+        assert lp is not None and lp.token_logprobs == [-1 / 8, -2 / 8, -3 / 8]
+        assert "".join(lp.tokens or []) == done.choices[0].text
+        assert [len(top) for top in lp.top_logprobs or []] == [1, 1, 1]
+
+        plain = await st.client().completions.create(model=MODEL, prompt="hello", max_tokens=2)
+        assert plain.choices[0].logprobs is None
+        assert st.workers[0].requests[-1].sampling.logprobs is None

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.scheduler import Scheduler, StepResult
 from tandem.engines.output_stream import OutputStream
@@ -24,8 +24,6 @@ from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
 logger = logging.getLogger(__name__)
-
-MAX_PENDING_EVENT_LISTS = 1024  # beyond it, a step's events join the newest list (none lost)
 
 
 class MockerEngine:
@@ -42,10 +40,8 @@ class MockerEngine:
         self._sleep = sleep
         self._streams: dict[str, OutputStream] = {}
         self._wake = asyncio.Event()
-        self._events: deque[list[KvEvent]] = deque()
-        self._events_ready = asyncio.Event()
+        self._events = KvEventQueue()
         self._task: asyncio.Task[None] | None = None
-        self._stopped = False
 
     @property
     def info(self) -> EngineInfo:
@@ -104,14 +100,8 @@ class MockerEngine:
             if stream is not None:
                 stream.push(EngineOutput(finish_reason="cancelled"))
 
-    async def kv_events(self) -> AsyncIterator[list[KvEvent]]:
-        while True:
-            while not self._events:
-                if self._stopped:
-                    return
-                self._events_ready.clear()
-                await self._events_ready.wait()
-            yield self._events.popleft()
+    def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        return self._events.stream()
 
     def kv_snapshot(self) -> list[KvEvent]:
         """Every cached device block, then the simulated host/disk tiers' blocks."""
@@ -136,13 +126,12 @@ class MockerEngine:
 
     async def stop(self) -> None:
         """Stop stepping; every open stream ends with finish_reason 'cancelled'."""
-        self._stopped = True  # ends kv_events() once drained
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         self._end_all(EngineOutput(finish_reason="cancelled"))
-        self._events_ready.set()
+        self._events.close()  # ends kv_events() once drained
 
     # ------------------------------------------------------------------ step loop
     async def _run(self) -> None:
@@ -173,12 +162,7 @@ class MockerEngine:
             stream = self._streams.get(seq.request_id)
             if stream is not None:
                 stream.push(out)
-        if result.events:
-            if len(self._events) >= MAX_PENDING_EVENT_LISTS:
-                self._events[-1].extend(result.events)
-            else:
-                self._events.append(result.events)
-            self._events_ready.set()
+        self._events.push(result.events)
 
     def _end_all(self, final: EngineOutput) -> None:
         for request_id, stream in list(self._streams.items()):

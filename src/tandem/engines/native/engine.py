@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import load_model_weights
@@ -31,7 +32,6 @@ from tandem.protocols.kv_events import KvEvent
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-MAX_PENDING_EVENT_LISTS = 1024  # beyond it, a step's events join the newest list (none lost)
 
 
 def build_core(config: NativeConfig) -> tuple[EngineCore, str]:
@@ -57,8 +57,7 @@ class NativeEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, OutputStream] = {}
-        self._events: deque[list[KvEvent]] = deque()
-        self._events_ready = asyncio.Event()
+        self._events = KvEventQueue()
         self._info: EngineInfo | None = None
 
     async def start(self) -> EngineInfo:
@@ -148,14 +147,8 @@ class NativeEngine:
             self._inbox.append((op, arg))
             self._cv.notify()
 
-    async def kv_events(self) -> AsyncIterator[list[KvEvent]]:
-        while True:
-            while not self._events:
-                if self._stopping:
-                    return
-                self._events_ready.clear()
-                await self._events_ready.wait()
-            yield self._events.popleft()
+    def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        return self._events.stream()
 
     def kv_snapshot(self) -> list[KvEvent]:
         assert self.core is not None, "kv_snapshot before start()"
@@ -189,7 +182,7 @@ class NativeEngine:
             await asyncio.to_thread(self.core.close)
         for stream in self._streams.values():
             stream.push(EngineOutput(finish_reason="cancelled"))
-        self._events_ready.set()
+        self._events.close()
 
     # ---------------------------------------------------------------- KV data plane
     @property
@@ -241,6 +234,7 @@ class NativeEngine:
             self._stopping = True  # generate() now refuses new requests
             failed = EngineOutput(finish_reason="error", error=f"native engine failed: {exc!r}")
             self._loop.call_soon_threadsafe(self._fail_all, failed)
+            self._loop.call_soon_threadsafe(self._events.close)  # kv_events() ends once drained
 
     @staticmethod
     def _apply(core: EngineCore, ops: list[tuple[str, Any]]) -> list[tuple[str, EngineOutput]]:
@@ -267,12 +261,7 @@ class NativeEngine:
             stream = self._streams.get(request_id)
             if stream is not None:
                 stream.push(out)
-        if events:
-            if len(self._events) >= MAX_PENDING_EVENT_LISTS:
-                self._events[-1].extend(events)
-            else:
-                self._events.append(events)
-            self._events_ready.set()
+        self._events.push(events)
 
     def _post_tier_events(self, events: list[KvEvent]) -> None:
         """Host/disk KV events from kvbm's threads, queued like a step's (thread-safe)."""

@@ -8,9 +8,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tandem.protocols.discovery import InstanceEvent
+from tandem.protocols.discovery import ModelCard
 from tandem.router.base import Router
-from tandem.router.source import StaticInstanceSet
+from tandem.router.source import InstancesByModel, StaticInstanceSet
 
 logger = logging.getLogger(__name__)
 
@@ -22,31 +22,19 @@ class PrefillPool:
     def __init__(
         self, instance_set: Any, make_router: Callable[[StaticInstanceSet], Router]
     ) -> None:
-        self._set = instance_set
+        self._by_model = InstancesByModel(instance_set, self._add_model)
+        self.views = self._by_model.views
         self._make_router = make_router
-        self.views: dict[str, StaticInstanceSet] = {}
         self._routers: dict[str, tuple[Router, asyncio.Task[None]]] = {}
 
     async def start(self) -> None:
-        self._set.add_listener(self._on_event)
-        for inst in list(self._set.instances.values()):
-            self._on_event(InstanceEvent(kind="added", instance=inst))
-        await self._set.start()
+        await self._by_model.start()
 
-    def _on_event(self, event: InstanceEvent) -> None:
-        card = event.instance.model
-        if card is None:
-            return
-        view = self.views.get(card.name)
-        if view is None:
-            if event.kind != "added":
-                return
-            view = self.views[card.name] = StaticInstanceSet()
-            router = self._make_router(view)
-            task = asyncio.create_task(router.start(), name=f"prefill-router-{card.name}")
-            self._routers[card.name] = (router, task)
-            logger.info("prefill pool for model %s appeared", card.name)
-        view.apply(event)
+    def _add_model(self, card: ModelCard, view: StaticInstanceSet) -> None:
+        router = self._make_router(view)
+        task = asyncio.create_task(router.start(), name=f"prefill-router-{card.name}")
+        self._routers[card.name] = (router, task)
+        logger.info("prefill pool for model %s appeared", card.name)
 
     async def router_for(self, model: str) -> Router | None:
         """The model's prefill router, or None while no prefill instance serves it."""
@@ -62,4 +50,4 @@ class PrefillPool:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await router.close()
-        await self._set.close()
+        await self._by_model.source.close()

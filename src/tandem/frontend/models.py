@@ -11,10 +11,10 @@ from typing import Any
 
 from tandem.errors import InvalidRequest, ModelNotFound
 from tandem.frontend.config import FrontendConfig
-from tandem.protocols.discovery import InstanceEvent, ModelCard
+from tandem.protocols.discovery import ModelCard
 from tandem.router.base import Router
 from tandem.router.registry import make_router
-from tandem.router.source import StaticInstanceSet
+from tandem.router.source import InstancesByModel, StaticInstanceSet
 from tandem.tokens.chat_template import ChatTemplate
 from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 
@@ -98,27 +98,13 @@ class ModelRegistry:
     ) -> None:
         self._config, self._set = config, instance_set
         self._events, self._client, self._namespace = events, client, namespace
+        self._by_model = InstancesByModel(instance_set, self._add)
         self.models: dict[str, ServedModel] = {}
 
     async def start(self) -> None:
-        self._set.add_listener(self._on_event)
-        for inst in list(self._set.instances.values()):
-            self._on_event(InstanceEvent(kind="added", instance=inst))
-        await self._set.start()
+        await self._by_model.start()
 
-    def _on_event(self, event: InstanceEvent) -> None:
-        card = event.instance.model
-        if card is None:
-            return
-        model = self.models.get(card.name)
-        if model is None:
-            if event.kind != "added":
-                return
-            model = self._add(card)
-        model.instances.apply(event)
-
-    def _add(self, card: ModelCard) -> ServedModel:
-        view = StaticInstanceSet()
+    def _add(self, card: ModelCard, view: StaticInstanceSet) -> None:
         router = make_router(
             self._config.router_policy,
             self._config.router,
@@ -132,7 +118,6 @@ class ModelRegistry:
         self.models[card.name] = model
         model.start(self._config.tokenizer_cache_dir)
         logger.info("model %s appeared (engine %s)", card.name, card.engine)
-        return model
 
     def live(self) -> list[ServedModel]:
         return [m for m in self.models.values() if m.instances.instances]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tandem.protocols.discovery import Instance, InstanceEvent
+from tandem.protocols.discovery import Instance, InstanceEvent, ModelCard
 from tandem.runtime.base import Subscription
 
 
@@ -54,3 +54,36 @@ class StaticInstanceSet:
             return
         for callback in list(self._listeners):
             callback(event)
+
+
+class InstancesByModel:
+    """Splits a live instance set (e.g. every `ns.backend.generate`) into one
+    `StaticInstanceSet` per served model name, so each model gets its own router.
+    `on_new_model(card, view)` runs once per model name, on its first added instance, before
+    that instance is applied to `view`. One event loop; not thread-safe."""
+
+    def __init__(
+        self, source: Any, on_new_model: Callable[[ModelCard, StaticInstanceSet], None]
+    ) -> None:
+        self.source = source
+        self.views: dict[str, StaticInstanceSet] = {}
+        self._on_new_model = on_new_model
+
+    async def start(self) -> None:
+        """Take the instances already known, then follow changes (starts `source`)."""
+        self.source.add_listener(self._on_event)
+        for inst in list(self.source.instances.values()):
+            self._on_event(InstanceEvent(kind="added", instance=inst))
+        await self.source.start()
+
+    def _on_event(self, event: InstanceEvent) -> None:
+        card = event.instance.model
+        if card is None:
+            return
+        view = self.views.get(card.name)
+        if view is None:
+            if event.kind != "added":
+                return
+            view = self.views[card.name] = StaticInstanceSet()
+            self._on_new_model(card, view)
+        view.apply(event)

@@ -6,8 +6,9 @@ from collections import Counter
 
 import pytest
 from tests.support.eventually import eventually
+from tests.support.instances import backend_instance
 
-from tandem.protocols.discovery import Instance, ModelCard
+from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
 from tandem.router.config import RouterConfig
 from tandem.router.kv_router import KvRouter
@@ -29,19 +30,7 @@ def req(rid: str, i: int) -> PreprocessedRequest:
 async def test_two_synced_routers_balance_load() -> None:
     bus = MemoryEventBus()
     card = ModelCard(name="m", context_length=4096, block_size=16, num_total_blocks=1000)
-    insts = StaticInstanceSet(
-        [
-            Instance(
-                instance_id=f"w{i}",
-                namespace="tandem",
-                component="backend",
-                endpoint="generate",
-                address=f"h:{i}",
-                model=card,
-            )
-            for i in range(4)
-        ]
-    )
+    insts = StaticInstanceSet([backend_instance(i, card, address=f"h:{i}") for i in range(4)])
     a, b = (
         KvRouter(RouterConfig(replica_sync=True, seed=7), instances=insts, events=bus)
         for _ in range(2)

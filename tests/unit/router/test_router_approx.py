@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import pytest
+from tests.support.instances import backend_instance
 
-from tandem.protocols.discovery import Instance, ModelCard
+from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
 from tandem.router.approx import ApproxCache
 from tandem.router.config import RouterConfig
@@ -38,19 +39,7 @@ def test_ttl_refresh_and_cap_pruning() -> None:
 async def test_no_kv_events_router_learns_from_its_own_decisions() -> None:
     clock = Clock()
     card = ModelCard(name="m", context_length=4096, block_size=4, num_total_blocks=100)
-    insts = StaticInstanceSet(
-        [
-            Instance(
-                instance_id=f"w{i}",
-                namespace="tandem",
-                component="backend",
-                endpoint="generate",
-                address=f"h:{i}",
-                model=card,
-            )
-            for i in range(4)
-        ]
-    )
+    insts = StaticInstanceSet([backend_instance(i, card, address=f"h:{i}") for i in range(4)])
     r = KvRouter(
         RouterConfig(use_kv_events=False, approx_ttl_s=120, seed=3), instances=insts, clock=clock
     )

@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from tests.support.instances import backend_instance
 
 from tandem.errors import Overloaded
 from tandem.protocols.discovery import Instance, ModelCard
@@ -20,14 +21,7 @@ B = 4
 
 def inst(i: int, blocks: int = 1000) -> Instance:
     card = ModelCard(name="m", context_length=4096, block_size=B, num_total_blocks=blocks)
-    return Instance(
-        instance_id=f"w{i}",
-        namespace="tandem",
-        component="backend",
-        endpoint="generate",
-        address=f"127.0.0.1:{9000 + i}",
-        model=card,
-    )
+    return backend_instance(i, card)
 
 
 def req(rid: str, tokens: list[int], **hints: object) -> PreprocessedRequest:

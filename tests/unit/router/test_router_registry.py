@@ -4,6 +4,7 @@ import argparse
 import asyncio
 
 import pytest
+from tests.support.instances import backend_instance
 
 from tandem.errors import InvalidRequest, NoWorkersAvailable, Overloaded
 from tandem.protocols.discovery import Instance
@@ -19,13 +20,7 @@ pytestmark = pytest.mark.timeout(10)
 
 
 def inst(i: int) -> Instance:
-    return Instance(
-        instance_id=f"w{i}",
-        namespace="tandem",
-        component="backend",
-        endpoint="generate",
-        address=f"127.0.0.1:{9000 + i}",
-    )
+    return backend_instance(i)
 
 
 def req(rid: str = "r", pinned: str | None = None) -> PreprocessedRequest:

@@ -18,6 +18,7 @@ from tandem.protocols.kv_events import (
     KvEvent,
     KvEventBatch,
     KvStateRequest,
+    LoadMetrics,
     encode,
 )
 from tandem.runtime.base import RequestContext
@@ -94,6 +95,18 @@ class FakeKvWorker:
         return self._batch(
             [BlockStored(block_hashes=hashes, block_size=BLOCK_SIZE, token_ids=tokens)]
         )
+
+    async def report_load(self) -> None:
+        """Publish load metrics carrying the id of the last batch, as a Worker does."""
+        msg = LoadMetrics(
+            worker_id=self.worker_id,
+            num_active_blocks=len(self.blocks),
+            num_total_blocks=1000,
+            num_waiting=0,
+            num_running=0,
+            kv_event_id=self.event_id,
+        )
+        await self.runtime.events.publish("tandem.backend.load_metrics", encode(msg))
 
     async def step(self, *, publish: bool = True) -> None:
         batch = self.mutate()

@@ -76,6 +76,29 @@ async def test_gap_is_replayed_from_worker_buffer() -> None:
         assert r.metrics.events[("batch", "gap")] >= 1
 
 
+async def test_lost_last_batch_is_replayed_after_a_load_report() -> None:
+    """The last batch before a quiet spell is lost: no later batch shows a gap, but the
+    worker's load report carries its event id, and the router replays from it."""
+    async with cluster(1) as (workers, new_router):
+        r = await new_router()
+        await eventually(lambda: r.follower.synced.is_set() and r.applier.synced == {"w0"})
+        await workers[0].step()
+        await workers[0].step(publish=False)  # the tail is lost
+        await eventually(lambda: r.applier.last_event_id.get(WorkerKey("w0")) == 1)
+        assert r.indexer.snapshot() != truth(workers)
+
+        async def reported() -> bool:  # a worker reports load at least once a second
+            await workers[0].report_load()
+            await asyncio.sleep(0.1)
+            return r.indexer.snapshot() == truth(workers)
+
+        async with asyncio.timeout(10):
+            while not await reported():
+                pass
+        assert workers[0].state_requests[-1] == 1  # a replay after the last applied id
+        assert r.metrics.events[("batch", "lost_tail")] == 1
+
+
 async def test_router_restarted_under_load_converges() -> None:
     async with cluster(3) as (workers, new_router):
         first = await new_router()

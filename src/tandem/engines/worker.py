@@ -246,6 +246,7 @@ class Worker:
             num_waiting=load.num_waiting,
             num_running=load.num_running,
             timestamp_s=time.time(),
+            kv_event_id=self.kv_events.event_id,
         )
         try:
             await self.runtime.events.publish(self.load_subject, kv.encode(msg))

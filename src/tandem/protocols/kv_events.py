@@ -57,6 +57,9 @@ class LoadMetrics(msgspec.Struct, kw_only=True, omit_defaults=True):
     num_waiting: int
     num_running: int
     timestamp_s: float = 0.0
+    # id of the last KV event batch the worker published before this message (None: not
+    # reported); lets a router notice a lost *last* batch, which no later gap would reveal
+    kv_event_id: int | None = None
 
 
 class KvStateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

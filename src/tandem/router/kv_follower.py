@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 MAX_BUFFERED_BATCHES = 10_000
 RETRY_INTERVAL_S = 1.0
+# a worker's reported KV event id may run ahead of the batches in flight on the event plane;
+# only a lag that outlives this is taken for a lost batch
+BEHIND_GRACE_S = 0.5
 
 
 class KvEventFollower:
@@ -50,6 +53,7 @@ class KvEventFollower:
         self._clock = clock
         self._syncing: dict[str, list[KvEventBatch]] = {}
         self._last_try_s: dict[str, float] = {}
+        self._behind_since_s: dict[WorkerKey, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._reader: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()  # set whenever no sync is in flight
@@ -108,8 +112,32 @@ class KvEventFollower:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def check_event_id(self, worker_id: str, dp_rank: int, event_id: int) -> None:
+        """A worker reported (with its load metrics) that its last KV batch is `event_id`.
+
+        A lost batch is found by the gap before the next one; a lost *last* batch has no next
+        one, so the index would stay stale until the worker stores again. When the applied id
+        stays behind the reported one for longer than BEHIND_GRACE_S, replay from it."""
+        key = WorkerKey(worker_id, dp_rank)
+        last = self.applier.last_event_id.get(key)
+        if (
+            worker_id in self._syncing
+            or worker_id not in self.applier.synced
+            or (last is not None and last >= event_id)
+        ):
+            self._behind_since_s.pop(key, None)
+            return
+        now = self._clock()
+        since = self._behind_since_s.setdefault(key, now)
+        if now - since >= BEHIND_GRACE_S:
+            del self._behind_since_s[key]
+            self.applier.metrics.events[("batch", "lost_tail")] += 1
+            self.request_sync(worker_id, last)
+
     def forget_worker(self, worker_id: str) -> None:
         self._syncing.pop(worker_id, None)
+        for key in [k for k in self._behind_since_s if k.worker_id == worker_id]:
+            del self._behind_since_s[key]
         self._last_try_s.pop(worker_id, None)
         self.applier.forget_worker(worker_id)
         self._maybe_synced()

@@ -12,6 +12,7 @@ from typing import Any
 
 from tandem.protocols.discovery import Instance
 from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.kv_events import LoadMetrics
 from tandem.router.active_sequences import ActiveSequences
 from tandem.router.approx import ApproxCache
 from tandem.router.base import RouteDecision
@@ -91,6 +92,10 @@ class KvRouter(PolicyRouter):
             self.applier.synced.add(worker_id)  # engines send no full state: next batch counts
         elif self.follower is not None:
             self.follower.request_sync(worker_id, None)
+
+    def _on_load(self, metrics: LoadMetrics) -> None:
+        if self.follower is not None and metrics.kv_event_id is not None:
+            self.follower.check_event_id(metrics.worker_id, metrics.dp_rank, metrics.kv_event_id)
 
     async def close(self) -> None:
         for source in self.engine_sources:

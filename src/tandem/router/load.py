@@ -40,11 +40,15 @@ class LoadTracker:
         if self._on_update is not None:
             self._on_update()
 
-    def apply_payload(self, payload: bytes) -> None:
+    def apply_payload(self, payload: bytes) -> LoadMetrics | None:
+        """Decode and apply; returns the message, or None when it was malformed."""
         try:
-            self.apply(decode_load(payload))
+            metrics = decode_load(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             logger.warning("dropping malformed load metrics: %s", exc)
+            return None
+        self.apply(metrics)
+        return metrics
 
     def remove_worker(self, worker_id: str) -> None:
         for key in [k for k in self._by_rank if k[0] == worker_id]:

@@ -14,6 +14,7 @@ from typing import Any
 from tandem.errors import InvalidRequest, NoWorkersAvailable, Overloaded
 from tandem.protocols.discovery import Instance
 from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.kv_events import LoadMetrics
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
 from tandem.router.load import LoadTracker
@@ -90,9 +91,14 @@ class PolicyRouter:
     async def _follow_loads(self, sub: Any) -> None:
         try:
             async for _subject, payload in sub:
-                self.loads.apply_payload(payload)
+                metrics = self.loads.apply_payload(payload)
+                if metrics is not None:
+                    self._on_load(metrics)
         finally:
             await sub.close()
+
+    def _on_load(self, metrics: LoadMetrics) -> None:
+        """Hook: the KV router checks the worker's reported KV event id."""
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -3,30 +3,51 @@
 `stream()` returns a `ResponseStream` (an async iterator). It connects lazily on the first
 `__anext__`. Closing it early (`aclose`, `async with`, `break` once dropped, or cancelling the
 consuming task) sends CANCEL so the server cancels the handler.
+
+Flow control is per stream (frame.py): each stream buffers at most `stream_window` payloads;
+consuming half a window returns that much credit to the server. The connection itself is
+always read, so a stream nobody consumes never holds up another.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import time
 from collections import deque
 from typing import Any
 
 from tandem import errors
+from tandem.runtime.secret import client_proof, key_for, new_nonce, server_proof
 from tandem.runtime.tcp import frame as fr
+from tandem.runtime.tcp.server import AUTH_PURPOSE
 from tandem.runtime.tcp.transport import FrameTransport
 
-_PAUSE_ITEMS = 8192  # buffered, unconsumed response items per connection before pause_reading
-_RESUME_ITEMS = 1024
+DEFAULT_STREAM_WINDOW = 64  # response payloads in flight per stream
 
 
 class TcpRequestClient:
-    """Implements `RequestClient`. Safe for concurrent streams on one event loop."""
+    """Implements `RequestClient`. Safe for concurrent streams on one event loop.
 
-    def __init__(self, *, connect_timeout_s: float = 5.0) -> None:
+    With a `secret` (the cluster secret) every connection authenticates both ways before a
+    request is sent; without one the client connects only to servers that have none either."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 5.0,
+        secret: str | None = None,
+        max_frame_bytes: int = fr.DEFAULT_MAX_FRAME_BYTES,
+        stream_window: int = DEFAULT_STREAM_WINDOW,
+    ) -> None:
+        if not 2 <= stream_window <= fr.MAX_WINDOW:
+            raise ValueError(f"stream_window={stream_window} outside [2, {fr.MAX_WINDOW}]")
         self.connect_timeout_s = connect_timeout_s
+        self.key = key_for(secret, AUTH_PURPOSE) if secret else None
+        self.max_frame_bytes = max_frame_bytes
+        self.stream_window = stream_window
         self._conns: dict[str, _ClientConnection] = {}
         self._connecting: dict[str, asyncio.Task[_ClientConnection]] = {}
         self._closed = False
@@ -68,6 +89,14 @@ class TcpRequestClient:
                 _, conn = await loop.create_connection(
                     lambda: _ClientConnection(self, address), host, int(port)
                 )
+                try:
+                    await conn.ready
+                except BaseException:
+                    if conn.transport is not None:
+                        conn.transport.abort()
+                    raise
+        except errors.PeerGone:
+            raise
         except TimeoutError as exc:
             raise errors.PeerGone(
                 f"cannot connect to {address}: timed out after {timeout_s}s"
@@ -94,34 +123,74 @@ class TcpRequestClient:
 
 class _ClientConnection(FrameTransport):
     def __init__(self, client: TcpRequestClient, address: str) -> None:
-        super().__init__()
+        super().__init__(client.max_frame_bytes)
         self.client, self.address = client, address
         self.streams: dict[int, _Sink] = {}
         self._sids = itertools.count(1)
-        self.num_buffered = 0
-        self.read_paused = False
+        self.ready: asyncio.Future[None] = self.loop.create_future()  # handshake done
+        self._nonce = new_nonce()
+        self._server_nonce = b""
 
     def open(self, stream: _Sink, request: tuple[str, str, float | None, bytes]) -> int:
         sid = next(self._sids)
         self.streams[sid] = stream
-        self.send((fr.REQUEST, sid, *request))
+        path, request_id, deadline_s, payload = request
+        window = self.client.stream_window
+        self.send((fr.REQUEST, sid, path, request_id, deadline_s, window, payload))
         return sid
 
     def cancel(self, sid: int) -> None:
         if self.streams.pop(sid, None) is not None:
             self.send((fr.CANCEL, sid))
 
+    def grant(self, sid: int, num_frames: int) -> None:
+        if sid in self.streams:
+            self.send((fr.CREDIT, sid, num_frames))
+
+    def _fail_handshake(self, reason: str) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(errors.PeerGone(f"request plane at {self.address}: {reason}"))
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _handshake(self, f: list[Any]) -> None:
+        kind, key = f[0], self.client.key
+        if kind == fr.HELLO:
+            _, version, self._server_nonce, auth_required = f
+            if version != fr.PROTOCOL_VERSION:
+                return self._fail_handshake(
+                    f"server speaks request-plane protocol v{version}; this client speaks "
+                    f"v{fr.PROTOCOL_VERSION}"
+                )
+            if key is not None and not auth_required:
+                return self._fail_handshake(
+                    "server does not authenticate (it has no cluster secret) but this process "
+                    "has one; refusing to send requests to it"
+                )
+            proof = client_proof(key, self._server_nonce, self._nonce) if key else None
+            self.send((fr.AUTH, fr.PROTOCOL_VERSION, self._nonce, proof))
+        elif kind == fr.WELCOME:
+            if key is not None and not (
+                isinstance(f[1], bytes)
+                and hmac.compare_digest(f[1], server_proof(key, self._server_nonce, self._nonce))
+            ):
+                return self._fail_handshake("server failed to prove it holds the cluster secret")
+            self.max_frame_bytes = self.session_max_frame_bytes
+            self.ready.set_result(None)
+        elif kind == fr.REFUSED:
+            self._fail_handshake(f"refused the connection: {f[1]}")
+        else:
+            raise fr.FrameError(f"unexpected frame kind {kind} during the handshake")
+
     def on_frame(self, f: list[Any]) -> None:
+        if not self.ready.done():
+            return self._handshake(f)
         kind, sid = f[0], f[1]
         if kind == fr.DATA:
             st = self.streams.get(sid)
             if st is not None:
                 st.push(f[2])
-                self.num_buffered += 1
-                if self.num_buffered > _PAUSE_ITEMS and not self.read_paused:
-                    self.read_paused = True
-                    assert self.transport is not None
-                    self.transport.pause_reading()
         elif kind == fr.END:
             st = self.streams.pop(sid, None)
             if st is not None:
@@ -133,17 +202,14 @@ class _ClientConnection(FrameTransport):
         else:
             raise fr.FrameError(f"unexpected frame kind {kind} from server {self.address}")
 
-    def consumed(self) -> None:
-        self.num_buffered -= 1
-        if self.read_paused and self.num_buffered < _RESUME_ITEMS and not self.closed:
-            self.read_paused = False
-            assert self.transport is not None
-            self.transport.resume_reading()
-
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.client._forget(self)
         why = f"{type(exc).__name__}: {exc}" if exc else "closed by peer"
+        if not self.ready.done():
+            self.ready.set_exception(
+                errors.PeerGone(f"connection to {self.address} lost during the handshake ({why})")
+            )
         streams, self.streams = self.streams, {}
         for st in streams.values():
             st.finish(
@@ -157,7 +223,7 @@ class _Sink:
     """Receiving side of one stream, held by the connection. Kept apart from ResponseStream
     so that dropping an unfinished ResponseStream (e.g. `break`) lets `__del__` cancel it."""
 
-    __slots__ = ("buf", "conn", "done", "error", "request", "sid", "timer", "waiter")
+    __slots__ = ("buf", "conn", "done", "error", "num_unacked", "request", "sid", "timer", "waiter")
 
     def __init__(self, conn: _ClientConnection, request: tuple[str, str, float | None, bytes]):
         self.conn, self.request = conn, request
@@ -166,6 +232,7 @@ class _Sink:
         self.done = False
         self.error: BaseException | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.num_unacked = 0  # consumed payloads not yet returned to the server as credit
         self.sid = conn.open(self, request)
         deadline_s = request[2]
         if deadline_s is not None:
@@ -176,6 +243,11 @@ class _Sink:
         return self.request[1]
 
     def push(self, payload: bytes) -> None:
+        if len(self.buf) >= self.conn.client.stream_window:
+            raise fr.FrameError(
+                f"server sent request_id={self.request_id} more than its window of "
+                f"{self.conn.client.stream_window} frames"
+            )
         self.buf.append(payload)
         w = self.waiter
         if w is not None and not w.done():
@@ -194,8 +266,6 @@ class _Sink:
     def cancel(self, error: BaseException | None = None) -> None:
         if not self.done:
             self.conn.cancel(self.sid)
-        for _ in self.buf:
-            self.conn.consumed()
         self.buf.clear()
         self.finish(error)
 
@@ -217,7 +287,10 @@ class _Sink:
                 raise
             finally:
                 self.waiter = None
-        self.conn.consumed()
+        self.num_unacked += 1
+        if self.num_unacked * 2 >= self.conn.client.stream_window and not self.done:
+            self.conn.grant(self.sid, self.num_unacked)
+            self.num_unacked = 0
         return buf.popleft()
 
 

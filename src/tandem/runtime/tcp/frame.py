@@ -1,62 +1,68 @@
-"""Request-plane wire format, version 1.
+"""Request-plane wire format, version 2.
 
-A frame is a 4-byte big-endian length followed by one msgpack array:
+A frame is a 4-byte big-endian length followed by one msgpack array. A connection opens
+with a handshake, then carries many streams whose frames interleave:
 
-    [REQUEST, stream_id, endpoint_path, request_id, deadline_s | None, payload]  client -> server
-    [DATA,    stream_id, payload]                                               server -> client
-    [END,     stream_id]                                                        server -> client
-    [ERROR,   stream_id, error_class_name, message, retry_after_s | None]       server -> client
-    [CANCEL,  stream_id]                                                        client -> server
+    [HELLO,   version, server_nonce, auth_required]                                  s -> c
+    [AUTH,    version, client_nonce, client_proof | None]                            c -> s
+    [WELCOME, server_proof | None]                                                   s -> c
+    [REFUSED, reason]                       s -> c, then the server closes the connection
 
-Stream ids are chosen by the client, unique per connection. Many streams share one
-connection; frames of different streams interleave.
+    [REQUEST, stream_id, endpoint_path, request_id, deadline_s | None, window, payload]  c -> s
+    [DATA,    stream_id, payload]                                                    s -> c
+    [END,     stream_id]                                                             s -> c
+    [ERROR,   stream_id, error_class_name, message, retry_after_s | None]            s -> c
+    [CANCEL,  stream_id]                                                             c -> s
+    [CREDIT,  stream_id, num_frames]                                                 c -> s
+
+Authentication (`tandem.runtime.secret`): client_proof = HMAC(key, "client", server_nonce,
+client_nonce), server_proof likewise with "server"; the key is derived from the cluster secret.
+A server with a secret reads nothing but AUTH until the proof checks out; a client with a
+secret sends no request until the server has proven it holds the secret too.
+
+Flow control is per stream: REQUEST grants `window` DATA frames; the server sends no more DATA
+on that stream until CREDIT returns some. END and ERROR need no credit. So a consumer that
+stops reading holds back its own stream only; the others on the connection keep flowing.
+
+Stream ids are chosen by the client, unique per connection. Version 1 (no handshake, no
+credit) is not spoken: a v1 peer is refused with a message naming both versions.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
 from tandem import errors
 
-REQUEST, DATA, END, ERROR, CANCEL = 0, 1, 2, 3, 4
-MAX_FRAME_BYTES = 256 << 20
-_HEADER = struct.Struct(">I")
+PROTOCOL_VERSION = 2
+HELLO, AUTH, WELCOME, REFUSED = 10, 11, 12, 13
+REQUEST, DATA, END, ERROR, CANCEL, CREDIT = 0, 1, 2, 3, 4, 5
+DEFAULT_MAX_FRAME_BYTES = 16 << 20  # a 128k-token prompt is ~0.6 MB of msgpack ints
+HANDSHAKE_MAX_FRAME_BYTES = 1024  # before authentication nothing larger is read
+MAX_WINDOW = 1 << 16
+HEADER = struct.Struct(">I")
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 
 
 def encode(frame: list[Any] | tuple[Any, ...]) -> bytes:
     body: bytes = _packb(frame)
-    return _HEADER.pack(len(body)) + body
+    return HEADER.pack(len(body)) + body
+
+
+def decode(body: bytes | bytearray | memoryview) -> list[Any]:
+    frame = msgpack.unpackb(body, raw=False, use_list=True)
+    if not isinstance(frame, list) or not frame or not isinstance(frame[0], int):
+        raise FrameError(f"frame is not a [kind, ...] array: {type(frame).__name__}")
+    return frame
 
 
 class FrameError(Exception):
-    """The byte stream is not valid framing; the connection must be dropped."""
-
-
-def decode_frames(buf: bytearray, on_frame: Callable[[list[Any]], None]) -> None:
-    """Call `on_frame` for every complete frame at the start of `buf`, then remove those
-    bytes from `buf` (a partial frame stays for the next call)."""
-    off, n = 0, len(buf)
-    unpack_from = _HEADER.unpack_from
-    try:
-        while n - off >= 4:
-            (size,) = unpack_from(buf, off)
-            if size > MAX_FRAME_BYTES:
-                raise FrameError(f"frame of {size} bytes exceeds limit {MAX_FRAME_BYTES}")
-            end = off + 4 + size
-            if end > n:
-                break
-            frame = msgpack.unpackb(buf[off + 4 : end], raw=False, use_list=True)
-            off = end
-            on_frame(frame)
-    finally:
-        if off:
-            del buf[:off]
+    """The byte stream is not valid framing or breaks the protocol; the connection must be
+    dropped (the message says why and is logged)."""
 
 
 def error_frame(stream_id: int, exc: errors.ServingError) -> tuple[Any, ...]:

@@ -8,27 +8,45 @@ frame); each request runs as one task; outgoing frames are batched into one
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from typing import Any
 
 from tandem import errors
 from tandem.runtime.base import Handler
+from tandem.runtime.secret import client_proof, key_for, new_nonce, server_proof
 from tandem.runtime.tcp import frame as fr
 from tandem.runtime.tcp.transport import FrameTransport
 
 logger = logging.getLogger(__name__)
+AUTH_PURPOSE = f"request-plane/v{fr.PROTOCOL_VERSION}"
 
 
 class StreamContext:
-    """Server-side state of one request (implements `RequestContext`)."""
+    """Server-side state of one request (implements `RequestContext`). `credit` is how many
+    more DATA frames the client has room for (per-stream flow control)."""
 
-    __slots__ = ("_cancelled", "deadline_s", "endpoint_path", "request_id", "task", "timer")
+    __slots__ = (
+        "_cancelled",
+        "credit",
+        "credit_waiter",
+        "deadline_s",
+        "endpoint_path",
+        "request_id",
+        "task",
+        "timer",
+        "window",
+    )
 
-    def __init__(self, request_id: str, endpoint_path: str, deadline_s: float | None) -> None:
+    def __init__(
+        self, request_id: str, endpoint_path: str, deadline_s: float | None, window: int
+    ) -> None:
         self.request_id = request_id
         self.endpoint_path = endpoint_path
         self.deadline_s = deadline_s
+        self.window = self.credit = window
+        self.credit_waiter: asyncio.Future[None] | None = None
         self._cancelled = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -37,19 +55,46 @@ class StreamContext:
     def cancelled(self) -> asyncio.Event:
         return self._cancelled
 
+    def grant(self, num_frames: int) -> None:
+        self.credit = min(self.credit + num_frames, self.window)
+        w = self.credit_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
 
 class TcpRequestServer:
     """Serves registered endpoints on `host:port` (port 0 = any free port).
 
     A connection may carry at most `max_inflight_per_connection` concurrent streams; a
     request over that bound gets `Overloaded`. After `stop_accepting` (or during `stop`),
-    new requests get `PeerGone` so clients migrate elsewhere."""
+    new requests get `PeerGone` so clients migrate elsewhere.
+
+    Edge limits: at most `max_connections` connections (more are closed at accept); a
+    connection that has not authenticated within `handshake_timeout_s` is closed; with a
+    `secret` (the cluster secret) a connection whose client cannot prove it holds the secret is
+    refused before any request is read; frames over `max_frame_bytes` close the connection; a
+    stream whose client grants no credit for `stream_stall_timeout_s` is cancelled."""
 
     def __init__(
-        self, *, host: str = "127.0.0.1", port: int = 0, max_inflight_per_connection: int = 1024
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_inflight_per_connection: int = 1024,
+        secret: str | None = None,
+        max_frame_bytes: int = fr.DEFAULT_MAX_FRAME_BYTES,
+        max_connections: int = 4096,
+        handshake_timeout_s: float = 5.0,
+        stream_stall_timeout_s: float = 60.0,
     ) -> None:
         self._host, self._port = host, port
         self.max_inflight_per_connection = max_inflight_per_connection
+        self.key = key_for(secret, AUTH_PURPOSE) if secret else None
+        self.max_frame_bytes = max_frame_bytes
+        self.max_connections = max_connections
+        self.handshake_timeout_s = handshake_timeout_s
+        self.stream_stall_timeout_s = stream_stall_timeout_s
+        self.num_refused = 0  # connections refused: over the cap, failed or late handshake
         self.handlers: dict[str, Handler] = {}
         self._server: asyncio.Server | None = None
         self._address = ""
@@ -113,16 +158,30 @@ class TcpRequestServer:
 
 class _ServerConnection(FrameTransport):
     def __init__(self, server: TcpRequestServer) -> None:
-        super().__init__()
+        super().__init__(server.max_frame_bytes)
         self._srv = server
         self._streams: dict[int, StreamContext] = {}
+        self._nonce = new_nonce()
+        self._authed = False
+        self._handshake_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._srv._connections.add(self)
+        srv = self._srv
+        if len(srv._connections) >= srv.max_connections:
+            srv.num_refused += 1
+            self.drop(f"{len(srv._connections)} connections open (limit {srv.max_connections})")
+            return
+        srv._connections.add(self)
+        self.send((fr.HELLO, fr.PROTOCOL_VERSION, self._nonce, srv.key is not None))
+        self._handshake_timer = self.loop.call_later(
+            srv.handshake_timeout_s, self._handshake_expired
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self._srv._connections.discard(self)
         for sid in list(self._streams):
             self._cancel(sid)
@@ -133,20 +192,77 @@ class _ServerConnection(FrameTransport):
         if self.transport is not None:
             self.transport.close()
 
+    def _handshake_expired(self) -> None:
+        if not self._authed:
+            self._srv.num_refused += 1
+            self.drop(f"no handshake within {self._srv.handshake_timeout_s}s")
+
+    def _refuse(self, reason: str) -> None:
+        """Tell the client why, then close; nothing it sent after is read."""
+        self._srv.num_refused += 1
+        logger.warning("refusing request-plane connection from %s: %s", self.peer, reason)
+        if self.transport is not None:
+            self.transport.write(fr.encode((fr.REFUSED, reason)))
+            self.transport.close()
+        self.closed = True
+
+    def _authenticate(self, f: list[Any]) -> None:
+        if f[0] != fr.AUTH:
+            return self._refuse(
+                f"expected an AUTH frame first (request-plane protocol v{fr.PROTOCOL_VERSION}); "
+                f"got frame kind {f[0]}: is the client an older tandem?"
+            )
+        _, version, client_nonce, proof = f
+        if version != fr.PROTOCOL_VERSION:
+            return self._refuse(
+                f"client speaks request-plane protocol v{version}; this server speaks "
+                f"v{fr.PROTOCOL_VERSION}"
+            )
+        key = self._srv.key
+        if key is not None and not (
+            isinstance(client_nonce, bytes)
+            and isinstance(proof, bytes)
+            and hmac.compare_digest(proof, client_proof(key, self._nonce, client_nonce))
+        ):
+            return self._refuse(
+                "authentication failed: the client has no or the wrong cluster secret "
+                "(--cluster-secret / --cluster-secret-file / TANDEM_CLUSTER_SECRET)"
+            )
+        self._authed = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.max_frame_bytes = self.session_max_frame_bytes
+        mine = server_proof(key, self._nonce, client_nonce) if key is not None else None
+        self.send((fr.WELCOME, mine))
+
     def on_frame(self, f: list[Any]) -> None:
+        if not self._authed:
+            return self._authenticate(f)
         kind, sid = f[0], f[1]
-        if kind == fr.REQUEST:
-            self._open(sid, f[2], f[3], f[4], f[5])
+        if kind == fr.CREDIT:
+            ctx = self._streams.get(sid)
+            if ctx is not None:
+                ctx.grant(f[2])
+        elif kind == fr.REQUEST:
+            self._open(sid, f[2], f[3], f[4], f[5], f[6])
         elif kind == fr.CANCEL:
             self._cancel(sid)
         else:
             raise fr.FrameError(f"unexpected frame kind {kind} from a client")
 
     def _open(
-        self, sid: int, path: str, request_id: str, deadline_s: float | None, payload: bytes
+        self,
+        sid: int,
+        path: str,
+        request_id: str,
+        deadline_s: float | None,
+        window: int,
+        payload: bytes,
     ) -> None:
         srv = self._srv
         handler = srv.handlers.get(path)
+        if not isinstance(window, int) or not 1 <= window <= fr.MAX_WINDOW:
+            raise fr.FrameError(f"stream window={window!r} outside [1, {fr.MAX_WINDOW}]")
         if not srv.accepting:
             return self._fail(sid, errors.PeerGone(f"server {srv.address} is shutting down"))
         if handler is None:
@@ -165,7 +281,7 @@ class _ServerConnection(FrameTransport):
                     f"(limit {srv.max_inflight_per_connection})"
                 ),
             )
-        ctx = StreamContext(request_id, path, deadline_s)
+        ctx = StreamContext(request_id, path, deadline_s, window)
         if deadline_s is not None:
             remaining = deadline_s - time.time()
             if remaining <= 0:
@@ -194,11 +310,31 @@ class _ServerConnection(FrameTransport):
             self._cancel(sid)
             self._fail(sid, _deadline_error(ctx))
 
+    async def _wait_credit(self, ctx: StreamContext) -> None:
+        """Wait until the client has room for one more frame of this stream (never for the
+        connection); a client that grants none for the stall timeout loses the stream."""
+        timeout_s = self._srv.stream_stall_timeout_s
+        while ctx.credit <= 0:
+            ctx.credit_waiter = self.loop.create_future()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await ctx.credit_waiter
+            except TimeoutError:
+                raise errors.DeadlineExceeded(
+                    f"request_id={ctx.request_id} to {ctx.endpoint_path} stalled: its consumer "
+                    f"read nothing for {timeout_s}s (stream_stall_timeout_s); cancelled"
+                ) from None
+            finally:
+                ctx.credit_waiter = None
+
     async def _serve(self, sid: int, handler: Handler, payload: bytes, ctx: StreamContext) -> None:
         send, streams = self.send, self._streams
         it = handler(payload, ctx)
         try:
             async for item in it:
+                if ctx.credit <= 0:
+                    await self._wait_credit(ctx)
+                ctx.credit -= 1
                 send((fr.DATA, sid, item))
                 if self.write_paused:
                     await self.wait_writable()

@@ -15,12 +15,18 @@ logger = logging.getLogger(__name__)
 class FrameTransport(asyncio.Protocol):
     """Parses frames in `data_received` and calls `on_frame` for each (no task per frame).
     `send` queues a frame; all frames queued in one loop iteration leave in one write.
-    `write_paused` + `wait_writable` give writers backpressure from the kernel buffer."""
+    `write_paused` + `wait_writable` give writers backpressure from the kernel buffer.
 
-    def __init__(self) -> None:
+    A frame longer than `max_frame_bytes` (checked from its length prefix, before its body is
+    read) or one `on_frame` rejects with FrameError closes the connection with a logged reason.
+    Until the handshake is done the limit is `HANDSHAKE_MAX_FRAME_BYTES`."""
+
+    def __init__(self, max_frame_bytes: int = fr.DEFAULT_MAX_FRAME_BYTES) -> None:
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.max_frame_bytes = fr.HANDSHAKE_MAX_FRAME_BYTES
+        self.session_max_frame_bytes = max_frame_bytes  # the limit once authenticated
         self.write_paused = False
         self._rbuf = bytearray()
         self._wbuf: list[bytes] = []
@@ -38,12 +44,37 @@ class FrameTransport(asyncio.Protocol):
         self._wake_writers()
 
     def data_received(self, data: bytes) -> None:
-        self._rbuf += data
+        buf = self._rbuf
+        buf += data
+        off, n = 0, len(buf)
         try:
-            fr.decode_frames(self._rbuf, self.on_frame)
-        except Exception:
-            logger.exception("bad frame from %s; closing connection", self.peer)
-            assert self.transport is not None
+            while n - off >= 4 and not self.closed:
+                (size,) = fr.HEADER.unpack_from(buf, off)
+                if size > self.max_frame_bytes:
+                    raise fr.FrameError(
+                        f"frame of {size} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
+                    )
+                end = off + 4 + size
+                if end > n:
+                    break
+                frame = fr.decode(buf[off + 4 : end])
+                off = end
+                self.on_frame(frame)
+        except fr.FrameError as exc:
+            self.drop(str(exc))
+        except Exception as exc:
+            logger.warning("bad frame from %s", self.peer, exc_info=True)
+            self.drop(f"bad frame: {type(exc).__name__}: {exc}")
+        finally:
+            if off and not self.closed:
+                del buf[:off]
+
+    def drop(self, reason: str) -> None:
+        """Close the connection at once (unsent frames are lost), logging why."""
+        logger.warning("closing request-plane connection with %s: %s", self.peer, reason)
+        self.closed = True
+        self._rbuf.clear()
+        if self.transport is not None:
             self.transport.abort()
 
     @property

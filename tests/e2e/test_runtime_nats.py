@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 import pytest
+from tests.support.eventually import eventually
 from tests.support.services import Service
 
 from tandem.runtime.config import RuntimeConfig
@@ -35,5 +37,33 @@ async def test_pub_sub_with_wildcards_and_bounded_buffer(nats_server: Service) -
         await kv.close()
         assert await anext(kv, None) is None
     finally:
+        await a.close()
+        await b.close()
+
+
+async def test_forged_messages_are_dropped_with_a_secret(nats_server: Service) -> None:
+    """The NATS server has no auth: anyone can publish. With the cluster secret only sealed
+    messages reach subscribers."""
+    import nats
+
+    from tandem.runtime.events.envelope import EventSealer
+
+    secret = "nats-secret-of-this-test-0123456789"
+    cfg = RuntimeConfig(events="nats", nats_url=nats_server.url, cluster_secret=secret)
+    a, b = make_event_bus(cfg, MemoryDiscovery()), make_event_bus(cfg, MemoryDiscovery())
+    forger = await nats.connect(nats_server.url)
+    try:
+        kv = await b.subscribe("t.kv.*")
+        await forger.publish("t.kv.w1", b"forged")
+        await forger.publish(
+            "t.kv.w1", EventSealer("another-secret-0123456789").seal("t.kv.w1", b"x")
+        )
+        await forger.flush()
+        await a.publish("t.kv.w1", b"real")
+        assert await asyncio.wait_for(anext(kv), 5) == ("t.kv.w1", b"real")
+        await eventually(lambda: b.num_rejected == 2)  # type: ignore[attr-defined]
+        assert kv._buf == deque()  # type: ignore[attr-defined]
+    finally:
+        await forger.close()
         await a.close()
         await b.close()

@@ -134,6 +134,7 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
         discovery="file",
         discovery_dir=os.path.join(run_dir, "discovery"),
         events="zmq",
+        cluster_secret=_cluster_secret(run_dir),
     )
     stop = asyncio.Event()
     install_signal_handlers(stop)
@@ -165,6 +166,24 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
         if not args.run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
     return 0
+
+
+def _cluster_secret(run_dir: str) -> str:
+    """The stack's cluster secret: TANDEM_CLUSTER_SECRET(_FILE) when set (the workers inherit
+    it), else a fresh one in a 0600 file of the run dir that the workers are pointed at."""
+    from tandem.runtime.args import resolve_cluster_secret
+    from tandem.runtime.secret import generate_secret, write_secret_file
+
+    given = resolve_cluster_secret(None, None, os.environ)
+    if given is not None:
+        return given
+    secret, path = generate_secret(), os.path.join(run_dir, "cluster-secret")
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # left by an earlier stack in the same --run-dir
+    write_secret_file(path, secret)
+    os.environ["TANDEM_CLUSTER_SECRET_FILE"] = path  # inherited by the worker processes
+    return secret
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import getpass
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tandem.runtime.secret import check_secret
 
 DISCOVERY_BACKENDS = ("etcd", "file", "memory")
 EVENT_BACKENDS = ("memory", "nats", "zmq")
@@ -49,6 +51,13 @@ class RuntimeConfig:
     connect_timeout_s: float = 5.0
     drain_grace_s: float = 10.0
     event_buffer_size: int = 10_000  # per subscription; the oldest are dropped beyond it
+    # the cluster secret (`tandem.runtime.secret`): authenticates request-plane connections,
+    # event-plane messages and file-discovery records; None = no authentication (one process)
+    cluster_secret: str | None = field(default=None, repr=False)
+    max_frame_bytes: int = 16 << 20  # request-plane frame limit, both directions
+    stream_window: int = 64  # request-plane credit: response frames in flight per stream
+    stream_stall_timeout_s: float = 60.0  # a stream whose consumer reads nothing this long ends
+    max_connections: int = 4096  # request-plane server; more are closed at accept
 
     def __post_init__(self) -> None:
         if not self.namespace or "." in self.namespace:
@@ -62,6 +71,12 @@ class RuntimeConfig:
         _check_range("connect_timeout_s", self.connect_timeout_s, 0.01, 600)
         _check_range("drain_grace_s", self.drain_grace_s, 0, 3600)
         _check_range("event_buffer_size", self.event_buffer_size, 1, 1 << 24)
+        _check_range("max_frame_bytes", self.max_frame_bytes, 64 << 10, 1 << 30)
+        _check_range("stream_window", self.stream_window, 2, 1 << 16)
+        _check_range("stream_stall_timeout_s", self.stream_stall_timeout_s, 0.1, 86400)
+        _check_range("max_connections", self.max_connections, 1, 1 << 20)
+        if self.cluster_secret is not None:
+            check_secret(self.cluster_secret)
 
     @property
     def resolved_discovery_dir(self) -> str:

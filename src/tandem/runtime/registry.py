@@ -27,6 +27,7 @@ def make_discovery(config: RuntimeConfig) -> Discovery:
             config.resolved_discovery_dir,
             ttl_s=config.lease_ttl_s,
             poll_interval_s=config.poll_interval_s,
+            secret=config.cluster_secret,
         )
     if name == "etcd":
         from tandem.runtime.discovery.etcd import EtcdDiscovery
@@ -51,9 +52,13 @@ def make_event_bus(config: RuntimeConfig, discovery: Discovery) -> EventBus:
             namespace=config.namespace,
             host=config.host,
             buffer_size=config.event_buffer_size,
+            secret=config.cluster_secret,
+            max_message_bytes=config.max_frame_bytes,
         )
     if name == "nats":
         from tandem.runtime.events.nats import NatsEventBus
 
-        return NatsEventBus(config.nats_url, buffer_size=config.event_buffer_size)
+        return NatsEventBus(
+            config.nats_url, buffer_size=config.event_buffer_size, secret=config.cluster_secret
+        )
     raise _unknown("event bus", name, EVENT_BACKENDS)

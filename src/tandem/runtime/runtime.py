@@ -114,8 +114,18 @@ async def open_runtime(
         host=config.host,
         port=config.port,
         max_inflight_per_connection=config.max_inflight_per_connection,
+        secret=config.cluster_secret,
+        max_frame_bytes=config.max_frame_bytes,
+        max_connections=config.max_connections,
+        handshake_timeout_s=config.connect_timeout_s,
+        stream_stall_timeout_s=config.stream_stall_timeout_s,
     )
-    client = TcpRequestClient(connect_timeout_s=config.connect_timeout_s)
+    client = TcpRequestClient(
+        connect_timeout_s=config.connect_timeout_s,
+        secret=config.cluster_secret,
+        max_frame_bytes=config.max_frame_bytes,
+        stream_window=config.stream_window,
+    )
     runtime = Runtime(config, disc, bus, server, client)
     try:
         await server.start()

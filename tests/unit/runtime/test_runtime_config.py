@@ -58,3 +58,42 @@ def test_registry_builds_memory_backends() -> None:
     disc = make_discovery(cfg)
     assert type(disc).__name__ == "MemoryDiscovery"
     assert type(make_event_bus(cfg, disc)).__name__ == "MemoryEventBus"
+
+
+SECRET = "0123456789abcdef0123456789abcdef"
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_runtime_args(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_cluster_secret_from_flag_file_or_env(tmp_path) -> None:
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    path.chmod(0o600)
+    assert runtime_config_from_args(_parse("--cluster-secret", SECRET), {}).cluster_secret == SECRET
+    from_file = runtime_config_from_args(_parse("--cluster-secret-file", str(path)), {})
+    assert from_file.cluster_secret == SECRET
+    env = {"TANDEM_CLUSTER_SECRET_FILE": str(path)}
+    assert runtime_config_from_args(_parse(), env).cluster_secret == SECRET
+    # a flag beats the env; no secret anywhere means no authentication
+    flag_wins = runtime_config_from_args(_parse("--cluster-secret", "f" * 32), env)
+    assert flag_wins.cluster_secret == "f" * 32
+    assert runtime_config_from_args(_parse(), {}).cluster_secret is None
+
+
+def test_cluster_secret_never_printed_and_checked(tmp_path) -> None:
+    assert SECRET not in repr(RuntimeConfig(cluster_secret=SECRET))
+    with pytest.raises(ValueError, match="too short"):
+        RuntimeConfig(cluster_secret="short")
+    path = tmp_path / "secret"
+    path.write_text(SECRET)
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match=r"mode 644.*chmod 600"):
+        runtime_config_from_args(_parse("--cluster-secret-file", str(path)), {})
+    with pytest.raises(ValueError, match="give the cluster secret one way"):
+        runtime_config_from_args(
+            _parse("--cluster-secret", SECRET, "--cluster-secret-file", str(path)), {}
+        )

@@ -2,14 +2,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import time
 from pathlib import Path
 
-import msgspec
+import psutil
 import pytest
 
 from tandem.protocols.discovery import Instance
-from tandem.runtime.discovery.file import FileDiscovery, FileRecord
+from tandem.runtime.discovery.file import FileDiscovery, FileRecord, seal_record
 
 pytestmark = pytest.mark.timeout(15)
 
@@ -56,7 +57,7 @@ async def test_watch_sees_adds_and_removes(tmp_path: Path) -> None:
 def _write_foreign(tmp_path: Path, iid: str, *, host: str, pid: int, age_s: float) -> Path:
     record = FileRecord(instance=inst(iid), host=host, pid=pid, pid_start=0.0)
     path = tmp_path / f"{iid}.json"
-    path.write_bytes(msgspec.json.encode(record))
+    path.write_bytes(seal_record(record, None))
     old = time.time() - age_s
     os.utime(path, (old, old))
     return path
@@ -92,3 +93,55 @@ async def test_heartbeat_keeps_record_alive_past_ttl(tmp_path: Path) -> None:
     assert path.stat().st_mtime != first, "heartbeat never refreshed the record"
     assert [i.instance_id for i in await other.list_instances()] == ["a"]
     await owner.close()
+
+
+SECRET = "discovery-secret-of-this-test-0123456789"
+
+
+async def test_forged_record_is_ignored_and_logged_once(tmp_path: Path, caplog) -> None:
+    import logging
+    import socket
+
+    caplog.set_level(logging.WARNING, logger="tandem.runtime.discovery.file")
+    real = FileDiscovery(str(tmp_path), secret=SECRET)
+    await real.register(inst("real"))
+    # a process without the secret writes a record that would take the requests of t.backend
+    forged = FileRecord(instance=inst("evil"), host=socket.gethostname(), pid=os.getpid(),
+                        pid_start=psutil.Process().create_time())  # fmt: skip
+    (tmp_path / "evil.json").write_bytes(seal_record(forged, None))
+    reader = FileDiscovery(str(tmp_path), secret=SECRET)
+    for _ in range(3):
+        assert [i.instance_id for i in await reader.list_instances()] == ["real"]
+    assert reader.num_forged == 1
+    assert caplog.text.count("ignoring discovery record") == 1
+    assert (tmp_path / "evil.json").exists()  # ignored, not ours to delete
+    # a reader without the secret would have believed it
+    assert {i.instance_id for i in await FileDiscovery(str(tmp_path)).list_instances()} == {
+        "real",
+        "evil",
+    }
+    await real.close()
+
+
+async def test_directory_is_created_private(tmp_path: Path) -> None:
+    directory = tmp_path / "fresh" / "discovery"
+    FileDiscovery(str(directory))
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o777, 0o720])
+def test_directory_writable_by_others_is_refused(tmp_path: Path, mode: int) -> None:
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    directory.chmod(mode)
+    with pytest.raises(PermissionError, match=f"mode {mode:o}: others can write"):
+        FileDiscovery(str(directory))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "theirs"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, 65534, 65534)
+    with pytest.raises(PermissionError, match="owned by uid 65534, not by this user"):
+        FileDiscovery(str(directory))

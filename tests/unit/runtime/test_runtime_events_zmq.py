@@ -59,3 +59,72 @@ async def test_closed_subscription_stops_receiving() -> None:
     finally:
         await a.close()
         await b.close()
+
+
+SECRET = "event-plane-secret-of-this-test-0123"
+
+
+async def test_forged_events_are_dropped_with_a_secret() -> None:
+    """A process without the secret registers a publisher in discovery and sends events in
+    the name of a worker (unsealed, sealed with another secret, or malformed): every one is
+    dropped, the subscriber's receive loop lives on, and sealed events still arrive."""
+    import zmq
+    import zmq.asyncio
+
+    from tandem.protocols.discovery import Instance
+    from tandem.runtime.events.envelope import EventSealer
+
+    disc = MemoryDiscovery()
+    a = ZmqEventBus(disc, namespace="t", secret=SECRET)
+    b = ZmqEventBus(disc, namespace="t", secret=SECRET)
+    ctx = zmq.asyncio.Context()
+    forger = ctx.socket(zmq.PUB)
+    forger.setsockopt(zmq.LINGER, 0)
+    forger.bind("tcp://127.0.0.1:0")
+    port = forger.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
+    await disc.register(Instance(instance_id="evil", namespace="t", component="_events",
+                                 endpoint="pub", address=f"127.0.0.1:{port}"))  # fmt: skip
+    other_cluster = EventSealer("another-clusters-secret-0123456789")
+    forged = [
+        [b"t.kv.w1", b"forged"],
+        [b"t.kv.w1", other_cluster.seal("t.kv.w1", b"forged")],
+        [b"t.kv.w1", b"x", b"three frames"],
+        [b"\xff\xfe", b"bad subject"],
+    ]
+    try:
+        kv = await b.subscribe("t.kv.*")
+
+        async def forge_until_dropped() -> None:
+            while b.num_rejected < 4 * len(forged):
+                for msg in forged:
+                    await forger.send_multipart(msg)
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(forge_until_dropped(), 10)
+        assert await publish_until_received(a, kv, "t.kv.w1") == ("t.kv.w1", b"probe")
+        await a.publish("t.kv.w1", b"real")
+        while (item := await asyncio.wait_for(anext(kv), 2))[1] == b"probe":
+            pass
+        assert item == ("t.kv.w1", b"real")
+        assert not kv._buf  # nothing forged was ever delivered
+    finally:
+        forger.close(linger=0)
+        ctx.term()
+        await a.close()
+        await b.close()
+
+
+async def test_subscriber_with_secret_drops_unsealed_publisher() -> None:
+    disc = MemoryDiscovery()
+    plain, sealed = ZmqEventBus(disc, namespace="t"), ZmqEventBus(disc, namespace="t",
+                                                                  secret=SECRET)  # fmt: skip
+    try:
+        sub = await sealed.subscribe("x.y")
+        async with asyncio.timeout(10):
+            while sealed.num_rejected == 0:
+                await plain.publish("x.y", b"unsealed")
+                await asyncio.sleep(0.01)
+        assert not sub._buf  # nothing was delivered
+    finally:
+        await plain.close()
+        await sealed.close()

@@ -6,6 +6,12 @@ renamed, so readers never see half a record). The owner refreshes the file's mti
 when it was written on this host by a process that no longer exists (pid + start time, so a
 reused pid does not keep it alive). Readers delete dead records. Watchers poll the directory
 every `poll_interval_s`, so adds and removals are seen within about that long.
+
+The directory is private: created 0700, and refused when another user owns it or when group or
+others may write to it (or to its parent, unless that is a sticky /tmp-like directory), since
+whoever can write a record there receives the requests routed to it. With a cluster secret
+each record carries an HMAC tag over its bytes; a record without a valid tag is ignored (and
+logged once), so a forged record never becomes an instance.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import contextlib
 import logging
 import os
 import socket
+import stat
 import time
 from collections.abc import AsyncIterator
 
@@ -22,6 +29,7 @@ import msgspec
 import psutil
 
 from tandem.protocols.discovery import Instance, InstanceEvent
+from tandem.runtime.secret import is_valid_tag, key_for, tag
 from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -35,6 +43,69 @@ class FileRecord(msgspec.Struct, kw_only=True):
     pid_start: float  # psutil create_time of the owner process
 
 
+class SealedRecord(msgspec.Struct, kw_only=True):
+    """What a record file holds: the record's JSON bytes as written, and their HMAC tag
+    (hex; empty without a cluster secret)."""
+
+    record: msgspec.Raw
+    tag: str = ""
+
+
+_PURPOSE = "file-discovery/v1"
+
+
+def seal_record(record: FileRecord, key: bytes | None) -> bytes:
+    body = msgspec.json.encode(record)
+    sealed = SealedRecord(record=msgspec.Raw(body), tag=tag(key, body).hex() if key else "")
+    return msgspec.json.encode(sealed)
+
+
+class ForgedRecordError(ValueError):
+    """A record file whose tag does not verify with this process's cluster secret."""
+
+
+def open_record(data: bytes, key: bytes | None) -> FileRecord:
+    sealed = msgspec.json.decode(data, type=SealedRecord)
+    body = bytes(sealed.record)
+    if key is not None:
+        try:
+            expected = bytes.fromhex(sealed.tag)
+        except ValueError:
+            expected = b""
+        if not is_valid_tag(key, expected, body):
+            raise ForgedRecordError("no valid tag for this cluster secret")
+    return msgspec.json.decode(body, type=FileRecord)
+
+
+def check_private_dir(directory: str) -> None:
+    """Raise PermissionError unless `directory` is owned by this user and writable by no one
+    else, and its parent lets no one else replace it."""
+    me = os.geteuid()
+    st = os.stat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"discovery directory {directory!r} is not a directory")
+    if st.st_uid != me:
+        raise PermissionError(
+            f"discovery directory {directory!r} is owned by uid {st.st_uid}, not by this user "
+            f"(uid {me}); whoever owns it can redirect requests: use a directory of your own "
+            "(--discovery-dir)"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(
+            f"discovery directory {directory!r} has mode {stat.S_IMODE(st.st_mode):o}: others "
+            f"can write records into it; expected no group/other write (chmod 700 {directory})"
+        )
+    parent = os.path.dirname(os.path.abspath(directory))
+    pst = os.stat(parent)
+    shared = pst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if pst.st_uid not in (me, 0) or (shared and not pst.st_mode & stat.S_ISVTX):
+        raise PermissionError(
+            f"the parent {parent!r} of discovery directory {directory!r} lets another user "
+            f"replace it (owner uid {pst.st_uid}, mode {stat.S_IMODE(pst.st_mode):o}); "
+            "use a directory under one you own"
+        )
+
+
 def _process_alive(pid: int, pid_start: float) -> bool:
     try:
         return bool(abs(psutil.Process(pid).create_time() - pid_start) < 1.0)
@@ -43,13 +114,25 @@ def _process_alive(pid: int, pid_start: float) -> bool:
 
 
 class FileDiscovery:
-    """Implements `Discovery` over a shared directory (created if missing)."""
+    """Implements `Discovery` over a private directory (created 0700 if missing; raises
+    PermissionError when it is not private, see `check_private_dir`)."""
 
-    def __init__(self, directory: str, *, ttl_s: float = 2.0, poll_interval_s: float = 0.25):
+    def __init__(
+        self,
+        directory: str,
+        *,
+        ttl_s: float = 2.0,
+        poll_interval_s: float = 0.25,
+        secret: str | None = None,
+    ):
         self.directory, self.ttl_s, self.poll_interval_s = directory, ttl_s, poll_interval_s
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        check_private_dir(directory)
+        self._key = key_for(secret, _PURPOSE) if secret else None
         self._owned: dict[str, bytes] = {}  # instance_id -> encoded record
-        self._cache: dict[tuple[str, int], FileRecord] = {}  # (name, inode) -> parsed
+        # (name, inode) -> parsed record, or None for a forged one (ignored, logged once)
+        self._cache: dict[tuple[str, int], FileRecord | None] = {}
+        self.num_forged = 0
         self._heartbeat: asyncio.Task[None] | None = None
         me = psutil.Process()
         self._me = (me.pid, me.create_time())
@@ -63,7 +146,7 @@ class FileDiscovery:
         if instance.instance_id in self._scan(""):
             raise ValueError(f"instance_id {instance.instance_id!r} is already registered")
         record = FileRecord(instance=instance, host=_HOST, pid=self._me[0], pid_start=self._me[1])
-        data = msgspec.json.encode(record)
+        data = seal_record(record, self._key)
         self._write(instance.instance_id, data)
         self._owned[instance.instance_id] = data
         if self._heartbeat is None:
@@ -72,7 +155,7 @@ class FileDiscovery:
     def _write(self, instance_id: str, data: bytes) -> None:
         path = self._path(instance_id)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(data)
         os.replace(tmp, path)
 
@@ -107,11 +190,17 @@ class FileDiscovery:
             try:
                 st = entry.stat()
                 key = (entry.name, st.st_ino)
-                record = self._cache.get(key) or self._read(entry.path)
+                record = self._cache[key] if key in self._cache else self._read(entry.path)
             except (FileNotFoundError, msgspec.DecodeError):
                 continue
+            except ForgedRecordError as exc:
+                self.num_forged += 1
+                logger.warning("ignoring discovery record %s: %s", entry.path, exc)
+                record = None
             self._cache[key] = record
             seen.add(key)
+            if record is None:
+                continue
             if self._is_dead(record, now - st.st_mtime):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
@@ -121,10 +210,9 @@ class FileDiscovery:
         self._cache = {k: v for k, v in self._cache.items() if k in seen}
         return live
 
-    @staticmethod
-    def _read(path: str) -> FileRecord:
+    def _read(self, path: str) -> FileRecord:
         with open(path, "rb") as f:
-            return msgspec.json.decode(f.read(), type=FileRecord)
+            return open_record(f.read(), self._key)
 
     def _is_dead(self, record: FileRecord, age_s: float) -> bool:
         if record.instance.instance_id in self._owned:

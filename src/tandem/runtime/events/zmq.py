@@ -11,6 +11,11 @@ Frames: [subject, payload].
 
 Fire-and-forget like NATS core: messages published before a subscriber has connected to
 a publisher (discovery latency + TCP connect) are not delivered to it.
+
+With a cluster secret every payload is sealed (`envelope.py`) and a receiver drops what does
+not verify, so a process that registers a fake publisher cannot inject events. Whatever a
+peer sends, the receive loop survives it: malformed messages are dropped and counted, and a
+message over `max_message_bytes` is refused by ZMQ itself (that peer is disconnected).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import zmq.asyncio
 
 from tandem.protocols.discovery import Instance, endpoint_path
 from tandem.runtime.base import Discovery
+from tandem.runtime.events.envelope import EventOpener, EventSealer
 from tandem.runtime.events.subject import validate_pattern, validate_subject
 from tandem.runtime.events.subscription import BufferedSubscription
 from tandem.runtime.task import cancel_and_wait
@@ -44,9 +50,15 @@ class ZmqEventBus:
         namespace: str = "tandem",
         host: str = "127.0.0.1",
         buffer_size: int = 10_000,
+        secret: str | None = None,
+        max_message_bytes: int = 16 << 20,
     ) -> None:
         self.discovery, self.namespace, self.host = discovery, namespace, host
         self._buffer_size = buffer_size
+        self._sealer = EventSealer(secret) if secret else None
+        self._opener = EventOpener(secret) if secret else None
+        self._max_message_bytes = max_message_bytes
+        self.num_malformed = 0
         self._ctx = zmq.asyncio.Context()
         self._pub: zmq.asyncio.Socket | None = None
         self._publisher_id: str | None = None
@@ -54,6 +66,11 @@ class ZmqEventBus:
         self._subs: list[BufferedSubscription] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._connected: set[str] = set()
+
+    @property
+    def num_rejected(self) -> int:
+        """Messages dropped: malformed, or (with a secret) not sealed with it."""
+        return self.num_malformed + (self._opener.num_rejected if self._opener else 0)
 
     @property
     def publishers_path(self) -> str:
@@ -80,12 +97,15 @@ class ZmqEventBus:
     async def publish(self, subject: str, payload: bytes) -> None:
         validate_subject(subject)
         pub = self._pub or await self._start_publisher()
+        if self._sealer is not None:
+            payload = self._sealer.seal(subject, payload)
         await pub.send_multipart([subject.encode(), payload])
 
     def _start_subscriber(self) -> zmq.asyncio.Socket:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
         self._sub = sub
         self._tasks.append(asyncio.create_task(self._follow_publishers(sub), name="zmq-peers"))
         self._tasks.append(asyncio.create_task(self._receive(sub), name="zmq-receive"))
@@ -122,8 +142,18 @@ class ZmqEventBus:
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
         try:
             while True:
-                subject_b, payload = await sock.recv_multipart()
-                subject = subject_b.decode()
+                msg = await sock.recv_multipart()
+                try:
+                    subject_b, payload = msg
+                    subject = subject_b.decode()
+                except ValueError:  # not [subject, payload], or a subject that is not UTF-8
+                    self.num_malformed += 1
+                    continue
+                if self._opener is not None:
+                    opened = self._opener.open(subject, payload)
+                    if opened is None:
+                        continue
+                    payload = opened
                 for sub in self._subs:
                     if sub.matches(subject):
                         sub.push(subject, payload)

@@ -75,22 +75,23 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
     )
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
-    """The engine `--engine` names, wrapped for its `--disagg-mode` role if any."""
+def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) -> Engine:
+    """The engine `--engine` names, wrapped for its `--disagg-mode` role if any (its transfer
+    agent authenticates peers with `cluster_secret`)."""
     engine = make_engine(args.engine, args)
     disagg = disagg_worker_config_from_args(args)
     if not disagg.enabled:
         return engine
     from tandem.disagg.worker_engine import DisaggEngine
 
-    return DisaggEngine(engine, disagg)
+    return DisaggEngine(engine, disagg, cluster_secret=cluster_secret)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
     """Run one worker until `stop` is set (default: SIGTERM/SIGINT), then drain."""
     runtime_config = runtime_config_from_args(args)
     worker_config = worker_config_from_args(args)
-    engine = build_engine(args)
+    engine = build_engine(args, runtime_config.cluster_secret)
     if stop is None:
         stop = asyncio.Event()
         install_signal_handlers(stop)

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -66,7 +66,7 @@ async def decode_first(
             if not head.done():  # the decode answered first: it prefilled itself
                 prefill.cancel()
             elif not pending.done():  # the prefill leg failed: stop the decode waiting
-                _cancel_soon(room, "the prefill leg failed")
+                _cancel_soon(room, "the prefill leg failed", s.cluster_secret)
             async for out in _chain(pending, decode):
                 yield out
             return
@@ -140,18 +140,9 @@ async def _continue(
         yield msgspec.structs.replace(out, num_cached_tokens=None)
 
 
-def _cancel_soon(room: OpRef, reason: str) -> None:
-    sender: Any = FRONTEND
-
+def _cancel_soon(room: OpRef, reason: str, cluster_secret: str | None) -> None:
     def cancel() -> None:
         with contextlib.suppress(TransferError):
-            send_control(sender, room, "cancel", reason, 1.0)
+            send_control("frontend", cluster_secret, room, "cancel", reason, 1.0)
 
     asyncio.get_running_loop().run_in_executor(None, cancel)
-
-
-class _Sender:
-    agent_id = "frontend"  # send_control only names the sender
-
-
-FRONTEND = _Sender()

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -48,7 +47,6 @@ from tandem.protocols.engine import (
 from tandem.router.base import RouteDecision, Router
 
 logger = logging.getLogger(__name__)
-_FRONTEND = SimpleNamespace(agent_id="frontend")  # send_control only names the sender
 
 
 class DisaggStreamer:
@@ -60,7 +58,10 @@ class DisaggStreamer:
         client: Any,  # RequestClient
         prefill_path: str,
         config: DisaggRouteConfig,
+        *,
+        cluster_secret: str | None = None,  # to cancel ops at the workers' transfer agents
     ) -> None:
+        self.cluster_secret = cluster_secret
         self.aggregated, self.pool, self.decode_instances = aggregated, pool, decode_instances
         self.client, self.prefill_path, self.config = client, prefill_path, config
         self.num_local = self.num_remote = self.num_prefill_failures = 0
@@ -179,7 +180,11 @@ class DisaggStreamer:
                 yield msgspec.structs.replace(out, num_cached_tokens=None)
         finally:
             if not handed:
-                _cancel_source_soon(params, "the decode leg never started (client gone or failed)")
+                _cancel_source_soon(
+                    params,
+                    "the decode leg never started (client gone or failed)",
+                    self.cluster_secret,
+                )
 
     async def _decode_first(
         self,
@@ -291,12 +296,12 @@ def _decode_leg(
     )
 
 
-def _cancel_source_soon(params: dict[str, Any], reason: str) -> None:
+def _cancel_source_soon(params: dict[str, Any], reason: str, cluster_secret: str | None) -> None:
     """Release a prefill's pins now (best effort, in a thread); the TTL is the backstop."""
     meta = decode_meta(DisaggParams.from_dict(params).meta)
 
     def cancel() -> None:
         with contextlib.suppress(TransferError):
-            send_control(_FRONTEND, meta, "cancel", reason, 1.0)  # type: ignore[arg-type]
+            send_control("frontend", cluster_secret, meta, "cancel", reason, 1.0)
 
     asyncio.get_running_loop().run_in_executor(None, cancel)

@@ -57,6 +57,8 @@ class DisaggEngine:
         engine: Engine,
         config: DisaggWorkerConfig,
         agent_config: TransferAgentConfig | None = None,
+        *,
+        cluster_secret: str | None = None,
     ) -> None:
         if not config.enabled:
             raise ValueError("DisaggEngine needs mode 'prefill' or 'decode'")
@@ -65,6 +67,7 @@ class DisaggEngine:
             backends=config.backends,
             lazy_backends=config.lazy_backends,
             default_ttl_s=config.pin_ttl_s,
+            cluster_secret=cluster_secret,
         )
         self.agent: TransferAgent | None = None
         self.handoff: KvHandoff | None = None

@@ -109,7 +109,9 @@ def disagg_streamer(
         ),
     )
     path = runtime.endpoint_path(dc.prefill_component, config.worker_endpoint)
-    return DisaggStreamer(aggregated, pool, workers, runtime.client, path, dc), pool
+    streamer = DisaggStreamer(aggregated, pool, workers, runtime.client, path, dc,
+                              cluster_secret=runtime.config.cluster_secret)  # fmt: skip
+    return streamer, pool
 
 
 async def run_frontend(config: FrontendConfig, runtime_config: RuntimeConfig) -> None:

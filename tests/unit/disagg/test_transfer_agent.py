@@ -264,3 +264,61 @@ async def test_async_wrappers_round_trip(pair) -> None:
     op = owner.create_writable("kv", [3])
     await initiator.push_async("kv", [4], op.meta, timeout_s=2)
     assert await owner.wait_async(op.op_id, 1) is OpStatus.COMPLETE
+
+
+SECRET = "transfer-secret-of-this-test-0123456789"
+
+
+def _secured(name: str, secret: str | None, seed: int) -> TransferAgent:
+    agent = TransferAgent(
+        TransferAgentConfig(agent_id=name, backends=("tcp",), cluster_secret=secret)
+    )
+    region = agent.register_region("kv", np.zeros(LAYOUT.span_bytes, np.uint8), LAYOUT)
+    region.data[:] = np.random.default_rng(seed).integers(0, 256, region.data.size, np.uint8)
+    return agent
+
+
+def test_agents_sharing_the_secret_transfer() -> None:
+    with _secured("owner", SECRET, 1) as owner, _secured("peer", SECRET, 2) as peer:
+        op = owner.create_readable("kv", [1, 2])
+        peer.pull(op.meta, "kv", [5, 6], timeout_s=5)
+        assert np.array_equal(blocks(peer, [5, 6]), blocks(owner, [1, 2]))
+        assert owner.wait(op.op_id, 1) is OpStatus.COMPLETE
+
+
+@pytest.mark.parametrize("secret", [None, "another-clusters-secret-0123456789"])
+def test_owner_with_secret_refuses_a_peer_without_it(secret, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="tandem.disagg.transfer")
+    with _secured("owner", SECRET, 1) as owner, _secured("thief", secret, 2) as thief:
+        op = owner.create_readable("kv", [1, 2])
+        before = blocks(thief, [5, 6])
+        with pytest.raises(TransferError, match="refused the connection: authentication failed"):
+            thief.pull(op.meta, "kv", [5, 6], timeout_s=5)
+        with pytest.raises(TransferError, match="authentication failed"):
+            thief.cancel_remote(op.meta)
+        assert np.array_equal(blocks(thief, [5, 6]), before)  # no byte moved
+        assert owner.find_op(op.op_id) is op and op.status is OpStatus.INITIALIZED  # not claimed
+        assert "refused a connection" in caplog.text
+
+
+def test_peer_with_secret_refuses_an_owner_without_one() -> None:
+    with _secured("owner", None, 1) as owner, _secured("peer", SECRET, 2) as peer:
+        op = owner.create_readable("kv", [1])
+        with pytest.raises(TransferError, match="does not authenticate"):
+            peer.pull(op.meta, "kv", [5], timeout_s=5)
+
+
+def test_raw_begin_without_handshake_is_refused() -> None:
+    """A client that skips the handshake (as protocol v1 did) never claims an op."""
+    import socket
+
+    from tandem.disagg.transfer.wire import AuthReply, Begin, Hello, recv_frame, send_frame
+
+    with _secured("owner", SECRET, 1) as owner:
+        op = owner.create_readable("kv", [1])
+        with socket.create_connection(op.meta.address, timeout=5) as sock:
+            send_frame(sock, Begin(op_id=op.op_id, direction="pull", peer="x", timeout_s=1.0))
+            assert isinstance(recv_frame(sock), Hello)
+            reply = recv_frame(sock)
+            assert isinstance(reply, AuthReply) and "expected Auth" in reply.error
+        assert op.status is OpStatus.INITIALIZED

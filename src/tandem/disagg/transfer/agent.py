@@ -392,10 +392,14 @@ class TransferAgent:
         self, target: TransferOpMeta | OpRef, reason: str = "", timeout_s: float = 2.0
     ) -> str:
         """Cancel a peer's op (e.g. the request was aborted); returns its status after."""
-        return send_control(self, target, "cancel", reason, timeout_s)
+        return send_control(
+            self.agent_id, self.config.cluster_secret, target, "cancel", reason, timeout_s
+        )
 
     def query_remote(self, target: TransferOpMeta | OpRef, timeout_s: float = 2.0) -> str:
-        return send_control(self, target, "query", "", timeout_s)
+        return send_control(
+            self.agent_id, self.config.cluster_secret, target, "query", "", timeout_s
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:

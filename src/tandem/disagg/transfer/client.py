@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from tandem.disagg.transfer import handshake
 from tandem.disagg.transfer.base import OpRef, TransferOpMeta
 from tandem.disagg.transfer.region import MemoryRegion
 from tandem.disagg.transfer.wire import (
@@ -69,6 +70,7 @@ def _run(
     deadline: float,
     annex: bytes,
 ) -> tuple[str, int]:
+    handshake.connect(sock, handshake.transfer_key(agent.config.cluster_secret))
     send_frame(sock, Begin(op_id=target.op_id, direction=direction, peer=agent.agent_id,
                            timeout_s=_remaining(deadline), host_id=agent.host_id))  # fmt: skip
     reply = recv_frame(sock)
@@ -122,11 +124,17 @@ def incompatibility(meta: TransferOpMeta, local: MemoryRegion, block_ids: list[i
 
 
 def send_control(
-    agent: TransferAgent, target: TransferOpMeta | OpRef, what: str, reason: str, timeout_s: float
+    sender_id: str,
+    cluster_secret: str | None,
+    target: TransferOpMeta | OpRef,
+    what: str,
+    reason: str,
+    timeout_s: float,
 ) -> str:
-    """Send Cancel or Query for ``target``; return the op's status as the owner reports it."""
+    """Send Cancel or Query for ``target``; return the op's status as the owner reports it.
+    ``sender_id`` names the sender in the owner's logs (an agent id, or "frontend")."""
     frame = (
-        Cancel(op_id=target.op_id, peer=agent.agent_id, reason=reason)
+        Cancel(op_id=target.op_id, peer=sender_id, reason=reason)
         if what == "cancel"
         else Query(op_id=target.op_id)
     )
@@ -134,9 +142,10 @@ def send_control(
         with socket.create_connection(
             (target.address[0], target.address[1]), timeout=timeout_s
         ) as sock:
+            handshake.connect(sock, handshake.transfer_key(cluster_secret))
             send_frame(sock, frame)
             reply = recv_frame(sock)
-    except (OSError, msgspec.DecodeError) as exc:
+    except (OSError, msgspec.DecodeError, TransferError) as exc:
         raise TransferError(
             f"transfer op={target.op_id} peer={target.agent_id or target.address}: "
             f"{what} failed: {exc}"

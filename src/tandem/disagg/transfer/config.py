@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.disagg.transfer.base import BACKEND_NAMES
 
@@ -28,6 +28,8 @@ class TransferAgentConfig:
     default_ttl_s: float = 30.0  # readable/writable ops are released after this unless claimed
     io_timeout_s: float = 10.0  # default bound of one transfer
     max_ops: int = 65536
+    # authenticates every control connection both ways (handshake.py); None = no check
+    cluster_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         unknown = [b for b in (*self.backends, *self.lazy_backends) if b not in BACKEND_NAMES]

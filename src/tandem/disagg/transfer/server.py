@@ -13,6 +13,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING
 
+from tandem.disagg.transfer import handshake
 from tandem.disagg.transfer.base import OpKind, OpStatus
 from tandem.disagg.transfer.operation import TransferOp
 from tandem.disagg.transfer.wire import (
@@ -41,6 +42,7 @@ class ControlServer:
 
     def __init__(self, agent: TransferAgent, host: str, port: int) -> None:
         self._agent = agent
+        self._key = handshake.transfer_key(agent.config.cluster_secret)
         self._sock = socket.create_server((host, port))
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._conns: set[socket.socket] = set()
@@ -66,7 +68,7 @@ class ControlServer:
     def _accept_loop(self) -> None:
         while not self._closed:
             try:
-                conn, _ = self._sock.accept()
+                conn, addr = self._sock.accept()
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -79,11 +81,14 @@ class ControlServer:
                                self._agent.agent_id, MAX_CONNECTIONS)  # fmt: skip
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            peer = f"{addr[0]}:{addr[1]}"
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: str) -> None:
         try:
             conn.settimeout(self._agent.config.io_timeout_s)
+            if not handshake.accept(conn, self._key, peer):
+                return
             frame = recv_frame(conn)
             if isinstance(frame, Begin):
                 self._serve_transfer(conn, frame)

@@ -1,4 +1,9 @@
-"""Control frames between agents: 4-byte big-endian length + msgpack (version 1).
+"""Control frames between agents: 4-byte big-endian length + msgpack (version 2).
+
+Every connection opens with a handshake (`handshake.py`): the owner sends ``Hello`` (a
+nonce), the initiator answers ``Auth`` (its nonce and, with a cluster secret, an HMAC proof),
+the owner answers ``AuthReply`` (its own proof, or why it refuses). Then a transfer is
+``Begin`` → ... as follows.
 
 A transfer is one TCP connection to the owner's agent: ``Begin`` claims the op and
 gets its metadata back; ``Start`` names the backend the initiator chose; the bytes
@@ -18,6 +23,25 @@ from tandem.disagg.transfer.base import TransferOpMeta
 
 _LEN = struct.Struct(">I")
 MAX_FRAME_BYTES = 1 << 20
+HANDSHAKE_MAX_FRAME_BYTES = 1024  # nothing larger is read from an unauthenticated peer
+PROTOCOL_VERSION = 2
+
+
+class Hello(msgspec.Struct, tag="hello", kw_only=True):
+    version: int
+    nonce: bytes
+    auth_required: bool
+
+
+class Auth(msgspec.Struct, tag="auth", kw_only=True):
+    version: int
+    nonce: bytes
+    proof: bytes = b""
+
+
+class AuthReply(msgspec.Struct, tag="auth_reply", kw_only=True):
+    proof: bytes = b""
+    error: str = ""
 
 
 class Begin(msgspec.Struct, tag="begin", kw_only=True):
@@ -59,7 +83,7 @@ class StatusReply(msgspec.Struct, tag="status", kw_only=True):
     reason: str = ""
 
 
-Frame = Begin | BeginReply | Start | Done | Cancel | Query | StatusReply
+Frame = Begin | BeginReply | Start | Done | Cancel | Query | StatusReply | Hello | Auth | AuthReply
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Frame)
 
@@ -69,11 +93,12 @@ def send_frame(sock: socket.socket, frame: Frame) -> None:
     sock.sendall(_LEN.pack(len(body)) + body)
 
 
-def recv_frame(sock: socket.socket) -> Frame:
-    """Read one frame; raises ConnectionError when the peer closed the socket."""
+def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES) -> Frame:
+    """Read one frame; raises ConnectionError when the peer closed the socket or announces a
+    frame over `max_bytes` (checked before its body is read)."""
     (length,) = _LEN.unpack(recv_exact(sock, _LEN.size))
-    if length > MAX_FRAME_BYTES:
-        raise ConnectionError(f"control frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+    if length > max_bytes:
+        raise ConnectionError(f"control frame of {length} bytes exceeds {max_bytes}")
     frame: Frame = _decoder.decode(recv_exact(sock, length))
     return frame
 

@@ -262,3 +262,28 @@ async def test_connections_over_the_cap_are_closed_at_accept(server) -> None:
     assert await asyncio.wait_for(r2.read(), 5) == b""
     w1.close()
     w2.close()
+
+
+async def test_response_item_over_the_limit_fails_that_stream_only() -> None:
+    async def huge(payload: bytes, ctx: StreamContext) -> AsyncIterator[bytes]:
+        yield b"small"
+        yield b"x" * (100 << 10)
+
+    srv = TcpRequestServer(max_frame_bytes=64 << 10)
+    srv.register("ns.c.huge", huge)
+    srv.register("ns.c.echo", echo_n)
+    await srv.start()
+    client = TcpRequestClient(max_frame_bytes=64 << 10)
+    try:
+        it = client.stream(srv.address, "ns.c.huge", b"", request_id="h")
+        assert await anext(it) == b"small"
+        with pytest.raises(errors.ServingError, match=r"102400 bytes .* max_frame_bytes=65536"):
+            await anext(it)
+        # the connection survived: the next request uses it
+        assert await collect(client.stream(srv.address, "ns.c.echo", b"1", request_id="n")) == [
+            b"0"
+        ]
+        assert len(srv._connections) == 1
+    finally:
+        await client.close()
+        await srv.stop(grace_s=0)

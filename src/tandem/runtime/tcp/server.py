@@ -21,6 +21,7 @@ from tandem.runtime.tcp.transport import FrameTransport
 
 logger = logging.getLogger(__name__)
 AUTH_PURPOSE = f"request-plane/v{fr.PROTOCOL_VERSION}"
+_DATA_OVERHEAD_BYTES = 32  # msgpack array + kind + stream id + bin header around a payload
 
 
 class StreamContext:
@@ -160,6 +161,7 @@ class _ServerConnection(FrameTransport):
     def __init__(self, server: TcpRequestServer) -> None:
         super().__init__(server.max_frame_bytes)
         self._srv = server
+        self._max_payload_bytes = server.max_frame_bytes - _DATA_OVERHEAD_BYTES
         self._streams: dict[int, StreamContext] = {}
         self._nonce = new_nonce()
         self._authed = False
@@ -332,6 +334,11 @@ class _ServerConnection(FrameTransport):
         it = handler(payload, ctx)
         try:
             async for item in it:
+                if len(item) > self._max_payload_bytes:
+                    raise errors.ServingError(
+                        f"a response item of {len(item)} bytes for request_id={ctx.request_id} "
+                        f"exceeds max_frame_bytes={self._srv.max_frame_bytes} (--max-frame-bytes)"
+                    )
                 if ctx.credit <= 0:
                     await self._wait_credit(ctx)
                 ctx.credit -= 1

@@ -55,7 +55,7 @@ class RuntimeConfig:
     # event-plane messages and file-discovery records; None = no authentication (one process)
     cluster_secret: str | None = field(default=None, repr=False)
     max_frame_bytes: int = 16 << 20  # request-plane frame limit, both directions
-    stream_window: int = 64  # request-plane credit: response frames in flight per stream
+    stream_window: int = 256  # request-plane credit: response frames in flight per stream
     stream_stall_timeout_s: float = 60.0  # a stream whose consumer reads nothing this long ends
     max_connections: int = 4096  # request-plane server; more are closed at accept
 

@@ -25,7 +25,7 @@ from tandem.runtime.tcp import frame as fr
 from tandem.runtime.tcp.server import AUTH_PURPOSE
 from tandem.runtime.tcp.transport import FrameTransport
 
-DEFAULT_STREAM_WINDOW = 64  # response payloads in flight per stream
+DEFAULT_STREAM_WINDOW = 256  # response payloads in flight per stream
 
 
 class TcpRequestClient:
@@ -223,7 +223,18 @@ class _Sink:
     """Receiving side of one stream, held by the connection. Kept apart from ResponseStream
     so that dropping an unfinished ResponseStream (e.g. `break`) lets `__del__` cancel it."""
 
-    __slots__ = ("buf", "conn", "done", "error", "num_unacked", "request", "sid", "timer", "waiter")
+    __slots__ = (
+        "buf",
+        "conn",
+        "done",
+        "error",
+        "num_unacked",
+        "request",
+        "sid",
+        "timer",
+        "waiter",
+        "window",
+    )
 
     def __init__(self, conn: _ClientConnection, request: tuple[str, str, float | None, bytes]):
         self.conn, self.request = conn, request
@@ -233,6 +244,7 @@ class _Sink:
         self.error: BaseException | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.num_unacked = 0  # consumed payloads not yet returned to the server as credit
+        self.window = conn.client.stream_window
         self.sid = conn.open(self, request)
         deadline_s = request[2]
         if deadline_s is not None:
@@ -243,10 +255,10 @@ class _Sink:
         return self.request[1]
 
     def push(self, payload: bytes) -> None:
-        if len(self.buf) >= self.conn.client.stream_window:
+        if len(self.buf) >= self.window:
             raise fr.FrameError(
                 f"server sent request_id={self.request_id} more than its window of "
-                f"{self.conn.client.stream_window} frames"
+                f"{self.window} frames"
             )
         self.buf.append(payload)
         w = self.waiter
@@ -288,7 +300,7 @@ class _Sink:
             finally:
                 self.waiter = None
         self.num_unacked += 1
-        if self.num_unacked * 2 >= self.conn.client.stream_window and not self.done:
+        if self.num_unacked * 2 >= self.window and not self.done:
             self.conn.grant(self.sid, self.num_unacked)
             self.num_unacked = 0
         return buf.popleft()

@@ -53,13 +53,6 @@ def encode(frame: list[Any] | tuple[Any, ...]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def decode(body: bytes | bytearray | memoryview) -> list[Any]:
-    frame = msgpack.unpackb(body, raw=False, use_list=True)
-    if not isinstance(frame, list) or not frame or not isinstance(frame[0], int):
-        raise FrameError(f"frame is not a [kind, ...] array: {type(frame).__name__}")
-    return frame
-
-
 class FrameError(Exception):
     """The byte stream is not valid framing or breaks the protocol; the connection must be
     dropped (the message says why and is logged)."""

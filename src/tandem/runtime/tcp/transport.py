@@ -7,6 +7,8 @@ import logging
 import socket
 from typing import Any, cast
 
+import msgpack
+
 from tandem.runtime.tcp import frame as fr
 
 logger = logging.getLogger(__name__)
@@ -47,19 +49,21 @@ class FrameTransport(asyncio.Protocol):
         buf = self._rbuf
         buf += data
         off, n = 0, len(buf)
+        unpack_from, unpackb, on_frame = fr.HEADER.unpack_from, msgpack.unpackb, self.on_frame
         try:
             while n - off >= 4 and not self.closed:
-                (size,) = fr.HEADER.unpack_from(buf, off)
-                if size > self.max_frame_bytes:
+                (size,) = unpack_from(buf, off)
+                if size > self.max_frame_bytes:  # re-read: it grows once authenticated
                     raise fr.FrameError(
                         f"frame of {size} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
                     )
                 end = off + 4 + size
                 if end > n:
                     break
-                frame = fr.decode(buf[off + 4 : end])
+                # a body that is not a [kind, ...] array fails in on_frame: connection dropped
+                frame = unpackb(buf[off + 4 : end], raw=False, use_list=True)
                 off = end
-                self.on_frame(frame)
+                on_frame(frame)
         except fr.FrameError as exc:
             self.drop(str(exc))
         except Exception as exc:

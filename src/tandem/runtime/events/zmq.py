@@ -12,8 +12,9 @@ Frames: [subject, payload].
 Fire-and-forget like NATS core: messages published before a subscriber has connected to
 a publisher (discovery latency + TCP connect) are not delivered to it.
 
-With a cluster secret every payload is sealed (`envelope.py`) and a receiver drops what does
-not verify, so a process that registers a fake publisher cannot inject events. Whatever a
+With a cluster secret the sockets speak CURVE with keys derived from it (`curve.py`: no
+process without the secret can read or inject events) and every payload is also sealed
+(`envelope.py`; a receiver drops what does not verify). Whatever a
 peer sends, the receive loop survives it: malformed messages are dropped and counted, and a
 message over `max_message_bytes` is refused by ZMQ itself (that peer is disconnected).
 """
@@ -27,9 +28,11 @@ import uuid
 
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from tandem.protocols.discovery import Instance, endpoint_path
 from tandem.runtime.base import Discovery
+from tandem.runtime.events import curve
 from tandem.runtime.events.envelope import EventOpener, EventSealer
 from tandem.runtime.events.subject import validate_pattern, validate_subject
 from tandem.runtime.events.subscription import BufferedSubscription
@@ -59,6 +62,8 @@ class ZmqEventBus:
         self._opener = EventOpener(secret) if secret else None
         self._max_message_bytes = max_message_bytes
         self.num_malformed = 0
+        self._keys = curve.curve_keys(secret) if secret else None
+        self._auth: AsyncioAuthenticator | None = None
         self._ctx = zmq.asyncio.Context()
         self._pub: zmq.asyncio.Socket | None = None
         self._publisher_id: str | None = None
@@ -79,6 +84,9 @@ class ZmqEventBus:
     async def _start_publisher(self) -> zmq.asyncio.Socket:
         pub = self._ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
+        if self._keys is not None:
+            self._auth = curve.start_authenticator(self._ctx, self._keys)
+            curve.make_server(pub, self._keys)
         pub.bind(f"tcp://{self.host}:0")
         port = pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
         self._publisher_id = f"events-{uuid.uuid4().hex[:12]}"
@@ -106,6 +114,8 @@ class ZmqEventBus:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
+        if self._keys is not None:
+            curve.make_client(sub, self._keys)
         self._sub = sub
         self._tasks.append(asyncio.create_task(self._follow_publishers(sub), name="zmq-peers"))
         self._tasks.append(asyncio.create_task(self._receive(sub), name="zmq-receive"))
@@ -174,4 +184,7 @@ class ZmqEventBus:
             if sock is not None:
                 sock.close(linger=0)
         self._pub = self._sub = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         self._ctx.term()

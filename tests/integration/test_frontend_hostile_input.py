@@ -12,116 +12,50 @@ import os
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from typing import Any
 
-import aiohttp
 import pytest
 from tests.support.eventually import eventually
+from tests.support.frontend_stack import CHAT, COMPLETIONS, FrontendStack, Handler
 from tests.support.smollm2 import smollm2_gguf
 
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
-from tandem.engines.worker import Worker, WorkerConfig
-from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import serve_frontend
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import EngineOutput, decode_request, encode
-from tandem.runtime.config import RuntimeConfig
-from tandem.runtime.discovery.memory import MemoryDiscovery
-from tandem.runtime.events.memory import MemoryEventBus
-from tandem.runtime.runtime import Runtime, open_runtime
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "smollm2"
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-Handler = Callable[[bytes, Any], AsyncIterator[bytes]]
+CARD = ModelCard(
+    name=MODEL,
+    context_length=256,
+    block_size=16,
+    num_total_blocks=1024,
+    tokenizer=f"gguf:{smollm2_gguf()}",
+)
 
 
-class Stack:
-    """A frontend over memory discovery; workers are mockers or raw request-plane handlers."""
-
-    def __init__(self, exit_stack: AsyncExitStack) -> None:
-        self.exit_stack = exit_stack
-        self.discovery, self.events = MemoryDiscovery(), MemoryEventBus()
-        self.base = ""
-        self.http: aiohttp.ClientSession | None = None
-
-    async def runtime(self) -> Runtime:
-        return await self.exit_stack.enter_async_context(
-            open_runtime(RuntimeConfig(), discovery=self.discovery, events=self.events)
-        )
-
-    async def add_mocker(self) -> None:
-        config = MockerConfig(
+async def _stack(
+    exit_stack: AsyncExitStack, handler: Handler | None = None, **config: Any
+) -> FrontendStack:
+    """A frontend with one mocker worker (or `handler` on the request plane)."""
+    s = FrontendStack(exit_stack)
+    if handler is None:
+        mocker = MockerConfig(
             model_name=MODEL,
             context_length=256,  # bounds what a fuzzed body without max_tokens generates
             num_blocks=4096,
             block_size=16,
             speedup_ratio=0,
-            tokenizer=f"gguf:{smollm2_gguf()}",
+            tokenizer=CARD.tokenizer,
         )
-        worker = Worker(MockerEngine(config), await self.runtime(), WorkerConfig())
-        await worker.start()
-        self.exit_stack.push_async_callback(worker.stop, 0)
-
-    async def add_handler(self, handler: Handler) -> None:
-        card = ModelCard(
-            name=MODEL,
-            context_length=256,
-            block_size=16,
-            num_total_blocks=1024,
-            tokenizer=f"gguf:{smollm2_gguf()}",
-        )
-        rt = await self.runtime()
-        await rt.serve_endpoint("backend", "generate", handler, model=card)
-
-    async def start_frontend(self, **config: Any) -> None:
-        ready, stop, bound = asyncio.Event(), asyncio.Event(), []
-        rt = await self.runtime()
-        task = asyncio.create_task(
-            serve_frontend(
-                FrontendConfig(port=0, **config), rt, ready=ready, stop=stop, bound=bound
-            )
-        )
-
-        async def shutdown() -> None:
-            stop.set()
-            await task
-
-        self.exit_stack.push_async_callback(shutdown)
-        await asyncio.wait_for(ready.wait(), 10)
-        host, port = bound[0]
-        self.base = f"http://{host}:{port}"
-        self.http = await self.exit_stack.enter_async_context(aiohttp.ClientSession())
-        # workers appear and the model's tokenizer loads in the background
-        async with asyncio.timeout(20):
-            while (await self.post(CHAT, _chat()))[0] != 200:  # noqa: ASYNC110 - over HTTP
-                await asyncio.sleep(0.05)
-
-    async def get(self, path: str) -> tuple[int, str]:
-        assert self.http is not None
-        async with self.http.get(f"{self.base}{path}") as resp:
-            return resp.status, await resp.text()
-
-    async def post(self, path: str, body: Any) -> tuple[int, Any, dict[str, str]]:
-        """POST a dict (as JSON) or raw bytes; the body comes back parsed when it is JSON."""
-        assert self.http is not None
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        async with self.http.post(f"{self.base}{path}", data=data) as resp:
-            text = await resp.text()
-            try:
-                parsed: Any = json.loads(text)
-            except ValueError:
-                parsed = text  # an SSE stream
-            return resp.status, parsed, dict(resp.headers)
-
-    async def inflight_on_workers(self) -> list[float]:
-        """The router's in-flight count of every worker, from /metrics."""
-        _, text = await self.get("/metrics")
-        pattern = r'^tandem_frontend_worker_load\{[^}]*metric="inflight"[^}]*\} (\S+)$'
-        return [float(v) for v in re.findall(pattern, text, re.M)]
+        await s.add_worker(MockerEngine(mocker))
+    else:
+        await s.add_handler(handler, CARD)
+    await s.start_frontend(_chat(), **config)
+    return s
 
 
 def _chat(**kw: Any) -> dict[str, Any]:
@@ -179,9 +113,7 @@ BAD_INPUTS: list[tuple[str, Any, str | None, str]] = [
 
 async def test_bad_inputs_are_400s_naming_the_field_and_leave_nothing_in_flight() -> None:
     async with AsyncExitStack() as exit_stack:
-        s = Stack(exit_stack)
-        await s.add_mocker()
-        await s.start_frontend()
+        s = await _stack(exit_stack)
         for path, body, param, text in BAD_INPUTS:
             status, reply, _ = await s.post(path, body)
             _assert_names_the_field(status, reply, param)
@@ -192,7 +124,7 @@ async def test_bad_inputs_are_400s_naming_the_field_and_leave_nothing_in_flight(
         assert await s.inflight_on_workers() == [0.0]  # no phantom request on the worker
 
 
-async def _gated(gate: asyncio.Event, started: list[str]) -> Handler:
+def _gated(gate: asyncio.Event, started: list[str]) -> Handler:
     async def handler(payload: bytes, ctx: Any) -> AsyncIterator[bytes]:
         req = decode_request(payload)
         started.append(req.request_id)
@@ -204,10 +136,10 @@ async def _gated(gate: asyncio.Event, started: list[str]) -> Handler:
 
 async def test_fan_out_is_capped_per_request_and_charged_to_admission() -> None:
     async with AsyncExitStack() as exit_stack:
-        s, gate, started = Stack(exit_stack), asyncio.Event(), []
-        await s.add_handler(await _gated(gate, started))
+        gate, started = asyncio.Event(), []
         gate.set()
-        await s.start_frontend(max_inflight_requests=8, max_fanout=6, retry_after_s=2.0)
+        config = {"max_inflight_requests": 8, "max_fanout": 6, "retry_after_s": 2.0}
+        s = await _stack(exit_stack, _gated(gate, started), **config)
         gate.clear()
         started.clear()
         begun = time.monotonic()
@@ -349,9 +281,7 @@ async def test_random_bodies_to_both_endpoints_never_get_a_5xx_or_hang() -> None
     bodies += [(path, body if isinstance(body, bytes) else json.dumps(body).encode())
                for path, body, _, _ in BAD_INPUTS]  # fmt: skip
     async with AsyncExitStack() as exit_stack:
-        s = Stack(exit_stack)
-        await s.add_mocker()
-        await s.start_frontend()
+        s = await _stack(exit_stack)
         statuses: dict[int, int] = {}
         sem = asyncio.Semaphore(4)
 

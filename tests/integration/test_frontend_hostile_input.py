@@ -303,3 +303,17 @@ async def test_random_bodies_to_both_endpoints_never_get_a_5xx_or_hang() -> None
         assert await s.inflight_on_workers() == [0.0]
         status, reply, _ = await s.post(CHAT, _chat())
         assert status == 200 and reply["choices"][0]["finish_reason"] == "length"
+
+
+def test_max_fanout_is_a_flag_with_a_bounded_default() -> None:
+    import argparse
+
+    from tandem.frontend.args import add_frontend_args, frontend_config_from_args
+    from tandem.frontend.config import FrontendConfig
+
+    assert FrontendConfig().max_fanout == 128
+    with pytest.raises(ValueError, match="max_fanout=0"):
+        FrontendConfig(max_fanout=0)
+    parser = argparse.ArgumentParser()
+    add_frontend_args(parser)
+    assert frontend_config_from_args(parser.parse_args(["--max-fanout", "9"])).max_fanout == 9

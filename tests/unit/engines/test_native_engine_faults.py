@@ -10,6 +10,7 @@ import pytest
 from native_tiny import request, tiny_core
 
 from tandem.engines.native.engine import NativeEngine
+from tandem.engines.native.engine_core import MAX_FAILED_STEPS
 from tandem.errors import EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, StopConditions
 
@@ -152,4 +153,33 @@ async def test_wait_failed_does_not_return_while_the_engine_works():
     await outputs(engine, request("a", [5, 6, 7], max_tokens=3))
     assert not waiter.done()
     waiter.cancel()
+    await engine.stop()
+
+
+async def test_steps_that_keep_failing_declare_the_engine_dead(monkeypatch):
+    engine = await started()
+    runner = engine.core.runner
+    real_run = runner.run
+    failing = {"on": True}
+
+    def run(batch, block_manager):
+        if failing["on"]:
+            raise RuntimeError("out of memory")
+        return real_run(batch, block_manager)
+
+    monkeypatch.setattr(runner, "run", run)
+    for i in range(MAX_FAILED_STEPS - 1):  # one request per step, each fails alone
+        outs = await outputs(engine, request(f"f{i}", [5, 6, 7]))
+        assert outs[-1].finish_reason == "error" and "out of memory" in outs[-1].error
+    failing["on"] = False
+    ok = await outputs(engine, request("ok", [5, 6, 7], max_tokens=2))
+    assert ok[-1].finish_reason == "length"  # a good step resets the count
+    failing["on"] = True
+    for i in range(MAX_FAILED_STEPS):
+        outs = await outputs(engine, request(f"g{i}", [5, 6, 7]))
+        assert outs[-1].finish_reason == "error"
+    reason = await asyncio.wait_for(engine.wait_failed(), 5)
+    assert f"{MAX_FAILED_STEPS} steps failed in a row" in reason and "out of memory" in reason
+    with pytest.raises(EngineError, match="serves nothing more"):
+        await anext(engine.generate(request("late", [5, 6, 7])))
     await engine.stop()

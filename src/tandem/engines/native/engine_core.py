@@ -19,11 +19,14 @@ from tandem.engines.native.sampler import check_sampling
 from tandem.engines.native.scheduler import ScheduledBatch, Scheduler
 from tandem.engines.native.sequence import Sequence
 from tandem.engines.native.tiering import KvTiering
-from tandem.errors import ContextLengthExceeded, InvalidRequest
+from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
 logger = logging.getLogger(__name__)
+
+
+MAX_FAILED_STEPS = 8  # consecutive failed steps that declare the engine itself broken
 
 
 def num_blocks_for(config: NativeConfig, bytes_per_block: int) -> int:
@@ -67,6 +70,7 @@ class EngineCore:
             onboard=self.tiering.onboard if self.tiering is not None else None,
         )
         self.seqs: dict[str, Sequence] = {}
+        self.num_failed_steps = 0  # consecutive; reset by a step that succeeds
         # called with each sequence that finished in a step, before its blocks are freed
         # (disaggregated prefill pins the prompt blocks there: tandem.engines.native.kv_transfer)
         self.on_finish: Callable[[Sequence], None] | None = None
@@ -135,26 +139,37 @@ class EngineCore:
 
         A step that raises while running its batch (model, sampler, a finish hook) fails
         the batch's requests with finish_reason "error" and frees their blocks; the engine
-        carries on with the rest. Only a failure outside a batch (scheduling) propagates."""
+        carries on with the rest. A failure outside a batch (scheduling, KV offload) and
+        MAX_FAILED_STEPS failed steps in a row (the engine itself is broken, not a request)
+        raise: the engine is dead."""
         batch = self.scheduler.schedule()
         outputs = [(s.request_id, EngineOutput(finish_reason="cancelled")) for s in batch.aborted]
         for seq in batch.aborted:
             del self.seqs[seq.request_id]
         if not batch.seqs:
             return outputs
+        self.flush_evicted()
         try:
             outputs += self._run_batch(batch)
         except Exception as exc:  # step boundary: this batch's requests fail, never the engine
+            self.num_failed_steps += 1
             logger.exception(
-                "native engine step failed; failing its %d request(s): %s",
+                "native engine step failed (%d in a row); failing its %d request(s): %s",
+                self.num_failed_steps,
                 len(batch.seqs),
                 ", ".join(s.request_id for s in batch.seqs),
             )
             outputs += self._fail(batch.seqs, f"engine step failed: {type(exc).__name__}: {exc}")
+            if self.num_failed_steps >= MAX_FAILED_STEPS:
+                raise EngineError(
+                    f"{self.num_failed_steps} steps failed in a row, the last with "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        else:
+            self.num_failed_steps = 0
         return outputs
 
     def _run_batch(self, batch: ScheduledBatch) -> list[tuple[str, EngineOutput]]:
-        self.flush_evicted()
         sampled = self.runner.run(batch, self.block_manager)
         self.scheduler.update(batch)
         outputs: list[tuple[str, EngineOutput]] = []

@@ -22,6 +22,7 @@ from tandem.protocols.openai import (
     ChatCompletionRequest,
     CompletionRequest,
     prompt_inputs,
+    show_value,
     stop_strings,
     validate_chat,
     validate_completion,
@@ -99,7 +100,8 @@ async def preprocess_completion(
             if not ids:  # an engine needs at least one prompt token
                 param = f"prompt[{i}]" if isinstance(req.prompt, list) else "prompt"
                 raise InvalidRequest(
-                    f"{param}={prompt!r} has no tokens; expected a non-empty prompt", param=param
+                    f"{param}={show_value(prompt)} has no tokens; expected a non-empty prompt",
+                    param=param,
                 )
             prompts.append(ids)
         else:

@@ -50,7 +50,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row of `logits` [len(seqs), vocab] (fp32); fills the sequences'
-        pending logprobs when they asked for them."""
+        pending logprobs when they asked for them. Raises SamplingError when a row has no
+        finite distribution (the engine then fails this step's requests)."""
         self._mask_min_tokens(logits, seqs)
         if all(is_greedy(s.sampling) for s in seqs):
             tokens = logits.max(dim=-1).indices.tolist()  # faster than argmax on CPU

@@ -1,15 +1,18 @@
 """A Worker whose engine dies (memory discovery/events, TCP request plane): the instance
-leaves discovery at once, `failed` is set with the reason, the request in flight ends with
-the engine's error and new requests are refused with PeerGone (the frontend goes elsewhere);
+leaves discovery at once, `failed` is set with the reason, the request in flight and new
+ones get PeerGone (the frontend routes or migrates them elsewhere, as for a worker that died);
 `tandem worker` then exits non-zero."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
+from tests.support.eventually import eventually
+from tests.support.frontend_stack import COMPLETIONS, FrontendStack
 
 from tandem.cli import worker as worker_cli
 from tandem.engines.mocker.config import MockerConfig
@@ -68,11 +71,11 @@ async def test_a_dead_engine_takes_its_worker_out_of_discovery(
         instance = await worker.start()
         assert len(await disc.list_instances("t.backend.generate")) == 1
         _break_scheduler_after(monkeypatch, 2)
-        outs = [
-            decode_output(p)
-            async for p in client_rt.stream(instance, _req("doomed", 10), request_id="doomed")
-        ]
-        assert outs[-1].finish_reason == "error" and "scheduler state is broken" in outs[-1].error
+        outs = []
+        with pytest.raises(PeerGone, match="during request_id=doomed: mocker engine failed"):
+            async for p in client_rt.stream(instance, _req("doomed", 10), request_id="doomed"):
+                outs.append(decode_output(p))
+        assert outs and not any(o.finish_reason for o in outs)  # two steps made tokens
         await asyncio.wait_for(worker.failed.wait(), 5)
         assert worker.failure == "mocker engine failed: RuntimeError: scheduler state is broken"
         assert await disc.list_instances("t.backend.generate") == []
@@ -101,9 +104,9 @@ async def test_tandem_worker_exits_non_zero_when_its_engine_dies(
         event = await asyncio.wait_for(anext(disc.watch("cli.backend.generate")), 10)
         inst = event.instance
         client = TcpRequestClient()
-        stream = client.stream(inst.address, inst.path, _req("r"), request_id="r")
-        outs = [decode_output(p) async for p in stream]
-        assert outs[-1].finish_reason == "error"
+        with pytest.raises(PeerGone, match="scheduler state is broken"):
+            async for _ in client.stream(inst.address, inst.path, _req("r"), request_id="r"):
+                pass
         assert await asyncio.wait_for(serving, 10) == worker_cli.EXIT_ENGINE_FAILED
         assert await disc.list_instances("cli.") == []
     finally:
@@ -113,3 +116,29 @@ async def test_tandem_worker_exits_non_zero_when_its_engine_dies(
         await disc.close()
         if not serving.done():
             serving.cancel()
+
+
+async def test_requests_of_a_dead_engine_migrate_to_another_worker() -> None:
+    async with AsyncExitStack() as exit_stack:
+        s = FrontendStack(exit_stack)
+        engines = []
+        for _ in range(2):
+            config = MockerConfig(num_blocks=256, block_size=16, speedup_ratio=1.0)
+            engines.append(MockerEngine(config))
+            await s.add_worker(engines[-1])
+        ready = {"model": "smollm2", "prompt": [5, 6], "max_tokens": 1}
+        await s.start_frontend(ready, ready_path=COMPLETIONS, migration_limit=1)
+        body = {"model": "smollm2", "prompt": [5, 6, 7], "max_tokens": 300, "ignore_eos": True}
+        reply = asyncio.create_task(s.post(COMPLETIONS, body))
+        await eventually(lambda: any(e.scheduler.num_running for e in engines))
+        doomed = next(e for e in engines if e.scheduler.num_running)
+
+        def broken() -> None:
+            raise RuntimeError("scheduler state is broken")
+
+        doomed.scheduler.step = broken  # type: ignore[method-assign]
+        status, answer, _ = await asyncio.wait_for(reply, 20)
+        assert status == 200, answer
+        assert answer["usage"]["completion_tokens"] == 300
+        assert answer["choices"][0]["finish_reason"] == "length"
+        await eventually(lambda: sum(w.failed.is_set() for w in s.workers) == 1)

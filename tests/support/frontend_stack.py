@@ -53,9 +53,11 @@ class FrontendStack:
         rt = await self.runtime()
         await rt.serve_endpoint("backend", "generate", handler, model=card)
 
-    async def start_frontend(self, ready_body: dict[str, Any], **config: Any) -> None:
-        """Serve on a free port; return once `ready_body` sent to chat completions gets a
-        200 (workers discovered, the model's tokenizer loaded)."""
+    async def start_frontend(
+        self, ready_body: dict[str, Any], *, ready_path: str = CHAT, **config: Any
+    ) -> None:
+        """Serve on a free port (`config`: FrontendConfig fields); return once `ready_body`
+        sent to `ready_path` gets a 200 (workers discovered, the model's tokenizer loaded)."""
         ready, stop, bound = asyncio.Event(), asyncio.Event(), []
         rt = await self.runtime()
         task = asyncio.create_task(
@@ -74,7 +76,7 @@ class FrontendStack:
         self.base = f"http://{host}:{port}"
         self.http = await self.exit_stack.enter_async_context(aiohttp.ClientSession())
         async with asyncio.timeout(30):
-            while (await self.post(CHAT, ready_body))[0] != 200:  # noqa: ASYNC110 - over HTTP
+            while (await self.post(ready_path, ready_body))[0] != 200:  # noqa: ASYNC110 - over HTTP
                 await asyncio.sleep(0.05)
 
     async def get(self, path: str) -> tuple[int, str]:

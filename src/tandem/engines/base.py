@@ -76,7 +76,8 @@ class Engine(Protocol):
     def load(self) -> EngineLoad: ...
 
     async def stop(self) -> None:
-        """Stop the step loop; in-flight generate() streams end with finish_reason 'cancelled'."""
+        """Stop the step loop; in-flight generate() streams end with finish_reason 'cancelled'
+        (so do they when the engine dies, with `error` saying why)."""
         ...
 
 

@@ -200,8 +200,10 @@ class Worker:
         try:
             async for out in stream:
                 if out.finish_reason == "cancelled" and not ctx.cancelled.is_set():
+                    why = f": {out.error}" if out.error else ""
                     raise PeerGone(
-                        f"worker {self.instance_id} stopped during request_id={request.request_id}"
+                        f"worker {self.instance_id} stopped during "
+                        f"request_id={request.request_id}{why}"
                     )
                 yield encode(out)
                 if ctx.cancelled.is_set():

@@ -178,7 +178,7 @@ async def test_a_dead_step_loop_fails_streams_refuses_new_requests_and_reports(
 
     monkeypatch.setattr(engine.scheduler, "step", broken)
     outs = await _collect(engine, _req("a", [1, 2, 3]))
-    assert outs[-1].finish_reason == "error" and "scheduler state is broken" in outs[-1].error
+    assert outs[-1].finish_reason == "cancelled" and "scheduler state is broken" in outs[-1].error
     assert await asyncio.wait_for(waiter, 5) == (
         "mocker engine failed: RuntimeError: scheduler state is broken"
     )

@@ -139,7 +139,8 @@ async def test_a_dead_step_loop_fails_open_streams_refuses_new_ones_and_reports(
 
     monkeypatch.setattr(engine.core.scheduler, "schedule", schedule)
     rest = [out async for out in stream]
-    assert rest[-1].finish_reason == "error" and "scheduler state is broken" in rest[-1].error
+    assert rest[-1].finish_reason == "cancelled"  # as on stop: the Worker answers PeerGone
+    assert "scheduler state is broken" in rest[-1].error
     reason = await asyncio.wait_for(engine.wait_failed(), 5)
     assert reason == "native engine failed: RuntimeError: scheduler state is broken"
     with pytest.raises(EngineError, match="serves nothing more"):
@@ -175,9 +176,11 @@ async def test_steps_that_keep_failing_declare_the_engine_dead(monkeypatch):
     ok = await outputs(engine, request("ok", [5, 6, 7], max_tokens=2))
     assert ok[-1].finish_reason == "length"  # a good step resets the count
     failing["on"] = True
-    for i in range(MAX_FAILED_STEPS):
+    for i in range(MAX_FAILED_STEPS - 1):
         outs = await outputs(engine, request(f"g{i}", [5, 6, 7]))
         assert outs[-1].finish_reason == "error"
+    last = await outputs(engine, request("last", [5, 6, 7]))  # its failure kills the engine
+    assert last[-1].finish_reason == "cancelled" and "steps failed in a row" in last[-1].error
     reason = await asyncio.wait_for(engine.wait_failed(), 5)
     assert f"{MAX_FAILED_STEPS} steps failed in a row" in reason and "out of memory" in reason
     with pytest.raises(EngineError, match="serves nothing more"):

@@ -7,8 +7,9 @@ on one event loop; `generate`, `abort`, `load` and `kv_snapshot` may be called a
 from it (never while a step runs, since a step does not await).
 
 A step that raises kills the engine (the scheduler's state is no longer trustworthy): every
-open stream ends with an error, `generate` refuses new requests and `wait_failed()` returns
-the reason, so the hosting Worker leaves discovery and its process exits non-zero.
+open stream ends as on `stop` (finish_reason 'cancelled', `error` saying why), `generate`
+refuses new requests and `wait_failed()` returns the reason, so the hosting Worker leaves
+discovery and its process exits non-zero.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ class MockerEngine:
         except Exception as exc:  # task boundary: the engine is dead, say so everywhere
             logger.exception("mocker step loop failed")
             self._failure = f"mocker engine failed: {type(exc).__name__}: {exc}"
-            self._end_all(EngineOutput(finish_reason="error", error=self._failure))
+            self._end_all(EngineOutput(finish_reason="cancelled", error=self._failure))
             self._events.close()  # kv_events() ends once drained
             if self._failed is not None and not self._failed.done():
                 self._failed.set_result(self._failure)

@@ -6,9 +6,11 @@ the worker's networking stays responsive while the model computes. `kv_snapshot`
 `export_blocks` and `import_blocks` take the step lock (they wait for a running step).
 
 A step that raises fails only its batch's requests (`EngineCore.step`). Anything else that
-escapes the step loop kills the engine for good: every open stream ends with an error,
-`generate` refuses new requests and `wait_failed()` returns the reason, so the hosting
-Worker leaves discovery and its process exits non-zero.
+escapes the step loop kills the engine for good: every open stream ends as on `stop`
+(finish_reason 'cancelled', `error` saying why: the Worker answers PeerGone, so the frontend
+routes or migrates it elsewhere, as for a worker that died), `generate` refuses new requests
+and `wait_failed()` returns the reason, so the hosting Worker leaves discovery and its
+process exits non-zero.
 """
 
 from __future__ import annotations
@@ -283,7 +285,7 @@ class NativeEngine:
         self._loop.call_soon_threadsafe(self._dispatch, [], events)
 
     def _die(self, reason: str) -> None:
-        failed = EngineOutput(finish_reason="error", error=reason)
+        failed = EngineOutput(finish_reason="cancelled", error=reason)
         for stream in self._streams.values():
             stream.push(failed)
         self._events.close()  # kv_events() ends once drained

@@ -2,6 +2,8 @@
 
 `--engine` is read first (flag, then TANDEM_ENGINE, default mocker) so that engine's own flags
 can be declared. Runs until SIGTERM/SIGINT, then unregisters and drains (DESIGN.md §1).
+If the engine dies, the worker leaves discovery and the process exits with status 1
+(`EXIT_ENGINE_FAILED`) so that its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from tandem.runtime.lifecycle import install_signal_handlers
 from tandem.runtime.runtime import open_runtime
 
 logger = logging.getLogger(__name__)
+
+EXIT_ENGINE_FAILED = 1
 
 
 def _env(name: str, default: str) -> str:
@@ -87,8 +91,9 @@ def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) ->
     return DisaggEngine(engine, disagg, cluster_secret=cluster_secret)
 
 
-async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
-    """Run one worker until `stop` is set (default: SIGTERM/SIGINT), then drain."""
+async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
+    """Run one worker until `stop` is set (default: SIGTERM/SIGINT), then drain; returns
+    the exit status: 0, or EXIT_ENGINE_FAILED when the engine died first."""
     runtime_config = runtime_config_from_args(args)
     worker_config = worker_config_from_args(args)
     engine = build_engine(args, runtime_config.cluster_secret)
@@ -106,9 +111,17 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             args.engine,
             instance.model.name if instance.model else None,
         )
-        await stop.wait()
+        stopped = asyncio.ensure_future(stop.wait())
+        failed = asyncio.ensure_future(worker.failed.wait())
+        await asyncio.wait([stopped, failed], return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (stopped, failed):
+            waiter.cancel()
         await worker.stop(worker_config.drain_grace_s)
         await runtime.shutdown(grace_s=0)
+    if worker.failure is not None:
+        logger.error("worker exits with status %d: %s", EXIT_ENGINE_FAILED, worker.failure)
+        return EXIT_ENGINE_FAILED
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,10 +131,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvloop
 
-        uvloop.run(serve(args))
+        return int(uvloop.run(serve(args)))
     except ImportError:
-        asyncio.run(serve(args))
-    return 0
+        return asyncio.run(serve(args))
 
 
 def main(argv: list[str] | None = None) -> int:

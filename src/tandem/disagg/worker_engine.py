@@ -124,6 +124,9 @@ class DisaggEngine:
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
 
+    async def wait_failed(self) -> str:
+        return await self.engine.wait_failed()
+
     def kv_events(self) -> AsyncIterator[list[KvEvent]]:
         return self.engine.kv_events()
 

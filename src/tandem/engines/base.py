@@ -57,6 +57,12 @@ class Engine(Protocol):
         """Remove the request at the next step and free its blocks (idempotent)."""
         ...
 
+    async def wait_failed(self) -> str:
+        """Return the reason once the engine has died for good (its step loop failed; it
+        serves nothing more); never returns while it works. The Worker then leaves
+        discovery and its process exits non-zero. Safe to await from several tasks."""
+        ...
+
     def kv_events(self) -> AsyncIterator[list[KvEvent]]:
         """KV events in the order they happened, one list per scheduler step that produced
         any. Only one consumer (the Worker)."""
@@ -70,7 +76,8 @@ class Engine(Protocol):
     def load(self) -> EngineLoad: ...
 
     async def stop(self) -> None:
-        """Stop the step loop; in-flight generate() streams end with finish_reason 'cancelled'."""
+        """Stop the step loop; in-flight generate() streams end with finish_reason 'cancelled'
+        (so do they when the engine dies, with `error` saying why)."""
         ...
 
 

@@ -5,6 +5,9 @@ It serves `{ns}.{component}.generate` (PreprocessedRequest in, EngineOutput stre
 `Instance` (with a ModelCard from the engine's EngineInfo) in discovery, publishes the
 engine's KV events on `{ns}.{component}.kv_events` and its load on
 `{ns}.{component}.load_metrics`, and drains on `stop`.
+
+If the engine dies (`Engine.wait_failed` returns), the worker leaves discovery at once and
+sets `failed`; `tandem worker` then exits non-zero so whoever supervises it restarts it.
 """
 
 from __future__ import annotations
@@ -100,7 +103,11 @@ class Worker:
         self._idle.set()
         self._load_changed = asyncio.Event()
         self._accepting = False
+        self._stopped = False
         self._tasks: list[asyncio.Task[None]] = []
+        # set once the engine died and the instance left discovery; `failure` says why
+        self.failed = asyncio.Event()
+        self.failure: str | None = None
 
     async def start(self) -> Instance:
         """Start the engine, the publishers and both endpoints, then register the instance."""
@@ -110,6 +117,7 @@ class Worker:
         self._tasks = [
             asyncio.create_task(self._publish_kv_events(events), name="worker-kv-events"),
             asyncio.create_task(self._publish_load(), name="worker-load-metrics"),
+            asyncio.create_task(self._watch_engine(), name="worker-engine-watch"),
         ]
         comp = self.config.component
         self.runtime.server.register(self.runtime.endpoint_path(comp, "kv_state"), self._kv_state)
@@ -132,13 +140,11 @@ class Worker:
     async def stop(self, grace_s: float | None = None) -> None:
         """Unregister, refuse new requests (PeerGone, so clients go elsewhere), let in-flight
         ones finish within `grace_s`, then stop the engine (the rest end with PeerGone)."""
-        if not self._accepting:
+        if self._stopped or self.info is None:
             return
+        self._stopped = True
         grace = self.config.drain_grace_s if grace_s is None else grace_s
-        self._accepting = False
-        await self.runtime.discovery.unregister(self.instance_id)
-        if self.instance_id in self.runtime.instance_ids:
-            self.runtime.instance_ids.remove(self.instance_id)
+        await self._leave()
         try:
             async with asyncio.timeout(grace):
                 await self._idle.wait()
@@ -157,6 +163,27 @@ class Worker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         logger.info("worker instance_id=%s stopped", self.instance_id)
 
+    async def _leave(self) -> None:
+        """Refuse new requests and unregister (idempotent)."""
+        if not self._accepting:
+            return
+        self._accepting = False
+        await self.runtime.discovery.unregister(self.instance_id)
+        if self.instance_id in self.runtime.instance_ids:
+            self.runtime.instance_ids.remove(self.instance_id)
+
+    async def _watch_engine(self) -> None:
+        """A dead engine must not stay registered: leave discovery, then set `failed`."""
+        reason = await self.engine.wait_failed()
+        logger.error("instance_id=%s: %s; leaving discovery", self.instance_id, reason)
+        self.failure = reason
+        try:
+            await self._leave()
+        except Exception:  # the process exits anyway, which ends its lease
+            logger.exception("instance_id=%s: unregister after engine failure", self.instance_id)
+        finally:
+            self.failed.set()
+
     # ------------------------------------------------------------------ endpoints
     async def _generate(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
         if not self._accepting:
@@ -173,8 +200,10 @@ class Worker:
         try:
             async for out in stream:
                 if out.finish_reason == "cancelled" and not ctx.cancelled.is_set():
+                    why = f": {out.error}" if out.error else ""
                     raise PeerGone(
-                        f"worker {self.instance_id} stopped during request_id={request.request_id}"
+                        f"worker {self.instance_id} stopped during "
+                        f"request_id={request.request_id}{why}"
                     )
                 yield encode(out)
                 if ctx.cancelled.is_set():

@@ -28,7 +28,7 @@ from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat
 from tandem.protocols.engine import PreprocessedRequest
-from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, fan_out
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +50,16 @@ class FrontendApp:
         streamer: EngineStreamer,
         metrics: FrontendMetrics,
         max_inflight_requests: int = 1024,
+        max_fanout: int = 128,
         request_timeout_s: float = 600.0,
         retry_after_s: float = 1.0,
     ) -> None:
         self.registry, self.streamer, self.metrics = registry, streamer, metrics
         self._max_inflight = max_inflight_requests
+        self._max_fanout = max_fanout
         self._timeout_s = request_timeout_s
         self._retry_after_s = retry_after_s
-        self.num_inflight = 0
+        self.num_inflight = 0  # engine requests admitted (a request counts its fan-out)
         self._routes: dict[tuple[str, str], Callable[[HttpRequest, HttpResponse], Awaitable[None]]]
         self._routes = {
             ("POST", "/v1/chat/completions"): self.chat_completions,
@@ -129,7 +131,7 @@ class FrontendApp:
         fmt: ResponseFormat,
     ) -> None:
         model = self.registry.get(req.model)
-        self._admit()
+        num_slots = self._admit(req)
         try:
             await model.ready()
             request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -137,18 +139,32 @@ class FrontendApp:
             fmt.bind(request_id, model.name)
             await self._run_tracked(response, req, prepared, fmt)
         finally:
-            self.num_inflight -= 1
+            self.num_inflight -= num_slots
 
-    def _admit(self) -> None:
-        """Take an in-flight slot or raise Overloaded (503 + Retry-After). The slot is taken
+    def _admit(self, req: ChatCompletionRequest | CompletionRequest) -> int:
+        """Take one in-flight slot per engine request `req` fans out to (prompts × n) and
+        return how many; the caller releases them. Raises InvalidRequest past the per-request
+        cap, Overloaded (503 + Retry-After) when the slots are not free. Slots are taken
         before any await, so concurrent arrivals cannot overshoot the bound while they
-        preprocess; the caller releases it."""
-        if self._max_inflight and self.num_inflight >= self._max_inflight:
+        preprocess."""
+        num = fan_out(req)
+        cap = min(self._max_fanout, self._max_inflight)
+        if num > cap:
+            prompts = "1 prompt" if num == req.n else f"{num // req.n} prompts"
+            raise InvalidRequest(
+                f"request fans out to {num} engine requests ({prompts} × n={req.n}); "
+                f"at most {cap} per request (--max-fanout {self._max_fanout}, "
+                f"--max-inflight-requests {self._max_inflight}); split it or lower n",
+                param="n" if num == req.n else "prompt",
+            )
+        if self.num_inflight + num > self._max_inflight:
             raise Overloaded(
-                f"{self.num_inflight} requests in flight (limit {self._max_inflight}); retry later",
+                f"{self.num_inflight} engine requests in flight + {num} asked exceeds the limit "
+                f"{self._max_inflight}; retry later",
                 retry_after_s=self._retry_after_s,
             )
-        self.num_inflight += 1
+        self.num_inflight += num
+        return num
 
     async def _preprocess(
         self,
@@ -172,7 +188,7 @@ class FrontendApp:
         through `explain_remote`), routing nothing. 404 when the policy cannot explain."""
         try:
             is_chat = "messages" in msgspec.json.decode(request.body)
-        except (msgspec.DecodeError, TypeError):
+        except (*http_errors.BODY_ERRORS, TypeError):
             is_chat = False  # the completions decoder below names what is wrong
         req = _decode(_chat_decoder if is_chat else _completion_decoder, request.body)
         model = self.registry.get(req.model)
@@ -355,7 +371,7 @@ class FrontendApp:
 def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
     try:
         return decoder.decode(body)
-    except msgspec.MsgspecError as exc:
+    except http_errors.BODY_ERRORS as exc:
         raise http_errors.decode_error(exc, body) from exc
 
 

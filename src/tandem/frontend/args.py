@@ -36,6 +36,14 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
         "(env TANDEM_MAX_INFLIGHT_REQUESTS)",
     )
     g.add_argument(
+        "--max-fanout",
+        type=int,
+        default=int(_env("MAX_FANOUT", "128")),
+        metavar="N",
+        help="one request may fan out to at most N engine requests (prompts × n); beyond it "
+        "answer 400 (env TANDEM_MAX_FANOUT)",
+    )
+    g.add_argument(
         "--request-timeout-s",
         type=float,
         default=float(_env("REQUEST_TIMEOUT_S", "600")),
@@ -56,6 +64,7 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         router=router_config_from_args(ns),
         migration_limit=ns.migration_limit,
         max_inflight_requests=ns.max_inflight_requests,
+        max_fanout=ns.max_fanout,
         request_timeout_s=ns.request_timeout_s,
         max_body_bytes=ns.max_body_bytes,
         disagg=disagg_route_config_from_args(ns),

@@ -18,8 +18,9 @@ def _check(name: str, value: float, low: float, allowed: str) -> None:
 class FrontendConfig:
     """HTTP listener, routing policy, migration and admission limits.
 
-    `max_inflight_requests` bounds the requests admitted at once (every queue is bounded);
-    past it a request gets 503 + Retry-After.
+    `max_inflight_requests` bounds the engine requests admitted at once (every queue is
+    bounded; a request counts its fan-out, prompts × n); past it a request gets 503 +
+    Retry-After. `max_fanout` caps one request's fan-out (400 beyond).
     `request_timeout_s` becomes each request's deadline on the request plane."""
 
     host: str = "127.0.0.1"
@@ -28,6 +29,7 @@ class FrontendConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     migration_limit: int = 0
     max_inflight_requests: int = 1024
+    max_fanout: int = 128
     max_body_bytes: int = 8 << 20
     request_timeout_s: float = 600.0
     retry_after_s: float = 1.0
@@ -42,6 +44,7 @@ class FrontendConfig:
             raise ValueError(f"port={self.port} out of range; expected [0, 65535]")
         _check("migration_limit", self.migration_limit, 0, ">= 0")
         _check("max_inflight_requests", self.max_inflight_requests, 1, ">= 1")
+        _check("max_fanout", self.max_fanout, 1, ">= 1")
         _check("max_body_bytes", self.max_body_bytes, 1024, ">= 1024")
         _check("request_timeout_s", self.request_timeout_s, 0.001, "> 0")
         _check("retry_after_s", self.retry_after_s, 0.0, ">= 0")

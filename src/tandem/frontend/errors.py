@@ -1,7 +1,8 @@
 """The one mapping from tandem's error tree to HTTP status + OpenAI error JSON.
 
 Body: {"error": {"message", "type", "param", "code"}}. Overloaded (and subclasses) add a
-Retry-After header. msgspec decode errors become 400s naming the field and the bad value.
+Retry-After header. msgspec decode errors become 400s naming the field and the bad value;
+a body that is not UTF-8 or nests too deeply to decode is a 400 too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tandem.errors import (
     PeerGone,
     ServingError,
 )
+from tandem.protocols.openai import show_value
 
 _json = msgspec.json.Encoder()
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -63,8 +65,20 @@ def internal_error(exc: BaseException) -> ServingError:
     return ServingError(f"internal error: {type(exc).__name__}: {exc}")
 
 
-def decode_error(exc: msgspec.MsgspecError, body: bytes) -> InvalidRequest:
-    """A 400 for a body that is not JSON or does not fit the request model."""
+# what decoding a request body raises besides msgspec's own errors
+BODY_ERRORS = (msgspec.MsgspecError, UnicodeDecodeError, RecursionError)
+
+
+def decode_error(exc: Exception, body: bytes) -> InvalidRequest:
+    """A 400 for a body that is not JSON or does not fit the request model (`exc` is one
+    of BODY_ERRORS)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return _utf8_error(body, exc)
+    if isinstance(exc, RecursionError):
+        return InvalidRequest(
+            "request body nests JSON arrays/objects too deeply to decode; "
+            "no request field takes more than a few levels"
+        )
     text = str(exc)
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         return InvalidRequest(f"request body is not valid JSON: {text}", param=None)
@@ -77,16 +91,31 @@ def decode_error(exc: msgspec.MsgspecError, body: bytes) -> InvalidRequest:
     path = m.group("path")
     param = path.lstrip(".")
     value = _value_at(body, path)
-    expected = text[: m.start()]
-    return InvalidRequest(f"{param}={value!r} is invalid: {expected}", param=param)
+    shown = "" if value is _UNKNOWN else f"={show_value(value)}"
+    return InvalidRequest(f"{param}{shown} is invalid: {text[: m.start()]}", param=param)
+
+
+def _utf8_error(body: bytes, exc: UnicodeDecodeError) -> InvalidRequest:
+    """Where in the body the bad bytes are (msgspec's offset is within one string)."""
+    try:
+        body.decode("utf-8")
+        where = ""
+    except UnicodeDecodeError as whole:
+        before = body[max(0, whole.start - 24) : whole.start].decode("utf-8", "replace")
+        where = f" at byte {whole.start} (after {before!r})"
+    return InvalidRequest(f"request body is not valid UTF-8{where}: {exc.reason}")
+
+
+_UNKNOWN = object()
 
 
 def _value_at(body: bytes, path: str) -> Any:
-    """The JSON value at a msgspec error path like `.messages[0].role` (error path only)."""
+    """The JSON value at a msgspec error path like `.messages[0].role` (error path only);
+    _UNKNOWN when it cannot be found (e.g. the body nests too deeply to decode untyped)."""
     try:
         node: Any = msgspec.json.decode(body)
         for key, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path):
             node = node[key] if key else node[int(index)]
         return node
     except Exception:
-        return None
+        return _UNKNOWN

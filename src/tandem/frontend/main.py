@@ -58,6 +58,7 @@ async def serve_frontend(
         streamer=streamer,
         metrics=metrics,
         max_inflight_requests=config.max_inflight_requests,
+        max_fanout=config.max_fanout,
         request_timeout_s=config.request_timeout_s,
         retry_after_s=config.retry_after_s,
     )

@@ -16,11 +16,13 @@ from tandem.protocols.engine import (
     RoutingHints,
     SamplingParams,
     StopConditions,
+    encode,
 )
 from tandem.protocols.openai import (
     ChatCompletionRequest,
     CompletionRequest,
     prompt_inputs,
+    show_value,
     stop_strings,
     validate_chat,
     validate_completion,
@@ -28,6 +30,7 @@ from tandem.protocols.openai import (
 
 # prompts longer than this (characters) are tokenized off the event loop
 _THREAD_TOKENIZE_CHARS = 16_384
+SEED_MODULUS = 2**64  # per-choice seeds wrap here: engines take any 64-bit seed
 
 
 @dataclass(slots=True, kw_only=True)
@@ -60,7 +63,7 @@ async def preprocess_chat(
         req.messages,
         add_generation_prompt=req.add_generation_prompt,
         tools=req.tools,
-        **(req.chat_template_kwargs or {}),
+        template_kwargs=req.chat_template_kwargs,
     )
     ids = await _encode(tok.encode, text, add_special_tokens=False)
     max_tokens = req.max_completion_tokens or req.max_tokens
@@ -93,7 +96,14 @@ async def preprocess_completion(
     for i, prompt in enumerate(prompt_inputs(req.prompt)):
         if isinstance(prompt, str):
             tok = model.require_tokenizer("a text prompt")
-            prompts.append(await _encode(tok.encode, prompt, add_special_tokens=True))
+            ids = await _encode(tok.encode, prompt, add_special_tokens=True)
+            if not ids:  # an engine needs at least one prompt token
+                param = f"prompt[{i}]" if isinstance(req.prompt, list) else "prompt"
+                raise InvalidRequest(
+                    f"{param}={show_value(prompt)} has no tokens; expected a non-empty prompt",
+                    param=param,
+                )
+            prompts.append(ids)
         else:
             _check_ids(model, prompt, i)
             prompts.append(prompt)
@@ -129,7 +139,18 @@ def _check_ids(model: ServedModel, ids: list[int], index: int) -> None:
             )
 
 
+def _check_stop_ids(model: ServedModel, ids: list[int]) -> None:
+    vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
+    for i, t in enumerate(ids):
+        if vocab is not None and t >= vocab:
+            raise InvalidRequest(
+                f"stop_token_ids[{i}]={t} is invalid; expected a token id in [0, {vocab})",
+                param=f"stop_token_ids[{i}]",
+            )
+
+
 def _base_request(req, model, request_id, worker_id, deadline_s, top) -> PreprocessedRequest:  # type: ignore[no-untyped-def]
+    _check_stop_ids(model, req.stop_token_ids or [])
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
     sampling = SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -144,7 +165,7 @@ def _base_request(req, model, request_id, worker_id, deadline_s, top) -> Preproc
         ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens,
     )
-    return PreprocessedRequest(
+    base = PreprocessedRequest(
         request_id=request_id,
         model=model.name,
         token_ids=[],
@@ -154,6 +175,11 @@ def _base_request(req, model, request_id, worker_id, deadline_s, top) -> Preproc
         routing=RoutingHints(worker_id=worker_id) if worker_id else None,
         deadline_s=deadline_s,
     )
+    try:  # fail here, before a router counts it in flight, should a field escape validation
+        encode(base)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise InvalidRequest(f"request cannot be sent to a worker: {exc}") from exc
+    return base
 
 
 def resolve_max_tokens(
@@ -192,11 +218,18 @@ def _fan_out(
         limit = resolve_max_tokens(
             len(ids), model.card.context_length, max_tokens, param, prompt_param
         )
+        if base.stop.min_tokens > limit:
+            what = f"{param}={limit}" if max_tokens else f"the {limit} tokens of context left"
+            raise InvalidRequest(
+                f"min_tokens={base.stop.min_tokens} exceeds {what}; lower min_tokens",
+                param="min_tokens",
+            )
         stop = msgspec.structs.replace(base.stop, max_tokens=limit)
         for i in range(n):
             sampling = base.sampling
-            if base.sampling.seed is not None and i:
-                sampling = msgspec.structs.replace(sampling, seed=base.sampling.seed + i)
+            if base.sampling.seed is not None and i:  # choice i: seed + i, wrapped to 64 bits
+                seed = (base.sampling.seed + i) % SEED_MODULUS
+                sampling = msgspec.structs.replace(sampling, seed=seed)
             rid = f"{base.request_id}-{p * n + i}" if multi else base.request_id
             out.append(
                 msgspec.structs.replace(

@@ -1,12 +1,14 @@
 """OpenAI-compatible request models (msgspec Structs: fast to decode, unknown fields ignored).
 
-Only shape is checked here; value ranges are checked by `validate()` on each request, which
-raises InvalidRequest naming the field and value. Responses are built as plain dicts by the
-frontend and encoded with msgspec.json.
+Only shape is checked here; value ranges are checked by `validate_*()` on each request, which
+raises InvalidRequest naming the field, the value and the allowed range. Every integer is
+bounded to what the engines and the request plane's msgpack (64-bit) carry. Responses are
+built as plain dicts by the frontend and encoded with msgspec.json.
 """
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 import msgspec
@@ -15,6 +17,20 @@ from tandem.errors import InvalidRequest
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
+MAX_INT32 = 2**31 - 1  # token counts, top_k and token ids
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # any 64-bit seed, signed or not
+MAX_STOP_TOKEN_IDS = 1024  # each banned id costs a mask write per step while min_tokens runs
+MAX_STOP_STRINGS = 16
+
+_show = reprlib.Repr()
+_show.maxstring, _show.maxother, _show.maxlong, _show.maxlist, _show.maxlevel = 80, 80, 60, 8, 3
+_show.maxdict = 8
+
+
+def show_value(value: Any) -> str:
+    """A client's value as error messages quote it: repr, shortened (long strings, lists,
+    deep nesting) so that an error never echoes a megabyte back."""
+    return _show.repr(value)
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -25,6 +41,7 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 class _SamplingFields(msgspec.Struct, kw_only=True):
     model: str
     max_tokens: int | None = None
+    best_of: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -61,26 +78,53 @@ class CompletionRequest(_SamplingFields, kw_only=True):
 
 def _check(ok: bool, param: str, value: Any, expected: str) -> None:
     if not ok:
-        raise InvalidRequest(f"{param}={value!r} is invalid; expected {expected}", param=param)
+        raise InvalidRequest(
+            f"{param}={show_value(value)} is invalid; expected {expected}", param=param
+        )
+
+
+def _check_int(param: str, value: int, lo: int, hi: int, expected: str = "") -> None:
+    _check(lo <= value <= hi, param, value, expected or f"an integer in [{lo}, {hi}]")
 
 
 def validate_sampling(req: _SamplingFields) -> None:
     """Range checks shared by chat and completions. Raises InvalidRequest naming the field."""
     _check(bool(req.model), "model", req.model, "a non-empty model name")
-    _check(1 <= req.n <= MAX_N, "n", req.n, f"an integer in [1, {MAX_N}]")
+    _check_int("n", req.n, 1, MAX_N)
+    if req.best_of is not None:
+        best_of = f"unset or equal to n={req.n} (picking the best n of more is not supported)"
+        _check(req.best_of == req.n, "best_of", req.best_of, best_of)
     if req.max_tokens is not None:
-        _check(req.max_tokens >= 1, "max_tokens", req.max_tokens, "an integer >= 1")
+        _check_int("max_tokens", req.max_tokens, 1, MAX_INT32)
     if req.temperature is not None:
         _check(0.0 <= req.temperature <= 2.0, "temperature", req.temperature, "a number in [0, 2]")
     if req.top_p is not None:
         _check(0.0 < req.top_p <= 1.0, "top_p", req.top_p, "a number in (0, 1]")
     if req.top_k is not None:
-        _check(req.top_k >= -1, "top_k", req.top_k, "-1 or 0 (off) or a positive integer")
-    _check(req.min_tokens >= 0, "min_tokens", req.min_tokens, "an integer >= 0")
+        expected = f"-1 or 0 (off) or an integer in [1, {MAX_INT32}]"
+        _check_int("top_k", req.top_k, -1, MAX_INT32, expected)
+    if req.seed is not None:
+        _check_int("seed", req.seed, MIN_SEED, MAX_SEED, "an integer in [-2**63, 2**64 - 1]")
+    _check_int("min_tokens", req.min_tokens, 0, MAX_INT32)
+    if req.stop_token_ids is not None:
+        ids = req.stop_token_ids
+        expected = f"at most {MAX_STOP_TOKEN_IDS} token ids"
+        _check(len(ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids", ids, expected)
+        for i, t in enumerate(ids):
+            _check_int(f"stop_token_ids[{i}]", t, 0, MAX_INT32, "a token id >= 0")
     if isinstance(req.stop, list):
-        _check(len(req.stop) <= 16, "stop", req.stop, "at most 16 stop strings")
+        expected = f"at most {MAX_STOP_STRINGS} stop strings"
+        _check(len(req.stop) <= MAX_STOP_STRINGS, "stop", req.stop, expected)
     for s in stop_strings(req):
         _check(bool(s), "stop", req.stop, "non-empty stop strings")
+
+
+def fan_out(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """Engine requests this request asks for: prompts × n (best_of, once valid, equals n).
+    Raises InvalidRequest on a bad n or a malformed prompt list."""
+    _check_int("n", req.n, 1, MAX_N)
+    num_prompts = 1 if isinstance(req, ChatCompletionRequest) else len(prompt_inputs(req.prompt))
+    return num_prompts * req.n
 
 
 def stop_strings(req: _SamplingFields) -> list[str]:
@@ -92,12 +136,7 @@ def stop_strings(req: _SamplingFields) -> list[str]:
 def validate_chat(req: ChatCompletionRequest) -> None:
     validate_sampling(req)
     if req.max_completion_tokens is not None:
-        _check(
-            req.max_completion_tokens >= 1,
-            "max_completion_tokens",
-            req.max_completion_tokens,
-            "an integer >= 1",
-        )
+        _check_int("max_completion_tokens", req.max_completion_tokens, 1, MAX_INT32)
     if req.top_logprobs is not None:
         _check(
             0 <= req.top_logprobs <= MAX_TOP_LOGPROBS,
@@ -126,17 +165,17 @@ def prompt_inputs(prompt: str | list[Any]) -> list[str | list[int]]:
         return [prompt]
     if not prompt:
         raise InvalidRequest("prompt must not be empty", param="prompt")
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if all(_is_token_id(t) for t in prompt):
         return [list(prompt)]
     out: list[str | list[int]] = []
     for i, item in enumerate(prompt):
-        is_ids = isinstance(item, list) and item and all(isinstance(t, int) for t in item)
+        is_ids = isinstance(item, list) and item and all(_is_token_id(t) for t in item)
         if isinstance(item, str) or is_ids:
             out.append(item)
         else:
-            raise InvalidRequest(
-                f"prompt[{i}]={item!r} is invalid; expected a string or a non-empty list of "
-                "token ids",
-                param=f"prompt[{i}]",
-            )
+            _check(False, f"prompt[{i}]", item, "a string or a non-empty list of token ids")
     return out
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,11 +1,13 @@
 """Render chat messages to a prompt with the model's jinja2 chat template (sandboxed).
 
 The template is compiled once per `ChatTemplate`; rendering is safe to call concurrently.
-Template or message errors raise InvalidRequest naming the offending field.
+Template or message errors raise InvalidRequest naming the offending field. Client-given
+template variables (`chat_template_kwargs`) may not replace the ones the renderer sets.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jinja2
@@ -13,12 +15,26 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tandem.errors import InvalidRequest
 
+logger = logging.getLogger(__name__)
+
 # ChatML: what a model without its own template is served with
 DEFAULT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+# variables the renderer sets (and the one global templates call): a client's
+# chat_template_kwargs may not replace them; the request field to use instead, if any
+RESERVED_VARIABLES = {
+    "messages": "messages",
+    "add_generation_prompt": "add_generation_prompt",
+    "tools": "tools",
+    "bos_token": None,
+    "eos_token": None,
+    "raise_exception": None,
+}
 
 
 def _raise_exception(message: str) -> None:
@@ -46,26 +62,42 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
-        **extra: Any,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text for `messages` (each {"role", "content"} with content a string or a
-        list of {"type": "text", "text"} parts). Raises InvalidRequest on bad messages or a
-        template error (e.g. the template's raise_exception on an unsupported role order)."""
+        list of {"type": "text", "text"} parts), with `template_kwargs` as extra template
+        variables. Raises InvalidRequest on bad messages, on a template variable that clashes
+        with the renderer's own (`RESERVED_VARIABLES`), or when the template fails (e.g. its
+        raise_exception on an unsupported role order)."""
         normalized = [_normalize(i, m) for i, m in enumerate(messages)]
         if not normalized:
             raise InvalidRequest("messages must not be empty", param="messages")
-        try:
-            return self._template.render(
-                messages=normalized,
-                add_generation_prompt=add_generation_prompt,
-                tools=tools,
-                bos_token=self._bos_token,
-                eos_token=self._eos_token,
-                **extra,
+        context: dict[str, Any] = dict(template_kwargs or {})
+        for key in context.keys() & RESERVED_VARIABLES.keys():
+            field = RESERVED_VARIABLES[key]
+            hint = f"; set the request's '{field}' field instead" if field else ""
+            raise InvalidRequest(
+                f"chat_template_kwargs.{key} is reserved: the chat template's own variable{hint}",
+                param=f"chat_template_kwargs.{key}",
             )
+        context.update(
+            messages=normalized,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            bos_token=self._bos_token,
+            eos_token=self._eos_token,
+        )
+        try:
+            return self._template.render(context)
         except jinja2.TemplateError as exc:
             raise InvalidRequest(
                 f"chat template rejected the messages: {exc}", param="messages"
+            ) from exc
+        except Exception as exc:  # request boundary: client data ran through the template
+            logger.debug("chat template failed on a request", exc_info=True)
+            raise InvalidRequest(
+                f"chat template failed on these messages: {type(exc).__name__}: {exc}",
+                param="chat_template_kwargs" if template_kwargs else "messages",
             ) from exc
 
 

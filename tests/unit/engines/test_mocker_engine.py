@@ -162,3 +162,26 @@ async def test_registry_builds_mocker_from_flags(monkeypatch: pytest.MonkeyPatch
     assert tokenizer is not None and tokenizer.startswith("gguf:") and tokenizer.endswith(".gguf")
     with pytest.raises(ValueError, match="unknown engine 'nope'"):
         make_engine("nope", ns)
+
+
+async def test_a_dead_step_loop_fails_streams_refuses_new_requests_and_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = MockerEngine(_config())
+    await engine.start()
+    waiter = asyncio.ensure_future(engine.wait_failed())
+    await _collect(engine, _req("ok", [1, 2, 3], max_tokens=2))
+    assert not waiter.done()
+
+    def broken() -> None:
+        raise RuntimeError("scheduler state is broken")
+
+    monkeypatch.setattr(engine.scheduler, "step", broken)
+    outs = await _collect(engine, _req("a", [1, 2, 3]))
+    assert outs[-1].finish_reason == "cancelled" and "scheduler state is broken" in outs[-1].error
+    assert await asyncio.wait_for(waiter, 5) == (
+        "mocker engine failed: RuntimeError: scheduler state is broken"
+    )
+    with pytest.raises(EngineError, match="serves nothing more"):  # it used to hang forever
+        await asyncio.wait_for(_collect(engine, _req("late", [1, 2, 3])), 5)
+    await engine.stop()

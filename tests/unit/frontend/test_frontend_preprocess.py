@@ -137,3 +137,73 @@ def test_error_mapping_status_body_and_retry_after() -> None:
     except msgspec.ValidationError as err:
         bad = http_errors.decode_error(err, raw)
     assert bad.param == "n" and "'two'" in bad.message
+
+
+async def _pre_completion(model, **kw):
+    req = CompletionRequest(model="m", **{"prompt": [5, 6], "max_tokens": 4, **kw})
+    return await preprocess_completion(req, model, request_id="r", worker_id=None, deadline_s=None)
+
+
+@pytest.mark.parametrize(
+    ("kw", "param", "allowed"),
+    [
+        ({"seed": 2**64}, "seed", "[-2**63, 2**64 - 1]"),
+        ({"seed": -(2**63) - 1}, "seed", "[-2**63, 2**64 - 1]"),
+        ({"top_k": 2**70}, "top_k", "[1, 2147483647]"),
+        ({"top_k": -2}, "top_k", "-1 or 0 (off)"),
+        ({"min_tokens": 2**70}, "min_tokens", "[0, 2147483647]"),
+        ({"min_tokens": 5}, "min_tokens", "max_tokens=4"),
+        ({"max_tokens": 2**64}, "max_tokens", "[1, 2147483647]"),
+        ({"stop_token_ids": [1, 2**70]}, "stop_token_ids[1]", "a token id >= 0"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "a token id >= 0"),
+        ({"stop_token_ids": [49152]}, "stop_token_ids[0]", "[0, 49152)"),
+        ({"stop_token_ids": list(range(1025))}, "stop_token_ids", "at most 1024"),
+        ({"n": 2, "best_of": 3}, "best_of", "equal to n=2"),
+        ({"prompt": [[1, True]]}, "prompt[0]", "token ids"),
+    ],
+)
+async def test_out_of_range_numbers_name_the_field_the_value_and_the_range(
+    model, kw, param, allowed
+) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        await _pre_completion(model, **kw)
+    assert info.value.param == param
+    assert param.split("[")[0] in info.value.message and allowed in info.value.message
+
+
+async def test_min_tokens_beyond_the_context_left_names_it(model) -> None:
+    with pytest.raises(InvalidRequest, match="min_tokens=63 exceeds the 62 tokens of context"):
+        await _pre_completion(model, max_tokens=None, min_tokens=63)
+
+
+async def test_seeds_of_the_choices_wrap_at_64_bits(model) -> None:
+    top = 2**64 - 1
+    p = await _pre_completion(model, seed=top, n=3)
+    assert [r.sampling.seed for r in p.requests] == [top, 0, 1]
+    p = await _pre_completion(model, seed=-1, n=2)
+    assert [r.sampling.seed for r in p.requests] == [-1, 0]
+    assert (await _pre_completion(model, n=2, best_of=2)).requests[1].request_id == "r-1"
+
+
+def test_bodies_that_are_not_utf8_or_nest_too_deeply_are_400s() -> None:
+    raw = b'{"model": "m", "prompt": "ab\xff"}'
+    try:
+        msgspec.json.decode(raw, type=CompletionRequest)
+    except UnicodeDecodeError as err:
+        bad = http_errors.decode_error(err, raw)
+    assert bad.status_code == 400 and "not valid UTF-8 at byte 28" in bad.message
+    raw = b'{"model": "m", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    try:
+        msgspec.json.decode(raw, type=CompletionRequest)
+    except RecursionError as err:
+        bad = http_errors.decode_error(err, raw)
+    assert bad.status_code == 400 and "too deeply" in bad.message
+
+
+async def test_a_prompt_without_tokens_is_refused_before_routing(model) -> None:
+    with pytest.raises(InvalidRequest, match="prompt='' has no tokens") as info:
+        await _pre_completion(model, prompt="")
+    assert info.value.param == "prompt"
+    with pytest.raises(InvalidRequest) as info:
+        await _pre_completion(model, prompt=["a", ""])
+    assert info.value.param == "prompt[1]"

@@ -56,3 +56,22 @@ def test_sandbox_blocks_attribute_escape() -> None:
     template = ChatTemplate("{{ messages.__class__.__mro__ }}")
     with pytest.raises(InvalidRequest):
         template.render([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["messages", "add_generation_prompt", "tools", "bos_token", "eos_token", "raise_exception"],
+)
+def test_template_kwargs_may_not_replace_the_renderers_variables(key: str) -> None:
+    with pytest.raises(InvalidRequest, match=f"chat_template_kwargs.{key} is reserved") as info:
+        ChatTemplate(None).render([{"role": "user", "content": "x"}], template_kwargs={key: 1})
+    assert info.value.param == f"chat_template_kwargs.{key}"
+
+
+def test_template_kwargs_reach_the_template_and_its_runtime_errors_are_400s() -> None:
+    template = ChatTemplate("{{ greeting }} {{ messages[0]['content'] }}{{ 1 + extra }}")
+    message = [{"role": "user", "content": "x"}]
+    assert template.render(message, template_kwargs={"greeting": "hi", "extra": 1}) == "hi x2"
+    with pytest.raises(InvalidRequest, match="TypeError") as info:  # 1 + "a" inside jinja
+        template.render(message, template_kwargs={"greeting": "hi", "extra": "a"})
+    assert info.value.param == "chat_template_kwargs"

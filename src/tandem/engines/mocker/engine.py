@@ -5,6 +5,11 @@ time divided by `speedup_ratio` (never with speedup 0, where it only yields to t
 hands each request its output of that step and queues the step's KV events. Everything runs
 on one event loop; `generate`, `abort`, `load` and `kv_snapshot` may be called at any time
 from it (never while a step runs, since a step does not await).
+
+A step that raises kills the engine (the scheduler's state is no longer trustworthy): every
+open stream ends as on `stop` (finish_reason 'cancelled', `error` saying why), `generate`
+refuses new requests and `wait_failed()` returns the reason, so the hosting Worker leaves
+discovery and its process exits non-zero.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class MockerEngine:
         self._wake = asyncio.Event()
         self._events = KvEventQueue()
         self._task: asyncio.Task[None] | None = None
+        self._failure: str | None = None  # why the step loop died; set once
+        self._failed: asyncio.Future[str] | None = None
 
     @property
     def info(self) -> EngineInfo:
@@ -60,6 +67,7 @@ class MockerEngine:
 
     async def start(self) -> EngineInfo:
         if self._task is None:
+            self._failed = asyncio.get_running_loop().create_future()
             self._task = asyncio.create_task(self._run(), name="mocker-step-loop")
         return self.info
 
@@ -74,6 +82,8 @@ class MockerEngine:
         run, EngineError if the engine is not running. Closing early aborts it.
         `install`, when given, replaces `add_request`: it puts the request's sequence into
         the scheduler itself (a disaggregated decode resuming, tandem.engines.mocker.disagg)."""
+        if self._failure is not None:
+            raise EngineError(f"{self._failure}; this engine serves nothing more")
         if self._task is None:
             raise EngineError("mocker engine is not running; call start() first")
         request_id = request.request_id
@@ -99,6 +109,11 @@ class MockerEngine:
             stream = self._streams.get(request_id)
             if stream is not None:
                 stream.push(EngineOutput(finish_reason="cancelled"))
+
+    async def wait_failed(self) -> str:
+        """Return why the step loop died, once it has; never returns while it runs."""
+        assert self._failed is not None, "wait_failed before start()"
+        return await asyncio.shield(self._failed)
 
     def kv_events(self) -> AsyncIterator[list[KvEvent]]:
         return self._events.stream()
@@ -153,9 +168,13 @@ class MockerEngine:
                     await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # task boundary: the engine is dead, say so everywhere
             logger.exception("mocker step loop failed")
-            self._end_all(EngineOutput(finish_reason="error", error=f"mocker failed: {exc!r}"))
+            self._failure = f"mocker engine failed: {type(exc).__name__}: {exc}"
+            self._end_all(EngineOutput(finish_reason="cancelled", error=self._failure))
+            self._events.close()  # kv_events() ends once drained
+            if self._failed is not None and not self._failed.done():
+                self._failed.set_result(self._failure)
 
     def _dispatch(self, result: StepResult) -> None:
         for seq, out in result.outputs:
@@ -166,5 +185,8 @@ class MockerEngine:
 
     def _end_all(self, final: EngineOutput) -> None:
         for request_id, stream in list(self._streams.items()):
-            self.scheduler.abort(request_id)
             stream.push(final)
+            try:
+                self.scheduler.abort(request_id)
+            except Exception:  # a failed step may have left the scheduler inconsistent
+                logger.warning("request_id=%s: abort after failure raised", request_id)

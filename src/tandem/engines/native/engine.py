@@ -4,6 +4,13 @@ The step thread owns the core: it applies queued adds/aborts, runs `step()` and 
 step's outputs and KV events back to the event loop with one `call_soon_threadsafe`, so
 the worker's networking stays responsive while the model computes. `kv_snapshot`,
 `export_blocks` and `import_blocks` take the step lock (they wait for a running step).
+
+A step that raises fails only its batch's requests (`EngineCore.step`). Anything else that
+escapes the step loop kills the engine for good: every open stream ends as on `stop`
+(finish_reason 'cancelled', `error` saying why: the Worker answers PeerGone, so the frontend
+routes or migrates it elsewhere, as for a worker that died), `generate` refuses new requests
+and `wait_failed()` returns the reason, so the hosting Worker leaves discovery and its
+process exits non-zero.
 """
 
 from __future__ import annotations
@@ -59,11 +66,14 @@ class NativeEngine:
         self._streams: dict[str, OutputStream] = {}
         self._events = KvEventQueue()
         self._info: EngineInfo | None = None
+        self._failure: str | None = None  # why the step loop died; set once
+        self._failed: asyncio.Future[str] | None = None
 
     async def start(self) -> EngineInfo:
         if self._info is not None:
             return self._info
         self._loop = asyncio.get_running_loop()
+        self._failed = self._loop.create_future()
         if self.core is None:
             self.core, self.model_path = await asyncio.to_thread(build_core, self.config)
         assert self.core is not None
@@ -108,6 +118,8 @@ class NativeEngine:
         Closing early aborts it. `install`, when given, replaces admission: it runs on the
         step thread and puts the request's sequence into the core itself (a disaggregated
         decode resuming with imported KV, tandem.engines.native.kv_transfer)."""
+        if self._failure is not None:
+            raise EngineError(f"{self._failure}; this engine serves nothing more")
         if self.core is None or self._thread is None or self._stopping:
             raise EngineError("native engine is not running; call start() first")
         self.core.check(request)
@@ -130,6 +142,11 @@ class NativeEngine:
 
     async def abort(self, request_id: str) -> None:
         self._submit("abort", request_id)
+
+    async def wait_failed(self) -> str:
+        """Return why the step loop died, once it has; never returns while it runs."""
+        assert self._failed is not None, "wait_failed before start()"
+        return await asyncio.shield(self._failed)
 
     def run_locked(self, fn: Callable[[EngineCore], T]) -> T:
         """Run `fn(core)` between steps (waits for a running step), then wake the step
@@ -229,12 +246,11 @@ class NativeEngine:
                         outputs += core.step()
                     events = core.take_events()
                 self._loop.call_soon_threadsafe(self._dispatch, outputs, events)
-        except Exception as exc:
+        except Exception as exc:  # task boundary: the engine is dead, say so everywhere
             logger.exception("native engine step loop failed")
+            self._failure = f"native engine failed: {type(exc).__name__}: {exc}"
             self._stopping = True  # generate() now refuses new requests
-            failed = EngineOutput(finish_reason="error", error=f"native engine failed: {exc!r}")
-            self._loop.call_soon_threadsafe(self._fail_all, failed)
-            self._loop.call_soon_threadsafe(self._events.close)  # kv_events() ends once drained
+            self._loop.call_soon_threadsafe(self._die, self._failure)
 
     @staticmethod
     def _apply(core: EngineCore, ops: list[tuple[str, Any]]) -> list[tuple[str, EngineOutput]]:
@@ -268,6 +284,10 @@ class NativeEngine:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._dispatch, [], events)
 
-    def _fail_all(self, failed: EngineOutput) -> None:
+    def _die(self, reason: str) -> None:
+        failed = EngineOutput(finish_reason="cancelled", error=reason)
         for stream in self._streams.values():
             stream.push(failed)
+        self._events.close()  # kv_events() ends once drained
+        if self._failed is not None and not self._failed.done():
+            self._failed.set_result(reason)

@@ -15,14 +15,18 @@ from tandem.engines.native.block_manager import BlockManager
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.model_runner import ModelRunner
-from tandem.engines.native.scheduler import Scheduler
+from tandem.engines.native.sampler import check_sampling
+from tandem.engines.native.scheduler import ScheduledBatch, Scheduler
 from tandem.engines.native.sequence import Sequence
 from tandem.engines.native.tiering import KvTiering
-from tandem.errors import ContextLengthExceeded, InvalidRequest
+from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
 logger = logging.getLogger(__name__)
+
+
+MAX_FAILED_STEPS = 8  # consecutive failed steps that declare the engine itself broken
 
 
 def num_blocks_for(config: NativeConfig, bytes_per_block: int) -> int:
@@ -66,6 +70,7 @@ class EngineCore:
             onboard=self.tiering.onboard if self.tiering is not None else None,
         )
         self.seqs: dict[str, Sequence] = {}
+        self.num_failed_steps = 0  # consecutive; reset by a step that succeeds
         # called with each sequence that finished in a step, before its blocks are freed
         # (disaggregated prefill pins the prompt blocks there: tandem.engines.native.kv_transfer)
         self.on_finish: Callable[[Sequence], None] | None = None
@@ -100,6 +105,22 @@ class EngineCore:
         vocab = self.model.config.vocab_size
         if any(not 0 <= t < vocab for t in request.token_ids):
             raise InvalidRequest(f"token_ids must be in [0, {vocab}) for this model")
+        check_sampling(request.sampling, vocab)
+        for name, ids in (
+            ("stop_token_ids", request.stop.stop_token_ids),
+            ("eos_token_ids", request.eos_token_ids),
+        ):
+            if bad := [t for t in ids if not 0 <= t < vocab]:
+                raise InvalidRequest(f"{name} {bad[:4]} out of range; expected ids in [0, {vocab})")
+        if request.stop.min_tokens > 0:
+            banned = set(request.stop.stop_token_ids)
+            if not request.stop.ignore_eos:
+                banned |= set(request.eos_token_ids or self.model.config.eos_token_ids)
+            if len(banned) >= vocab:
+                raise InvalidRequest(
+                    f"min_tokens={request.stop.min_tokens} bans every one of the {vocab} "
+                    "tokens (stop_token_ids + eos); nothing could be sampled"
+                )
 
     def abort(self, request_id: str) -> None:
         if request_id in self.seqs:
@@ -114,7 +135,13 @@ class EngineCore:
 
     def step(self) -> list[tuple[str, EngineOutput]]:
         """Schedule, run the model, sample; returns (request_id, output) for every request
-        that produced a token or finished this step."""
+        that produced a token or finished this step.
+
+        A step that raises while running its batch (model, sampler, a finish hook) fails
+        the batch's requests with finish_reason "error" and frees their blocks; the engine
+        carries on with the rest. A failure outside a batch (scheduling, KV offload) and
+        MAX_FAILED_STEPS failed steps in a row (the engine itself is broken, not a request)
+        raise: the engine is dead."""
         batch = self.scheduler.schedule()
         outputs = [(s.request_id, EngineOutput(finish_reason="cancelled")) for s in batch.aborted]
         for seq in batch.aborted:
@@ -122,8 +149,30 @@ class EngineCore:
         if not batch.seqs:
             return outputs
         self.flush_evicted()
+        try:
+            outputs += self._run_batch(batch)
+        except Exception as exc:  # step boundary: this batch's requests fail, never the engine
+            self.num_failed_steps += 1
+            logger.exception(
+                "native engine step failed (%d in a row); failing its %d request(s): %s",
+                self.num_failed_steps,
+                len(batch.seqs),
+                ", ".join(s.request_id for s in batch.seqs),
+            )
+            outputs += self._fail(batch.seqs, f"engine step failed: {type(exc).__name__}: {exc}")
+            if self.num_failed_steps >= MAX_FAILED_STEPS:
+                raise EngineError(
+                    f"{self.num_failed_steps} steps failed in a row, the last with "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        else:
+            self.num_failed_steps = 0
+        return outputs
+
+    def _run_batch(self, batch: ScheduledBatch) -> list[tuple[str, EngineOutput]]:
         sampled = self.runner.run(batch, self.block_manager)
         self.scheduler.update(batch)
+        outputs: list[tuple[str, EngineOutput]] = []
         finished: list[Sequence] = []
         for seq in batch.seqs:
             token = sampled.get(seq.seq_id)
@@ -146,6 +195,18 @@ class EngineCore:
         self.scheduler.retire(finished)
         for seq in finished:
             del self.seqs[seq.request_id]
+        return outputs
+
+    def _fail(self, seqs: list[Sequence], error: str) -> list[tuple[str, EngineOutput]]:
+        """End `seqs` (still live) with finish_reason "error": out of the queues, blocks
+        freed. Tokens they appended in the failed step are never reported."""
+        outputs: list[tuple[str, EngineOutput]] = []
+        for seq in seqs:
+            if self.seqs.pop(seq.request_id, None) is None:
+                continue
+            seq.pending_logprobs, seq.pending_top_logprobs = [], []
+            self.scheduler.drop(seq, "error")
+            outputs.append((seq.request_id, EngineOutput(finish_reason="error", error=error)))
         return outputs
 
     def _append(self, seq: Sequence, token: int) -> str | None:

@@ -1,12 +1,45 @@
 """Next-token choice per sequence: greedy, temperature, top_k, top_p, seeded sampling,
-min_tokens (stop ids masked), and logprobs of the model's distribution."""
+min_tokens (stop ids masked), and logprobs of the model's distribution.
+
+A temperature below `MIN_TEMPERATURE` is greedy: dividing fp32 logits by it overflows to
+inf (1e-38 does) and the distribution it stands for is the argmax anyway."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from tandem.engines.native.sequence import Sequence
-from tandem.protocols.engine import TopLogprob
+from tandem.errors import InvalidRequest
+from tandem.protocols.engine import SamplingParams, TopLogprob
+
+MIN_TEMPERATURE = 1e-5  # below it, sampling is greedy (logits / T would overflow)
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    """True for temperature 0 and for temperatures too small to divide the logits by."""
+    return params.temperature < MIN_TEMPERATURE
+
+
+def check_sampling(params: SamplingParams, vocab_size: int) -> None:
+    """Raise InvalidRequest for sampling values this sampler cannot honour (the request
+    plane carries whatever a sender wrote; the frontend checks the same ranges first)."""
+    t, p = params.temperature, params.top_p
+    if not (math.isfinite(t) and t >= 0):
+        raise InvalidRequest(f"temperature={t} is invalid; expected a finite number >= 0")
+    if not 0 < p <= 1:
+        raise InvalidRequest(f"top_p={p} is invalid; expected a number in (0, 1]")
+    if params.top_k < -1:
+        raise InvalidRequest(f"top_k={params.top_k} is invalid; expected -1, 0 (off) or > 0")
+    if params.logprobs is not None and not 0 <= params.logprobs <= vocab_size:
+        raise InvalidRequest(
+            f"logprobs={params.logprobs} is invalid; expected an integer in [0, {vocab_size}]"
+        )
+
+
+class SamplingError(RuntimeError):
+    """A row's distribution has no finite probability mass (NaN/inf logits)."""
 
 
 class Sampler:
@@ -17,9 +50,10 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row of `logits` [len(seqs), vocab] (fp32); fills the sequences'
-        pending logprobs when they asked for them."""
+        pending logprobs when they asked for them. Raises SamplingError when a row has no
+        finite distribution (the engine then fails this step's requests)."""
         self._mask_min_tokens(logits, seqs)
-        if all(s.sampling.temperature <= 0 for s in seqs):
+        if all(is_greedy(s.sampling) for s in seqs):
             tokens = logits.max(dim=-1).indices.tolist()  # faster than argmax on CPU
         else:
             tokens = [self._sample_row(logits[i], seq) for i, seq in enumerate(seqs)]
@@ -32,7 +66,7 @@ class Sampler:
         """True when every row is the argmax of unmasked logits (no temperature, no
         logprobs, no stop ids banned by min_tokens): the head may pick tokens itself."""
         return all(
-            s.sampling.temperature <= 0
+            is_greedy(s.sampling)
             and s.sampling.logprobs is None
             and s.num_output_tokens >= s.stop.min_tokens
             for s in seqs
@@ -48,7 +82,7 @@ class Sampler:
 
     def _sample_row(self, row: torch.Tensor, seq: Sequence) -> int:
         params = seq.sampling
-        if params.temperature <= 0:
+        if is_greedy(params):
             return int(row.argmax())
         row = row / params.temperature
         if 0 < params.top_k < row.shape[0]:
@@ -61,6 +95,11 @@ class Sampler:
             sorted_vals = sorted_vals.masked_fill(drop, float("-inf"))
             row = torch.full_like(row, float("-inf")).scatter_(0, order, sorted_vals)
         probs = torch.softmax(row, dim=-1)
+        if not bool(torch.isfinite(probs).all()):
+            raise SamplingError(
+                f"request_id={seq.request_id}: no finite distribution to sample from "
+                f"(temperature={params.temperature}, top_k={params.top_k}, top_p={params.top_p})"
+            )
         gen = seq.generator or self.generator
         return int(torch.multinomial(probs, 1, generator=gen))
 

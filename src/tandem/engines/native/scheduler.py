@@ -139,6 +139,14 @@ class Scheduler:
         seq.finish_reason = reason
         self.block_manager.free(seq)
 
+    def drop(self, seq: Sequence, reason: str) -> None:
+        """Take `seq` out of whichever queue holds it and free its blocks (its step failed)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.finish(seq, reason)
+
     def update(self, batch: ScheduledBatch) -> None:
         """After the forward: advance progress and announce newly full blocks."""
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):

@@ -1,0 +1,107 @@
+"""`FrontendStack`: a real frontend and its workers in one process (memory discovery and
+events, TCP request plane), driven over HTTP with aiohttp. Workers are any `Engine` hosted
+by a `Worker` (mocker, native) or a raw request-plane handler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiohttp
+
+from tandem.engines.base import Engine
+from tandem.engines.worker import Worker, WorkerConfig
+from tandem.frontend.config import FrontendConfig
+from tandem.frontend.main import serve_frontend
+from tandem.protocols.discovery import ModelCard
+from tandem.runtime.config import RuntimeConfig
+from tandem.runtime.discovery.memory import MemoryDiscovery
+from tandem.runtime.events.memory import MemoryEventBus
+from tandem.runtime.runtime import Runtime, open_runtime
+
+Handler = Callable[[bytes, Any], AsyncIterator[bytes]]
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+class FrontendStack:
+    """Everything it starts is stopped when `exit_stack` closes."""
+
+    def __init__(self, exit_stack: AsyncExitStack) -> None:
+        self.exit_stack = exit_stack
+        self.discovery, self.events = MemoryDiscovery(), MemoryEventBus()
+        self.base = ""
+        self.http: aiohttp.ClientSession | None = None
+        self.workers: list[Worker] = []
+
+    async def runtime(self) -> Runtime:
+        return await self.exit_stack.enter_async_context(
+            open_runtime(RuntimeConfig(), discovery=self.discovery, events=self.events)
+        )
+
+    async def add_worker(self, engine: Engine) -> Worker:
+        worker = Worker(engine, await self.runtime(), WorkerConfig())
+        await worker.start()
+        self.exit_stack.push_async_callback(worker.stop, 0)
+        self.workers.append(worker)
+        return worker
+
+    async def add_handler(self, handler: Handler, card: ModelCard) -> None:
+        rt = await self.runtime()
+        await rt.serve_endpoint("backend", "generate", handler, model=card)
+
+    async def start_frontend(
+        self, ready_body: dict[str, Any], *, ready_path: str = CHAT, **config: Any
+    ) -> None:
+        """Serve on a free port (`config`: FrontendConfig fields); return once `ready_body`
+        sent to `ready_path` gets a 200 (workers discovered, the model's tokenizer loaded)."""
+        ready, stop, bound = asyncio.Event(), asyncio.Event(), []
+        rt = await self.runtime()
+        task = asyncio.create_task(
+            serve_frontend(
+                FrontendConfig(port=0, **config), rt, ready=ready, stop=stop, bound=bound
+            )
+        )
+
+        async def shutdown() -> None:
+            stop.set()
+            await task
+
+        self.exit_stack.push_async_callback(shutdown)
+        await asyncio.wait_for(ready.wait(), 10)
+        host, port = bound[0]
+        self.base = f"http://{host}:{port}"
+        self.http = await self.exit_stack.enter_async_context(aiohttp.ClientSession())
+        async with asyncio.timeout(30):
+            while (await self.post(ready_path, ready_body))[0] != 200:  # noqa: ASYNC110 - over HTTP
+                await asyncio.sleep(0.05)
+
+    async def get(self, path: str) -> tuple[int, str]:
+        assert self.http is not None
+        async with self.http.get(f"{self.base}{path}") as resp:
+            return resp.status, await resp.text()
+
+    async def post(self, path: str, body: Any) -> tuple[int, Any, dict[str, str]]:
+        """POST a dict (as JSON) or raw bytes; the body comes back parsed when it is JSON."""
+        assert self.http is not None
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with self.http.post(f"{self.base}{path}", data=data) as resp:
+            text = await resp.text()
+            try:
+                parsed: Any = json.loads(text)
+            except ValueError:
+                parsed = text  # an SSE stream
+            return resp.status, parsed, dict(resp.headers)
+
+    async def instance_ids(self, model: str) -> list[str]:
+        _, text = await self.get("/health")
+        return list(json.loads(text)["instances"].get(model, []))
+
+    async def inflight_on_workers(self) -> list[float]:
+        """The router's in-flight count of every worker, from /metrics."""
+        _, text = await self.get("/metrics")
+        pattern = r'^tandem_frontend_worker_load\{[^}]*metric="inflight"[^}]*\} (\S+)$'
+        return [float(v) for v in re.findall(pattern, text, re.M)]

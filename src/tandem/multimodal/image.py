@@ -41,28 +41,43 @@ def mm_hash_of(pixels: np.ndarray) -> int:
     return h.intdigest()
 
 
-def decode_image(data: bytes, *, max_pixels: int | None = None, what: str = "image") -> DecodedImage:
+def decode_image(
+    data: bytes,
+    *,
+    max_pixels: int | None = None,
+    what: str = "image",
+    declared_mime: str | None = None,
+) -> DecodedImage:
     """Decode PNG/JPEG bytes to RGB. Raises `InvalidRequest` naming `what` when the bytes are not
-    a PNG/JPEG image, or when width·height exceeds `max_pixels` (checked before the pixels are
-    decoded, so a decompression bomb costs nothing)."""
+    a PNG/JPEG image (or not the `declared_mime` one), or when width·height exceeds `max_pixels`
+    (checked before the pixels are decoded, so a decompression bomb costs nothing)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format not in ACCEPTED_FORMATS.values():
                 raise InvalidRequest(
-                    f"{what}: unsupported image format {img.format!r}; expected PNG or JPEG"
+                    f"{what}: unsupported image format {img.format!r}; expected PNG or JPEG",
+                    param=what,
+                )
+            if declared_mime is not None and ACCEPTED_FORMATS.get(declared_mime) != img.format:
+                raise InvalidRequest(
+                    f"{what}: declared {declared_mime} but the bytes are {img.format}",
+                    param=what,
                 )
             width, height = img.size
             if max_pixels is not None and width * height > max_pixels:
                 raise InvalidRequest(
                     f"{what}: image is {width}x{height} = {width * height} pixels, over the limit "
-                    f"of {max_pixels} pixels (--mm-max-image-pixels)"
+                    f"of {max_pixels} pixels (--mm-max-image-pixels)",
+                    param=what,
                 )
             pixels = np.asarray(img.convert("RGB"), dtype=np.uint8)
     except InvalidRequest:
         raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise InvalidRequest(f"{what}: cannot decode the image ({exc}); expected PNG or JPEG") from exc
+        raise InvalidRequest(
+            f"{what}: cannot decode the image ({exc}); expected PNG or JPEG", param=what
+        ) from exc
     pixels.setflags(write=False)
     return DecodedImage(pixels=pixels, mm_hash=mm_hash_of(pixels), source_bytes=data)

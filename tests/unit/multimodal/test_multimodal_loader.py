@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from tests.support.images import data_url, photo_bytes, synthetic_png
 
 from tandem.errors import InvalidRequest
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.image import decode_image
 from tandem.multimodal.loader import ImageLoader, is_public_address
-from tests.support.images import data_url, photo_bytes, synthetic_png
 
 P = "messages[0].content[1]"
 
@@ -42,8 +42,9 @@ async def test_data_url_png_and_jpeg_decode_to_rgb_with_pixel_hash() -> None:
 
 
 def test_mm_hash_is_of_pixels_not_encoding() -> None:
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     png = synthetic_png(8, 6, seed=2)
     again = io.BytesIO()

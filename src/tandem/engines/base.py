@@ -81,6 +81,12 @@ class Engine(Protocol):
 _ENGINES: dict[str, tuple[str, str, str]] = {
     "mocker": ("tandem.engines.mocker.engine", "MockerEngine", "tandem.engines.mocker.args"),
     "native": ("tandem.engines.native.engine", "NativeEngine", "tandem.engines.native.args"),
+    # the encode worker of multimodal disaggregation (component `encoder`, endpoint `encode`)
+    "encoder": (
+        "tandem.multimodal.encode_engine",
+        "EncoderEngine",
+        "tandem.multimodal.encode_args",
+    ),
 }
 
 

@@ -226,6 +226,7 @@ class EncoderEngine:
             "num_batches": self.stats.num_batches,
             "encode_seconds": self.stats.encode_seconds,
             "num_held_embeddings": held,
+            "num_queued_images": self._num_queued_images,
         }
 
     async def abort(self, request_id: str) -> None:

@@ -30,6 +30,14 @@ def add_embedding_provider_args(parser: argparse.ArgumentParser) -> None:
         "(env TANDEM_MM_REMOTE_ENCODE)",
     )
     group.add_argument(
+        "--no-mm-local-fallback",
+        dest="mm_local_fallback",
+        action="store_false",
+        default=_env("TANDEM_MM_LOCAL_FALLBACK", "1") not in ("0", "false"),
+        help="with --mm-remote-encode: never encode on this worker; a failed remote encode "
+        "fails the request (503 when no encode worker answered) (env TANDEM_MM_LOCAL_FALLBACK=0)",
+    )
+    group.add_argument(
         "--mm-embedding-cache-mb",
         type=float,
         default=float(_env("TANDEM_MM_EMBEDDING_CACHE_MB", "256")),
@@ -83,6 +91,8 @@ async def attach_embedding_provider(
     cache = EmbeddingCache(int(ns.mm_embedding_cache_mb * (1 << 20)))
     local = _local_provider(target)
     remote = None
+    if ns.mm_remote_encode and not ns.mm_local_fallback:
+        local = None
     if ns.mm_remote_encode:
         from tandem.disagg.transfer import TransferAgent
 

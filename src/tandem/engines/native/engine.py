@@ -127,6 +127,8 @@ class NativeEngine:
         mm_embeddings = None
         if request.mm_items and install is None:  # a KV handoff (install) needs no images
             mm_embeddings = await self._mm_embeddings(request)
+            if self._stopping:  # stop() ran while the images were encoded
+                raise EngineError("native engine stopped while the request's images were encoded")
         request_id = request.request_id
         if request_id in self._streams:
             raise InvalidRequest(f"request_id={request_id} is already running on this engine")

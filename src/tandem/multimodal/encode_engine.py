@@ -56,8 +56,8 @@ class EncodeWorkerConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_images <= 1024:
             raise ValueError(f"max_batch_images={self.max_batch_images} must be in [1, 1024]")
-        if not 0 <= self.batch_wait_ms <= 1000:
-            raise ValueError(f"batch_wait_ms={self.batch_wait_ms} must be in [0, 1000]")
+        if not 0 <= self.batch_wait_ms <= 10_000:
+            raise ValueError(f"batch_wait_ms={self.batch_wait_ms} must be in [0, 10000]")
         if self.max_queued_images < 1 or self.num_slots < 1:
             raise ValueError(
                 f"max_queued_images={self.max_queued_images} and num_slots={self.num_slots} "

@@ -79,12 +79,14 @@ class RemoteEncoderClient:
         deadline = time.monotonic() + self.timeout_s
         tried: set[str] = set()
         errors: list[str] = []
+        waited = False
         while True:
             candidates = self._candidates(tried)
             if not candidates:
-                if tried or time.monotonic() >= deadline:
+                if tried or waited or time.monotonic() >= deadline:
                     break
-                await self._wait_for_instances(deadline)  # none registered yet
+                waited = True  # none registered: give one a moment to appear, then 503
+                await self._wait_for_instances(deadline)
                 continue
             instance = candidates[0]
             tried.add(instance.instance_id)
@@ -93,6 +95,8 @@ class RemoteEncoderClient:
             except InvalidRequest:
                 raise
             except (ServingError, OSError, TimeoutError) as exc:
+                if isinstance(exc, TimeoutError):
+                    exc = TimeoutError(f"no answer within the {self.timeout_s:g}s encode timeout")
                 errors.append(f"{instance.instance_id}: {exc}")
                 self.num_failovers += 1
                 logger.warning("request_id=%s: encode worker %s failed (%s); trying another",

@@ -26,8 +26,9 @@ from tandem.errors import InvalidRequest
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.image import ACCEPTED_FORMATS, DecodedImage, decode_image
 
-# images bigger than this (bytes) are decoded off the event loop
-_THREAD_DECODE_BYTES = 256 << 10
+# images bigger than this (bytes) are decoded off the event loop: a 450x300 PNG (240 kB) takes
+# ~10 ms to decode and hash, a stall of every stream the frontend is writing
+_THREAD_DECODE_BYTES = 16 << 10
 
 
 class PrivateAddressError(OSError):

@@ -30,7 +30,7 @@ from tests.support.tandem_procs import (
     wait_instances,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]  # the first test starts 2 workers
 
 QUESTION = "What is in this picture?"
 ROUTED = re.compile(r'^tandem_router_routed_requests_total\{worker_id="([^"]+)"\} (\d+)$', re.M)

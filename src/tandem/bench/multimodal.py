@@ -38,10 +38,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 # ------------------------------------------------------------------ 1. encoder
-def bench_encoder(iters: int) -> dict[str, float]:
+def bench_encoder(iters: int, threads: int) -> dict[str, float]:
+    import torch
+
     from tandem.multimodal.encoder.classifier_bridge import load_classifier_bridge
     from tandem.multimodal.image import decode_image
 
+    torch.set_num_threads(threads)
     encoder = load_classifier_bridge()
     photos = [decode_image(_skimage_photo(n)) for n in ("chelsea.png", "coffee.png")]
     out: dict[str, float] = {}
@@ -240,6 +243,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--parts", default="encoder,transfer,ttft")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument(
+        "--encoder-threads", type=int, default=1, help="encoder: torch threads (as the worker)"
+    )
     parser.add_argument("--requests", type=int, default=200, help="ttft: requests per stack")
     parser.add_argument("--rate", type=float, default=20.0, help="ttft: requests/s (Poisson)")
     parser.add_argument("--workers", type=int, default=2, help="ttft: LM workers per stack")
@@ -252,7 +258,7 @@ def main(argv: list[str]) -> int:
     parts = set(args.parts.split(","))
     report: dict[str, Any] = {"load_average": os.getloadavg()}
     if "encoder" in parts:
-        report["encoder"] = bench_encoder(args.iters)
+        report["encoder"] = bench_encoder(args.iters, args.encoder_threads)
         print("encoder:", json.dumps(report["encoder"]))
     if "transfer" in parts:
         report["transfer"] = bench_transfer(args.iters)

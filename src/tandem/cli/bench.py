@@ -2,7 +2,7 @@
 
     tandem bench [load options]               load generator against any OpenAI endpoint
     tandem bench frontend|routers [options]   comparisons that start and stop their own stacks
-    tandem bench indexer|engine|transfer|disagg|kvbm [options]   component benchmarks
+    tandem bench indexer|engine|transfer|disagg|kvbm|multimodal [options]   component benchmarks
 
 A named benchmark is the module `tandem.bench.<name>` exposing `main(argv) -> int`, imported
 only when asked for.
@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "transfer": "transfer",
     "disagg": "disagg",
     "kvbm": "kvbm",
+    "multimodal": "multimodal",
 }
 
 

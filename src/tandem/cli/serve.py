@@ -65,6 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="disaggregated: D decode worker processes (component 'backend'), replacing "
         "--workers (env TANDEM_DECODE_WORKERS)",
     )
+    g.add_argument(
+        "--encode-workers",
+        type=int,
+        default=int(_env("ENCODE_WORKERS", "0")),
+        metavar="E",
+        help="multimodal: E encode worker processes (`tandem worker --engine encoder`, component "
+        "'encoder'); the other workers then get image embeddings from them (E/PD, E/P/D). "
+        "0: each worker encodes its own images (EPD) (env TANDEM_ENCODE_WORKERS)",
+    )
+    g.add_argument(
+        "--encoder-args",
+        default=_env("ENCODER_ARGS", ""),
+        help="flags for the encode workers only, one string (default with --engine mocker: "
+        "'--mm-encoder sim'); unknown serve flags do not go to them (env TANDEM_ENCODER_ARGS)",
+    )
     g.add_argument("--namespace", default=_env("NAMESPACE", "tandem"))
     g.add_argument(
         "--run-dir",
@@ -98,6 +113,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"tandem serve: --prefill-workers={args.prefill_workers} needs --decode-workers >= 1"
         )
+    if args.encode_workers < 0:
+        raise SystemExit(f"tandem serve: --encode-workers={args.encode_workers}; expected >= 0")
     if args.decode_workers:
         args.disagg = True  # the frontend splits requests over the two pools
 
@@ -105,10 +122,17 @@ def _validate(args: argparse.Namespace) -> None:
 def worker_specs(args: argparse.Namespace, passthrough: list[str]) -> list[WorkerSpec]:
     """One spec per worker process; the supervisor adds the shared runtime flags."""
     common = ["--engine", args.engine, "--log-level", args.log_level, *passthrough]
+    encoders = _encoder_specs(args)
+    if encoders:
+        common.append("--mm-remote-encode")
     if not args.decode_workers:
-        return [WorkerSpec(name=f"worker{i}", argv=list(common)) for i in range(args.workers)]
+        return [
+            *encoders,
+            *(WorkerSpec(name=f"worker{i}", argv=list(common)) for i in range(args.workers)),
+        ]
     prefill = args.disagg_prefill_component
     return [
+        *encoders,
         *(
             WorkerSpec(name=f"prefill{i}", argv=[*common, "--disagg-mode", "prefill"],
                        component=prefill)
@@ -119,6 +143,19 @@ def worker_specs(args: argparse.Namespace, passthrough: list[str]) -> list[Worke
             for i in range(args.decode_workers)
         ),
     ]  # fmt: skip
+
+
+def _encoder_specs(args: argparse.Namespace) -> list[WorkerSpec]:
+    import shlex
+
+    extra = shlex.split(args.encoder_args)
+    if args.engine == "mocker" and "--mm-encoder" not in extra:
+        extra = ["--mm-encoder", "sim", *extra]
+    argv = ["--engine", "encoder", "--log-level", args.log_level, *extra]
+    return [
+        WorkerSpec(name=f"encoder{i}", argv=list(argv), component="encoder", endpoint="encode")
+        for i in range(args.encode_workers)
+    ]
 
 
 async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:

@@ -17,6 +17,7 @@ import sys
 from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
 from tandem.engines.base import Engine, add_engine_args, engine_names, make_engine
 from tandem.engines.worker import Worker, WorkerConfig
+from tandem.multimodal.provider_args import add_embedding_provider_args, attach_embedding_provider
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.lifecycle import install_signal_handlers
 from tandem.runtime.runtime import open_runtime
@@ -53,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     )
     group.add_argument(
         "--endpoint",
-        default=_env("TANDEM_ENDPOINT", "generate"),
-        help="endpoint served (env TANDEM_ENDPOINT)",
+        default=_env("TANDEM_ENDPOINT", ""),
+        help="endpoint served (default: 'encode' for --engine encoder, else 'generate'; "
+        "env TANDEM_ENDPOINT)",
     )
     group.add_argument(
         "--drain-grace-s",
@@ -69,14 +71,18 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     )
     add_engine_args(engine, parser)
     add_disagg_worker_args(parser)
+    if engine != "encoder":
+        add_embedding_provider_args(parser)
     add_runtime_args(parser)
 
 
 def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
-    component = args.component or ("prefill" if args.disagg_mode == "prefill" else "backend")
-    return WorkerConfig(
-        component=component, endpoint=args.endpoint, drain_grace_s=args.drain_grace_s
-    )
+    if args.engine == "encoder":
+        component, endpoint = args.component or "encoder", args.endpoint or "encode"
+    else:
+        component = args.component or ("prefill" if args.disagg_mode == "prefill" else "backend")
+        endpoint = args.endpoint or "generate"
+    return WorkerConfig(component=component, endpoint=endpoint, drain_grace_s=args.drain_grace_s)
 
 
 def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) -> Engine:
@@ -101,6 +107,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         stop = asyncio.Event()
         install_signal_handlers(stop)
     async with open_runtime(runtime_config) as runtime:
+        if args.engine != "encoder":
+            await attach_embedding_provider(engine, runtime, args)
         worker = Worker(engine, runtime, worker_config)
         instance = await worker.start()
         logger.info(

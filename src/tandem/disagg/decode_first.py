@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from tandem.disagg.params import DisaggParams, after_first_tokens
+from tandem.disagg.params import DisaggParams, after_first_tokens, without_image_bytes
 from tandem.disagg.transfer import OpRef
 from tandem.disagg.transfer.client import send_control
 from tandem.errors import TransferError
@@ -56,7 +56,9 @@ async def decode_first(
     head: asyncio.Future[EngineOutput | None] = asyncio.get_running_loop().create_future()
     prefill_req = msgspec.structs.replace(request, disagg_params=push.to_dict())
     prefill = asyncio.create_task(s.prefill_or_none(prefill_req, prefill_router, prefill_at, head))
-    decode_req = msgspec.structs.replace(pinned, disagg_params=rendezvous.to_dict())
+    decode_req = msgspec.structs.replace(
+        without_image_bytes(pinned), disagg_params=rendezvous.to_dict()
+    )
     decode = s.aggregated.stream(decode_req, router)
     pending = asyncio.ensure_future(anext(decode))  # the decode leg starts: allocate, publish
     try:

@@ -32,7 +32,7 @@ import msgspec
 
 from tandem.disagg.config import DisaggRouteConfig
 from tandem.disagg.decode_first import decode_first
-from tandem.disagg.params import PINNED_ANNOTATION, DisaggParams
+from tandem.disagg.params import PINNED_ANNOTATION, DisaggParams, without_image_bytes
 from tandem.disagg.pool import PrefillPool
 from tandem.disagg.transfer import OpRef, decode_meta
 from tandem.disagg.transfer.client import send_control
@@ -284,7 +284,8 @@ def _pin(request: PreprocessedRequest, instance_id: str) -> PreprocessedRequest:
 def _decode_leg(
     pinned: PreprocessedRequest, first_tokens: list[int], params: dict[str, Any]
 ) -> PreprocessedRequest:
-    """Prompt + the prefill's first token(s), the rest of the budget, the handoff params."""
+    """Prompt + the prefill's first token(s), the rest of the budget, the handoff params;
+    images travel as their mm_hashes only (the KV carries them, DESIGN.md §10 step 4)."""
     n = len(first_tokens)
     stop = msgspec.structs.replace(
         pinned.stop,
@@ -292,7 +293,10 @@ def _decode_leg(
         min_tokens=max(pinned.stop.min_tokens - n, 0),
     )
     return msgspec.structs.replace(
-        pinned, token_ids=pinned.token_ids + first_tokens, stop=stop, disagg_params=params
+        without_image_bytes(pinned),
+        token_ids=pinned.token_ids + first_tokens,
+        stop=stop,
+        disagg_params=params,
     )
 
 

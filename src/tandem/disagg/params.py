@@ -59,3 +59,12 @@ def after_first_tokens(request: PreprocessedRequest, tokens: list[int]) -> Prepr
         min_tokens=max(request.stop.min_tokens - n, 0),
     )
     return msgspec.structs.replace(request, token_ids=request.token_ids + tokens, stop=stop)
+
+
+def without_image_bytes(request: PreprocessedRequest) -> PreprocessedRequest:
+    """A decode leg's copy of `request`: each image keeps its mm_hash and rows (block hashes)
+    but not its bytes — the decode worker gets the KV, never the image."""
+    if not request.mm_items:
+        return request
+    items = [msgspec.structs.replace(i, image_bytes=None) for i in request.mm_items]
+    return msgspec.structs.replace(request, mm_items=items)

@@ -30,6 +30,9 @@ class EngineInfo:
     eos_token_ids: list[int] = field(default_factory=list)
     tokenizer: str | None = None  # "gguf:<path>" | "hf:<dir>" | None
     engine: str = "mocker"
+    # images (DESIGN.md §10): embedding rows per image (0 = text only) and the placeholder token
+    mm_num_tokens_per_image: int = 0
+    mm_placeholder_token_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +88,12 @@ class Engine(Protocol):
 _ENGINES: dict[str, tuple[str, str, str]] = {
     "mocker": ("tandem.engines.mocker.engine", "MockerEngine", "tandem.engines.mocker.args"),
     "native": ("tandem.engines.native.engine", "NativeEngine", "tandem.engines.native.args"),
+    # the encode worker of multimodal disaggregation (component `encoder`, endpoint `encode`)
+    "encoder": (
+        "tandem.multimodal.encode_engine",
+        "EncoderEngine",
+        "tandem.multimodal.encode_args",
+    ),
 }
 
 

@@ -77,6 +77,8 @@ def model_card(info: EngineInfo) -> ModelCard:
         max_num_seqs=info.max_num_seqs,
         max_num_batched_tokens=info.max_num_batched_tokens,
         engine=info.engine,
+        mm_num_tokens_per_image=info.mm_num_tokens_per_image,
+        mm_placeholder_token_id=info.mm_placeholder_token_id,
     )
 
 

@@ -27,6 +27,8 @@ from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat
+from tandem.multimodal.config import ImageConfig
+from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, fan_out
 
@@ -53,8 +55,10 @@ class FrontendApp:
         max_fanout: int = 128,
         request_timeout_s: float = 600.0,
         retry_after_s: float = 1.0,
+        images: ImageLoader | None = None,
     ) -> None:
         self.registry, self.streamer, self.metrics = registry, streamer, metrics
+        self.images = images or ImageLoader(ImageConfig())
         self._max_inflight = max_inflight_requests
         self._max_fanout = max_fanout
         self._timeout_s = request_timeout_s
@@ -179,7 +183,7 @@ class FrontendApp:
             "deadline_s": time.time() + self._timeout_s,
         }
         if isinstance(req, ChatCompletionRequest):
-            return await preprocess_chat(req, model, **kwargs)
+            return await preprocess_chat(req, model, images=self.images, **kwargs)
         return await preprocess_completion(req, model, **kwargs)
 
     async def route_explain(self, request: HttpRequest, response: HttpResponse) -> None:

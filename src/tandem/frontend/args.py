@@ -7,6 +7,7 @@ import os
 
 from tandem.disagg.args import add_disagg_route_args, disagg_route_config_from_args
 from tandem.frontend.config import FrontendConfig
+from tandem.multimodal.args import add_image_args, image_config_from_args
 from tandem.router.args import add_router_args, router_config_from_args
 from tandem.runtime.args import add_runtime_args
 
@@ -50,6 +51,7 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
         help="deadline of each request",
     )
     g.add_argument("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(8 << 20))))
+    add_image_args(parser)
     add_router_args(parser)
     add_disagg_route_args(parser)
     if with_runtime:
@@ -68,4 +70,5 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         request_timeout_s=ns.request_timeout_s,
         max_body_bytes=ns.max_body_bytes,
         disagg=disagg_route_config_from_args(ns),
+        images=image_config_from_args(ns),
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.disagg.config import DisaggRouteConfig
+from tandem.multimodal.config import ImageConfig
 from tandem.router.config import RouterConfig
 
 
@@ -38,6 +39,8 @@ class FrontendConfig:
     tokenizer_cache_dir: Path | None = None
     # prefill/decode split over the `prefill` and worker_component pools (tandem.disagg)
     disagg: DisaggRouteConfig = field(default_factory=DisaggRouteConfig)
+    # image parts of chat requests: URL policy and limits (tandem.multimodal)
+    images: ImageConfig = field(default_factory=ImageConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -17,6 +17,7 @@ from tandem.frontend.http_server import HttpServer
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, freeze_long_lived
+from tandem.multimodal.loader import ImageLoader
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import Runtime, open_runtime
 
@@ -61,6 +62,7 @@ async def serve_frontend(
         max_fanout=config.max_fanout,
         request_timeout_s=config.request_timeout_s,
         retry_after_s=config.retry_after_s,
+        images=ImageLoader(config.images),
     )
     server = HttpServer(app, max_body_bytes=config.max_body_bytes)
     await registry.start()
@@ -77,6 +79,7 @@ async def serve_frontend(
         await (stop or asyncio.Event()).wait()
     finally:
         await server.stop()
+        await app.images.close()
         await registry.close()
         if pool is not None:
             await pool.close()

@@ -11,7 +11,15 @@ import msgspec
 
 from tandem.errors import ContextLengthExceeded, InvalidRequest
 from tandem.frontend.models import ServedModel
+from tandem.multimodal.loader import ImageLoader
+from tandem.multimodal.prompt import (
+    expand_placeholders,
+    image_parts,
+    load_images,
+    with_placeholders,
+)
 from tandem.protocols.engine import (
+    MmItem,
     PreprocessedRequest,
     RoutingHints,
     SamplingParams,
@@ -55,21 +63,32 @@ async def preprocess_chat(
     request_id: str,
     worker_id: str | None,
     deadline_s: float | None,
+    images: ImageLoader | None = None,
 ) -> Prepared:
     validate_chat(req)
     tok = model.require_tokenizer("/v1/chat/completions")
     assert model.chat_template is not None
+    messages, prompt_images = req.messages, None
+    if parts := image_parts(messages):  # DESIGN.md §10: one placeholder per image, expanded
+        assert images is not None, "a chat request with images needs an ImageLoader"
+        prompt_images = await load_images(parts, card=model.card, loader=images)
+        placeholder = tok.token_text(prompt_images.placeholder_id) or ""
+        messages = with_placeholders(messages, placeholder)
     text = model.chat_template.render(
-        req.messages,
+        messages,
         add_generation_prompt=req.add_generation_prompt,
         tools=req.tools,
         template_kwargs=req.chat_template_kwargs,
     )
     ids = await _encode(tok.encode, text, add_special_tokens=False)
+    mm_items: list[MmItem] = []
+    if prompt_images is not None:
+        ids, mm_items = expand_placeholders(ids, prompt_images)
     max_tokens = req.max_completion_tokens or req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     top = (req.top_logprobs or 0) if req.logprobs else None
     base = _base_request(req, model, request_id, worker_id, deadline_s, top)
+    base.mm_items = mm_items
     requests = _fan_out(base, [ids], model, req.n, max_tokens, param, "messages")
     return Prepared(
         request_id=request_id,

@@ -20,6 +20,10 @@ class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     engine: str = "mocker"
+    # images (DESIGN.md §10): embedding rows per image, 0 = text only; the placeholder token the
+    # prompt carries at each of those rows (its own embedding is never used)
+    mm_num_tokens_per_image: int = 0
+    mm_placeholder_token_id: int | None = None
 
 
 class Instance(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -43,6 +43,23 @@ class RoutingHints(msgspec.Struct, kw_only=True, omit_defaults=True):
     temperature: float | None = None
 
 
+class MmItem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One image of a request (DESIGN.md §10): where its embedding rows sit in `token_ids`.
+
+    `token_ids[offset : offset + num_tokens]` are the image's placeholder rows; the engine replaces
+    their embeddings with the image's. `image_bytes` is the original PNG/JPEG so a worker or encoder
+    can decode it; None when the receiver is expected to have the embedding (cached or
+    transferred, see `embedding_handle`).
+    """
+
+    mm_hash: int
+    offset: int
+    num_tokens: int
+    image_bytes: bytes | None = None
+    # set by the encode path: the transfer-handle metadata of this image's embedding
+    embedding_handle: dict[str, Any] | None = None
+
+
 class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a worker's `generate` endpoint receives: tokens, sampling, stop conditions."""
 
@@ -62,6 +79,8 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     disagg_params: dict[str, Any] | None = None
     # free-form annotations (e.g. "prefill_only"); engines ignore what they do not know
     annotations: list[str] = msgspec.field(default_factory=list)
+    # images, in prompt order; their placeholder rows are already expanded in token_ids
+    mm_items: list[MmItem] = msgspec.field(default_factory=list)
 
 
 class TopLogprob(msgspec.Struct, array_like=True):

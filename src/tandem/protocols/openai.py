@@ -172,6 +172,12 @@ def prompt_inputs(prompt: str | list[Any]) -> list[str | list[int]]:
         is_ids = isinstance(item, list) and item and all(_is_token_id(t) for t in item)
         if isinstance(item, str) or is_ids:
             out.append(item)
+        elif isinstance(item, dict) and "type" in item:
+            raise InvalidRequest(
+                f"prompt[{i}] is a {item['type']!r} content part; /v1/completions takes text "
+                "prompts or token ids only; send images to /v1/chat/completions",
+                param=f"prompt[{i}]",
+            )
         else:
             _check(False, f"prompt[{i}]", item, "a string or a non-empty list of token ids")
     return out

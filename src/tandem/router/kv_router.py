@@ -131,6 +131,7 @@ class KvRouter(PolicyRouter):
             self.block_size,
             lora_name=request.lora_name,
             cache_salt=request.cache_salt,
+            mm_items=request.mm_items,
         )
 
     def _overlaps(self, hashes: list[int]) -> dict[str, float]:

@@ -76,7 +76,7 @@ class RemoteRouter:
         """Raises what the service raises (Overloaded, NoWorkersAvailable, InvalidRequest),
         or NoWorkersAvailable when no service instance answers."""
         self.on_finish(request.request_id)  # a re-route (migration) replaces the old entry
-        payload = encode(RouteRequest(request=request, exclude=sorted(exclude)))
+        payload = encode(RouteRequest(request=_hashes_only(request), exclude=sorted(exclude)))
         services = sorted(self.services.instances.values(), key=lambda i: i.instance_id)
         errors: list[str] = []
         for k in range(len(services)):
@@ -168,7 +168,7 @@ class RemoteRouter:
         """The service's `explain` of `request` (first service that answers)."""
         import msgspec
 
-        payload = encode(RouteRequest(request=request))
+        payload = encode(RouteRequest(request=_hashes_only(request)))
         for service in sorted(self.services.instances.values(), key=lambda i: i.instance_id):
             with contextlib.suppress(PeerGone, TimeoutError):
                 reply = await self._call(service.address, "explain", payload)
@@ -180,3 +180,13 @@ class RemoteRouter:
 
     def metrics_text(self) -> str:
         return ""
+
+
+def _hashes_only(request: PreprocessedRequest) -> PreprocessedRequest:
+    """What the router service needs of a request's images: mm_hash and rows, not the bytes."""
+    if not request.mm_items:
+        return request
+    import msgspec
+
+    items = [msgspec.structs.replace(i, image_bytes=None) for i in request.mm_items]
+    return msgspec.structs.replace(request, mm_items=items)

@@ -131,7 +131,7 @@ def _part_text(index: int, j: int, part: Any) -> str:
     if not isinstance(part, dict) or part.get("type") != "text":
         kind = part.get("type") if isinstance(part, dict) else type(part).__name__
         raise InvalidRequest(
-            f"{param} has type {kind!r}; only 'text' parts are supported", param=param
+            f"{param} has type {kind!r}; expected 'text' or 'image_url'", param=param
         )
     text = part.get("text")
     if not isinstance(text, str):

@@ -3,6 +3,10 @@
 local hash = XXH3-64(seed 1337) over a full block's token ids as little-endian u32;
 sequence hash: seq[0] = local[0] (block 0's seed changed by LoRA name / cache_salt),
 seq[i] = XXH3-64(seed 1337, LE u64 bytes of [seq[i-1], local[i]]).
+
+Multimodal: a block that overlaps the embedding rows of images appends the sorted mm_hashes of
+those images (LE u64) to its token bytes before hashing, so the same placeholder tokens next to a
+different image never share a block.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Sequence
+from typing import Protocol
 
 import xxhash
 
@@ -17,6 +22,17 @@ HASH_SEED = 1337
 _U64_MASK = (1 << 64) - 1
 _pair = struct.Struct("<QQ")
 _is_le = array("I").itemsize == 4 and struct.pack("=I", 1) == struct.pack("<I", 1)
+
+
+class MmSpan(Protocol):
+    """An image's rows in a prompt: `token_ids[offset : offset + num_tokens]` (MmItem has these)."""
+
+    @property
+    def mm_hash(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
 
 
 def _u32_bytes(token_ids: Sequence[int]) -> bytes:
@@ -48,22 +64,44 @@ def local_hashes(
     *,
     lora_name: str | None = None,
     cache_salt: str | None = None,
+    mm_items: Sequence[MmSpan] = (),
+    token_offset: int = 0,
 ) -> list[int]:
-    """Local hashes of every full block; block 0 uses the LoRA/salt seed."""
+    """Local hashes of every full block; block 0 uses the LoRA/salt seed.
+
+    `mm_items` place images by absolute prompt position; `token_ids[0]` sits at absolute position
+    `token_offset` (a continuation of a longer prompt)."""
     if block_size <= 0:
         raise ValueError(f"block_size={block_size} must be > 0")
     num_full = len(token_ids) // block_size
     data = _u32_bytes(token_ids[: num_full * block_size])
     width = block_size * 4
     seed0 = seed_for(lora_name, cache_salt)
+    extras = _mm_extras(mm_items, num_full, block_size, token_offset) if mm_items else {}
     out = []
     for i in range(num_full):
-        out.append(
-            xxhash.xxh3_64_intdigest(
-                data[i * width : (i + 1) * width], seed=seed0 if i == 0 else HASH_SEED
-            )
-        )
+        block = data[i * width : (i + 1) * width]
+        if i in extras:
+            block += extras[i]
+        out.append(xxhash.xxh3_64_intdigest(block, seed=seed0 if i == 0 else HASH_SEED))
     return out
+
+
+def _mm_extras(
+    mm_items: Sequence[MmSpan], num_full: int, block_size: int, token_offset: int
+) -> dict[int, bytes]:
+    """Per block index (relative to token_offset): the sorted LE u64 mm_hashes of the images
+    whose rows it overlaps (one entry per image, so an image repeated in a block counts twice)."""
+    if token_offset % block_size:
+        raise ValueError(f"token_offset={token_offset} must be a multiple of block_size")
+    limit = num_full * block_size
+    overlapping: dict[int, list[int]] = {}
+    for item in mm_items:
+        start = max(item.offset - token_offset, 0)
+        end = min(item.offset - token_offset + item.num_tokens, limit)
+        for i in range(start // block_size, -(-end // block_size)) if start < end else ():
+            overlapping.setdefault(i, []).append(item.mm_hash & _U64_MASK)
+    return {i: struct.pack(f"<{len(h)}Q", *sorted(h)) for i, h in overlapping.items()}
 
 
 def sequence_hashes(
@@ -73,15 +111,25 @@ def sequence_hashes(
     lora_name: str | None = None,
     cache_salt: str | None = None,
     parent_hash: int | None = None,
+    mm_items: Sequence[MmSpan] = (),
+    token_offset: int = 0,
 ) -> list[int]:
     """Chained hashes of every full block of `token_ids`.
 
     With `parent_hash`, `token_ids` continue an existing chain (block 0 of these tokens
-    is chained to the parent instead of starting a new sequence).
+    is chained to the parent instead of starting a new sequence); `token_offset` is then the
+    absolute position of `token_ids[0]`, so `mm_items` (absolute offsets) land on the right blocks.
     """
     if parent_hash is not None:  # a continuation: only a chain's first block carries the seed
         lora_name = cache_salt = None
-    locals_ = local_hashes(token_ids, block_size, lora_name=lora_name, cache_salt=cache_salt)
+    locals_ = local_hashes(
+        token_ids,
+        block_size,
+        lora_name=lora_name,
+        cache_salt=cache_salt,
+        mm_items=mm_items,
+        token_offset=token_offset,
+    )
     out: list[int] = []
     prev = parent_hash
     for h in locals_:

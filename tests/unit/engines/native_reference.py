@@ -22,15 +22,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def reference_logits(
-    c: ModelConfig, w: dict[str, torch.Tensor], token_ids: list[int]
+    c: ModelConfig,
+    w: dict[str, torch.Tensor],
+    token_ids: list[int],
+    input_embeds: dict[int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Logits [len(token_ids), vocab] of a full causal forward with no cache."""
+    """Logits [len(token_ids), vocab] of a full causal forward with no cache; `input_embeds`
+    (position → row) replace those positions' token embeddings (image rows)."""
     n, d = len(token_ids), c.head_dim
     inv = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     freqs = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), -1)
     cos, sin = emb.cos()[:, None], emb.sin()[:, None]
     x = w["model.embed_tokens.weight"][torch.tensor(token_ids)]
+    for position, row in (input_embeds or {}).items():
+        x[position] = row
     mask = torch.full((n, n), float("-inf")).triu(1)
     group = c.num_heads // c.num_kv_heads
     for i in range(c.num_layers):

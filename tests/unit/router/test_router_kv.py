@@ -129,3 +129,21 @@ async def test_worker_leaving_drops_its_blocks_and_metrics_render() -> None:
     assert "tandem_router_kv_hit_rate 1.000000" in text
     assert "tandem_router_overhead_seconds_count 1" in text
     await r.close()
+
+
+async def test_images_route_to_the_worker_holding_that_image_only() -> None:
+    from tandem.protocols.engine import MmItem
+
+    r = kv()
+    prompt = [7, 8, 9, 10] + [16] * 12 + list(range(20, 36))  # image rows 4..15
+    cat, dog = (
+        MmItem(mm_hash=11, offset=4, num_tokens=12),
+        MmItem(mm_hash=22, offset=4, num_tokens=12),
+    )
+    r.indexer.store(WorkerKey("w1"), sequence_hashes(prompt, B, mm_items=[cat]))
+    r.indexer.store(WorkerKey("w3"), sequence_hashes(prompt, B, mm_items=[dog]))
+    with_cat, with_dog = req("a", prompt), req("b", prompt)
+    with_cat.mm_items, with_dog.mm_items = [cat], [dog]
+    assert (await r.route(with_cat)).instance_id == "w1"
+    d = await r.route(with_dog)
+    assert (d.instance_id, d.overlap_blocks) == ("w3", 8)

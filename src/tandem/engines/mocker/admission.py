@@ -47,4 +47,5 @@ def make_sequence(
         block_size=config.block_size,
         lora_name=request.lora_name,
         cache_salt=request.cache_salt,
+        mm_items=list(request.mm_items),
     )

@@ -33,6 +33,12 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
         "simulated KV transfer bandwidth in GB/s (transfer time = input tokens x "
         "kv-bytes-per-token / bandwidth, divided by the speedup ratio)",
     ),
+    "--mm-num-tokens-per-image": (int, 0, "embedding rows per image; 0 = text only"),
+    "--mm-encode-ms-per-image": (
+        float,
+        8.0,
+        "simulated in-process (EPD) encode time per image; it stalls the step loop",
+    ),
     "--tokenizer": (
         str,
         None,
@@ -74,4 +80,6 @@ def config_from_args(ns: argparse.Namespace) -> MockerConfig:
         kv_bytes_per_token=ns.kv_bytes_per_token,
         kv_transfer_bandwidth_gbps=ns.kv_transfer_bandwidth_gbps,
         kvbm=kvbm_config_from_args(ns),
+        mm_num_tokens_per_image=ns.mm_num_tokens_per_image,
+        mm_encode_ms_per_image=ns.mm_encode_ms_per_image,
     )

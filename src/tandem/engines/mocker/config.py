@@ -52,6 +52,12 @@ class MockerConfig:
     # simulated host/disk tiers (tandem.kvbm.sim): blocks of kv_bytes_per_token × block_size
     # bytes, copy times from the config's host/disk bandwidths; None = device pool only
     kvbm: KvbmConfig | None = None
+    # images (DESIGN.md §10): rows per image (0 = text only), the placeholder token, and the
+    # simulated in-process (EPD) encode time per image, which stalls the step loop as a real
+    # encoder sharing the accelerator would
+    mm_num_tokens_per_image: int = 0
+    mm_placeholder_token_id: int = 16
+    mm_encode_ms_per_image: float = 8.0
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -66,3 +72,5 @@ class MockerConfig:
         _check("first_token_id", self.first_token_id, 0, self.vocab_size - 1)
         _check("kv_bytes_per_token", self.kv_bytes_per_token, 1, 1 << 30)
         _check("kv_transfer_bandwidth_gbps", self.kv_transfer_bandwidth_gbps, 1e-6, 1e6)
+        _check("mm_num_tokens_per_image", self.mm_num_tokens_per_image, 0, 1 << 16)
+        _check("mm_encode_ms_per_image", self.mm_encode_ms_per_image, 0, 1e6)

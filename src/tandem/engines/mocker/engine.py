@@ -18,13 +18,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.scheduler import Scheduler, StepResult
 from tandem.engines.output_stream import OutputStream
-from tandem.errors import EngineError
+from tandem.errors import EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 class MockerEngine:
+    embeddings_as_arrays = True  # remote embeddings stay numpy: the mocker never imports torch
+
     def __init__(
         self,
         config: MockerConfig,
@@ -49,6 +52,10 @@ class MockerEngine:
         self._task: asyncio.Task[None] | None = None
         self._failure: str | None = None  # why the step loop died; set once
         self._failed: asyncio.Future[str] | None = None
+        # images: set by the worker (tandem.multimodal.provider_args) for E/PD; without one,
+        # an image request's simulated encode stalls the step loop (EPD)
+        self.embedding_provider: Any = None
+        self._encode_debt_s = 0.0
 
     @property
     def info(self) -> EngineInfo:
@@ -63,6 +70,10 @@ class MockerEngine:
             eos_token_ids=list(c.eos_token_ids),
             tokenizer=c.tokenizer,
             engine="mocker",
+            mm_num_tokens_per_image=c.mm_num_tokens_per_image,
+            mm_placeholder_token_id=c.mm_placeholder_token_id
+            if c.mm_num_tokens_per_image
+            else None,
         )
 
     async def start(self) -> EngineInfo:
@@ -87,6 +98,8 @@ class MockerEngine:
         if self._task is None:
             raise EngineError("mocker engine is not running; call start() first")
         request_id = request.request_id
+        if request.mm_items and install is None:
+            await self._encode_images(request)
         if install is None:
             self.scheduler.add_request(request)
         else:
@@ -103,6 +116,18 @@ class MockerEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self.scheduler.abort(request_id)
+
+    async def _encode_images(self, request: PreprocessedRequest) -> None:
+        if self.config.mm_num_tokens_per_image == 0:
+            raise InvalidRequest(
+                f"request_id={request.request_id} has images; this mocker is text only "
+                "(start it with --mm-num-tokens-per-image N)"
+            )
+        if self.embedding_provider is not None:
+            await self.embedding_provider.embeddings(request)  # E/PD: rows are not used
+        elif self.config.speedup_ratio > 0:
+            ms = self.config.mm_encode_ms_per_image * len(request.mm_items)
+            self._encode_debt_s += ms / 1000.0 / self.config.speedup_ratio
 
     async def abort(self, request_id: str) -> None:
         if self.scheduler.abort(request_id) is not None:
@@ -158,6 +183,10 @@ class MockerEngine:
                     self._wake.clear()
                     await self._wake.wait()
                     target = self._clock()
+                if self._encode_debt_s > 0:  # EPD: the encoder holds the engine meanwhile
+                    debt, self._encode_debt_s = self._encode_debt_s, 0.0
+                    target = max(target, self._clock()) + debt
+                    await self._sleep(target - self._clock())
                 result = self.scheduler.step()
                 if speedup > 0:
                     # absorb our own overhead: the pass ends duration after the last one did

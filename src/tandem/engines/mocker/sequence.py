@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from tandem.protocols.engine import FinishReason, PreprocessedRequest
-from tandem.tokens.hashing import HASH_SEED, chain_hash, local_hash, seed_for
+from tandem.protocols.engine import FinishReason, MmItem, PreprocessedRequest
+from tandem.tokens.hashing import sequence_hashes
 
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -28,8 +28,11 @@ def request_seed(request: PreprocessedRequest) -> int:
     prompts give equal answers; otherwise the request id."""
     if request.sampling.seed is not None:
         return request.sampling.seed & _M64
-    if request.sampling.temperature == 0:
-        return xxhash.xxh3_64_intdigest(repr(request.token_ids).encode())
+    if request.sampling.temperature == 0:  # images are part of the prompt: their hashes too
+        mm_hashes = [item.mm_hash for item in request.mm_items]
+        return xxhash.xxh3_64_intdigest(
+            repr((request.token_ids, mm_hashes) if mm_hashes else request.token_ids).encode()
+        )
     return xxhash.xxh3_64_intdigest(request.request_id.encode())
 
 
@@ -52,6 +55,7 @@ class Sequence:
     block_size: int
     lora_name: str | None = None
     cache_salt: str | None = None
+    mm_items: list[MmItem] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -68,13 +72,17 @@ class Sequence:
     def hashes_upto(self, num_blocks: int) -> list[int]:
         """Chained hashes of the first `num_blocks` full blocks (computed once, then kept)."""
         size, hashes = self.block_size, self.block_hashes
-        while len(hashes) < num_blocks:
-            i = len(hashes)
-            tokens = self.token_ids[i * size : (i + 1) * size]
-            if i == 0:
-                hashes.append(local_hash(tokens, seed_for(self.lora_name, self.cache_salt)))
-            else:
-                hashes.append(chain_hash(hashes[-1], local_hash(tokens, HASH_SEED)))
+        done = len(hashes)
+        if done < num_blocks:
+            hashes += sequence_hashes(
+                self.token_ids[done * size : num_blocks * size],
+                size,
+                lora_name=self.lora_name,
+                cache_salt=self.cache_salt,
+                parent_hash=hashes[-1] if hashes else None,
+                mm_items=self.mm_items,
+                token_offset=done * size,
+            )
         return hashes[:num_blocks]
 
     def append_next_token(self, first_id: int, vocab_size: int) -> tuple[int, FinishReason | None]:

@@ -31,6 +31,8 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--max-model-len": (int, None, "longest prompt + output (default: the model's context)"),
     "--num-threads": (int, 2, "torch intra-op threads"),
     "--seed": (int, 0, "seed of the sampler for requests without their own seed"),
+    "--mm-encoder": (str, "bridge", "vision encoder of image requests ('none': text only)"),
+    "--mm-placeholder-token-id": (int, 16, "token id at image rows (SmolLM2: <empty_output>)"),
 }
 
 
@@ -71,4 +73,6 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         enable_prefix_caching=not ns.no_prefix_caching,
         seed=ns.seed,
         kvbm=kvbm_config_from_args(ns),
+        mm_encoder=None if ns.mm_encoder == "none" else ns.mm_encoder,
+        mm_placeholder_token_id=ns.mm_placeholder_token_id,
     )

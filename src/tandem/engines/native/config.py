@@ -28,6 +28,10 @@ class NativeConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     kvbm: KvbmConfig | None = None
+    # images (DESIGN.md §10): the vision encoder whose rows this engine takes (None: text only)
+    # and the token id the prompt holds at image rows (SmolLM2's <empty_output>)
+    mm_encoder: str | None = "bridge"
+    mm_placeholder_token_id: int = 16
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -42,6 +46,10 @@ class NativeConfig:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len, 1 << 22)
         _positive("num_threads", self.num_threads, 1024)
+        if self.mm_encoder is not None:
+            from tandem.multimodal.registry import encoder_spec
+
+            encoder_spec(self.mm_encoder)  # ValueError naming the known encoders
         if self.kvbm is not None and not self.enable_prefix_caching:
             raise ValueError("kvbm tiers set with enable_prefix_caching=False; expected True")
 

@@ -33,6 +33,7 @@ from tandem.engines.native.loader import load_model_weights
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.output_stream import OutputStream
 from tandem.errors import EngineError, InvalidRequest
+from tandem.multimodal.base import EmbeddingProvider
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
@@ -53,9 +54,18 @@ def build_core(config: NativeConfig) -> tuple[EngineCore, str]:
 
 
 class NativeEngine:
-    def __init__(self, config: NativeConfig, *, core: EngineCore | None = None) -> None:
+    def __init__(
+        self,
+        config: NativeConfig,
+        *,
+        core: EngineCore | None = None,
+        embedding_provider: EmbeddingProvider | None = None,
+    ) -> None:
+        """`embedding_provider` gives requests with images their embedding rows; None with
+        `config.mm_encoder` set: the encoder runs in-process (EPD)."""
         self.config = config
         self.core = core
+        self.embedding_provider = embedding_provider
         self.model_path: str | None = None
         self._lock = threading.Lock()  # held while a step runs
         self._cv = threading.Condition()
@@ -77,6 +87,8 @@ class NativeEngine:
         if self.core is None:
             self.core, self.model_path = await asyncio.to_thread(build_core, self.config)
         assert self.core is not None
+        if self.embedding_provider is None and self.config.mm_encoder is not None:
+            self.embedding_provider = local_embedding_provider(self.config)
         self._info = self._make_info(self.core)
         self.core.kvbm_event_sink = self._post_tier_events
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
@@ -105,6 +117,7 @@ class NativeEngine:
             eos_token_ids=list(core.model.config.eos_token_ids),
             tokenizer=(f"gguf:{path}" if is_gguf else f"hf:{path}") if path else None,
             engine="native",
+            **mm_card_fields(self.config, core.model.config.vocab_size),
         )
 
     async def generate(
@@ -123,11 +136,16 @@ class NativeEngine:
         if self.core is None or self._thread is None or self._stopping:
             raise EngineError("native engine is not running; call start() first")
         self.core.check(request)
+        mm_embeddings = None
+        if request.mm_items and install is None:  # a KV handoff (install) needs no images
+            mm_embeddings = await self._mm_embeddings(request)
+            if self._stopping:  # stop() ran while the images were encoded
+                raise EngineError("native engine stopped while the request's images were encoded")
         request_id = request.request_id
         if request_id in self._streams:
             raise InvalidRequest(f"request_id={request_id} is already running on this engine")
         stream = self._streams[request_id] = OutputStream()
-        self._submit("add", request if install is None else (request, install))
+        self._submit("add", (request, install, mm_embeddings))
         finished = False
         try:
             while not finished:
@@ -139,6 +157,14 @@ class NativeEngine:
                 del self._streams[request_id]
             if not finished:
                 self._submit("abort", request_id)
+
+    async def _mm_embeddings(self, request: PreprocessedRequest) -> list[torch.Tensor]:
+        if self.embedding_provider is None:
+            raise InvalidRequest(
+                f"request_id={request.request_id} has images; this worker runs no vision "
+                "encoder (start it with --mm-encoder)"
+            )
+        return await self.embedding_provider.embeddings(request)
 
     async def abort(self, request_id: str) -> None:
         self._submit("abort", request_id)
@@ -259,10 +285,10 @@ class NativeEngine:
             if op == "abort":
                 core.abort(arg)
                 continue
-            request, install = arg if isinstance(arg, tuple) else (arg, None)
+            request, install, mm_embeddings = arg
             try:
                 if install is None:
-                    core.add(request)
+                    core.add(request, mm_embeddings)
                 else:
                     install(core)
             except Exception as exc:  # request boundary: fail this request only
@@ -291,3 +317,30 @@ class NativeEngine:
         self._events.close()  # kv_events() ends once drained
         if self._failed is not None and not self._failed.done():
             self._failed.set_result(reason)
+
+
+def local_embedding_provider(config: NativeConfig) -> EmbeddingProvider:
+    """EPD: `config.mm_encoder` loaded (on the first image) for this engine's model."""
+    from tandem.multimodal.provider import LocalEmbeddingProvider
+    from tandem.multimodal.registry import load_encoder
+
+    name = config.mm_encoder
+    assert name is not None
+    return LocalEmbeddingProvider(lambda: load_encoder(name, model=config.model), name=name)
+
+
+def mm_card_fields(config: NativeConfig, vocab_size: int) -> dict[str, Any]:
+    """The model card's image geometry: rows per image from the encoder's spec, placeholder id."""
+    if config.mm_encoder is None:
+        return {}
+    from tandem.multimodal.registry import encoder_spec
+
+    if not 0 <= config.mm_placeholder_token_id < vocab_size:
+        raise ValueError(
+            f"mm_placeholder_token_id={config.mm_placeholder_token_id} out of range; expected "
+            f"a token id in [0, {vocab_size}) of this model"
+        )
+    return {
+        "mm_num_tokens_per_image": encoder_spec(config.mm_encoder).num_tokens_per_image,
+        "mm_placeholder_token_id": config.mm_placeholder_token_id,
+    }

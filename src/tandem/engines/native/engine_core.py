@@ -13,6 +13,7 @@ import torch
 
 from tandem.engines.native.block_manager import BlockManager
 from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.mm_inputs import attach_embeddings, check_mm_items, lacks_embeddings
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.model_runner import ModelRunner
 from tandem.engines.native.sampler import check_sampling
@@ -75,12 +76,23 @@ class EngineCore:
         # (disaggregated prefill pins the prompt blocks there: tandem.engines.native.kv_transfer)
         self.on_finish: Callable[[Sequence], None] | None = None
 
-    def add(self, request: PreprocessedRequest) -> Sequence:
-        """Queue a request; raises InvalidRequest / ContextLengthExceeded when it cannot fit."""
+    def add(
+        self, request: PreprocessedRequest, mm_embeddings: list[torch.Tensor] | None = None
+    ) -> Sequence:
+        """Queue a request; raises InvalidRequest / ContextLengthExceeded when it cannot fit.
+        A request with images needs `mm_embeddings` (one `[num_tokens, hidden]` per mm_item)."""
         if request.request_id in self.seqs:
             raise InvalidRequest(f"request_id={request.request_id} is already running")
         self.check(request)
         seq = Sequence(request, self.model.config.eos_token_ids)
+        if request.mm_items:
+            if mm_embeddings is None:
+                raise InvalidRequest(
+                    f"request_id={request.request_id} has {len(request.mm_items)} images and no "
+                    "embeddings; this worker has no vision encoder (see --mm-encoder)"
+                )
+            mc = self.model.config
+            attach_embeddings(seq, mm_embeddings, mc.hidden_size, self.model.dtype)
         self.seqs[request.request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -121,6 +133,7 @@ class EngineCore:
                     f"min_tokens={request.stop.min_tokens} bans every one of the {vocab} "
                     "tokens (stop_token_ids + eos); nothing could be sampled"
                 )
+        check_mm_items(request)
 
     def abort(self, request_id: str) -> None:
         if request_id in self.seqs:
@@ -146,6 +159,7 @@ class EngineCore:
         outputs = [(s.request_id, EngineOutput(finish_reason="cancelled")) for s in batch.aborted]
         for seq in batch.aborted:
             del self.seqs[seq.request_id]
+        outputs += self._drop_without_embeddings(batch)
         if not batch.seqs:
             return outputs
         self.flush_evicted()
@@ -207,6 +221,30 @@ class EngineCore:
             seq.pending_logprobs, seq.pending_top_logprobs = [], []
             self.scheduler.drop(seq, "error")
             outputs.append((seq.request_id, EngineOutput(finish_reason="error", error=error)))
+        return outputs
+
+    def _drop_without_embeddings(self, batch: ScheduledBatch) -> list[tuple[str, EngineOutput]]:
+        """Fail the sequences that must compute image rows they have no embeddings for (a
+        decode worker's sequence, received as KV, preempted and now recomputed): never run
+        placeholder embeddings as if they were the image."""
+        outputs: list[tuple[str, EngineOutput]] = []
+        keep: list[tuple[Sequence, int]] = []
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            start = seq.num_computed_tokens
+            if seq.mm_items and lacks_embeddings(seq, start, start + num_new):
+                self.scheduler.running.remove(seq)
+                self.scheduler.finish(seq, "error")
+                del self.seqs[seq.request_id]
+                error = (
+                    f"request_id={seq.request_id} must recompute image rows whose embeddings are "
+                    "not on this worker (preempted after a KV handoff); retry the request"
+                )
+                outputs.append((seq.request_id, EngineOutput(finish_reason="error", error=error)))
+            else:
+                keep.append((seq, num_new))
+        if len(keep) < len(batch.seqs):
+            batch.seqs = [s for s, _ in keep]
+            batch.num_new_tokens = [n for _, n in keep]
         return outputs
 
     def _append(self, seq: Sequence, token: int) -> str | None:

@@ -171,15 +171,19 @@ class LlamaModel:
         meta: AttentionMetadata,
         kv_cache: torch.Tensor,
         rows: torch.Tensor,
+        input_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Final-normed hidden states [len(rows), hidden] (the head's input) of the given
-        rows of the flat batch; writes every row's K/V into `kv_cache`."""
+        rows of the flat batch; writes every row's K/V into `kv_cache`. `input_embeds`
+        (row indices, their embeddings) replace those rows' token embeddings (image rows)."""
         c = self.config
         num_tokens = input_ids.shape[0]
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
         eps = c.rms_norm_eps
         x = F.embedding(input_ids, self.embed)
+        if input_embeds is not None:
+            x[input_embeds[0]] = input_embeds[1]
         attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
         inv_n = 1.0 / c.hidden_size
         for i, layer in enumerate(self.layers):

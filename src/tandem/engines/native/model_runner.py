@@ -9,6 +9,7 @@ import torch
 
 from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
 from tandem.engines.native.block_manager import BlockManager
+from tandem.engines.native.mm_inputs import gather_input_embeds, has_image_rows
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.sampler import Sampler
 from tandem.engines.native.scheduler import ScheduledBatch
@@ -38,7 +39,8 @@ class ModelRunner:
         """Forward the batch; returns {seq_id: sampled token} for sequences whose chunk
         reached the end of their tokens (the others are mid-prefill)."""
         self.steps_by_threads[self.thread_policy.before_step()] += 1
-        if len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1:
+        single = len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1
+        if single and not _next_is_image_row(batch.seqs[0]):  # image rows take the batch path
             seq = batch.seqs[0]
             pos = seq.num_computed_tokens
             step = self._single(seq, block_manager)
@@ -72,7 +74,8 @@ class ModelRunner:
         meta = self._metadata(batch, block_manager, pos)
         rows = torch.tensor(sample_rows, dtype=torch.long)
         ids_t = torch.tensor(ids, dtype=torch.long)
-        return self.model.hidden(ids_t, meta, self.kv_cache, rows), sample_seqs
+        embeds = gather_input_embeds(batch.seqs, batch.num_new_tokens)
+        return self.model.hidden(ids_t, meta, self.kv_cache, rows, embeds), sample_seqs
 
     def _single(self, seq: Sequence, block_manager: BlockManager) -> SingleDecode:
         """Where the one new token of `seq` goes and which blocks it reads."""
@@ -156,3 +159,8 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         kv = self.kv_cache
         return kv[:, :, 0].numel() * kv.element_size()
+
+
+def _next_is_image_row(seq: Sequence) -> bool:
+    pos = seq.num_computed_tokens
+    return bool(seq.mm_items) and has_image_rows(seq, pos, pos + 1)

@@ -35,6 +35,9 @@ class Sequence:
         self.stop_token_ids = set(request.stop.stop_token_ids)
         self.lora_name = request.lora_name
         self.cache_salt = request.cache_salt
+        self.mm_items = request.mm_items  # images: their rows in token_ids and mm_hashes
+        # per image (offset, [num_tokens, hidden] rows in the model's dtype); set at admission
+        self.mm_embeddings: list[tuple[int, torch.Tensor]] = []
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of token_ids
@@ -67,5 +70,7 @@ class Sequence:
                 lora_name=self.lora_name,
                 cache_salt=self.cache_salt,
                 parent_hash=parent,
+                mm_items=self.mm_items,
+                token_offset=done * block_size,
             )
         return self.block_hashes

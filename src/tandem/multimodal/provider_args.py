@@ -1,0 +1,112 @@
+"""Worker flags of the embedding path (`tandem worker` with an engine that takes images) and
+`attach_embedding_provider`, which gives the engine its cache + remote/local encoders."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from tandem.multimodal.embedding_cache import EmbeddingCache
+from tandem.multimodal.embedding_transfer import EmbeddingReceiver
+from tandem.multimodal.remote_provider import CachingEmbeddingProvider, RemoteEncoderClient
+
+logger = logging.getLogger(__name__)
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def add_embedding_provider_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("image embeddings")
+    group.add_argument(
+        "--mm-remote-encode",
+        action="store_true",
+        default=_env("TANDEM_MM_REMOTE_ENCODE", "") not in ("", "0", "false"),
+        help="get image embeddings from encode workers (`tandem worker --engine encoder`); a "
+        "failed encode or transfer falls back to this worker's encoder when it has one "
+        "(env TANDEM_MM_REMOTE_ENCODE)",
+    )
+    group.add_argument(
+        "--no-mm-local-fallback",
+        dest="mm_local_fallback",
+        action="store_false",
+        default=_env("TANDEM_MM_LOCAL_FALLBACK", "1") not in ("0", "false"),
+        help="with --mm-remote-encode: never encode on this worker; a failed remote encode "
+        "fails the request (503 when no encode worker answered) (env TANDEM_MM_LOCAL_FALLBACK=0)",
+    )
+    group.add_argument(
+        "--mm-embedding-cache-mb",
+        type=float,
+        default=float(_env("TANDEM_MM_EMBEDDING_CACHE_MB", "256")),
+        help="LRU of image embeddings by mm_hash; a hit skips the encoder; 0 = off "
+        "(env TANDEM_MM_EMBEDDING_CACHE_MB)",
+    )
+    group.add_argument(
+        "--mm-encode-timeout-s",
+        type=float,
+        default=float(_env("TANDEM_MM_ENCODE_TIMEOUT_S", "10")),
+        help="bound on asking encode workers (failover included) and pulling the embeddings; "
+        "past it the request fails with 503 (env TANDEM_MM_ENCODE_TIMEOUT_S)",
+    )
+    group.add_argument(
+        "--mm-receive-slots",
+        type=int,
+        default=int(_env("TANDEM_MM_RECEIVE_SLOTS", "64")),
+        help="embeddings the pre-allocated receive pool holds at once "
+        "(env TANDEM_MM_RECEIVE_SLOTS)",
+    )
+
+
+def _image_engine(engine: Any) -> Any | None:
+    """The engine (inside wrappers such as DisaggEngine) that takes an `embedding_provider`."""
+    target = engine
+    while target is not None and not hasattr(target, "embedding_provider"):
+        target = getattr(target, "engine", None)
+    return target
+
+
+def _local_provider(target: Any) -> Any | None:
+    make = getattr(target, "make_local_embedding_provider", None)
+    if make is not None:
+        return make()
+    config: Any = getattr(target, "config", None)
+    if getattr(config, "mm_encoder", None):
+        from tandem.engines.native.engine import local_embedding_provider
+
+        return local_embedding_provider(config)
+    return None
+
+
+async def attach_embedding_provider(
+    engine: Any, runtime: Any, ns: argparse.Namespace
+) -> CachingEmbeddingProvider | None:
+    """Before the engine starts: give it cache → remote encoder (with `--mm-remote-encode`) →
+    local encoder. None when the engine takes no images or has neither encoder."""
+    target = _image_engine(engine)
+    if target is None:
+        return None
+    cache = EmbeddingCache(int(ns.mm_embedding_cache_mb * (1 << 20)))
+    local = _local_provider(target)
+    remote = None
+    if ns.mm_remote_encode and not ns.mm_local_fallback:
+        local = None
+    if ns.mm_remote_encode:
+        from tandem.disagg.transfer import TransferAgent
+
+        receiver = EmbeddingReceiver(TransferAgent(), num_slots=ns.mm_receive_slots)
+        remote = RemoteEncoderClient(runtime, receiver, timeout_s=ns.mm_encode_timeout_s)
+        await remote.start()
+    if remote is None and local is None:
+        return None
+    as_arrays = getattr(target, "embeddings_as_arrays", False)
+    provider = CachingEmbeddingProvider(
+        cache, remote=remote, local=local, to_tensor=(lambda a: a) if as_arrays else None
+    )
+    target.embedding_provider = provider
+    logger.info("image embeddings: cache %.0f MB, %s", ns.mm_embedding_cache_mb,
+                "encode workers, local fallback" if remote and local else
+                "encode workers" if remote else "in-process encoder")  # fmt: skip
+    return provider

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from tandem.engines.vision import EmbeddingProvider as _EmbeddingProvider
+
 if TYPE_CHECKING:
     import torch
 
     from tandem.multimodal.image import DecodedImage
-    from tandem.protocols.engine import PreprocessedRequest
 
 
 class VisionEncoder(Protocol):
@@ -34,13 +35,5 @@ class VisionEncoder(Protocol):
     def encode(self, images: Sequence[DecodedImage]) -> list[torch.Tensor]: ...
 
 
-class EmbeddingProvider(Protocol):
-    """Where an engine gets a request's image embeddings.
-
-    `embeddings(request)` returns one float32 CPU tensor `[item.num_tokens, hidden_size]` per
-    `request.mm_items` entry, in order. May be awaited concurrently for different requests.
-    Raises `tandem.errors.InvalidRequest` for an image it cannot decode, `EngineError` (or a
-    subclass) when the embeddings cannot be produced (encoder gone, transfer failed).
-    """
-
-    async def embeddings(self, request: PreprocessedRequest) -> list[torch.Tensor]: ...
+# the engine-side contract lives with the engines (imports flow down DESIGN §2's table)
+EmbeddingProvider = _EmbeddingProvider

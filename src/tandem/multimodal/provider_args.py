@@ -73,10 +73,13 @@ def _local_provider(target: Any) -> Any | None:
     if make is not None:
         return make()
     config: Any = getattr(target, "config", None)
-    if getattr(config, "mm_encoder", None):
-        from tandem.engines.native.engine import local_embedding_provider
+    name = getattr(config, "mm_encoder", None)
+    if name:  # EPD: the encoder for this engine's model, loaded on the first image
+        from tandem.multimodal.provider import LocalEmbeddingProvider
+        from tandem.multimodal.registry import load_encoder
 
-        return local_embedding_provider(config)
+        model = getattr(config, "model", None)
+        return LocalEmbeddingProvider(lambda: load_encoder(name, model=model), name=name)
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tandem.engines.vision import encoder_rows
 from tandem.multimodal.base import VisionEncoder
 
 # SmolLM2 has no image token: its special token <empty_output> (id 16), which chat never uses,
@@ -30,7 +31,7 @@ def _load_bridge(model: str | None) -> VisionEncoder:
 
 _ENCODERS: dict[str, EncoderSpec] = {
     # MobileNetV2 (ImageNet) + the classifier bridge: 49 spatial rows + 1 pooled global row
-    "bridge": EncoderSpec(50, _load_bridge),
+    "bridge": EncoderSpec(encoder_rows("bridge"), _load_bridge),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.engines.vision import encoder_rows
 from tandem.kvbm.base import KvbmConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -47,9 +48,7 @@ class NativeConfig:
             _positive("max_model_len", self.max_model_len, 1 << 22)
         _positive("num_threads", self.num_threads, 1024)
         if self.mm_encoder is not None:
-            from tandem.multimodal.registry import encoder_spec
-
-            encoder_spec(self.mm_encoder)  # ValueError naming the known encoders
+            encoder_rows(self.mm_encoder)  # ValueError naming the known encoders
         if self.kvbm is not None and not self.enable_prefix_caching:
             raise ValueError("kvbm tiers set with enable_prefix_caching=False; expected True")
 

@@ -32,8 +32,8 @@ from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import load_model_weights
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.output_stream import OutputStream
+from tandem.engines.vision import EmbeddingProvider, encoder_rows
 from tandem.errors import EngineError, InvalidRequest
-from tandem.multimodal.base import EmbeddingProvider
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 
@@ -61,8 +61,9 @@ class NativeEngine:
         core: EngineCore | None = None,
         embedding_provider: EmbeddingProvider | None = None,
     ) -> None:
-        """`embedding_provider` gives requests with images their embedding rows; None with
-        `config.mm_encoder` set: the encoder runs in-process (EPD)."""
+        """`embedding_provider` gives requests with images their embedding rows; a worker's
+        wiring (`tandem.multimodal.provider_args`) attaches one before `start`: the in-process
+        encoder `config.mm_encoder` (EPD), encode workers, or both behind a cache."""
         self.config = config
         self.core = core
         self.embedding_provider = embedding_provider
@@ -87,8 +88,6 @@ class NativeEngine:
         if self.core is None:
             self.core, self.model_path = await asyncio.to_thread(build_core, self.config)
         assert self.core is not None
-        if self.embedding_provider is None and self.config.mm_encoder is not None:
-            self.embedding_provider = local_embedding_provider(self.config)
         self._info = self._make_info(self.core)
         self.core.kvbm_event_sink = self._post_tier_events
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
@@ -160,10 +159,12 @@ class NativeEngine:
 
     async def _mm_embeddings(self, request: PreprocessedRequest) -> list[torch.Tensor]:
         if self.embedding_provider is None:
-            raise InvalidRequest(
-                f"request_id={request.request_id} has images; this worker runs no vision "
-                "encoder (start it with --mm-encoder)"
+            why = (
+                "no embedding provider was attached to this engine"
+                if self.config.mm_encoder
+                else "this worker runs no vision encoder (start it with --mm-encoder)"
             )
+            raise InvalidRequest(f"request_id={request.request_id} has images; {why}")
         return await self.embedding_provider.embeddings(request)
 
     async def abort(self, request_id: str) -> None:
@@ -319,28 +320,16 @@ class NativeEngine:
             self._failed.set_result(reason)
 
 
-def local_embedding_provider(config: NativeConfig) -> EmbeddingProvider:
-    """EPD: `config.mm_encoder` loaded (on the first image) for this engine's model."""
-    from tandem.multimodal.provider import LocalEmbeddingProvider
-    from tandem.multimodal.registry import load_encoder
-
-    name = config.mm_encoder
-    assert name is not None
-    return LocalEmbeddingProvider(lambda: load_encoder(name, model=config.model), name=name)
-
-
 def mm_card_fields(config: NativeConfig, vocab_size: int) -> dict[str, Any]:
     """The model card's image geometry: rows per image from the encoder's spec, placeholder id."""
     if config.mm_encoder is None:
         return {}
-    from tandem.multimodal.registry import encoder_spec
-
     if not 0 <= config.mm_placeholder_token_id < vocab_size:
         raise ValueError(
             f"mm_placeholder_token_id={config.mm_placeholder_token_id} out of range; expected "
             f"a token id in [0, {vocab_size}) of this model"
         )
     return {
-        "mm_num_tokens_per_image": encoder_spec(config.mm_encoder).num_tokens_per_image,
+        "mm_num_tokens_per_image": encoder_rows(config.mm_encoder),
         "mm_placeholder_token_id": config.mm_placeholder_token_id,
     }

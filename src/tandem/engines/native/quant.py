@@ -178,10 +178,11 @@ def q4_to_q8(w: Q4Weight) -> Q8Weight:
     return Q8Weight(codes.contiguous(), (w.d / 17.0).contiguous(), w.m.clone())
 
 
-def dequantize(w: QWeight, num_threads: int = 1) -> torch.Tensor:
-    """The fp32 [N, K] matrix a quantized weight stands for."""
+def dequantize(w: QWeight, num_threads: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 [N, K] matrix a quantized weight stands for (written into `out` if given)."""
     n, k = w.shape
-    out = torch.empty(n, k, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(n, k, dtype=torch.float32)
     lib = kernels()
     if isinstance(w, Q4Weight):
         lib.tq_dequant_q4(
@@ -240,6 +241,22 @@ def cat_rows(parts: list[QWeight]) -> QWeight:
     return Q8Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in first._fields))
 
 
+# From this many rows on, a product dequantizes the weight once into a scratch buffer and
+# runs the BLAS GEMM (prefill chunks): the kernel widens every group once per 4 rows, which
+# is compute-bound there, while the BLAS reuses each weight across the whole tile.
+DEQUANT_MIN_ROWS = 64
+_scratch = threading.local()
+
+
+def _scratch_weight(w: QWeight) -> torch.Tensor:
+    """w dequantized into this thread's reusable buffer (valid until its next call)."""
+    n, k = w.shape
+    buf: torch.Tensor | None = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < n * k:
+        buf = _scratch.buf = torch.empty(n * k, dtype=torch.float32)
+    return dequantize(w, torch.get_num_threads(), out=buf[: n * k].view(n, k))
+
+
 def matmul(
     w: QWeight,
     x: torch.Tensor,
@@ -256,6 +273,12 @@ def matmul(
     n = w.shape[0]
     if k != w.shape[1]:
         raise ValueError(f"x has {k} columns; the weight expects {w.shape[1]}")
+    if rows >= DEQUANT_MIN_ROWS and lib is None:
+        xs = x * col_scale if col_scale is not None else x
+        dense = _scratch_weight(w).t()
+        if residual is None:
+            return torch.mm(xs, dense).mul_(alpha) if alpha != 1.0 else torch.mm(xs, dense)
+        return torch.addmm(residual.float(), xs, dense, alpha=alpha)
     y = torch.empty(rows, n, dtype=torch.float32)
     res = 0
     if residual is not None:

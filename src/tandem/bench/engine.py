@@ -1,10 +1,11 @@
-"""`tandem bench engine`: the native engine against HF transformers on the same weights.
+"""`tandem bench engine`: the native engine in each weight format (fp32, int8, int4) against
+HF transformers on the same weights, and llama.cpp on the same GGUF when
+`llama-cpp-python` is installed (--llamacpp).
 
-Prints, in one run on the same model, dtype and thread count: prefill tokens/s at
---prompt-len tokens; decode tokens/s (aggregate) at each --concurrency; the same for HF
-transformers `generate`; the weight-streaming bound (weight bytes / measured memcpy GB/s)
-and how far the native batch-1 step is from it. Native and HF repeats alternate, so on a
-shared machine both engines meet the same background load.
+Prints, in one run on the same model and thread count: prefill tokens/s at --prompt-len
+tokens; decode tokens/s (aggregate) at each --concurrency; the weight-streaming bound of
+each format (its weight bytes / measured memcpy GB/s) and how far its batch-1 step is from
+it. Repeats of every engine alternate, so on a shared machine all meet the same load.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 
 import torch
 
-from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.config import WEIGHT_FORMATS, NativeConfig
+from tandem.engines.native.engine import build_model
 from tandem.engines.native.engine_core import EngineCore
-from tandem.engines.native.loader import load_model_weights
-from tandem.engines.native.model import LlamaModel
+from tandem.engines.native.loader import default_model_path, load_model_weights
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
 
 
@@ -37,7 +38,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--repeats", type=int, default=3, help="timed repeats (median prefill, best decode)"
     )
+    p.add_argument(
+        "--weights",
+        nargs="+",
+        default=["fp32", "int8", "int4"],
+        choices=WEIGHT_FORMATS,
+        help="native weight formats to run",
+    )
     p.add_argument("--skip-hf", action="store_true", help="do not run the HF baseline")
+    p.add_argument(
+        "--llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the GGUF"
+    )
     p.add_argument("--json", default=None, help="also write the figures to this file")
     return p.parse_args(argv)
 
@@ -166,133 +177,206 @@ def hf_generate_s(model: Any, ids: torch.Tensor, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+class Baseline:
+    """A non-native engine timed beside the native ones (HF transformers, llama.cpp)."""
+
+    def prefill_s(self, args: argparse.Namespace, rng: random.Random) -> float:
+        raise NotImplementedError
+
+    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float:
+        raise NotImplementedError
+
+
+class HfBaseline(Baseline):
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def prefill_s(self, args: argparse.Namespace, rng: random.Random) -> float:
+        return float(hf_prefill_s(self.model, args, rng))
+
+    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float:
+        """time(generate 1 + T) - time(generate 1): prefill excluded (nan when a neighbour
+        slowed the 1-token run more than the full one)."""
+        t = torch.tensor(ids)
+        first = hf_generate_s(self.model, t, 1)
+        full = hf_generate_s(self.model, t, 1 + new_tokens)
+        return full - first if full > first else float("nan")
+
+
+class LlamaCppBaseline(Baseline):
+    """llama.cpp through llama-cpp-python on the same GGUF (batch 1 only)."""
+
+    def __init__(self, path: str, threads: int) -> None:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:
+            raise SystemExit(
+                "--llamacpp needs llama-cpp-python (pip install llama-cpp-python; it builds "
+                "llama.cpp from source in ~8 min)"
+            ) from exc
+        self.llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, verbose=False)
+
+    def prefill_s(self, args: argparse.Namespace, rng: random.Random) -> float:
+        self.llm.reset()
+        start = time.perf_counter()
+        self.llm.eval(_prompt(rng, args.prompt_len, args.vocab_size))
+        return time.perf_counter() - start
+
+    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float:
+        if len(ids) != 1:
+            return float("nan")
+        self.llm.reset()
+        self.llm.eval(ids[0])
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            token = int(self.llm.sample(temp=0.0))
+            self.llm.eval([token])
+        return time.perf_counter() - start
+
+
 def prefill_figures(
-    native: NativeBench, hf: Any, args: argparse.Namespace, rng: random.Random
-) -> tuple[float, float | None]:
+    natives: dict[str, NativeBench],
+    baselines: dict[str, Baseline],
+    args: argparse.Namespace,
+    rng: random.Random,
+) -> dict[str, float]:
     """Median prefill tokens/s of each engine, repeats interleaved (first ones warm up)."""
-    native_s: list[float] = []
-    hf_s: list[float] = []
+    times: dict[str, list[float]] = {name: [] for name in (*natives, *baselines)}
     for i in range(args.repeats + 1):
-        native_s.append(native.prefill_s(f"p{i}"))
-        if hf is not None:
-            hf_s.append(hf_prefill_s(hf, args, rng))
-    hf_tok_s = args.prompt_len / statistics.median(hf_s[1:]) if hf is not None else None
-    return args.prompt_len / statistics.median(native_s[1:]), hf_tok_s
+        for name, native in natives.items():
+            times[name].append(native.prefill_s(f"p{i}"))
+        for name, base in baselines.items():
+            times[name].append(base.prefill_s(args, rng))
+    return {name: args.prompt_len / statistics.median(t[1:]) for name, t in times.items()}
 
 
 def decode_figures(
-    native: NativeBench, hf: Any, n: int, args: argparse.Namespace, rng: random.Random
-) -> tuple[float, float | None]:
+    natives: dict[str, NativeBench],
+    baselines: dict[str, Baseline],
+    n: int,
+    args: argparse.Namespace,
+    rng: random.Random,
+) -> dict[str, float]:
     """Aggregate decode tokens/s at n sequences, prefill excluded, for each engine: the
     fastest of --repeats windows of --decode-tokens steps (a shared machine only ever slows
-    a window down), native and HF windows interleaved so both meet the same load. HF's
-    window is time(generate 1 + T tokens) - time(generate 1 token)."""
-    native.start_decode(n)
-    native.threads_used = {}
-    ids = torch.tensor([_prompt(rng, args.decode_prompt_len, args.vocab_size) for _ in range(n)])
-    if hf is not None:
-        hf_generate_s(hf, ids, 2)  # warm-up
-    native_best = hf_first = hf_full = float("inf")
+    a window down), all engines' windows interleaved so they meet the same load."""
+    for native in natives.values():
+        native.start_decode(n)
+        native.threads_used = {}
+    ids = [_prompt(rng, args.decode_prompt_len, args.vocab_size) for _ in range(n)]
+    for base in baselines.values():
+        base.decode_window_s(ids, 1)  # warm-up
+    best = {name: float("inf") for name in (*natives, *baselines)}
     for _ in range(args.repeats):
-        native_best = min(native_best, native.decode_window_s())
-        if hf is not None:
-            hf_first = min(hf_first, hf_generate_s(hf, ids, 1))
-            hf_full = min(hf_full, hf_generate_s(hf, ids, 1 + args.decode_tokens))
-    native.stop_decode()
+        for name, native in natives.items():
+            best[name] = min(best[name], native.decode_window_s())
+        for name, base in baselines.items():
+            window = base.decode_window_s(ids, args.decode_tokens)
+            best[name] = window if best[name] == float("inf") else min(best[name], window)
+    for native in natives.values():
+        native.stop_decode()
     tokens = n * args.decode_tokens
-    if hf is None:
-        return tokens / native_best, None
-    # a neighbour slowing every 1-token run more than a full one leaves no valid difference
-    hf_tok_s = tokens / (hf_full - hf_first) if hf_full > hf_first else float("nan")
-    return tokens / native_best, hf_tok_s
+    return {name: tokens / s if s == s and s > 0 else float("nan") for name, s in best.items()}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.num_threads)
     dtype = getattr(torch, args.dtype)
-    _, config, weights = load_model_weights(args.model)
-    args.vocab_size = config.vocab_size
-    model = LlamaModel(config, weights, dtype=dtype, max_positions=4096)
     max_seqs = max(args.concurrency)
-    core = EngineCore(
-        NativeConfig(
+    rng = random.Random(0)
+    natives: dict[str, NativeBench] = {}
+    weight_bytes: dict[str, int] = {}
+    config: Any = None
+    for fmt in args.weights:
+        engine_config = NativeConfig(
+            model=args.model,
             dtype=args.dtype,
+            weights=fmt,
             num_blocks=max(2048, max_seqs * 16),
             max_num_seqs=max_seqs,
             max_num_batched_tokens=max(args.prompt_len, 2048),
+            max_model_len=4096,
             enable_prefix_caching=False,
-        ),
-        model,
-    )
-    rng = random.Random(0)
+        )
+        model, _ = build_model(engine_config)
+        config = model.config
+        args.vocab_size = config.vocab_size
+        name = f"native-{fmt}"
+        natives[name] = NativeBench(EngineCore(engine_config, model), args, rng)
+        weight_bytes[name] = model.weight_bytes()
+    baselines: dict[str, Baseline] = {}
+    if not args.skip_hf:
+        _, hf_config, weights = load_model_weights(args.model)
+        baselines["hf"] = HfBaseline(hf_model(hf_config, weights, dtype))
+    if args.llamacpp:
+        baselines["llama.cpp"] = LlamaCppBaseline(
+            args.model or default_model_path(), args.num_threads
+        )
     result: dict[str, Any] = {
         "model": config.name,
         "dtype": args.dtype,
         "threads": args.num_threads,
-        "weight_bytes": model.weight_bytes(),
+        "weight_bytes": weight_bytes,
+        "engines": {name: {} for name in (*natives, *baselines)},
     }
     bandwidth = [(memcpy_gbps(), matvec_gbps())]
-    hf = None if args.skip_hf else hf_model(config, weights, dtype)
-    native = NativeBench(core, args, rng)
-    native_prefill, hf_prefill = prefill_figures(native, hf, args, rng)
-    result["native"] = {"prefill_tok_s": native_prefill}
-    if hf is not None:
-        result["hf"] = {"prefill_tok_s": hf_prefill}
+    for name, tok_s in prefill_figures(natives, baselines, args, rng).items():
+        result["engines"][name]["prefill_tok_s"] = tok_s
     for n in args.concurrency:
-        native_tok_s, hf_tok_s = decode_figures(native, hf, n, args, rng)
-        result["native"][f"decode_tok_s@{n}"] = native_tok_s
-        result.setdefault("native_decode_steps_by_threads", {})[str(n)] = native.threads_used
-        if hf is not None:
-            result["hf"][f"decode_tok_s@{n}"] = hf_tok_s
+        for name, tok_s in decode_figures(natives, baselines, n, args, rng).items():
+            result["engines"][name][f"decode_tok_s@{n}"] = tok_s
+        for name, native in natives.items():
+            result.setdefault("decode_steps_by_threads", {}).setdefault(name, {})[str(n)] = (
+                native.threads_used
+            )
         bandwidth.append((memcpy_gbps(), matvec_gbps()))
     add_bounds(result, max(b[0] for b in bandwidth), max(b[1] for b in bandwidth))
     return result
 
 
 def add_bounds(result: dict[str, Any], gbps: float, mv_gbps: float) -> None:
-    """The weight-streaming bounds from the best bandwidths seen (measured before the runs
-    and after each concurrency: a busy neighbour only ever lowers one measurement)."""
-    weight_bytes = result["weight_bytes"]
+    """Each native format's weight-streaming bound from the best bandwidths seen (measured
+    before the runs and after each concurrency: a busy neighbour only lowers one)."""
     result["memcpy_gbps"] = gbps
-    result["bound_step_ms"] = weight_bytes / (gbps * 1e9) * 1e3
     result["matvec_gbps"] = mv_gbps
-    result["matvec_bound_step_ms"] = weight_bytes / (mv_gbps * 1e9) * 1e3
+    result["bound_step_ms"] = {
+        name: b / (gbps * 1e9) * 1e3 for name, b in result["weight_bytes"].items()
+    }
 
 
 def format_result(r: dict[str, Any]) -> str:
+    engines = r["engines"]
+    keys = [k for k in next(iter(engines.values())) if "@" in k]
     lines = [
-        f"model {r['model']}  dtype {r['dtype']}  threads {r['threads']}",
-        f"weights {r['weight_bytes'] / 1e6:.0f} MB  memcpy {r['memcpy_gbps']:.1f} GB/s  "
-        f"weight-streaming bound {r['bound_step_ms']:.1f} ms/step",
-        f"mat-vec read {r['matvec_gbps']:.1f} GB/s: bound {r['matvec_bound_step_ms']:.1f} ms/step",
-        f"{'':10}{'prefill tok/s':>15}"
-        + "".join(f"{'decode@' + k.split('@')[1]:>13}" for k in r["native"] if "@" in k),
+        f"model {r['model']}  dtype {r['dtype']}  threads {r['threads']}  "
+        f"memcpy {r['memcpy_gbps']:.1f} GB/s  fp32 mat-vec read {r['matvec_gbps']:.1f} GB/s",
+        f"{'':14}{'prefill tok/s':>15}"
+        + "".join(f"{'decode@' + k.split('@')[1]:>13}" for k in keys),
     ]
-    for name in ("native", "hf"):
-        if name in r:
-            row = r[name]
-            lines.append(
-                f"{name:10}{row['prefill_tok_s']:>15.0f}"
-                + "".join(f"{v:>13.1f}" for k, v in row.items() if "@" in k)
-            )
-    used = r.get("native_decode_steps_by_threads", {})
-    if used:
+    for name, row in engines.items():
         lines.append(
-            "native decode steps by intra-op threads: "
-            + "  ".join(f"@{n} {dict(sorted(v.items()))}" for n, v in used.items())
+            f"{name:14}{row['prefill_tok_s']:>15.0f}" + "".join(f"{row[k]:>13.1f}" for k in keys)
         )
-    native = r["native"]
-    if "decode_tok_s@1" in native:
-        step_ms = 1e3 / native["decode_tok_s@1"]
+    anchors = [a for a in ("llama.cpp", "hf") if a in engines]
+    for name, weight_bytes in r["weight_bytes"].items():
+        row = engines[name]
+        line = f"{name}: weights {weight_bytes / 1e6:.0f} MB"
+        if "decode_tok_s@1" in row:
+            step_ms = 1e3 / row["decode_tok_s@1"]
+            bound = r["bound_step_ms"][name]
+            line += f", batch-1 step {step_ms:.1f} ms = {step_ms / bound:.2f}x its memcpy bound"
+            line += f" ({bound:.1f} ms)"
+            for a in anchors:
+                base = engines[a]
+                line += f"; vs {a}: decode@1 {row['decode_tok_s@1'] / base['decode_tok_s@1']:.2f}x"
+                line += f", prefill {row['prefill_tok_s'] / base['prefill_tok_s']:.2f}x"
+        lines.append(line)
+    used = r.get("decode_steps_by_threads", {})
+    for name, per_n in used.items():
         lines.append(
-            f"native batch-1 step {step_ms:.1f} ms = {step_ms / r['bound_step_ms']:.2f}x the "
-            f"memcpy bound, {step_ms / r['matvec_bound_step_ms']:.2f}x the mat-vec bound"
+            f"{name} decode steps by intra-op threads: "
+            + "  ".join(f"@{n} {dict(sorted(v.items()))}" for n, v in per_n.items())
         )
-        if "hf" in r:
-            ratio = native["decode_tok_s@1"] / r["hf"]["decode_tok_s@1"]
-            lines.append(f"native/hf batch-1 decode {ratio:.2f}x")
-        top = max((k for k in native if "@" in k), key=lambda k: int(k.split("@")[1]))
-        lines.append(f"native {top} / own batch-1: {native[top] / native['decode_tok_s@1']:.1f}x")
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ TINY = ModelConfig(
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_bench_engine_reports_native_hf_and_bound(tmp_path, capsys):
+def test_bench_engine_reports_every_format_hf_and_bounds(tmp_path, capsys):
     save_hf_dir(TINY, random_weights(TINY), str(tmp_path / "tiny"))
     out_json = tmp_path / "r.json"
     argv = [
@@ -51,9 +51,13 @@ def test_bench_engine_reports_native_hf_and_bound(tmp_path, capsys):
     ]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "weight-streaming bound" in text and "native/hf batch-1 decode" in text
+    assert "memcpy bound" in text and "vs hf: decode@1" in text
     result = json.loads(out_json.read_text())
-    for engine in ("native", "hf"):
-        assert set(result[engine]) == {"prefill_tok_s", "decode_tok_s@1", "decode_tok_s@4"}
-        assert all(v > 0 for v in result[engine].values())
-    assert result["bound_step_ms"] > 0 and result["weight_bytes"] > 0
+    natives = ("native-fp32", "native-int8", "native-int4")
+    assert set(result["engines"]) == {*natives, "hf"}
+    for row in result["engines"].values():
+        assert set(row) == {"prefill_tok_s", "decode_tok_s@1", "decode_tok_s@4"}
+        assert all(v > 0 for v in row.values())
+    weights = result["weight_bytes"]
+    assert weights["native-int4"] < weights["native-int8"] < weights["native-fp32"]
+    assert all(result["bound_step_ms"][n] > 0 for n in natives)

@@ -9,10 +9,12 @@ import pytest
 import torch
 from native_reference import Reference
 
-from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.config import WEIGHT_FORMATS, NativeConfig
+from tandem.engines.native.engine import build_model
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import load_model_weights
 from tandem.engines.native.model import LlamaModel
+from tandem.engines.native.model_config import ModelConfig
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
 
 pytestmark = [pytest.mark.native, pytest.mark.timeout(120)]
@@ -21,10 +23,22 @@ NUM_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> tuple[LlamaModel, Reference]:
-    torch.set_num_threads(1)  # the CI box is shared: OpenMP barriers under contention cost more
+def fp32_weights() -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     _, config, weights = load_model_weights()
-    return LlamaModel(config, weights, max_positions=1024), Reference(config, weights)
+    return config, weights
+
+
+# Every check runs on each weight format. The quantized formats hold the GGUF's own Q4_1
+# values (see test_native_quant), so the fp32 reference stays the judge of near-ties.
+@pytest.fixture(scope="module", params=WEIGHT_FORMATS)
+def smollm2(request, fp32_weights) -> tuple[LlamaModel, Reference]:
+    torch.set_num_threads(1)  # the CI box is shared: OpenMP barriers under contention cost more
+    config, weights = fp32_weights
+    if request.param == "fp32":
+        model = LlamaModel(config, weights, max_positions=1024)
+    else:
+        model, _ = build_model(NativeConfig(weights=request.param, max_model_len=1024))
+    return model, Reference(config, weights)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +79,10 @@ def run(core: EngineCore, prompts: list[list[int]]) -> tuple[list[list[int]], li
 
 
 def make_core(model: LlamaModel, **kw: int) -> EngineCore:
-    config = NativeConfig(**{"num_blocks": 256, "max_num_batched_tokens": 256, **kw})
+    fmt = getattr(model, "weights_format", "fp32")
+    config = NativeConfig(
+        **{"num_blocks": 256, "max_num_batched_tokens": 256, "weights": fmt, **kw}
+    )
     return EngineCore(config, model)
 
 

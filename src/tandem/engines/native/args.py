@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from tandem.engines.native.config import DTYPES, NativeConfig
+from tandem.engines.native.config import DTYPES, WEIGHT_FORMATS, NativeConfig
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
 
 
@@ -23,6 +23,12 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--model": (str, None, "a .gguf file or HF safetensors dir (default: SmolLM2-135M GGUF)"),
     "--model-name": (str, None, "model name served (default: smollm2 / the file name)"),
     "--dtype": (str, "float32", f"weights and KV dtype: {', '.join(DTYPES)}"),
+    "--weights": (
+        str,
+        "fp32",
+        f"weight format of the projections: {', '.join(WEIGHT_FORMATS)} (int8/int4: "
+        "weight-only quantized, C kernels built for this CPU)",
+    ),
     "--block-size": (int, 16, "tokens per KV block"),
     "--kv-cache-memory-gb": (float, 1.0, "KV cache budget in GiB (sets the block count)"),
     "--num-blocks": (int, None, "explicit KV block count (overrides --kv-cache-memory-gb)"),
@@ -63,6 +69,7 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         model=ns.model,
         served_model_name=ns.model_name,
         dtype=ns.dtype,
+        weights=ns.weights,
         block_size=ns.block_size,
         kv_cache_memory_gb=ns.kv_cache_memory_gb,
         num_blocks=ns.num_blocks,

@@ -8,6 +8,7 @@ from tandem.engines.vision import encoder_rows
 from tandem.kvbm.base import KvbmConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
+WEIGHT_FORMATS = ("fp32", "int8", "int4")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,6 +20,7 @@ class NativeConfig:
     model: str | None = None
     served_model_name: str | None = None
     dtype: str = "float32"
+    weights: str = "fp32"  # projection weight format (int8 / int4: weight-only quantized)
     block_size: int = 16
     kv_cache_memory_gb: float = 1.0
     num_blocks: int | None = None
@@ -37,6 +39,15 @@ class NativeConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype='{self.dtype}'; expected one of: {', '.join(DTYPES)}")
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(
+                f"weights='{self.weights}'; expected one of: {', '.join(WEIGHT_FORMATS)}"
+            )
+        if self.weights != "fp32" and self.dtype != "float32":
+            raise ValueError(
+                f"weights='{self.weights}' with dtype='{self.dtype}'; quantized weights "
+                "compute in float32: use --dtype float32"
+            )
         _positive("block_size", self.block_size, 1024)
         if not 0 < self.kv_cache_memory_gb <= 4096:
             raise ValueError(f"kv_cache_memory_gb={self.kv_cache_memory_gb} must be in (0, 4096]")

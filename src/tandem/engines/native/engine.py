@@ -29,8 +29,9 @@ from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine_core import EngineCore
-from tandem.engines.native.loader import load_model_weights
+from tandem.engines.native.loader import load_model_weights, load_quant_weights
 from tandem.engines.native.model import LlamaModel
+from tandem.engines.native.quant_model import QuantLlamaModel
 from tandem.engines.output_stream import OutputStream
 from tandem.engines.vision import EmbeddingProvider, encoder_rows
 from tandem.errors import EngineError, InvalidRequest
@@ -45,12 +46,29 @@ T = TypeVar("T")
 def build_core(config: NativeConfig) -> tuple[EngineCore, str]:
     """Load the model named by `config` and build the core; returns (core, model path)."""
     torch.set_num_threads(config.num_threads)
+    model, path = build_model(config)
+    return EngineCore(config, model), path
+
+
+def build_model(config: NativeConfig) -> tuple[LlamaModel, str]:
+    """The model in `config.weights` format; returns (model, resolved model path)."""
+    if config.weights != "fp32":
+        path, model_config, qweights = load_quant_weights(config.model, config.weights)
+        max_len = _max_len(config, model_config.context_length)
+        quant = QuantLlamaModel(
+            model_config, qweights, weights_format=config.weights, max_positions=max_len
+        )
+        return quant, path
     path, model_config, weights = load_model_weights(config.model)
-    max_len = min(config.max_model_len or model_config.context_length, model_config.context_length)
+    max_len = _max_len(config, model_config.context_length)
     model = LlamaModel(
         model_config, weights, dtype=getattr(torch, config.dtype), max_positions=max_len
     )
-    return EngineCore(config, model), path
+    return model, path
+
+
+def _max_len(config: NativeConfig, context_length: int) -> int:
+    return min(config.max_model_len or context_length, context_length)
 
 
 class NativeEngine:

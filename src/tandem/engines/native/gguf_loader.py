@@ -147,10 +147,57 @@ def read_gguf(
         weights[name] = np.ascontiguousarray(array)
         if progress is not None:
             progress(1)
+    _check_complete(path, config, weights)
+    return config, weights
+
+
+def _check_complete(path: str, config: ModelConfig, weights: dict[str, Any]) -> None:
     missing = [n for n in required_names(config) if n not in weights]
     if missing:
         raise GgufFormatError(
             f"{path}: missing tensor '{gguf_name(missing[0])}' ({missing[0]}); "
             f"{len(missing)} missing in all"
         )
+
+
+def read_gguf_packed(path: str) -> tuple[ModelConfig, dict[str, Any]]:
+    """Config and weights of the llama GGUF at `path` with Q4_1 / Q8_0 tensors kept as their
+    quantized blocks (`quant.Q4Weight` / `quant.Q8Weight`, Q/K rows unpermuted), never
+    expanded to fp32; other tensors as fp32 torch tensors."""
+    import torch
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    from tandem.engines.native.quant import from_gguf_blocks
+
+    try:
+        reader = GGUFReader(path)
+    except (OSError, ValueError) as exc:
+        raise GgufFormatError(f"{path}: cannot read as GGUF: {exc}") from exc
+    config = read_config(reader, path)
+    weights: dict[str, Any] = {}
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        kind = tensor.tensor_type.name
+        heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}
+        num_heads = next((h for suffix, h in heads.items() if name.endswith(suffix)), None)
+        if kind in ("Q4_1", "Q8_0") and len(shape) == 2:
+            packed = from_gguf_blocks(tensor.data, kind, (shape[0], shape[1]))
+            if num_heads is not None:
+                order = unpermute_rows(np.arange(shape[0]), num_heads)
+                packed = type(packed)(*(t[torch.from_numpy(order)] for t in packed))
+            weights[name] = packed
+            continue
+        if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            array = np.array(tensor.data, dtype=np.float32)
+        else:
+            array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        array = array.reshape(shape)
+        if num_heads is not None:
+            array = unpermute_rows(array, num_heads)
+        weights[name] = torch.from_numpy(np.ascontiguousarray(array))
+    _check_complete(path, config, weights)
     return config, weights

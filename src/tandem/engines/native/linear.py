@@ -20,6 +20,17 @@ def can_pack(dtype: torch.dtype) -> bool:
     )
 
 
+_ZEROS: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _zeros(dtype: torch.dtype) -> torch.Tensor:
+    """addmm's ignored input when beta=0 (one per dtype, never written)."""
+    z = _ZEROS.get(dtype)
+    if z is None:
+        z = _ZEROS[dtype] = torch.zeros(1, 1, dtype=dtype)
+    return z
+
+
 class Linear:
     """y = x @ W^T, optionally + residual. Immutable after construction; thread-safe."""
 
@@ -33,13 +44,24 @@ class Linear:
                 weight.contiguous(), PACK_BATCH_HINT
             )
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, alpha: float = 1.0
+    ) -> torch.Tensor:
+        """(alpha * x) @ W^T (+ residual); alpha rides addmm's scale (no extra kernel)."""
         if self.packed is None or x.shape[0] == 1:
             if residual is None:
-                return torch.mm(x, self.weight_t)
-            return torch.addmm(residual, x, self.weight_t)
+                if alpha == 1.0:
+                    return torch.mm(x, self.weight_t)
+                return torch.addmm(_zeros(x.dtype), x, self.weight_t, beta=0, alpha=alpha)
+            return torch.addmm(residual, x, self.weight_t, alpha=alpha)
+        if alpha != 1.0:
+            x = x * alpha
         y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return y if residual is None else y.add_(residual)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight_t.shape[0])
 
     @property
     def num_bytes(self) -> int:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -100,6 +101,71 @@ def load_model_weights(model: str | None = None) -> tuple[str, ModelConfig, Weig
     if not os.path.exists(path):
         raise FileNotFoundError(f"model '{path}' not found; expected a .gguf file or HF dir")
     return path, *load_gguf(path)
+
+
+def load_quant_weights(
+    model: str | None, weights_format: str
+) -> tuple[str, ModelConfig, dict[str, Any]]:
+    """(path, config, weights) for `QuantLlamaModel`: a GGUF's Q4_1 / Q8_0 tensors as their
+    own packed blocks (no fp32 copy in memory), cached as safetensors like the fp32 weights;
+    other sources as fp32 (quantized when the model is built)."""
+    path = model or default_model_path()
+    if os.path.isdir(path) or not path.endswith(".gguf"):
+        return load_model_weights(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model '{path}' not found; expected a .gguf file or HF dir")
+    from tandem.engines.native.gguf_loader import read_gguf_packed
+    from tandem.engines.native.quant import Q4Weight, Q8Weight
+
+    cached = _cache_path(path).with_suffix(".packed.safetensors")
+    if cached.exists():
+        try:
+            flat = load_file(str(cached))
+            with open(cached.with_suffix(".json")) as f:
+                config = ModelConfig.from_dict(json.load(f))
+            return path, config, _unflatten(flat, Q4Weight, Q8Weight)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("ignoring unreadable packed weight cache %s: %s", cached, exc)
+    config, weights = read_gguf_packed(path)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
+        save_file(_flatten(weights), str(tmp))
+        cached.with_suffix(".json").write_text(json.dumps(config.to_dict()))
+        os.replace(tmp, cached)
+    except OSError as exc:
+        logger.warning("cannot write packed weight cache %s: %s", cached, exc)
+    return path, config, weights
+
+
+def _flatten(weights: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """name -> tensor, packed weights as name@q4.qs / name@q4.d / ... entries."""
+    from tandem.engines.native.quant import Q4Weight
+
+    out: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        if isinstance(w, torch.Tensor):
+            out[name] = w.contiguous()
+        else:
+            tag = "q4" if isinstance(w, Q4Weight) else "q8"
+            for field, t in zip(w._fields, w, strict=True):
+                out[f"{name}@{tag}.{field}"] = t.contiguous()
+    return out
+
+
+def _unflatten(flat: dict[str, torch.Tensor], q4: type, q8: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    parts: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    for key, t in flat.items():
+        if "@" not in key:
+            out[key] = t
+            continue
+        name, rest = key.split("@", 1)
+        tag, field = rest.split(".", 1)
+        parts.setdefault((name, tag), {})[field] = t
+    for (name, tag), fields in parts.items():
+        out[name] = q4(**fields) if tag == "q4" else q8(**fields)
+    return out
 
 
 def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.2) -> Weights:

@@ -76,23 +76,31 @@ class LlamaModel:
     ) -> None:
         self.config = config
         self.dtype = dtype
-        w = {k: v.to(torch.float32) for k, v in weights.items()}
-        pack = pack_weights and can_pack(dtype)
         scale = config.head_dim**-0.5
         self.attn_scale = 1.0 if math.frexp(scale)[0] == 0.5 else scale  # 2^k folds exactly
-        self.layers = [
-            self._layer(w, i, pack, scale / self.attn_scale, dtype)
-            for i in range(config.num_layers)
-        ]
-        self.embed = w["model.embed_tokens.weight"].to(dtype).contiguous()
-        head = w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
-        screen = fast_bf16_available() if screen_head is None else screen_head
-        self.head = OutputHead((head * w["model.norm.weight"]).to(dtype), pack=pack, screen=screen)
+        self._build(weights, pack_weights, scale / self.attn_scale, screen_head)
         cos, sin = rope_tables(config, max_positions or config.context_length)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
         self._rope_index = _rope_index(config.head_dim)
         self._kv_views: tuple[tuple[int, tuple[int, ...]], list[KvViews]] | None = None
         self._place_streamed_weights()
+
+    def _build(
+        self,
+        weights: dict[str, torch.Tensor],
+        pack_weights: bool,
+        q_scale: float,
+        screen_head: bool | None,
+    ) -> None:
+        """Set `layers`, `embed` and `head` from HF-named weights (subclasses: other formats)."""
+        config, dtype = self.config, self.dtype
+        w = {k: v.to(torch.float32) for k, v in weights.items()}
+        pack = pack_weights and can_pack(dtype)
+        self.layers = [self._layer(w, i, pack, q_scale, dtype) for i in range(config.num_layers)]
+        self.embed = w["model.embed_tokens.weight"].to(dtype).contiguous()
+        head = w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
+        screen = fast_bf16_available() if screen_head is None else screen_head
+        self.head = OutputHead((head * w["model.norm.weight"]).to(dtype), pack=pack, screen=screen)
 
     def _place_streamed_weights(self) -> None:
         """Move what a decode step streams onto huge pages (see `arena`)."""
@@ -225,12 +233,9 @@ class LlamaModel:
         group, k_end, ffn = heads // kv_heads, (heads + kv_heads) * dim, c.intermediate_size
         inv_n, eps, scale = 1.0 / c.hidden_size, c.rms_norm_eps, self.attn_scale
         attn = torch.empty(kv_heads, group, dim, dtype=self.dtype)
-        zeros = torch.zeros(1, 1, dtype=self.dtype)  # addmm's ignored input (beta=0)
         x = self.embed[token].unsqueeze(0)
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
-            qkv = torch.addmm(
-                zeros, x, layer.qkv.weight_t, beta=0, alpha=_rms_scale(x, inv_n, eps)
-            )[0]
+            qkv = layer.qkv(x, alpha=_rms_scale(x, inv_n, eps))[0]
             rot = torch.mm(qkv[:k_end].view(-1, dim), step.rope)  # [H + KVH, d]
             kv.k_slots[step.slot] = rot[heads:]
             kv.v_slots[step.slot] = qkv[k_end:].view(kv_heads, dim)
@@ -239,12 +244,10 @@ class LlamaModel:
             if scale != 1.0:
                 scores.mul_(scale)
             torch.bmm(scores.softmax(-1), values.transpose(0, 1), out=attn)
-            x = torch.addmm(x, attn.view(1, -1), layer.o.weight_t)
-            gate_up = torch.addmm(
-                zeros, x, layer.gate_up.weight_t, beta=0, alpha=_rms_scale(x, inv_n, eps)
-            )
+            x = layer.o(attn.view(1, -1), residual=x)
+            gate_up = layer.gate_up(x, alpha=_rms_scale(x, inv_n, eps))
             act = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
-            x = torch.addmm(x, act, layer.down.weight_t)
+            x = layer.down(act, residual=x)
         return x * _rms_scale(x, inv_n, eps)
 
     def kv_views(self, kv_cache: torch.Tensor) -> list[KvViews]:

@@ -27,11 +27,9 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_cache = model.new_kv_cache(num_blocks, block_size)
         self.sampler = Sampler(seed)
-        probe_weight = model.layers[0].gate_up.weight_t
-        probe_x = torch.ones(1, probe_weight.shape[0], dtype=probe_weight.dtype)
-        self.thread_policy = ThreadPolicy(
-            torch.get_num_threads(), lambda: torch.mm(probe_x, probe_weight)
-        )
+        probe_linear = model.layers[0].gate_up
+        probe_x = torch.ones(1, probe_linear.in_features, dtype=model.dtype)
+        self.thread_policy = ThreadPolicy(torch.get_num_threads(), lambda: probe_linear(probe_x))
         self.steps_by_threads: Counter[int] = Counter()
 
     @torch.inference_mode()

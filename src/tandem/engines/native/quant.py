@@ -1,0 +1,322 @@
+"""Weight-only quantized linear layers: int4 (groups of 32 with a scale and a minimum, GGUF
+Q4_1's layout) and int8 (uint8 codes, groups of 32 with a scale and a minimum), run by the C
+kernels in `kernels/quant.c` (AVX2 + FMA where the compiler targets it, a scalar path else).
+
+int8 is asymmetric so that both GGUF formats convert into it exactly (Q4_1: codes x 17,
+scale / 17; Q8_0: codes + 128, minimum -128 x scale): the SmolLM2 GGUF is Q4_1, and an int8
+engine that re-rounded its weights would not be the model the fp32 engine serves.
+
+The kernels are compiled once per machine with the system C compiler (`make` does it at
+install time; else the first use does) into the tandem cache directory, keyed by the source
+and the compiler flags. Activations stay fp32 (see the kernel's header for why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+GROUP = 32
+WEIGHT_FORMATS = ("fp32", "int8", "int4")
+_SOURCE = Path(__file__).with_name("kernels") / "quant.c"
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+_PORTABLE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")  # the scalar path, any x86-64/arm
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+class QuantKernelError(RuntimeError):
+    """The quantized kernels cannot be built or loaded; the message says why and what to do."""
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TANDEM_CACHE_DIR", str(Path.home() / ".cache" / "tandem"))
+    return Path(root) / "kernels"
+
+
+def _library_path(compiler: str, flags: tuple[str, ...]) -> Path:
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join((compiler, *flags)).encode())
+    return _cache_dir() / f"tq-{key.hexdigest()[:16]}.so"
+
+
+def build(*, portable: bool | None = None) -> Path:
+    """Compile the kernels (idempotent); returns the shared library's path. `portable` (or
+    TANDEM_QUANT_PORTABLE=1) builds the scalar path without -march=native."""
+    if portable is None:
+        portable = os.environ.get("TANDEM_QUANT_PORTABLE", "0") == "1"
+    flags = _PORTABLE_FLAGS if portable else _FLAGS
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise QuantKernelError(
+            "no C compiler found (gcc/cc) to build the int8/int4 kernels; install gcc or "
+            "serve with --weights fp32"
+        )
+    path = _library_path(compiler, flags)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    cmd = [compiler, *flags, "-o", str(tmp), str(_SOURCE), "-lm"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise QuantKernelError(
+            f"building the int8/int4 kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}"
+            "\nserve with --weights fp32, or fix the compiler"
+        )
+    os.replace(tmp, path)
+    return path
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    """A kernel library with its function signatures declared."""
+    lib = ctypes.CDLL(str(path))
+    p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    lib.tq_gemm_q4.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
+    lib.tq_gemm_q8.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
+    lib.tq_dequant_q4.argtypes = [p, p, p, i64, i64, p, i32]
+    lib.tq_dequant_q8.argtypes = [p, p, p, i64, i64, p, i32]
+    for fn in (lib.tq_gemm_q4, lib.tq_gemm_q8):
+        fn.restype = ctypes.c_int
+    lib.tq_has_avx2.restype = ctypes.c_int
+    return lib
+
+
+def kernels() -> ctypes.CDLL:
+    """The loaded kernel library (built on first use)."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            lib = load_library(build())
+            if not lib.tq_has_avx2():
+                logger.warning("int8/int4 kernels built without AVX2: the scalar path is slow")
+            _lib = lib
+        return _lib
+
+
+class Q4Weight(NamedTuple):
+    """[N, K] as 4-bit codes: qs uint8 [N, K/2] (GGUF Q4_1 nibble order), d, m fp32 [N, K/32]."""
+
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.qs.shape[0], self.qs.shape[1] * 2
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self)
+
+
+class Q8Weight(NamedTuple):
+    """[N, K] as 8-bit codes: qs uint8 [N, K], d, m fp32 [N, K/32] (w = d q + m)."""
+
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.qs.shape[0], self.qs.shape[1]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self)
+
+
+QWeight = Q4Weight | Q8Weight
+
+
+def _groups(w: torch.Tensor) -> torch.Tensor:
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"input dimension {k} is not a multiple of the group size {GROUP}")
+    return w.float().reshape(n, k // GROUP, GROUP)
+
+
+def _asymmetric(w: torch.Tensor, levels: int) -> tuple[torch.Tensor, ...]:
+    """Per group of 32: codes in 0..levels-1, scale and minimum (w ≈ d q + m)."""
+    g = _groups(w)
+    lo, hi = g.amin(dim=2), g.amax(dim=2)
+    d = (hi - lo) / (levels - 1)
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round((g - lo.unsqueeze(2)) * inv.unsqueeze(2)).clamp_(0, levels - 1)
+    return q.to(torch.uint8), d.contiguous(), lo.contiguous()
+
+
+def quantize_q8(w: torch.Tensor) -> Q8Weight:
+    """8-bit codes per group of 32 with a scale and a minimum."""
+    q, d, m = _asymmetric(w, 256)
+    return Q8Weight(q.reshape(w.shape).contiguous(), d, m)
+
+
+def quantize_q4(w: torch.Tensor) -> Q4Weight:
+    """4-bit codes per group of 32 with a scale and a minimum, as GGUF Q4_1."""
+    q, d, m = _asymmetric(w, 16)
+    packed = q[:, :, :16] | (q[:, :, 16:] << 4)  # byte j: element j low, j + 16 high
+    return Q4Weight(packed.reshape(w.shape[0], -1).contiguous(), d, m)
+
+
+def q4_to_q8(w: Q4Weight) -> Q8Weight:
+    """The same values in 8-bit codes (exact: code x 17, scale / 17)."""
+    n, k = w.shape
+    b = w.qs.view(n, k // GROUP, 16)
+    codes = torch.cat((b & 0x0F, b >> 4), dim=2).reshape(n, k) * 17
+    return Q8Weight(codes.contiguous(), (w.d / 17.0).contiguous(), w.m.clone())
+
+
+def dequantize(w: QWeight, num_threads: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 [N, K] matrix a quantized weight stands for (written into `out` if given)."""
+    n, k = w.shape
+    if out is None:
+        out = torch.empty(n, k, dtype=torch.float32)
+    lib = kernels()
+    if isinstance(w, Q4Weight):
+        lib.tq_dequant_q4(
+            w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, k, out.data_ptr(), num_threads
+        )
+    else:
+        lib.tq_dequant_q8(
+            w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, k, out.data_ptr(), num_threads
+        )
+    return out
+
+
+def from_gguf_blocks(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> QWeight:
+    """A Q4_1 or Q8_0 GGUF tensor's raw blocks as a packed weight, without an fp32 copy."""
+    n, k = shape
+    blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // GROUP, -1)
+    if type_name == "Q4_1":  # per block: d fp16, m fp16, 16 bytes of nibbles
+        d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        qs = blocks[:, :, 4:20].reshape(n, k // 2)
+        return Q4Weight(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (qs, d, m)))
+    if type_name == "Q8_0":  # per block: d fp16, 32 int8 -> codes + 128, minimum -128 d
+        d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        codes = (blocks[:, :, 2:34].reshape(n, k) ^ 0x80).astype(np.uint8)  # int8 + 128
+        m = -128.0 * d
+        return Q8Weight(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (codes, d, m)))
+    raise ValueError(f"no packed form for GGUF type {type_name}; expected Q4_1 or Q8_0")
+
+
+def convert(w: QWeight | torch.Tensor, fmt: str) -> QWeight:
+    """`w` in format `fmt` ('int8' or 'int4'); a weight already in it is returned as is."""
+    if fmt == "int4":
+        return w if isinstance(w, Q4Weight) else quantize_q4(_dense(w))
+    if fmt == "int8":
+        if isinstance(w, Q4Weight):
+            return q4_to_q8(w)
+        return w if isinstance(w, Q8Weight) else quantize_q8(_dense(w))
+    raise ValueError(f"weights='{fmt}'; expected int8 or int4")
+
+
+def _dense(w: QWeight | torch.Tensor) -> torch.Tensor:
+    return w if isinstance(w, torch.Tensor) else dequantize(w)
+
+
+def scale_rows(w: QWeight, rows: slice, factor: float) -> None:
+    """Multiply output rows `rows` by `factor` in place (exact for a power of two)."""
+    w.d[rows] *= factor
+    w.m[rows] *= factor
+
+
+def cat_rows(parts: list[QWeight]) -> QWeight:
+    """Stack weights of one format along the output dimension (fused QKV, gate/up)."""
+    first = parts[0]
+    if isinstance(first, Q4Weight):
+        return Q4Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in first._fields))
+    return Q8Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in first._fields))
+
+
+# From this many rows on, a product dequantizes the weight once into a scratch buffer and
+# runs the BLAS GEMM (prefill chunks): the kernel widens every group once per 4 rows, which
+# is compute-bound there, while the BLAS reuses each weight across the whole tile.
+DEQUANT_MIN_ROWS = 64
+_scratch = threading.local()
+
+
+def _scratch_weight(w: QWeight) -> torch.Tensor:
+    """w dequantized into this thread's reusable buffer (valid until its next call)."""
+    n, k = w.shape
+    buf: torch.Tensor | None = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < n * k:
+        buf = _scratch.buf = torch.empty(n * k, dtype=torch.float32)
+    return dequantize(w, torch.get_num_threads(), out=buf[: n * k].view(n, k))
+
+
+def matmul(
+    w: QWeight,
+    x: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    *,
+    alpha: float = 1.0,
+    col_scale: torch.Tensor | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """(alpha * x * col_scale) @ W^T (+ residual) in fp32 on `torch.get_num_threads()`
+    threads; `lib` picks a kernel build (default: this machine's)."""
+    x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+    rows, k = x.shape
+    n = w.shape[0]
+    if k != w.shape[1]:
+        raise ValueError(f"x has {k} columns; the weight expects {w.shape[1]}")
+    if rows >= DEQUANT_MIN_ROWS and lib is None:
+        xs = x * col_scale if col_scale is not None else x
+        dense = _scratch_weight(w).t()
+        if residual is None:
+            return torch.mm(xs, dense).mul_(alpha) if alpha != 1.0 else torch.mm(xs, dense)
+        return torch.addmm(residual.float(), xs, dense, alpha=alpha)
+    y = torch.empty(rows, n, dtype=torch.float32)
+    res = 0
+    if residual is not None:
+        residual = residual.float().contiguous()
+        res = residual.data_ptr()
+    cs = 0 if col_scale is None else col_scale.data_ptr()
+    fn = (lib or kernels()).tq_gemm_q4 if isinstance(w, Q4Weight) else (lib or kernels()).tq_gemm_q8
+    rc = fn(
+        x.data_ptr(), rows, k, alpha, cs, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n,
+        y.data_ptr(), res, torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"quantized GEMM failed (code {rc}) for x {tuple(x.shape)}")
+    return y
+
+
+class QuantLinear:
+    """y = (alpha * x * col_scale) @ W^T (+ residual) with W quantized; `col_scale` holds the
+    RMSNorm weight a fp32 Linear would fold into W's columns. Immutable; thread-safe."""
+
+    __slots__ = ("col_scale", "out_features", "weight")
+
+    def __init__(self, weight: QWeight, col_scale: torch.Tensor | None = None) -> None:
+        self.weight = weight
+        self.out_features = weight.shape[0]
+        self.col_scale = None if col_scale is None else col_scale.float().contiguous()
+        kernels()  # fail at load time, not at the first request
+
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, alpha: float = 1.0
+    ) -> torch.Tensor:
+        return matmul(self.weight, x, residual, alpha=alpha, col_scale=self.col_scale)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes one pass streams (codes and scales)."""
+        return self.weight.num_bytes

@@ -1,0 +1,109 @@
+"""`QuantLlamaModel`: the llama decoder with int8 or int4 weight-only quantized projections.
+
+Same forwards as `LlamaModel` (they call each projection as `linear(x, residual, alpha=)`);
+what differs is what a projection is. RMSNorm weights cannot be folded into quantized
+columns exactly, so each `QuantLinear` applies its norm weight to the activations while it
+quantizes them (no extra pass). The attention scale is folded into the Q rows' group scales
+when it is a power of two (exact), as in fp32. The output head keeps int8 codes for both
+formats (the SmolLM2 GGUF stores its tied embedding as Q8_0, as llama.cpp serves it); the
+embedding table stays fp32 for the row lookups.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.engines.native.model import LayerWeights, LlamaModel
+from tandem.engines.native.model_config import ModelConfig
+from tandem.engines.native.quant import QuantLinear, QWeight, cat_rows, convert, dequantize
+from tandem.engines.native.quant import scale_rows as _scale_rows
+
+QuantWeights = dict[str, torch.Tensor | QWeight]
+
+
+class QuantHead:
+    """logits(x) = x @ W^T from int8 codes; greedy = argmax. Immutable; thread-safe."""
+
+    def __init__(self, linear: QuantLinear) -> None:
+        self.linear = linear
+        self.low = None  # no bf16 screening copy
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def greedy(self, x: torch.Tensor) -> list[int]:
+        return self.logits(x).max(dim=-1).indices.tolist()
+
+    @property
+    def num_bytes(self) -> int:
+        return self.linear.num_bytes
+
+
+class QuantLlamaModel(LlamaModel):
+    """`weights_format` 'int8' or 'int4'; `weights` may hold packed weights (GGUF blocks)
+    or fp32 tensors (quantized here). Not thread-safe: one step at a time."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: QuantWeights,
+        *,
+        weights_format: str,
+        max_positions: int | None = None,
+    ) -> None:
+        if weights_format not in ("int8", "int4"):
+            raise ValueError(f"weights_format='{weights_format}'; expected int8 or int4")
+        self.weights_format = weights_format
+        super().__init__(
+            config,
+            weights,  # type: ignore[arg-type]
+            dtype=torch.float32,
+            max_positions=max_positions,
+            pack_weights=False,
+            screen_head=False,
+        )
+
+    def _build(
+        self,
+        weights: dict[str, torch.Tensor],
+        pack_weights: bool,
+        q_scale: float,
+        screen_head: bool | None,
+    ) -> None:
+        w: QuantWeights = dict(weights)
+        fmt, c = self.weights_format, self.config
+        self.layers = [self._quant_layer(w, i, fmt, q_scale) for i in range(c.num_layers)]
+        embed = w["model.embed_tokens.weight"]
+        self.embed = (embed if isinstance(embed, torch.Tensor) else dequantize(embed)).float()
+        head = w["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
+        norm = _dense(w["model.norm.weight"])
+        self.head = QuantHead(QuantLinear(convert(head, "int8"), col_scale=norm))  # type: ignore[assignment]
+
+    @staticmethod
+    def _quant_layer(w: QuantWeights, i: int, fmt: str, q_scale: float) -> LayerWeights:
+        p = f"model.layers.{i}."
+
+        def get(name: str) -> QWeight:
+            return convert(w[p + name], fmt)
+
+        q = get("self_attn.q_proj.weight")
+        if q_scale != 1.0:
+            q = type(q)(*(t.clone() for t in q))
+            _scale_rows(q, slice(None), q_scale)
+        qkv = cat_rows([q, get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")])
+        gate_up = cat_rows([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
+        return LayerWeights(
+            qkv=QuantLinear(qkv, col_scale=_dense(w[p + "input_layernorm.weight"])),  # type: ignore[arg-type]
+            o=QuantLinear(get("self_attn.o_proj.weight")),  # type: ignore[arg-type]
+            gate_up=QuantLinear(
+                gate_up, col_scale=_dense(w[p + "post_attention_layernorm.weight"])
+            ),  # type: ignore[arg-type]
+            down=QuantLinear(get("mlp.down_proj.weight")),  # type: ignore[arg-type]
+        )
+
+    def _place_streamed_weights(self) -> None:
+        """Quantized weights are a few times smaller; they stay where they were loaded."""
+
+
+def _dense(t: torch.Tensor | QWeight) -> torch.Tensor:
+    return t.float() if isinstance(t, torch.Tensor) else dequantize(t)

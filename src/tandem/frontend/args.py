@@ -6,7 +6,7 @@ import argparse
 import os
 
 from tandem.disagg.args import add_disagg_route_args, disagg_route_config_from_args
-from tandem.frontend.config import FrontendConfig
+from tandem.frontend.config import FrontendConfig, HttpConfig
 from tandem.multimodal.args import add_image_args, image_config_from_args
 from tandem.router.args import add_router_args, router_config_from_args
 from tandem.runtime.args import add_runtime_args
@@ -50,12 +50,117 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
         default=float(_env("REQUEST_TIMEOUT_S", "600")),
         help="deadline of each request",
     )
-    g.add_argument("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(8 << 20))))
+    _add_http_args(parser)
+    _add_auth_args(parser)
     add_image_args(parser)
     add_router_args(parser)
     add_disagg_route_args(parser)
     if with_runtime:
         add_runtime_args(parser)
+
+
+# HttpConfig field -> (flag, env suffix, type, help); defaults come from HttpConfig
+_HTTP_FLAGS: dict[str, tuple[str, str, type, str]] = {
+    "max_body_bytes": ("--max-body-bytes", "MAX_BODY_BYTES", int, "largest request body (413)"),
+    "max_header_bytes": (
+        "--http-max-header-bytes", "HTTP_MAX_HEADER_BYTES", int,
+        "largest request line + headers (431)",
+    ),
+    "max_header_count": (
+        "--http-max-headers", "HTTP_MAX_HEADERS", int, "most header fields in a request (431)"
+    ),
+    "header_timeout_s": (
+        "--http-header-timeout-s", "HTTP_HEADER_TIMEOUT_S", float,
+        "seconds from a request's first byte to the end of its headers (408)",
+    ),
+    "body_timeout_s": (
+        "--http-body-timeout-s", "HTTP_BODY_TIMEOUT_S", float,
+        "seconds from the end of a request's headers to the end of its body (408)",
+    ),
+    "idle_timeout_s": (
+        "--http-idle-timeout-s", "HTTP_IDLE_TIMEOUT_S", float,
+        "seconds a keep-alive connection may wait for its next request",
+    ),
+    "max_connections": (
+        "--http-max-connections", "HTTP_MAX_CONNECTIONS", int,
+        "open HTTP connections at most (lowered to fit RLIMIT_NOFILE); past it 503 + close",
+    ),
+    "drain_grace_s": (
+        "--http-drain-grace-s", "HTTP_DRAIN_GRACE_S", float,
+        "on SIGTERM: stop accepting, let in-flight responses finish for this long, then close",
+    ),
+}  # fmt: skip
+
+
+def _add_http_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("HTTP limits")
+    for name, (flag, env, kind, help_) in _HTTP_FLAGS.items():
+        default = getattr(HttpConfig(), name)
+        g.add_argument(
+            flag,
+            dest=f"http_{name}",
+            type=kind,
+            default=kind(_env(env, str(default))),
+            help=f"{help_} (default {default}; env TANDEM_{env})",
+        )
+
+
+def _add_auth_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("authentication")
+    g.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require `Authorization: Bearer KEY` on the OpenAI routes and /metrics; repeat for "
+        "several keys (also env TANDEM_API_KEY, comma-separated); /health and /live stay open",
+    )
+    g.add_argument(
+        "--api-key-file",
+        default=_env("API_KEY_FILE", "") or None,
+        metavar="PATH",
+        help="file of API keys, one per line or comma-separated (env TANDEM_API_KEY_FILE)",
+    )
+    g.add_argument(
+        "--admin-api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="key for the admin routes (POST /v1/route/explain), which are off without one "
+        "(also env TANDEM_ADMIN_API_KEY, comma-separated)",
+    )
+    g.add_argument(
+        "--admin-api-key-file",
+        default=_env("ADMIN_API_KEY_FILE", "") or None,
+        metavar="PATH",
+        help="file of admin API keys (env TANDEM_ADMIN_API_KEY_FILE)",
+    )
+    g.add_argument(
+        "--health-stale-s",
+        type=float,
+        default=float(_env("HEALTH_STALE_S", "5")),
+        help="/health counts a worker as not alive when its load metrics are this old "
+        "(env TANDEM_HEALTH_STALE_S)",
+    )
+
+
+def api_keys(flags: list[str], path: str | None, env: str) -> tuple[str, ...]:
+    """Keys from flags, else from the file, else from the env var (comma-separated)."""
+    raw: list[str] = list(flags)
+    if not raw and path:
+        try:
+            with open(path) as f:
+                raw = [f.read()]
+        except OSError as exc:
+            raise SystemExit(f"cannot read API key file {path}: {exc}") from exc
+    if not raw:
+        raw = [os.environ.get(f"TANDEM_{env}", "")]
+    keys = (k.strip() for item in raw for line in item.splitlines() for k in line.split(","))
+    return tuple(dict.fromkeys(k for k in keys if k))
+
+
+def http_config_from_args(ns: argparse.Namespace) -> HttpConfig:
+    return HttpConfig(**{name: getattr(ns, f"http_{name}") for name in _HTTP_FLAGS})
 
 
 def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
@@ -68,7 +173,10 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         max_inflight_requests=ns.max_inflight_requests,
         max_fanout=ns.max_fanout,
         request_timeout_s=ns.request_timeout_s,
-        max_body_bytes=ns.max_body_bytes,
+        http=http_config_from_args(ns),
+        api_keys=api_keys(ns.api_key, ns.api_key_file, "API_KEY"),
+        admin_api_keys=api_keys(ns.admin_api_key, ns.admin_api_key_file, "ADMIN_API_KEY"),
+        health_stale_s=ns.health_stale_s,
         disagg=disagg_route_config_from_args(ns),
         images=image_config_from_args(ns),
     )

@@ -1,14 +1,22 @@
 """A small HTTP/1.1 server on httptools + asyncio, built for streaming LLM responses.
 
-Keep-alive and pipelining (requests answered in order), Content-Length and chunked request
-bodies, a body size limit (413), `Expect: 100-continue`, write backpressure, and responses
-either whole (Content-Length) or streamed with chunked transfer encoding (SSE).
+Keep-alive and pipelining (responses strictly in request order), Content-Length and chunked
+request bodies, `Expect: 100-continue`, HEAD, write backpressure, and responses either whole
+(Content-Length) or streamed with chunked transfer encoding (SSE).
+
+The edge is where software gets hurt, so every connection has limits (`HttpConfig`): header
+bytes and count (431), body size (413), a header timeout, a body timeout (408) and an idle
+keep-alive timeout; the server has a connection cap below the process's file-descriptor limit
+(past it: 503 + close) and its own accept loop, which sheds the newest connection and backs
+off when accept runs out of descriptors (it never stops accepting for good). Nothing meant
+for a later pipelined request (100 Continue, an error) is written while an earlier response
+is still going: it waits its turn. A client that half-closes after its request still gets
+the answer. `stop(grace_s)` drains: stop accepting, let running responses finish, close.
 
 Writes are coalesced: everything written to a connection in one event-loop iteration leaves
 in one `send` (a stream's head, role chunk and first tokens; a burst of tokens that arrived
 together; the last token, usage, `[DONE]` and the chunked terminator). Each send is a syscall
-and a wake-up of the client, so this is most of the per-token cost. TCP_NODELAY is already set
-by both asyncio and uvloop on every TCP transport.
+and a wake-up of the client, so this is most of the per-token cost.
 When the client disconnects, the task running its request is cancelled, so cancellation flows
 on to the worker. One `HttpProtocol` per connection; everything runs on one event loop.
 """
@@ -16,13 +24,19 @@ on to the worker. One `HttpProtocol` per connection; everything runs on one even
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
+from email.utils import formatdate
+from typing import Literal, cast
 
 import httptools
+
+from tandem.frontend.config import HttpConfig
+from tandem.frontend.http_accept import Acceptor
 
 logger = logging.getLogger(__name__)
 
@@ -30,18 +44,47 @@ MAX_PIPELINED = 16
 # buffered response bytes that are sent at once instead of at the end of the loop iteration,
 # so a handler writing a large backlog still meets the kernel's backpressure
 FLUSH_BYTES = 64 << 10
+LINGER_S = 1.0  # after an error response, how long the client's remaining bytes are dropped
+EOF_PROBE_S = 0.5  # after a client's EOF, how often to check that it is still reading
 _REASONS = {
     200: b"OK",
     400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
     404: b"Not Found",
     405: b"Method Not Allowed",
+    408: b"Request Timeout",
     413: b"Payload Too Large",
     429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large",
     499: b"Client Closed Request",
     500: b"Internal Server Error",
     503: b"Service Unavailable",
     504: b"Gateway Timeout",
 }
+_date_cache: tuple[int, bytes] = (0, b"")
+Phase = Literal["idle", "head", "body"]
+
+
+def date_header() -> bytes:
+    """`date: <IMF-fixdate>\\r\\n`, formatted once per second."""
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache = (now, b"date: %s\r\n" % formatdate(now, usegmt=True).encode())
+    return _date_cache[1]
+
+
+def error_response(status: int, message: bytes, extra: bytes = b"") -> bytes:
+    """A whole `connection: close` response with an OpenAI error body."""
+    body = b'{"error":{"message":"%s","type":"invalid_request_error","param":null,"code":null}}'
+    body %= message.replace(b"\\", b"/").replace(b'"', b"'")
+    return b"HTTP/1.1 %d %s\r\n%scontent-type: application/json\r\n%sconnection: close\r\n" % (
+        status,
+        _REASONS.get(status, b"Error"),
+        date_header(),
+        extra,
+    ) + b"content-length: %d\r\n\r\n%s" % (len(body), body)
 
 
 @dataclass(slots=True)
@@ -64,21 +107,39 @@ class ClientDisconnected(ConnectionError):
 
 class HttpResponse:
     """Writes one response. Either `send()` once, or `start_stream()`, `write()`* and
-    `end_stream()`. Writes raise ClientDisconnected once the client has gone."""
+    `end_stream()`. Writes raise ClientDisconnected once the client has gone. A response to
+    HEAD writes the head only (with the Content-Length the body would have had)."""
 
-    __slots__ = ("_chunked", "_conn", "_keep_alive", "finished", "started")
+    __slots__ = (
+        "_chunked",
+        "_conn",
+        "_head_only",
+        "_keep_alive",
+        "finished",
+        "is_event_stream",
+        "is_http_11",
+        "started",
+    )
 
-    def __init__(self, conn: HttpProtocol, keep_alive: bool, http_11: bool) -> None:
+    def __init__(
+        self, conn: HttpProtocol, keep_alive: bool, http_11: bool, *, head_only: bool = False
+    ) -> None:
         self._conn = conn
         self._keep_alive = keep_alive
         self._chunked = http_11
+        self._head_only = head_only
+        self.is_http_11 = http_11
+        self.is_event_stream = False
         self.started = False
         self.finished = False
 
     def _head(self, status: int, content_type: bytes, headers: list[tuple[str, str]]) -> bytes:
         reason = _REASONS.get(status, b"Unknown")
-        parts = [b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n" % (status, reason, content_type)]
+        parts = [b"HTTP/1.1 %d %s\r\n%scontent-type: %s\r\n"]
+        parts[0] %= (status, reason, date_header(), content_type)
         parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
+        if self._conn.is_draining:
+            self._keep_alive = False
         if not self._keep_alive:
             parts.append(b"connection: close\r\n")
         return b"".join(parts)
@@ -94,7 +155,8 @@ class HttpResponse:
         assert not self.started, "response already started"
         self.started = self.finished = True
         head = self._head(status, content_type, headers or [])
-        self._conn.write(b"%scontent-length: %d\r\n\r\n%s" % (head, len(body), body))
+        payload = b"" if self._head_only else body
+        self._conn.write(b"%scontent-length: %d\r\n\r\n%s" % (head, len(body), payload))
         await self._conn.drain()
 
     async def start_stream(
@@ -106,6 +168,7 @@ class HttpResponse:
     ) -> None:
         assert not self.started, "response already started"
         self.started = True
+        self.is_event_stream = self._chunked and content_type == b"text/event-stream"
         if not self._chunked:  # HTTP/1.0: stream raw bytes and close at the end
             self._keep_alive = False
         head = self._head(status, content_type, [("cache-control", "no-cache"), *(headers or [])])
@@ -113,7 +176,7 @@ class HttpResponse:
         self._conn.write(head + te)
 
     async def write(self, data: bytes) -> None:
-        if not data:
+        if not data or self._head_only:
             return
         if self._chunked:
             data = b"%x\r\n%s\r\n" % (len(data), data)
@@ -122,7 +185,7 @@ class HttpResponse:
 
     async def end_stream(self) -> None:
         self.finished = True
-        if self._chunked:
+        if self._chunked and not self._head_only:
             self._conn.write(b"0\r\n\r\n")
         await self._conn.drain()
 
@@ -132,11 +195,14 @@ class HttpResponse:
 
 
 class HttpProtocol(asyncio.Protocol):
-    """One client connection: parses requests, runs `handler` for each, in order."""
+    """One client connection: parses requests, runs `handler` for each, in order.
 
-    def __init__(self, handler: Handler, *, max_body_bytes: int, server: HttpServer) -> None:
+    At most one timer runs: while a request is being answered none (the client waits for
+    us); otherwise `idle` (no byte of a next request yet), `head` or `body`."""
+
+    def __init__(self, handler: Handler, *, config: HttpConfig, server: HttpServer) -> None:
         self._handler = handler
-        self._max_body = max_body_bytes
+        self._config = config
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
@@ -144,34 +210,93 @@ class HttpProtocol(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._body_size = 0
+        self._head_bytes = 0  # of the request head being parsed
+        self._num_begun = 0  # messages begun, to tell which bytes of a read are head bytes
+        self._phase: Phase = "idle"
         self._pending: deque[HttpRequest] = deque()
         self._task: asyncio.Task[None] | None = None
         self._write_ready: asyncio.Future[None] | None = None
         self._closed = False
         self._reading_paused = False
+        self._eof = False  # the client half-closed: answer what it sent, then close
+        self._deferred_error: tuple[int, bytes] | None = None  # sent after earlier responses
+        self._continue_wanted = False  # 100 Continue owed once earlier responses are done
+        self._response: HttpResponse | None = None  # being written
+        self._probe_timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_phase: Phase | None = None
         self._wbuf: list[bytes] = []
         self._wbuf_bytes = 0
         self._loop = asyncio.get_running_loop()
 
+    @property
+    def is_busy(self) -> bool:
+        """A request is being answered or waits its turn."""
+        return self._task is not None or bool(self._pending)
+
+    @property
+    def is_draining(self) -> bool:
+        return self._server.is_draining
+
     # ---------------------------------------------------------------- transport callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses; both have the methods used.
-        # Both already set TCP_NODELAY (asking for the socket to set it again costs syscalls).
         self._transport = cast(asyncio.Transport, transport)
-        self._server.connections.add(self)
+        self._server.connections[self] = None
+        self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._closed or self._deferred_error is not None:
+            return
+        num_begun = self._num_begun
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reject(400, b"upgrade not supported")
         except httptools.HttpParserError as exc:
-            self._reject(400, f"malformed HTTP request: {exc}".encode())
+            if not self._closed and self._deferred_error is None:
+                self._reject(400, f"malformed HTTP request: {exc}".encode())
+        if self._phase == "head" and num_begun == self._num_begun and not self._stopped:
+            # a header split over reads is buffered inside httptools: bound it here
+            self._head_bytes += len(data)
+            self._check_head_size()
+        self._arm_timer()
+
+    def eof_received(self) -> bool | None:
+        if self._closed:
+            return None
+        if self.is_busy and self._phase == "idle":
+            # a half-close (shutdown(SHUT_WR)) still wants its answer, but a full close looks
+            # the same until a write meets the peer's reset: probe so the request is cancelled
+            self._eof = True
+            self._probe()
+            return True  # keep the write side open to answer
+        return None  # nothing to answer (or half a request): close
+
+    def _probe(self) -> None:
+        """While answering a client that sent EOF: write something every client ignores
+        (an interim 100 Continue before the response, an SSE comment inside an event
+        stream). A client that closed for good answers with a reset, and the next write
+        fails: connection_lost then cancels the request."""
+        self._probe_timer = None
+        if self._closed or not self.is_busy:
+            return
+        response = self._response
+        with contextlib.suppress(ClientDisconnected):
+            if response is None or not response.started:
+                if response is None or response.is_http_11:
+                    self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            elif response.is_event_stream and not response.finished:
+                self.write(b"2\r\n:\n\r\n")
+        if not self._closed:
+            self._probe_timer = self._loop.call_later(EOF_PROBE_S, self._probe)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._wbuf.clear()
-        self._server.connections.discard(self)
+        self._cancel_timers()
+        self._server.connections.pop(self, None)
+        self._server.on_connection_lost()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # client gone: cancel the request end to end
         if self._write_ready is not None and not self._write_ready.done():
@@ -185,34 +310,66 @@ class HttpProtocol(asyncio.Protocol):
         if self._write_ready is not None and not self._write_ready.done():
             self._write_ready.set_result(None)
 
+    @property
+    def _stopped(self) -> bool:
+        return self._closed or self._deferred_error is not None
+
     # ---------------------------------------------------------------- parser callbacks
     def on_message_begin(self) -> None:
         self._url, self._headers, self._body, self._body_size = b"", {}, [], 0
+        self._head_bytes = 0
+        self._num_begun += 1
+        self._phase = "head"
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._head_bytes += len(url)
+        self._check_head_size()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        if self._stopped:
+            return
+        self._head_bytes += len(name) + len(value) + 4
+        if len(self._headers) >= self._config.max_header_count:
+            self._reject(431, b"more than %d header fields" % self._config.max_header_count)
+            return
+        if self._check_head_size():
+            self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def _check_head_size(self) -> bool:
+        if self._head_bytes <= self._config.max_header_bytes or self._stopped:
+            return not self._stopped
+        self._reject(
+            431, b"request line and headers exceed %d bytes" % self._config.max_header_bytes
+        )
+        return False
 
     def on_headers_complete(self) -> None:
-        length = self._headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self._max_body:
-            self._reject(413, f"request body exceeds {self._max_body} bytes".encode())
+        if self._stopped:
             return
-        if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
-            self._flush()  # after what earlier pipelined responses left in the buffer
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._phase = "body"
+        length = self._headers.get("content-length")
+        limit = self._config.max_body_bytes
+        if length is not None and length.isdigit() and int(length) > limit:
+            self._reject(413, f"request body exceeds {limit} bytes".encode())
+            return
+        if self._headers.get("expect", "").lower() == "100-continue":
+            self._continue_wanted = True
+            self._send_continue()
 
     def on_body(self, body: bytes) -> None:
+        if self._stopped:
+            return
         self._body_size += len(body)
-        if self._body_size > self._max_body:
-            self._reject(413, f"request body exceeds {self._max_body} bytes".encode())
+        if self._body_size > self._config.max_body_bytes:
+            self._reject(413, f"request body exceeds {self._config.max_body_bytes} bytes".encode())
             return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        if self._closed:
+        self._phase = "idle"
+        self._continue_wanted = False
+        if self._stopped:
             return
         path, _, query = self._url.decode("latin-1").partition("?")
         request = HttpRequest(
@@ -229,7 +386,7 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.pause_reading()
             self._reading_paused = True
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = self._loop.create_task(self._run())
 
     # ---------------------------------------------------------------- request loop
     async def _run(self) -> None:
@@ -239,13 +396,30 @@ class HttpProtocol(asyncio.Protocol):
                 if self._reading_paused and self._transport is not None:
                     self._transport.resume_reading()
                     self._reading_paused = False
-                response = HttpResponse(self, request.keep_alive, request.http_11)
+                head_only = request.method == "HEAD"
+                response = HttpResponse(
+                    self, request.keep_alive, request.http_11, head_only=head_only
+                )
                 await self._serve_one(request, response)
                 if not response.keep_alive or not request.keep_alive:
                     self.close()
                     return
         finally:
             self._task = None
+        self._on_idle()
+
+    def _on_idle(self) -> None:
+        """Every earlier response is out: now what waited its turn may go."""
+        if self._closed:
+            return
+        if self._deferred_error is not None:
+            status, message = self._deferred_error
+            self._write_error_and_close(status, message)
+        elif self._eof or self.is_draining:
+            self.close()
+        else:
+            self._send_continue()
+            self._arm_timer()
 
     async def _serve_one(self, request: HttpRequest, response: HttpResponse) -> None:
         try:
@@ -264,6 +438,54 @@ class HttpProtocol(asyncio.Protocol):
         if response.started and not response.finished:
             await response.end_stream()
 
+    def _send_continue(self) -> None:
+        if self._continue_wanted and not self.is_busy and self._transport is not None:
+            self._continue_wanted = False
+            self._flush()
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    # ---------------------------------------------------------------- timers
+    def _arm_timer(self) -> None:
+        """Keep the one timer that fits the connection's state (a running one keeps its
+        deadline: a slow peer cannot extend it by trickling bytes)."""
+        if self._closed:
+            return
+        phase: Phase | None = None if self.is_busy else self._phase
+        if phase == self._timer_phase:
+            return
+        self._cancel_timer()
+        if phase is None:
+            return
+        cfg = self._config
+        delay = {"idle": cfg.idle_timeout_s, "head": cfg.header_timeout_s}.get(
+            phase, cfg.body_timeout_s
+        )
+        self._timer = self._loop.call_later(delay, self._on_timeout, phase)
+        self._timer_phase = phase
+
+    def _cancel_timers(self) -> None:
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+            self._probe_timer = None
+        self._cancel_timer()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_phase = None, None
+
+    def _on_timeout(self, phase: Phase) -> None:
+        self._timer, self._timer_phase = None, None
+        if phase == "idle":
+            self.close()
+        elif phase == "head":
+            self._reject(
+                408, b"request headers not received within %gs" % self._config.header_timeout_s
+            )
+        else:
+            self._reject(408, b"request body not received within %gs" % self._config.body_timeout_s)
+
+    # ---------------------------------------------------------------- writing
     def write(self, data: bytes) -> None:
         """Queue `data`; it is sent with everything else written in this loop iteration
         (at once past FLUSH_BYTES). Raises ClientDisconnected once the client has gone."""
@@ -294,20 +516,44 @@ class HttpProtocol(asyncio.Protocol):
             await self._write_ready
 
     def _reject(self, status: int, message: bytes) -> None:
-        if self._transport is not None and not self._closed:
-            self._flush()
-            body = b'{"error":{"message":"%s","type":"invalid_request_error"}}' % message.replace(
-                b'"', b"'"
-            )
-            reason = _REASONS.get(status, b"Error")
-            self._transport.write(
-                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                b"content-length: %d\r\n\r\n%s" % (status, reason, len(body), body)
-            )
-        self.close()
+        """Answer `status` and close; after the responses still owed to earlier requests."""
+        if self._stopped:
+            return
+        self._deferred_error = (status, message)
+        self._cancel_timer()
+        if self._transport is not None and not self._reading_paused:
+            self._transport.pause_reading()
+            self._reading_paused = True
+        if not self.is_busy:
+            self._write_error_and_close(status, message)
+
+    def _write_error_and_close(self, status: int, message: bytes) -> None:
+        if self._transport is None or self._closed:
+            return
+        self._flush()
+        self._transport.write(error_response(status, message))
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after an error, politely: FIN our side, drop what the client still sends for
+        up to LINGER_S, then close. Closing with its bytes unread would send a reset, which
+        can destroy the error response before the client reads it."""
+        transport = self._transport
+        assert transport is not None
+        self._closed = True  # data_received drops everything from now on
+        self._cancel_timers()
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        if self._reading_paused:
+            transport.resume_reading()
+            self._reading_paused = False
+        self._timer = self._loop.call_later(LINGER_S, transport.close)
 
     def close(self) -> None:
         """Send what is buffered, then close (the transport still sends its own buffer)."""
+        self._cancel_timers()
         if self._transport is not None and not self._closed:
             self._flush()
             self._closed = True
@@ -315,33 +561,71 @@ class HttpProtocol(asyncio.Protocol):
 
 
 class HttpServer:
-    """Owns the listening socket and live connections."""
+    """Owns the listening socket and live connections (in accept order)."""
 
-    def __init__(self, handler: Handler, *, max_body_bytes: int = 8 << 20) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        config: HttpConfig | None = None,
+        max_body_bytes: int | None = None,
+    ) -> None:
         self._handler = handler
-        self._max_body = max_body_bytes
-        self.connections: set[HttpProtocol] = set()
-        self._server: asyncio.Server | None = None
+        self.config = config or HttpConfig()
+        if max_body_bytes is not None:
+            import dataclasses
+
+            self.config = dataclasses.replace(self.config, max_body_bytes=max_body_bytes)
+        self.connections: dict[HttpProtocol, None] = {}
+        self.is_draining = False
+        self._idle = asyncio.Event()
+        self._acceptor: Acceptor | None = None
+
+    def _new_connection(self) -> HttpProtocol:
+        return HttpProtocol(self._handler, config=self.config, server=self)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen on host:port (port 0 = any free port); returns the bound address."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: HttpProtocol(self._handler, max_body_bytes=self._max_body, server=self),
-            host,
-            port,
-            reuse_address=True,
-            backlog=1024,
-        )
-        bound = self._server.sockets[0].getsockname()
-        return str(bound[0]), int(bound[1])
+        self._acceptor = Acceptor(self._new_connection, self.connections, self.config)
+        return await self._acceptor.start(host, port)
 
-    async def stop(self) -> None:
-        """Stop listening and close every connection (their requests are cancelled)."""
-        if self._server is not None:
-            self._server.close()
+    @property
+    def max_connections(self) -> int:
+        return self._acceptor.max_connections if self._acceptor else self.config.max_connections
+
+    def on_connection_lost(self) -> None:
+        if not self.connections:
+            self._idle.set()
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop listening (new connections are refused), close idle connections, let
+        requests in flight finish within `grace_s`, then close every connection (what is
+        still running is cancelled). Responses started while draining say
+        `connection: close`."""
+        self.is_draining = True
+        if self._acceptor is not None:
+            self._acceptor.close()
+        for conn in list(self.connections):
+            if not conn.is_busy:
+                conn.close()
+        if self.connections and grace_s > 0:
+            logger.info(
+                "draining %d HTTP connection(s) for up to %gs", len(self.connections), grace_s
+            )
+            self._idle.clear()
+            try:
+                async with asyncio.timeout(grace_s):
+                    while self.connections:
+                        await self._idle.wait()
+                        self._idle.clear()
+            except TimeoutError:
+                logger.warning(
+                    "%d HTTP connection(s) still busy after %gs; closing",
+                    len(self.connections),
+                    grace_s,
+                )
         for conn in list(self.connections):
             conn.close()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        if self._acceptor is not None:
+            await self._acceptor.wait_closed()
+            self._acceptor = None

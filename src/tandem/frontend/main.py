@@ -64,7 +64,7 @@ async def serve_frontend(
         retry_after_s=config.retry_after_s,
         images=ImageLoader(config.images),
     )
-    server = HttpServer(app, max_body_bytes=config.max_body_bytes)
+    server = HttpServer(app, config=config.http)
     await registry.start()
     if pool is not None:
         await pool.start()
@@ -78,7 +78,8 @@ async def serve_frontend(
             ready.set()
         await (stop or asyncio.Event()).wait()
     finally:
-        await server.stop()
+        # drain: stop accepting, let in-flight responses finish within the grace period
+        await server.stop(config.http.drain_grace_s if stop is not None and stop.is_set() else 0.0)
         await app.images.close()
         await registry.close()
         if pool is not None:

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
+from tests.support.eventually import eventually
 
+from tandem.frontend.config import HttpConfig
 from tandem.frontend.http_server import HttpRequest, HttpResponse, HttpServer
 
 pytestmark = pytest.mark.timeout(10)
@@ -128,3 +131,175 @@ async def test_writes_of_one_loop_iteration_leave_in_one_send() -> None:
     assert sends[0].endswith(b"9\r\ndata: 2\n\n\r\n0\r\n\r\n")
     writer.close()
     await server.stop()
+
+
+# ------------------------------------------------------------------ limits and timeouts
+def _limits(**kw: object) -> HttpConfig:
+    return HttpConfig(**kw)  # type: ignore[arg-type]
+
+
+async def _closed_within(reader: asyncio.StreamReader, timeout_s: float) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    return await asyncio.wait_for(reader.read(), timeout_s)
+
+
+async def test_oversized_header_is_431_and_closes() -> None:
+    server, reader, writer = await _serve(_echo, config=_limits(max_header_bytes=4096))
+    writer.write(b"GET /x HTTP/1.1\r\nX-Big: " + b"a" * 300_000)  # never ends: still 431
+    data = await _closed_within(reader, 5)
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
+    assert b"exceed 4096 bytes" in data
+    await server.stop()
+
+
+async def test_too_many_header_fields_is_431() -> None:
+    server, reader, writer = await _serve(_echo, config=_limits(max_header_count=10))
+    fields = b"".join(b"X-%d: 1\r\n" % i for i in range(11))
+    writer.write(b"GET /x HTTP/1.1\r\n" + fields + b"\r\n")
+    data = await _closed_within(reader, 5)
+    assert data.startswith(b"HTTP/1.1 431 ") and b"more than 10 header fields" in data
+    await server.stop()
+
+
+async def test_slowloris_connections_are_all_closed_by_the_header_timeout() -> None:
+    server = HttpServer(_echo, config=_limits(header_timeout_s=0.3, idle_timeout_s=0.3))
+    host, port = await server.start("127.0.0.1", 0)
+    conns = [await asyncio.open_connection(host, port) for _ in range(100)]
+    for _, writer in conns:
+        writer.write(b"GET / HTTP/1.1\r\nX-a: ")  # a request head that never ends
+    replies = await asyncio.gather(*(_closed_within(r, 5) for r, _ in conns))
+    assert all(reply.startswith(b"HTTP/1.1 408 ") for reply in replies)
+    await eventually(lambda: not server.connections)  # even peers that never close theirs
+    await server.stop()
+
+
+async def test_idle_keep_alive_connection_is_closed() -> None:
+    server, reader, writer = await _serve(_echo, config=_limits(idle_timeout_s=0.2))
+    writer.write(b"GET /x HTTP/1.1\r\n\r\n")
+    await _read_response(reader)
+    assert await _closed_within(reader, 5) == b""  # closed, no response for nothing asked
+    await server.stop()
+
+
+async def test_slow_body_is_408() -> None:
+    server, reader, writer = await _serve(_echo, config=_limits(body_timeout_s=0.2))
+    writer.write(b"POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\n0123456789")
+    data = await _closed_within(reader, 5)
+    assert data.startswith(b"HTTP/1.1 408 ") and b"request body not received" in data
+    await server.stop()
+
+
+async def test_connection_cap_refuses_excess_and_keeps_serving() -> None:
+    server = HttpServer(_echo, config=_limits(max_connections=5))
+    host, port = await server.start("127.0.0.1", 0)
+    conns = [await asyncio.open_connection(host, port) for _ in range(5)]
+    await eventually(lambda: len(server.connections) == 5)
+    reader, writer = await asyncio.open_connection(host, port)
+    data = await _closed_within(reader, 5)
+    assert data.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in data
+    writer.close()
+    r0, w0 = conns[0]  # an admitted connection is still served
+    w0.write(b"GET /still HTTP/1.1\r\n\r\n")
+    status, _, body = await _read_response(r0)
+    assert status == "HTTP/1.1 200 OK" and body.startswith(b"GET /still")
+    for _, w in conns:
+        w.close()
+    await eventually(lambda: not server.connections)
+    reader, writer = await asyncio.open_connection(host, port)  # room again
+    writer.write(b"GET /again HTTP/1.1\r\n\r\n")
+    assert (await _read_response(reader))[0] == "HTTP/1.1 200 OK"
+    await server.stop()
+
+
+async def test_request_then_half_close_is_answered() -> None:
+    async def slow(request: HttpRequest, response: HttpResponse) -> None:
+        await asyncio.sleep(0.2)  # still answering when the client's EOF arrives
+        await response.send(200, b"answer", content_type=b"text/plain")
+
+    server = HttpServer(slow)
+    host, port = await server.start("127.0.0.1", 0)
+    sock = socket.create_connection((host, port))
+    sock.sendall(b"GET /x HTTP/1.1\r\n\r\nGET /y HTTP/1.1\r\n\r\n")
+    sock.shutdown(socket.SHUT_WR)
+    data = await asyncio.to_thread(_recv_all, sock)
+    assert data.count(b"HTTP/1.1 200 OK") == 2 and data.endswith(b"answer")
+    await server.stop()
+
+
+def _recv_all(sock: socket.socket) -> bytes:
+    sock.settimeout(5)
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    sock.close()
+    return b"".join(chunks)
+
+
+async def test_pipelined_continue_and_error_wait_for_the_running_stream() -> None:
+    release = asyncio.Event()
+
+    async def handler(request: HttpRequest, response: HttpResponse) -> None:
+        if request.path == "/stream":
+            await response.start_stream()
+            await response.write(b"data: 1\n\n")
+            await release.wait()
+            await response.write(b"data: 2\n\n")
+            await response.end_stream()
+        else:
+            await _echo(request, response)
+
+    for follow_up, expected in (
+        (b"POST /next HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+         b"HTTP/1.1 100 Continue"),
+        (b"POST /next HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", b"HTTP/1.1 413 "),
+        (b"BAD REQUEST\r\n\r\n", b"HTTP/1.1 400 "),
+    ):  # fmt: skip
+        release.clear()
+        server, reader, writer = await _serve(handler, max_body_bytes=1024)
+        writer.write(b"GET /stream HTTP/1.1\r\n\r\n" + follow_up)
+        head = await reader.readuntil(b"data: 1\n\n\r\n")
+        assert b"transfer-encoding: chunked" in head
+        conn = next(iter(server.connections))  # the follow-up is parsed while the stream runs
+        await eventually(lambda c=conn: c._phase == "body" or c._deferred_error is not None)
+        release.set()
+        rest = await reader.readuntil(b"0\r\n\r\n")
+        assert rest == b"9\r\ndata: 2\n\n\r\n0\r\n\r\n"  # nothing landed inside the stream
+        after = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert after.startswith(expected), after
+        writer.close()
+        await server.stop()
+
+
+async def test_head_has_headers_only_and_every_response_has_a_date() -> None:
+    server, reader, writer = await _serve(_echo)
+    writer.write(b"HEAD /h HTTP/1.1\r\n\r\nGET /g HTTP/1.1\r\n\r\n")
+    head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+    assert "content-length: 9\r\n" in head and "\r\ndate: " in head  # len("HEAD /h  ")
+    status, headers, body = await _read_response(reader)  # no stray body before it
+    assert status == "HTTP/1.1 200 OK" and body.startswith(b"GET /g")
+    assert headers["date"].endswith(" GMT")
+    await server.stop()
+
+
+async def test_stop_drains_a_running_stream_and_refuses_new_connections() -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def sse(request: HttpRequest, response: HttpResponse) -> None:
+        await response.start_stream()
+        started.set()
+        await release.wait()
+        await response.write(b"data: done\n\n")
+        await response.end_stream()
+
+    server, reader, writer = await _serve(sse)
+    host, port = next(iter(server.connections))._transport.get_extra_info("sockname")  # type: ignore[union-attr]
+    writer.write(b"GET /s HTTP/1.1\r\n\r\n")
+    await asyncio.wait_for(started.wait(), 5)
+    stopping = asyncio.create_task(server.stop(grace_s=5))
+    await eventually(lambda: server.is_draining)
+    with pytest.raises(OSError):
+        await asyncio.open_connection(host, port)
+    release.set()
+    data = await _closed_within(reader, 5)
+    assert data.endswith(b"data: done\n\n\r\n0\r\n\r\n")  # whole, then closed
+    await asyncio.wait_for(stopping, 5)

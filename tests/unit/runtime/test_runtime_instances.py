@@ -7,11 +7,11 @@ import errno
 from collections.abc import AsyncIterator
 
 import pytest
+from tests.support.eventually import eventually
+from tests.support.instances import backend_instance
 
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.runtime.instances import InstanceSet
-from tests.support.eventually import eventually
-from tests.support.instances import backend_instance
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -30,6 +30,20 @@ class ContextLengthExceeded(InvalidRequest):
     """Prompt (+ max_tokens) does not fit the model's context (HTTP 400)."""
 
 
+class Unauthorized(ServingError):
+    """No API key, or one not accepted (HTTP 401, OpenAI code `invalid_api_key`)."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+
+
+class Forbidden(ServingError):
+    """The route exists but is off or not for this key (HTTP 403)."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+
 class ModelNotFound(ServingError):
     """The requested model is not served here (HTTP 404)."""
 

@@ -27,12 +27,16 @@ class Served:
         self.client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
 
 
+ADMIN_KEY = "admin-e2e-key"
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("serve")
     port = free_port()
     args = ["serve", "--engine", "mocker", "--workers", "2", "--speedup-ratio", "0"]
     args += ["--port", str(port), "--run-dir", str(tmp / "run"), "--log-level", "INFO"]
+    args += ["--admin-api-key", ADMIN_KEY]
     proc = start_tandem("serve", args, tmp)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -150,7 +154,11 @@ def test_metrics_after_traffic(served: Served) -> None:
 
 
 def test_route_explain(served: Served) -> None:
-    status, _, raw = http_request(f"{served.base_url}/v1/route/explain", _chat(max_tokens=4))
+    url = f"{served.base_url}/v1/route/explain"
+    status, _, raw = http_request(url, _chat(max_tokens=4))
+    assert status == 401, raw  # an admin route: admin key only
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    status, _, raw = http_request(url, _chat(max_tokens=4), headers=auth)
     assert status == 200, raw
     body = json.loads(raw)
     assert body["policy"] == "round_robin"

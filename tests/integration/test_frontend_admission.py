@@ -43,12 +43,16 @@ CARD = ModelCard(
 )
 
 
+ADMIN_KEY = "admin-key-1"
+
+
 class Stack:
     def __init__(self, exit_stack: AsyncExitStack) -> None:
         self.exit_stack = exit_stack
         self.discovery, self.events = MemoryDiscovery(), MemoryEventBus()
         self.base = ""
         self.http: aiohttp.ClientSession | None = None
+        self.headers: dict[str, str] = {}  # sent with every POST
 
     async def runtime(self) -> Runtime:
         return await self.exit_stack.enter_async_context(
@@ -90,7 +94,7 @@ class Stack:
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
         assert self.http is not None
-        async with self.http.post(f"{self.base}{path}", json=body) as resp:
+        async with self.http.post(f"{self.base}{path}", json=body, headers=self.headers) as resp:
             return resp.status, await resp.json(), dict(resp.headers)
 
 
@@ -190,8 +194,11 @@ async def test_route_explain_round_robin_and_errors() -> None:
         s, gate = Stack(exit_stack), asyncio.Event()
         for _ in range(2):
             await s.add_handler(gated_worker(gate, []))
-        await s.start_frontend(2)
+        await s.start_frontend(2, admin_api_keys=(ADMIN_KEY,))
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        status, body, _ = await s.post("/v1/route/explain", chat)
+        assert status == 401 and body["error"]["code"] == "invalid_api_key"
+        s.headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         status, body, _ = await s.post("/v1/route/explain", chat)
         assert status == 200
         assert body["policy"] == "round_robin"
@@ -213,7 +220,10 @@ async def test_route_explain_kv_router_sees_the_cached_prefix_of_a_mocker_worker
             worker = Worker(engine, rt, WorkerConfig(metrics_period_s=0.1))
             await worker.start()
             exit_stack.push_async_callback(worker.stop, 0)
-        await s.start_frontend(2, router_policy="kv", router=RouterConfig(seed=1))
+        await s.start_frontend(
+            2, router_policy="kv", router=RouterConfig(seed=1), admin_api_keys=(ADMIN_KEY,)
+        )
+        s.headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         prompt = _completion(max_tokens=2, prompt=list(range(300, 364)))  # 4 full blocks
         status, before, _ = await s.post("/v1/route/explain", prompt)
         assert status == 200 and before["policy"] == "kv" and before["request_blocks"] == 4
@@ -239,7 +249,8 @@ async def test_route_explain_is_404_for_a_policy_that_cannot_explain(
     async with AsyncExitStack() as exit_stack:
         s = Stack(exit_stack)
         await s.add_handler(gated_worker(asyncio.Event(), []))
-        await s.start_frontend(1)
+        await s.start_frontend(1, admin_api_keys=(ADMIN_KEY,))
+        s.headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         status, body, _ = await s.post("/v1/route/explain", _completion())
         assert status == 404
         assert "cannot explain" in body["error"]["message"]

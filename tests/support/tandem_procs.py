@@ -108,12 +108,21 @@ def start_worker(
 
 
 def http_request(
-    url: str, body: object = None, timeout_s: float = 5.0
+    url: str,
+    body: object = None,
+    timeout_s: float = 5.0,
+    headers: dict[str, str] | None = None,
+    method: str | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
     """(status, lower-cased headers, body) of a GET (or a POST of `body` as JSON); HTTP
     errors are returned, not raised."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        headers={"content-type": "application/json", **(headers or {})},
+        method=method,
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             headers = {k.lower(): v for k, v in resp.headers.items()}

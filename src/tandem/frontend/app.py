@@ -20,6 +20,8 @@ import msgspec
 
 from tandem.errors import InvalidRequest, Overloaded, ServingError
 from tandem.frontend import errors as http_errors
+from tandem.frontend.auth import ApiKeys
+from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http_server import HttpRequest, HttpResponse
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
@@ -56,9 +58,14 @@ class FrontendApp:
         request_timeout_s: float = 600.0,
         retry_after_s: float = 1.0,
         images: ImageLoader | None = None,
+        health: HealthMonitor | None = None,
+        api_keys: tuple[str, ...] = (),
+        admin_api_keys: tuple[str, ...] = (),
     ) -> None:
         self.registry, self.streamer, self.metrics = registry, streamer, metrics
         self.images = images or ImageLoader(ImageConfig())
+        self.health_monitor = health
+        self._auth = ApiKeys(api_keys, admin_api_keys)
         self._max_inflight = max_inflight_requests
         self._max_fanout = max_fanout
         self._timeout_s = request_timeout_s
@@ -76,10 +83,12 @@ class FrontendApp:
         }
 
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
-        handler = self._routes.get((request.method, request.path))
+        method = "GET" if request.method == "HEAD" else request.method  # HEAD works like GET
+        handler = self._routes.get((method, request.path))
         try:
             if handler is None:
                 raise _not_found(request, {path for _, path in self._routes})
+            self._auth.check(request)
             await handler(request, response)
         except ServingError as exc:
             await self._send_error(response, exc)
@@ -101,13 +110,22 @@ class FrontendApp:
         await response.send(200, _json.encode({"object": "list", "data": data}))
 
     async def health(self, request: HttpRequest, response: HttpResponse) -> None:
-        models = {m.name: sorted(m.instances.instances) for m in self.registry.models.values()}
-        healthy = any(models.values())
-        body = {"status": "healthy" if healthy else "no_workers", "instances": models}
+        """200 when every served model can serve now; else 503 naming what is missing."""
+        if self.health_monitor is not None:
+            healthy, body = self.health_monitor.health()
+        else:  # no monitor (embedded use): instances only
+            models = {m.name: sorted(m.instances.instances) for m in self.registry.models.values()}
+            healthy = any(models.values())
+            body = {"status": "healthy" if healthy else "no_workers", "instances": models}
         await response.send(200 if healthy else 503, _json.encode(body))
 
     async def live(self, request: HttpRequest, response: HttpResponse) -> None:
-        await response.send(200, b'{"status":"live"}')
+        """The process and its event loop answer (this reply is the proof)."""
+        if self.health_monitor is None:
+            await response.send(200, b'{"status":"live"}')
+            return
+        live, body = self.health_monitor.live()
+        await response.send(200 if live else 503, _json.encode(body))
 
     async def prometheus(self, request: HttpRequest, response: HttpResponse) -> None:
         extra = "".join(

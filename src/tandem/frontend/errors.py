@@ -21,6 +21,7 @@ from tandem.errors import (
     Overloaded,
     PeerGone,
     ServingError,
+    Unauthorized,
 )
 from tandem.protocols.openai import show_value
 
@@ -43,6 +44,8 @@ def error_body(exc: ServingError) -> bytes:
         code = "model_not_found"
     elif isinstance(exc, ContextLengthExceeded):
         code = "context_length_exceeded"
+    elif isinstance(exc, Unauthorized):
+        code = "invalid_api_key"
     return _json.encode(
         {
             "error": {
@@ -58,6 +61,8 @@ def error_body(exc: ServingError) -> bytes:
 def error_headers(exc: ServingError) -> list[tuple[str, str]]:
     if isinstance(exc, Overloaded):
         return [("retry-after", str(max(1, math.ceil(exc.retry_after_s))))]
+    if isinstance(exc, Unauthorized):
+        return [("www-authenticate", 'Bearer realm="tandem"')]
     return []
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
+from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http_server import HttpServer
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
@@ -51,9 +52,24 @@ async def serve_frontend(
         migration_limit=config.migration_limit,
         on_migrate=lambda model: metrics.migrations.inc((model,)),
     )
-    pool = None
+    pool = prefill = None
     if config.disagg.enabled:  # decode on the worker pool, prefill on its own (DESIGN §4)
-        streamer, pool = disagg_streamer(config, runtime, streamer, workers)
+        prefill = runtime.instance_set(config.disagg.prefill_component, config.worker_endpoint)
+        streamer, pool = disagg_streamer(config, runtime, streamer, workers, prefill)
+    health = HealthMonitor(
+        registry=registry,
+        workers=workers,
+        prefill=prefill,
+        events=runtime.events,
+        subjects=[
+            f"{runtime.namespace}.{component}.load_metrics"
+            for component in (
+                config.worker_component,
+                *([config.disagg.prefill_component] if config.disagg.enabled else []),
+            )
+        ],
+        stale_s=config.health_stale_s,
+    )
     app = FrontendApp(
         registry=registry,
         streamer=streamer,
@@ -63,11 +79,15 @@ async def serve_frontend(
         request_timeout_s=config.request_timeout_s,
         retry_after_s=config.retry_after_s,
         images=ImageLoader(config.images),
+        health=health,
+        api_keys=config.api_keys,
+        admin_api_keys=config.admin_api_keys,
     )
     server = HttpServer(app, config=config.http)
     await registry.start()
     if pool is not None:
         await pool.start()
+    await health.start()
     try:
         host, port = await server.start(config.host, config.port)
         freeze_long_lived()
@@ -81,15 +101,21 @@ async def serve_frontend(
         # drain: stop accepting, let in-flight responses finish within the grace period
         await server.stop(config.http.drain_grace_s if stop is not None and stop.is_set() else 0.0)
         await app.images.close()
+        await health.close()
         await registry.close()
         if pool is not None:
             await pool.close()
 
 
 def disagg_streamer(
-    config: FrontendConfig, runtime: Runtime, aggregated: EngineStreamer, workers: Any
+    config: FrontendConfig,
+    runtime: Runtime,
+    aggregated: EngineStreamer,
+    workers: Any,
+    prefill: Any | None = None,
 ) -> tuple[Any, Any]:
-    """The two-leg streamer and its prefill pool (started by the caller)."""
+    """The two-leg streamer and its prefill pool (started by the caller) over `prefill`
+    (default: a new InstanceSet of the prefill component)."""
     import dataclasses
 
     from tandem.disagg.orchestrator import DisaggStreamer
@@ -102,7 +128,7 @@ def disagg_streamer(
         config.router, worker_component=dc.prefill_component, queue_size=0
     )
     pool = PrefillPool(
-        runtime.instance_set(dc.prefill_component, config.worker_endpoint),
+        prefill or runtime.instance_set(dc.prefill_component, config.worker_endpoint),
         lambda view: make_router(
             config.router_policy,
             router_config,

@@ -75,6 +75,18 @@ class ServedModel:
         elif self._ready is not None:
             self._ready.result()
 
+    @property
+    def is_loaded(self) -> bool:
+        """Router started and tokenizer loaded, without error."""
+        return self._ready is not None and self._ready.done() and self.load_error is None
+
+    @property
+    def load_error(self) -> str | None:
+        ready = self._ready
+        if ready is None or not ready.done() or ready.cancelled() or ready.exception() is None:
+            return None
+        return f"{type(ready.exception()).__name__}: {ready.exception()}"
+
     def require_tokenizer(self, what: str) -> ModelTokenizer:
         if self.tokenizer is None:
             raise InvalidRequest(

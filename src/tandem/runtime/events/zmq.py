@@ -30,7 +30,7 @@ import zmq
 import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from tandem.protocols.discovery import Instance, endpoint_path
+from tandem.protocols.discovery import Instance, InstanceEvent, endpoint_path
 from tandem.runtime.base import Discovery
 from tandem.runtime.events import curve
 from tandem.runtime.events.envelope import EventOpener, EventSealer
@@ -71,6 +71,7 @@ class ZmqEventBus:
         self._subs: list[BufferedSubscription] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._connected: set[str] = set()
+        self.error: str | None = None  # why the bus is not following its publishers now
 
     @property
     def num_rejected(self) -> int:
@@ -134,20 +135,33 @@ class ZmqEventBus:
             self._subs.remove(sub)
 
     async def _follow_publishers(self, sock: zmq.asyncio.Socket) -> None:
-        try:
-            async for event in self.discovery.watch(self.publishers_path):
-                url = f"tcp://{event.instance.address}"
-                if event.kind == "added" and url not in self._connected:
-                    sock.connect(url)
-                    self._connected.add(url)
-                elif event.kind == "removed" and url in self._connected:
-                    self._connected.discard(url)
-                    with contextlib.suppress(zmq.ZMQError):
-                        sock.disconnect(url)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("zmq event bus stopped following publishers")
+        """Connect to every publisher in discovery. A failed watch (e.g. out of file
+        descriptors) is retried with back-off, never left frozen; `error` says why meanwhile."""
+        backoff_s = 0.05
+        while True:
+            try:
+                async for event in self.discovery.watch(self.publishers_path):
+                    self.error, backoff_s = None, 0.05
+                    self._on_publisher(sock, event)
+                raise RuntimeError("discovery watch ended")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.error is None:
+                    logger.warning("zmq event bus: publisher watch failed; retrying", exc_info=True)
+                self.error = f"publisher watch: {type(exc).__name__}: {exc}"
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2.0, backoff_s * 2)
+
+    def _on_publisher(self, sock: zmq.asyncio.Socket, event: InstanceEvent) -> None:
+        url = f"tcp://{event.instance.address}"
+        if event.kind == "added" and url not in self._connected:
+            sock.connect(url)
+            self._connected.add(url)
+        elif event.kind == "removed" and url in self._connected:
+            self._connected.discard(url)
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disconnect(url)
 
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
         try:

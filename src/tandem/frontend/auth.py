@@ -1,0 +1,62 @@
+"""API keys at the HTTP edge.
+
+With API keys configured, the OpenAI routes and /metrics need `Authorization: Bearer <key>`
+(401 with an OpenAI error body otherwise). `/health` and `/live` are always open (probes).
+Admin routes — `POST /v1/route/explain`, an oracle for which prefixes other clients sent —
+need an admin key, and are off (403) when no admin key is configured. An admin key is
+accepted on every route.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from tandem.errors import Forbidden, Unauthorized
+from tandem.frontend.http_server import HttpRequest
+
+OPEN_PATHS = frozenset({"/health", "/live"})
+ADMIN_PATHS = frozenset({"/v1/route/explain"})
+
+
+class ApiKeys:
+    """Checks one request's credentials; immutable, safe to share."""
+
+    def __init__(self, api_keys: tuple[str, ...], admin_api_keys: tuple[str, ...]) -> None:
+        self._admin = [k.encode() for k in admin_api_keys]
+        self._user = [k.encode() for k in api_keys]
+
+    def check(self, request: HttpRequest) -> None:
+        """Raise Unauthorized (401) or Forbidden (403) unless `request` may use its route."""
+        path = request.path
+        if path in OPEN_PATHS:
+            return
+        if path in ADMIN_PATHS:
+            if not self._admin:
+                raise Forbidden(
+                    f"{request.method} {path} is an admin route and is off; start the frontend "
+                    "with --admin-api-key (or TANDEM_ADMIN_API_KEY) to enable it"
+                )
+            self._require(request, self._admin, "an admin API key")
+        elif self._user:
+            self._require(request, self._user + self._admin, "an API key")
+
+    @staticmethod
+    def _require(request: HttpRequest, keys: list[bytes], what: str) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized(
+                f"{request.method} {request.path} needs {what}: send it as "
+                "'Authorization: Bearer <key>'"
+            )
+        presented = token.strip().encode("latin-1")
+        # compare with every key, no early exit: the time taken does not tell which matched
+        matched = False
+        for key in keys:
+            matched |= hmac.compare_digest(presented, key)
+        if not matched:
+            raise Unauthorized(f"incorrect API key provided: {_mask(token.strip())}")
+
+
+def _mask(key: str) -> str:
+    return f"{key[:3]}***{key[-2:]}" if len(key) > 8 else "***"

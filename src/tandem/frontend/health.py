@@ -1,0 +1,204 @@
+"""What `/health` and `/live` report, truthfully.
+
+`/live`: the process runs and its event loop answers (the lag of a periodic tick is shown).
+`/health`: ready only when discovery and the event bus are followed, and every model served
+has a complete topology (a disaggregated model needs prefill and decode workers) whose
+engines are all alive, its router and tokenizer loaded. A worker's engine counts as alive
+while its load metrics keep arriving on the event plane (a worker publishes them at least
+every second, busy or idle); a worker silent for `stale_s` (frozen, SIGSTOPped, engine loop
+dead, event plane cut) is named in the report. Otherwise 503 with what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from tandem.frontend.models import ModelRegistry
+from tandem.protocols.discovery import Instance, InstanceEvent
+from tandem.protocols.kv_events import decode_load
+from tandem.runtime.task import cancel_and_wait
+
+logger = logging.getLogger(__name__)
+
+LAG_TICK_S = 0.5
+
+
+class HealthMonitor:
+    """Follows worker liveness and the event loop's lag; `health()` and `live()` build the
+    two reports. Call `start` once on the serving loop, `close` at shutdown; not thread-safe.
+
+    `workers` and `prefill` are InstanceSet-like (`instances`, `add_listener`, `is_healthy`,
+    `error`); `subjects` are the load-metrics subjects to follow on `events`."""
+
+    def __init__(
+        self,
+        *,
+        registry: ModelRegistry,
+        workers: Any,
+        prefill: Any | None,
+        events: Any | None,
+        subjects: list[str],
+        stale_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._registry, self._workers, self._prefill = registry, workers, prefill
+        self._events, self._subjects, self._stale_s, self._clock = events, subjects, stale_s, clock
+        self._last_seen: dict[str, float] = {}  # worker_id -> last load metrics (or join) time
+        self._tasks: list[asyncio.Task[None]] = []  # load-metrics subscriptions
+        self._ticker: asyncio.Task[None] | None = None
+        self.loop_lag_s = 0.0
+        for source in (workers, prefill):
+            if source is not None:
+                source.add_listener(self._on_instance)
+                for instance_id in source.instances:
+                    self._last_seen.setdefault(instance_id, clock())
+
+    async def start(self) -> None:
+        if self._events is not None:
+            for subject in self._subjects:
+                sub = await self._events.subscribe(subject)
+                self._spawn(self._follow_loads(sub), f"health-{subject}")
+        self._ticker = asyncio.create_task(self._tick(), name="health-loop-lag")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    def _on_instance(self, event: InstanceEvent) -> None:
+        if event.kind == "added":  # a new worker gets `stale_s` to publish its first load
+            self._last_seen.setdefault(event.instance.instance_id, self._clock())
+        else:
+            self._last_seen.pop(event.instance.instance_id, None)
+
+    async def _follow_loads(self, sub: Any) -> None:
+        try:
+            async for _subject, payload in sub:
+                try:
+                    worker_id = decode_load(payload).worker_id
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+                if worker_id in self._last_seen:
+                    self._last_seen[worker_id] = self._clock()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("health: load metrics subscription failed")
+        finally:
+            await sub.close()
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(LAG_TICK_S)
+            self.loop_lag_s = max(0.0, loop.time() - before - LAG_TICK_S)
+
+    async def close(self) -> None:
+        await cancel_and_wait([*self._tasks, self._ticker])
+        self._tasks.clear()
+        self._ticker = None
+
+    # ------------------------------------------------------------------ reports
+    def live(self) -> tuple[bool, dict[str, Any]]:
+        ticking = self._ticker is not None and not self._ticker.done()
+        body = {"status": "live" if ticking else "not_live", "loop_lag_ms": self._lag_ms()}
+        return ticking, body
+
+    def _lag_ms(self) -> float:
+        return round(self.loop_lag_s * 1000, 1)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, report). The report names every reason the answer is no."""
+        problems: list[str] = []
+        discovery = self._source_status(self._workers, "workers", problems)
+        if self._prefill is not None:
+            discovery["prefill"] = self._source_status(self._prefill, "prefill workers", problems)
+        event_bus = self._event_bus_status(problems)
+        models = {name: self._model_status(name) for name in self._model_names()}
+        if not models:
+            problems.append("no model is served: no worker has registered")
+        for name, status in models.items():
+            problems.extend(f"model '{name}': {m}" for m in status["missing"])
+        healthy = not problems
+        body = {
+            "status": "healthy" if healthy else "unhealthy",
+            "missing": problems,
+            "models": models,
+            "discovery": discovery,
+            "event_bus": event_bus,
+            "instances": {
+                name: sorted(m.instances.instances) for name, m in self._registry.models.items()
+            },
+        }
+        return healthy, body
+
+    @staticmethod
+    def _source_status(source: Any, what: str, problems: list[str]) -> dict[str, Any]:
+        if getattr(source, "is_healthy", True):
+            return {"status": "ok"}
+        error = getattr(source, "error", None) or "watch stopped"
+        problems.append(f"discovery of {what} is not followed: {error}")
+        return {"status": "failed", "error": error}
+
+    def _event_bus_status(self, problems: list[str]) -> dict[str, Any]:
+        if self._events is None:
+            return {"status": "none"}
+        error = getattr(self._events, "error", None)
+        dead = [t.get_name() for t in self._tasks if t.done()]
+        if dead:
+            error = error or f"subscription ended: {', '.join(dead)}"
+        if error:
+            problems.append(f"event bus: {error}")
+            return {"status": "failed", "error": error}
+        return {"status": "ok"}
+
+    def _model_names(self) -> list[str]:
+        names = {name for name, m in self._registry.models.items() if m.instances.instances}
+        names.update(_by_model(self._prefill).keys() if self._prefill is not None else ())
+        return sorted(names)
+
+    def _model_status(self, name: str) -> dict[str, Any]:
+        model = self._registry.models.get(name)
+        decode = sorted(model.instances.instances) if model is not None else []
+        missing: list[str] = []
+        status: dict[str, Any] = {"workers": decode}
+        if self._prefill is not None:
+            prefill = sorted(_by_model(self._prefill).get(name, []))
+            status["prefill_workers"] = prefill
+            if not prefill:
+                missing.append("no prefill worker (disaggregated: needs prefill and decode)")
+            if not decode:
+                missing.append("no decode worker (disaggregated: needs prefill and decode)")
+        elif not decode:
+            missing.append("no worker")
+        now = self._clock()
+        for worker_id in decode + status.get("prefill_workers", []):
+            age = now - self._last_seen.get(worker_id, now)
+            if self._events is not None and age > self._stale_s:
+                missing.append(
+                    f"worker {worker_id} is not alive: no load metrics for {age:.1f}s "
+                    f"(limit {self._stale_s:g}s)"
+                )
+        if model is not None:
+            error = model.load_error
+            if error is not None:
+                missing.append(f"failed to load: {error}")
+            elif not model.is_loaded:
+                missing.append("router or tokenizer still loading")
+        status["status"] = "ready" if not missing else "not_ready"
+        status["missing"] = missing
+        return status
+
+
+def _by_model(source: Any) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    inst: Instance
+    for instance_id, inst in source.instances.items():
+        if inst.model is not None:
+            out.setdefault(inst.model.name, []).append(instance_id)
+    return out

@@ -605,13 +605,12 @@ class HttpServer:
         self.is_draining = True
         if self._acceptor is not None:
             self._acceptor.close()
+        busy = [conn for conn in self.connections if conn.is_busy]
         for conn in list(self.connections):
             if not conn.is_busy:
                 conn.close()
-        if self.connections and grace_s > 0:
-            logger.info(
-                "draining %d HTTP connection(s) for up to %gs", len(self.connections), grace_s
-            )
+        if busy and grace_s > 0:
+            logger.info("draining %d HTTP connection(s) for up to %gs", len(busy), grace_s)
             self._idle.clear()
             try:
                 async with asyncio.timeout(grace_s):

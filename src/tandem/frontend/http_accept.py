@@ -17,6 +17,7 @@ import errno
 import logging
 import os
 import resource
+import select
 import socket
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -76,6 +77,8 @@ class Acceptor:
         self._loop = asyncio.get_running_loop()
         self._sock: socket.socket | None = None
         self._connecting: set[asyncio.Task[None]] = set()
+        self._num_pending = 0  # accepted, not yet in `connections`
+        self._shed: Connection | None = None  # the connection closed last to free a descriptor
         self._resume: asyncio.TimerHandle | None = None
         self._backoff_s = BACKOFF_MIN_S
         self._exhausted = False  # in an fd-exhaustion episode (logged once)
@@ -117,7 +120,10 @@ class Acceptor:
                 return
             except OSError as exc:
                 if exc.errno in _FD_ERRNOS:
-                    self._on_exhausted(exc)
+                    # Linux takes a descriptor before looking at the queue: EMFILE with
+                    # nobody waiting is no reason to shed anyone
+                    if self._has_pending(sock):
+                        self._on_exhausted(exc)
                     return
                 if exc.errno == errno.ECONNABORTED:
                     continue
@@ -125,11 +131,18 @@ class Acceptor:
                 return
             self._on_accepted(conn)
 
+    @staticmethod
+    def _has_pending(sock: socket.socket) -> bool:
+        """A connection waits in the backlog (poll needs no descriptor of its own)."""
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+
     def _on_accepted(self, conn: socket.socket) -> None:
         if self._exhausted:
             logger.info("HTTP accept recovered (%d connections)", len(self._connections))
             self._exhausted, self._backoff_s = False, BACKOFF_MIN_S
-        if len(self._connections) + len(self._connecting) >= self.max_connections:
+        if len(self._connections) + self._num_pending >= self.max_connections:
             if not self._capped:
                 logger.warning(
                     "HTTP connection cap %d reached; refusing new connections with 503",
@@ -142,6 +155,7 @@ class Acceptor:
         conn.setblocking(False)
         with contextlib.suppress(OSError):
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._num_pending += 1  # until connection_made (`on_connection_made`)
         task = self._loop.create_task(self._connect(conn))
         self._connecting.add(task)
         task.add_done_callback(self._connecting.discard)
@@ -151,7 +165,12 @@ class Acceptor:
             await self._loop.connect_accepted_socket(self._factory, conn)
         except OSError as exc:
             logger.debug("HTTP connection setup failed: %s", exc)
+            self._num_pending = max(0, self._num_pending - 1)
             conn.close()
+
+    def on_connection_made(self) -> None:
+        """The protocol of an accepted connection is in `connections` now."""
+        self._num_pending = max(0, self._num_pending - 1)
 
     def _on_exhausted(self, exc: OSError) -> None:
         if not self._exhausted:
@@ -168,7 +187,10 @@ class Acceptor:
         self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
 
     def _shed_newest(self) -> None:
-        """Close the newest idle connection (the newest of all when none is idle)."""
+        """Close the newest idle connection (the newest of all when none is idle), unless
+        the one shed last is still closing (its descriptor is freed when it has closed)."""
+        if self._shed is not None and self._shed in self._connections:
+            return
         newest: Connection | None = None
         for conn in reversed(self._connections):
             if newest is None:
@@ -177,6 +199,7 @@ class Acceptor:
                 newest = conn
                 break
         if newest is not None:
+            self._shed = newest
             newest.close()
 
     def _resume_accepting(self) -> None:

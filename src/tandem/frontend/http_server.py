@@ -242,7 +242,7 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses; both have the methods used.
         self._transport = cast(asyncio.Transport, transport)
-        self._server.connections[self] = None
+        self._server.on_connection_made(self)
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -592,6 +592,11 @@ class HttpServer:
     @property
     def max_connections(self) -> int:
         return self._acceptor.max_connections if self._acceptor else self.config.max_connections
+
+    def on_connection_made(self, conn: HttpProtocol) -> None:
+        self.connections[conn] = None
+        if self._acceptor is not None:
+            self._acceptor.on_connection_made()
 
     def on_connection_lost(self) -> None:
         if not self.connections:

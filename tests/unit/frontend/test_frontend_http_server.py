@@ -11,6 +11,8 @@ from tandem.frontend.http_server import HttpRequest, HttpResponse, HttpServer
 
 pytestmark = pytest.mark.timeout(10)
 
+# every test runs on asyncio's loop and on uvloop (the frontend process's): see conftest.py
+
 
 async def _serve(handler, **kw):
     server = HttpServer(handler, **kw)

@@ -49,6 +49,7 @@ MAX_PIPELINED = 16
 # so a handler writing a large backlog still meets the kernel's backpressure
 FLUSH_BYTES = 64 << 10
 LINGER_S = 1.0  # after an error response, how long the client's remaining bytes are dropped
+LINGER_BYTES = 1 << 20  # and how many at most
 EOF_PROBE_S = 0.5  # after a client's EOF, how often to check that it is still reading
 Phase = Literal["idle", "head", "body"]
 
@@ -86,6 +87,7 @@ class HttpProtocol(asyncio.Protocol):
         self._timer_phase: Phase | None = None
         self._wbuf: list[bytes] = []
         self._wbuf_bytes = 0
+        self._linger_bytes = LINGER_BYTES
         self._loop = asyncio.get_running_loop()
 
     @property
@@ -106,6 +108,9 @@ class HttpProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._closed or self._deferred_error is not None:
+            self._linger_bytes -= len(data)  # dropped; a peer that keeps sending is cut off
+            if self._linger_bytes < 0 and self._transport is not None:
+                self._transport.close()
             return
         num_begun = self._num_begun
         try:
@@ -395,8 +400,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def _linger(self) -> None:
         """Close after an error, politely: FIN our side, drop what the client still sends for
-        up to LINGER_S, then close. Closing with its bytes unread would send a reset, which
-        can destroy the error response before the client reads it."""
+        up to LINGER_S and LINGER_BYTES, then close. Closing with its bytes unread would send
+        a reset, which can destroy the error response before the client reads it."""
         transport = self._transport
         assert transport is not None
         self._closed = True  # data_received drops everything from now on

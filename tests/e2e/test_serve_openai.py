@@ -15,6 +15,7 @@ from tests.support.tandem_procs import (
     TandemProcess,
     http_request,
     start_tandem,
+    wait_healthy,
     wait_instances,
 )
 
@@ -41,6 +42,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         base = f"http://127.0.0.1:{port}"
         ids = wait_instances(base, lambda ids: len(ids) == 2, timeout_s=45, proc=proc)
+        wait_healthy(base)  # tokenizer loaded, load metrics arriving
         yield Served(proc, base, ids)
     finally:
         code = proc.stop()

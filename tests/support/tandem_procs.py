@@ -145,6 +145,19 @@ def instances(base_url: str, model: str = MODEL) -> set[str]:
     return set()
 
 
+def wait_healthy(base_url: str, timeout_s: float = 30.0) -> dict:
+    """Poll /health until it answers 200 (every model ready); return its body."""
+    deadline = time.monotonic() + timeout_s
+    body: dict = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            status, body = get_json(f"{base_url}/health", timeout_s=2)
+            if status == 200:
+                return body
+        time.sleep(_POLL_S)
+    raise AssertionError(f"/health never answered 200 within {timeout_s}s; last {body}")
+
+
 def wait_instances(
     base_url: str,
     check: object,

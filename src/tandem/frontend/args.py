@@ -50,6 +50,13 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
         default=float(_env("REQUEST_TIMEOUT_S", "600")),
         help="deadline of each request",
     )
+    g.add_argument(
+        "--health-stale-s",
+        type=float,
+        default=float(_env("HEALTH_STALE_S", "5")),
+        help="/health counts a worker as not alive when its load metrics are this old "
+        "(env TANDEM_HEALTH_STALE_S)",
+    )
     _add_http_args(parser)
     _add_auth_args(parser)
     add_image_args(parser)
@@ -100,6 +107,7 @@ def _add_http_args(parser: argparse.ArgumentParser) -> None:
             flag,
             dest=f"http_{name}",
             type=kind,
+            metavar="N" if kind is int else "SECONDS",
             default=kind(_env(env, str(default))),
             help=f"{help_} (default {default}; env TANDEM_{env})",
         )
@@ -134,13 +142,6 @@ def _add_auth_args(parser: argparse.ArgumentParser) -> None:
         default=_env("ADMIN_API_KEY_FILE", "") or None,
         metavar="PATH",
         help="file of admin API keys (env TANDEM_ADMIN_API_KEY_FILE)",
-    )
-    g.add_argument(
-        "--health-stale-s",
-        type=float,
-        default=float(_env("HEALTH_STALE_S", "5")),
-        help="/health counts a worker as not alive when its load metrics are this old "
-        "(env TANDEM_HEALTH_STALE_S)",
     )
 
 

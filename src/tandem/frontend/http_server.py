@@ -50,7 +50,9 @@ MAX_PIPELINED = 16
 FLUSH_BYTES = 64 << 10
 LINGER_S = 1.0  # after an error response, how long the client's remaining bytes are dropped
 LINGER_BYTES = 1 << 20  # and how many at most
-EOF_PROBE_S = 0.5  # after a client's EOF, how often to check that it is still reading
+# after a client's EOF, when to check that it is still reading: the first probe draws a reset
+# from a peer that closed for good (a loopback round trip), the second write then fails
+EOF_PROBE_DELAYS_S = (0.05, 0.5)
 Phase = Literal["idle", "head", "body"]
 
 
@@ -133,11 +135,11 @@ class HttpProtocol(asyncio.Protocol):
             # a half-close (shutdown(SHUT_WR)) still wants its answer, but a full close looks
             # the same until a write meets the peer's reset: probe so the request is cancelled
             self._eof = True
-            self._probe()
+            self._probe(0)
             return True  # keep the write side open to answer
         return None  # nothing to answer (or half a request): close
 
-    def _probe(self) -> None:
+    def _probe(self, num_done: int) -> None:
         """While answering a client that sent EOF: write something every client ignores
         (an interim 100 Continue before the response, an SSE comment inside an event
         stream). A client that closed for good answers with a reset, and the next write
@@ -153,7 +155,8 @@ class HttpProtocol(asyncio.Protocol):
             elif response.is_event_stream and not response.finished:
                 self.write(b"2\r\n:\n\r\n")
         if not self._closed:
-            self._probe_timer = self._loop.call_later(EOF_PROBE_S, self._probe)
+            delay = EOF_PROBE_DELAYS_S[min(num_done, len(EOF_PROBE_DELAYS_S) - 1)]
+            self._probe_timer = self._loop.call_later(delay, self._probe, num_done + 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True

@@ -305,3 +305,22 @@ async def test_stop_drains_a_running_stream_and_refuses_new_connections() -> Non
     data = await _closed_within(reader, 5)
     assert data.endswith(b"data: done\n\n\r\n0\r\n\r\n")  # whole, then closed
     await asyncio.wait_for(stopping, 5)
+
+
+async def test_client_gone_before_the_response_starts_cancels_handler() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: HttpRequest, response: HttpResponse) -> None:
+        started.set()  # e.g. waiting for the first token: nothing written yet
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    server, _reader, writer = await _serve(slow)
+    writer.write(b"GET /s HTTP/1.1\r\n\r\n")
+    await asyncio.wait_for(started.wait(), 5)
+    writer.close()  # a full close looks like a half-close until a write meets the reset
+    await asyncio.wait_for(cancelled.wait(), 2)
+    await server.stop()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from tandem.frontend.config import HttpConfig
+from tandem.frontend.http_message import date_header
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +36,15 @@ _REFUSAL_BODY = (
     b'{"error":{"message":"too many connections; retry later","type":"overloaded_error",'
     b'"param":null,"code":null}}'
 )
-REFUSAL = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSAL_BODY), _REFUSAL_BODY)
-)
+
+
+def refusal() -> bytes:
+    """The whole 503 sent to a connection past the cap."""
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\n%scontent-type: application/json\r\n"
+        b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+        % (date_header(), len(_REFUSAL_BODY), _REFUSAL_BODY)
+    )
 
 
 class Connection(Protocol):
@@ -227,7 +233,7 @@ def refuse(conn: socket.socket) -> None:
     FIN (a close with unread data is a reset, which can destroy the 503 on the way)."""
     try:
         conn.setblocking(False)
-        conn.send(REFUSAL)
+        conn.send(refusal())
         with contextlib.suppress(BlockingIOError):
             conn.recv(1 << 16)
     except OSError:

@@ -198,7 +198,7 @@ async def test_connection_cap_refuses_excess_and_keeps_serving() -> None:
     await eventually(lambda: len(server.connections) == 5)
     reader, writer = await asyncio.open_connection(host, port)
     data = await _closed_within(reader, 5)
-    assert data.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in data
+    assert data.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in data and b"date: " in data
     writer.close()
     r0, w0 = conns[0]  # an admitted connection is still served
     w0.write(b"GET /still HTTP/1.1\r\n\r\n")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import pytest
@@ -323,4 +324,47 @@ async def test_client_gone_before_the_response_starts_cancels_handler() -> None:
     await asyncio.wait_for(started.wait(), 5)
     writer.close()  # a full close looks like a half-close until a write meets the reset
     await asyncio.wait_for(cancelled.wait(), 2)
+    await server.stop()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /x HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nContent-Length: -4\r\n\r\n",
+    ],
+)
+async def test_smuggling_attempts_are_400_and_close(head: bytes) -> None:
+    server, reader, writer = await _serve(_echo)
+    writer.write(head + b"0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n")
+    data = await _closed_within(reader, 5)
+    assert data.startswith(b"HTTP/1.1 400 "), data[:120]
+    assert b"smuggled" not in data  # the hidden request was never served
+    await server.stop()
+
+
+async def test_200_mb_chunked_body_is_413_without_reading_it_all() -> None:
+    server, reader, writer = await _serve(_echo)  # default 8 MiB limit
+
+    async def read_until_gone() -> bytes:  # reads while the client still sends
+        data = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := await reader.read(65536):
+                data += chunk
+        return data
+
+    received = asyncio.create_task(read_until_gone())
+    writer.write(b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"%x\r\n%s\r\n" % (1 << 20, b"a" * (1 << 20))
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        for _ in range(200):
+            writer.write(chunk)
+            await writer.drain()
+            sent += 1
+    data = await asyncio.wait_for(received, 5)
+    assert data.startswith(b"HTTP/1.1 413 ") and b"exceeds 8388608 bytes" in data
+    assert sent < 200  # cut off long before 200 MB
     await server.stop()

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 from tests.support.services import free_port
-from tests.support.tandem_procs import TandemProcess, http_request, start_tandem, wait_instances
+from tests.support.tandem_procs import (
+    TandemProcess,
+    http_request,
+    start_tandem,
+    wait_healthy,
+    wait_instances,
+)
 
 from tandem import errors
 from tandem.protocols import kv_events as kv
@@ -36,6 +42,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TandemPro
     try:
         base = f"http://127.0.0.1:{port}"
         wait_instances(base, lambda ids: len(ids) == 1, timeout_s=60, proc=proc)
+        wait_healthy(base)  # /health is 200 once the model's tokenizer is loaded
         yield proc, base, run_dir
     finally:
         if env_secret is not None:

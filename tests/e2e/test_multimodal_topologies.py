@@ -58,16 +58,22 @@ class Stack:
         return [int(p) for p in re.findall(r"started encoder\d+ pid=(\d+)", self.proc.log())]
 
     def encoder_stats(self) -> list[dict[str, Any]]:
-        return asyncio.run(_encoder_stats(self.run_dir / "discovery"))
+        return asyncio.run(_encoder_stats(self.run_dir))
 
 
-async def _encoder_stats(discovery_dir: Path) -> list[dict[str, Any]]:
-    """Each live encode worker's counters, asked over the request plane (`mm_stats`)."""
+async def _encoder_stats(run_dir: Path) -> list[dict[str, Any]]:
+    """Each live encode worker's counters, asked over the request plane (`mm_stats`) with the
+    stack's cluster secret (its discovery records and workers refuse anyone without it)."""
     from tandem.protocols.engine import PreprocessedRequest, StopConditions, decode_output, encode
     from tandem.runtime.config import RuntimeConfig
     from tandem.runtime.runtime import open_runtime
 
-    config = RuntimeConfig(discovery="file", discovery_dir=str(discovery_dir), events="memory")
+    config = RuntimeConfig(
+        discovery="file",
+        discovery_dir=str(run_dir / "discovery"),
+        events="memory",
+        cluster_secret=(run_dir / "cluster-secret").read_text().strip(),
+    )
     async with open_runtime(config) as runtime:
         view = runtime.instance_set("encoder", "encode")
         await view.start()

@@ -113,6 +113,7 @@ async def test_join_and_leave_under_load(stack: Stack) -> None:
         # join: a new worker process on the same discovery dir
         flags = ["--speedup-ratio", "1", "--namespace", "tandem", "--discovery", "file"]
         flags += ["--discovery-dir", str(stack.run_dir / "discovery"), "--events", "zmq"]
+        flags += ["--cluster-secret-file", str(stack.run_dir / "cluster-secret")]  # the stack's
         joined = start_tandem("joined", ["worker", "--engine", "mocker", *flags], stack.tmp_path)
         log_match = await asyncio.to_thread(joined.wait_log, r"worker ready: instance_id=(\w+)")
         new_id = log_match.group(1)

@@ -18,6 +18,7 @@ points (never below 0), so a reader is defined everywhere.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,7 @@ class EngineProfile(msgspec.Struct, kw_only=True):
 
 
 def _check_axis(name: str, axis: list[int]) -> None:
-    if len(axis) < 2 or any(b <= a for a, b in zip(axis, axis[1:], strict=False)) or axis[0] < 1:
+    if len(axis) < 2 or any(b <= a for a, b in itertools.pairwise(axis)) or axis[0] < 1:
         raise ValueError(f"{name}={axis}: expected >= 2 increasing positive points")
 
 

@@ -26,8 +26,8 @@ from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.worker_events import KvEventPublisher
 from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
 from tandem.protocols import kv_events as kv
-from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols import scaling
+from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols.engine import decode_request, encode
 from tandem.runtime.base import RequestContext
 from tandem.runtime.runtime import Runtime

@@ -26,6 +26,7 @@ class WorkerView:
     max_num_batched_tokens: int = 8192
     prefill_tokens_per_step: float = 0.0  # mean over the recent steps
     decode_kv_tokens: float = 0.0  # mean over the recent steps
+    is_managed: bool = True  # the connector can drain it (else it is never a victim)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,9 +67,13 @@ class PoolState:
         return bool(self.adding or self.removing or self.num_requested_adds)
 
 
-def choose_victim(workers: list[WorkerView]) -> WorkerView:
-    """Fewest in-flight requests, then least cached KV, then the smallest id (stable)."""
-    return min(workers, key=lambda w: (w.num_inflight, w.num_cached_blocks, w.worker_id))
+def choose_victim(workers: list[WorkerView]) -> WorkerView | None:
+    """Of the workers the connector can drain: fewest in-flight requests, then least cached
+    KV, then the smallest id (stable). None when it manages none of them."""
+    managed = [w for w in workers if w.is_managed]
+    if not managed:
+        return None
+    return min(managed, key=lambda w: (w.num_inflight, w.num_cached_blocks, w.worker_id))
 
 
 class Planner:
@@ -185,6 +189,8 @@ class Planner:
             if now - pool.last_action_s < cfg.cooldown_down_s:
                 return []
             victim = choose_victim(obs.ready)
+            if victim is None:
+                return []
             pool.last_action_s = now
             pool.removing[victim.worker_id] = now
             pool.known_ready.discard(victim.worker_id)

@@ -118,4 +118,5 @@ def test_victim_has_fewest_inflight_then_least_cache() -> None:
         WorkerView(worker_id="b", num_inflight=1, num_cached_blocks=50),
         WorkerView(worker_id="c", num_inflight=1, num_cached_blocks=10),
     ]
-    assert choose_victim(ws).worker_id == "c"
+    assert (victim := choose_victim(ws)) is not None and victim.worker_id == "c"
+    assert choose_victim([WorkerView(worker_id="x", is_managed=False)]) is None

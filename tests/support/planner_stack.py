@@ -33,18 +33,26 @@ def mocker_engine(_component: str) -> Engine:
 
 
 class PlannerStack:
-    def __init__(self, exit_stack: AsyncExitStack) -> None:
+    """`runtime_config` None: memory planes shared in-process; else each runtime opens its own
+    (file discovery + zmq events reach worker processes)."""
+
+    def __init__(
+        self, exit_stack: AsyncExitStack, runtime_config: RuntimeConfig | None = None
+    ) -> None:
         self.exit_stack = exit_stack
+        self.runtime_config = runtime_config
         self.discovery, self.events = MemoryDiscovery(), MemoryEventBus()
         self.base = ""
         self.http: aiohttp.ClientSession | None = None
-        self.connector: InProcessConnector | None = None
+        self.connector: Any = None
         self.service: PlannerService | None = None
         self.results: list[tuple[int, str]] = []  # (status, error text) per request
         self.frontend_rt: Runtime | None = None
         self.rng = random.Random(0)
 
     async def runtime(self) -> Runtime:
+        if self.runtime_config is not None:
+            return await self.exit_stack.enter_async_context(open_runtime(self.runtime_config))
         return await self.exit_stack.enter_async_context(
             open_runtime(RuntimeConfig(), discovery=self.discovery, events=self.events)
         )
@@ -66,10 +74,14 @@ class PlannerStack:
         self.http = await self.exit_stack.enter_async_context(aiohttp.ClientSession())
 
     async def start_planner(
-        self, config: PlannerConfig, engine_factory: Any = mocker_engine
+        self, config: PlannerConfig, engine_factory: Any = mocker_engine, connector: Any = None
     ) -> PlannerService:
+        """`connector(runtime)` builds the connector; default: in-process over `engine_factory`."""
         rt = await self.runtime()
-        self.connector = InProcessConnector(rt, engine_factory, drain_grace_s=30.0)
+        if connector is None:
+            self.connector = InProcessConnector(rt, engine_factory, drain_grace_s=30.0)
+        else:
+            self.connector = connector(rt)
         self.exit_stack.push_async_callback(self.connector.close)
         self.service = PlannerService(rt, self.connector, config)
         await self.service.start()

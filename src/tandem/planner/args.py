@@ -35,10 +35,20 @@ def parse_pool(text: str) -> PoolConfig:
 
 def add_planner_args(parser: argparse.ArgumentParser, *, with_connector: bool = True) -> None:
     g = parser.add_argument_group("planner")
-    g.add_argument("--mode", default=_env("MODE", "load"), choices=MODES,
-                   help="load: step-time regression; throughput: forecast × engine profile")  # fmt: skip
-    g.add_argument("--pool", action="append", type=parse_pool, dest="pools", metavar="SPEC",
-                   help="COMPONENT[:KIND[:MIN[:MAX]]] (repeatable; default backend:aggregated:1:8)")  # fmt: skip
+    g.add_argument(
+        "--mode",
+        default=_env("MODE", "load"),
+        choices=MODES,
+        help="load: step-time regression; throughput: forecast × engine profile",
+    )
+    g.add_argument(
+        "--pool",
+        action="append",
+        type=parse_pool,
+        dest="pools",
+        metavar="SPEC",
+        help="COMPONENT[:KIND[:MIN[:MAX]]] (repeatable; default backend:aggregated:1:8)",
+    )
     g.add_argument("--ttft-target-ms", type=float, default=float(_env("TTFT_TARGET_MS", "500")))
     g.add_argument("--itl-target-ms", type=float, default=float(_env("ITL_TARGET_MS", "50")))
     g.add_argument("--interval-s", type=float, default=float(_env("INTERVAL_S", "2")),
@@ -59,8 +69,11 @@ def add_planner_args(parser: argparse.ArgumentParser, *, with_connector: bool = 
         return
     choices = [n for n in connector_names() if n != "inprocess"]  # in-process: tests only
     g.add_argument("--connector", default=_env("CONNECTOR", "local"), choices=choices)
-    g.add_argument("--worker-args", default=_env("WORKER_ARGS", "--engine mocker"),
-                   help="flags of every worker the connector starts (one shell-quoted string)")  # fmt: skip
+    g.add_argument(
+        "--worker-args",
+        default=_env("WORKER_ARGS", "--engine mocker"),
+        help="flags of every worker the connector starts (one shell-quoted string)",
+    )
     g.add_argument("--worker-drain-grace-s", type=float,
                    default=float(_env("WORKER_DRAIN_GRACE_S", "60")),
                    help="how long a drained worker may finish its in-flight requests")  # fmt: skip

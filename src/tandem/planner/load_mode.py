@@ -8,7 +8,7 @@ For worker w with `q` waiting requests, uncached prompt length `isl` and `d` dec
 
 Scale up by one when every worker's TTFT or every worker's ITL is over its target (or the
 frontends measured a mean TTFT/ITL over target in the last interval). Scale down by one when
-the n−1 survivors, each taking 1/(n−1) of the pool's total waiting, prefill and decode load,
+the frontends' measured means are under target × margin and the n−1 survivors, each taking 1/(n−1) of the pool's total waiting, prefill and decode load,
 stay under target × margin and the pool's active KV blocks fit in theirs × kv_fit_fraction.
 """
 
@@ -80,6 +80,11 @@ def decide(
         return Verdict(+1, f"measured mean TTFT {t.mean_ttft_ms:.0f} ms > target")
     if t is not None and t.mean_itl_ms is not None and t.mean_itl_ms > cfg.itl_target_ms:
         return Verdict(+1, f"measured mean ITL {t.mean_itl_ms:.1f} ms > target")
+    hot = cfg.scale_down_margin
+    if t is not None and t.mean_ttft_ms is not None and t.mean_ttft_ms > cfg.ttft_target_ms * hot:
+        return Verdict(0, f"measured mean TTFT {t.mean_ttft_ms:.0f} ms is over target × margin")
+    if t is not None and t.mean_itl_ms is not None and t.mean_itl_ms > cfg.itl_target_ms * hot:
+        return Verdict(0, f"measured mean ITL {t.mean_itl_ms:.1f} ms is over target × margin")
     return _scale_down_verdict(workers, model, cfg, isl, kind)
 
 

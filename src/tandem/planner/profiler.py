@@ -3,8 +3,8 @@
 - prefill: for each ISL, one request of ISL fresh tokens (no prefix hits) and max_tokens 1,
   alone on the engine; the time to its first token (median of `repeats`).
 - decode: for each (batch, context), `batch` requests of `context` fresh tokens each, decoding
-  `decode_steps` + 2 tokens together; the ITL is the median over requests of the time between
-  their second and last token divided by the gaps (prefill and the first decode step excluded).
+  `decode_steps` + 2 tokens together; the ITL is the median over requests of their token gaps
+  after the whole batch has its first token (steps that still prefill someone are excluded).
 A grid point whose KV (batch × (context + steps)) exceeds the engine's capacity or whose batch
 exceeds max_num_seqs is an error naming it, never silently skipped.
 """
@@ -74,6 +74,20 @@ def check_grid(info: EngineInfo, batches: list[int], contexts: list[int], steps:
         raise ValueError(f"context {max(contexts)} exceeds the model's {info.context_length}")
 
 
+def decode_itl_ms(runs: list[list[float]]) -> float:
+    """Median per-request token gap once every request of the batch has its first token
+    (before that, steps also carry other requests' prefill chunks)."""
+    all_started = max(t[0] for t in runs)
+    gaps = []
+    for times in runs:
+        after = [t for t in times if t >= all_started]
+        if len(after) >= 2:
+            gaps.append((after[-1] - after[0]) / (len(after) - 1) * 1000.0)
+    if not gaps:
+        raise RuntimeError("no decode steps after the batch's prefill: raise --decode-steps")
+    return statistics.median(gaps)
+
+
 async def profile_engine(
     engine: Engine,
     *,
@@ -105,8 +119,7 @@ async def profile_engine(
             for c in contexts:
                 reqs = [prompts.request(info.model_name, c, decode_steps + 2) for _ in range(b)]
                 runs = await asyncio.gather(*(_token_times(engine, r, clock) for r in reqs))
-                gaps = [(t[-1] - t[1]) / (len(t) - 2) * 1000.0 for t in runs if len(t) > 2]
-                row.append(statistics.median(gaps))
+                row.append(decode_itl_ms(runs))
                 logger.info("decode batch=%d context=%d itl=%.2f ms", b, c, row[-1])
             itl.append(row)
     finally:

@@ -7,7 +7,11 @@ OSL, and turn a measured engine profile into replicas per pool.
 - decode: the largest batch b whose profiled ITL at the mean context (ISL + OSL/2) meets the
   target, whose KV (b × (ISL + OSL)) fits and b ≤ max_num_seqs; by Little's law
   rate · OSL · ITL(b) sequences decode at once; replicas = ⌈that / b⌉.
-- aggregated: both on the same engines: ⌈prefill share + decode share⌉ (unrounded sums).
+- aggregated: prefill and decode share the engines' steps. A decode step of d ms stretches to
+  d / (1 − ρ) when a share ρ of the time computes prompts, so ITL meets the target × margin
+  only while ρ ≤ 1 − d / (target × margin); the prefill utilisation is capped by that and by
+  the TTFT bound: replicas = ⌈rate · S / min(ρ_ttft, ρ_itl)⌉, d taken at the batch each
+  replica then decodes (a few fixed-point rounds).
 A target the engine cannot meet even alone (S ≥ T, ITL(1) > target) falls back to ρ = 0.5
 and b = 1: the forecast load is still served, as close to the target as the engine allows.
 """
@@ -96,11 +100,39 @@ def decode_share(f: Forecast, profile: EngineProfile, itl_target_ms: float) -> f
     return concurrent / batch
 
 
+def aggregated_share(
+    f: Forecast, profile: EngineProfile, ttft_target_ms: float, itl_target_ms: float, margin: float
+) -> float:
+    if f.request_rate <= 0:
+        return 0.0
+    isl_eff = f.isl * (1.0 - f.kv_hit_rate)
+    service_s = profile.ttft_ms(isl_eff) / 1000.0
+    by_ttft = prefill_share(f, profile, ttft_target_ms)
+    rho_ttft = f.request_rate * service_s / by_ttft if by_ttft else 0.95
+    context = f.isl + f.osl / 2
+    n = max(by_ttft, 1.0)
+    for _ in range(4):
+        d_ms = profile.itl_ms(1, context)
+        batch = max(f.request_rate * f.osl * d_ms / 1000.0 / n, 1.0)
+        d_ms = profile.itl_ms(batch, context)
+        rho_itl = max(1.0 - d_ms / (itl_target_ms * margin), 0.05)
+        n = f.request_rate * service_s / min(rho_ttft, rho_itl)
+    return max(n, decode_share(f, profile, itl_target_ms * margin))
+
+
 def replicas(
-    kind: str, f: Forecast, profile: EngineProfile, ttft_target_ms: float, itl_target_ms: float
+    kind: str,
+    f: Forecast,
+    profile: EngineProfile,
+    ttft_target_ms: float,
+    itl_target_ms: float,
+    margin: float = 0.7,
 ) -> int:
     """Replicas of a pool of `kind` (prefill, decode, aggregated) for forecast `f` (≥ 0)."""
-    p = prefill_share(f, profile, ttft_target_ms)
-    d = decode_share(f, profile, itl_target_ms)
-    share = {"prefill": p, "decode": d, "aggregated": p + d}[kind]
+    if kind == "prefill":
+        share = prefill_share(f, profile, ttft_target_ms)
+    elif kind == "decode":
+        share = decode_share(f, profile, itl_target_ms)
+    else:
+        share = aggregated_share(f, profile, ttft_target_ms, itl_target_ms, margin)
     return math.ceil(share - 1e-9)

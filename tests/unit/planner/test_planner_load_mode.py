@@ -73,3 +73,11 @@ def test_prefill_pool_ignores_itl_and_decode_pool_ignores_ttft() -> None:
         "every worker's predicted TTFT"
     )
     assert "ITL" in load_mode.decide(_pool(w), MODEL, CFG, "decode").reason
+
+
+def test_no_scale_down_while_the_measured_latency_is_near_the_target() -> None:
+    w = [WorkerView(worker_id=i, num_total_blocks=100) for i in "abc"]
+    hot = PoolTraffic(interval_s=1.0, num_arrivals=5, num_finished=5, mean_isl=100.0,
+                      mean_osl=10.0, mean_ttft_ms=250.0, mean_itl_ms=10.0)  # fmt: skip
+    v = load_mode.decide(_pool(*w, traffic=hot), MODEL, CFG)
+    assert v.delta == 0 and "measured mean TTFT" in v.reason

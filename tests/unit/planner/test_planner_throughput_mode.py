@@ -46,11 +46,15 @@ def test_decode_batch_limited_by_kv() -> None:
     assert tm.best_decode_batch(f, linear_profile(), 1000.0) == 32
 
 
-def test_aggregated_sums_the_shares_before_rounding() -> None:
-    f = Forecast(request_rate=10.0, isl=1000.0, osl=100.0)
-    p = tm.prefill_share(f, linear_profile(), 300.0)
-    d = tm.decode_share(f, linear_profile(), 50.0)
-    assert tm.replicas("aggregated", f, linear_profile(), 300.0, 50.0) == int(-(-(p + d) // 1))
+def test_aggregated_caps_prefill_utilisation_so_decode_steps_meet_the_itl_target() -> None:
+    # S = 100 ms; TTFT alone allows rho 0.8, but 11 ms decode steps under 50 × 0.7 = 35 ms
+    # allow rho <= 1 − 11/35 ≈ 0.686 → 10 req/s × 0.1 s / 0.686 ≈ 1.46 engines
+    f = Forecast(request_rate=10.0, isl=1000.0, osl=10.0)
+    share = tm.aggregated_share(f, linear_profile(), 300.0, 50.0, 0.7)
+    assert share == pytest.approx(1.0 / (1 - 11.0 / 35.0))  # batch per engine < 1 → d(1)
+    assert tm.replicas("aggregated", f, linear_profile(), 300.0, 50.0) == 2
+    loose = tm.aggregated_share(f, linear_profile(), 300.0, 1000.0, 0.7)
+    assert loose == pytest.approx(1.25)  # a loose ITL target leaves the TTFT bound
 
 
 def test_zero_traffic_wants_zero() -> None:

@@ -105,6 +105,8 @@ class BenchConfig:
     seed: int
     out_dir: Path
     speedup: float
+    margin: float
+    cooldown_down_s: float
 
 
 async def _fire(pool: ConnectionPool, body: bytes, results: list[RequestResult]) -> None:
@@ -157,7 +159,8 @@ async def live_run(name: str, cfg: BenchConfig, times: list[float]) -> RunResult
                 pcfg = PlannerConfig(
                     pools=(PoolConfig(min_workers=1, max_workers=cfg.n_peak),),
                     ttft_target_ms=cfg.ttft_target_ms, itl_target_ms=cfg.itl_target_ms,
-                    interval_s=1.0, cooldown_up_s=2.0, cooldown_down_s=6.0,
+                    interval_s=1.0, cooldown_up_s=2.0, cooldown_down_s=cfg.cooldown_down_s,
+                    scale_down_margin=cfg.margin,
                     ready_timeout_s=60.0, stats_window_s=10.0,
                 )  # fmt: skip
                 service = PlannerService(planner_rt, connector, pcfg)
@@ -387,8 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isl", type=int, default=1500)
     p.add_argument("--osl", type=int, default=40)
     p.add_argument("--ttft-target-ms", type=float, help="default: 4 × the profiled TTFT at ISL")
-    p.add_argument("--itl-target-ms", type=float,
-                   help="default: 4 × the profiled ITL at batch 1 (room for prefill chunks)")  # fmt: skip
+    p.add_argument("--itl-target-ms", type=float, help="default: 4 × the profiled ITL at batch 1")
+    p.add_argument("--scale-down-margin", type=float, default=0.55,
+                   help="the planner's: survivors must stay under target × this")  # fmt: skip
+    p.add_argument("--cooldown-down-s", type=float, default=8.0)
     p.add_argument("--runs", default="planner,static-avg,static-peak")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench-planner", help="directory for the PNG and JSON")
@@ -420,7 +425,8 @@ def main(argv: list[str]) -> int:
     cfg = BenchConfig(duration_s=args.duration_s, peak_rate=peak, isl=args.isl, osl=args.osl,
                       ttft_target_ms=ttft, itl_target_ms=itl, worker_args=worker_args,
                       n_avg=n_avg, n_peak=args.peak_workers, seed=args.seed, out_dir=out,
-                      speedup=args.speedup_ratio)  # fmt: skip
+                      speedup=args.speedup_ratio, margin=args.scale_down_margin,
+                      cooldown_down_s=args.cooldown_down_s)  # fmt: skip
     print(f"schedule: {len(times)} requests over {args.duration_s:.0f} s, peak {peak:.1f} req/s, "
           f"mean {mean_rate:.2f} req/s; ISL {args.isl} OSL {args.osl}; targets TTFT "
           f"{ttft:.0f} ms ITL {itl:.1f} ms; static fleets: avg {n_avg}, "
@@ -448,7 +454,8 @@ def report(cfg: BenchConfig, times: list[float], runs: list[RunResult], profile_
         pcfg = PlannerConfig(
             pools=(PoolConfig(min_workers=1, max_workers=cfg.n_peak),),
             ttft_target_ms=cfg.ttft_target_ms, itl_target_ms=cfg.itl_target_ms, interval_s=1.0,
-            cooldown_up_s=2.0, cooldown_down_s=6.0, ready_timeout_s=60.0, stats_window_s=10.0,
+            cooldown_up_s=2.0, cooldown_down_s=cfg.cooldown_down_s, scale_down_margin=cfg.margin,
+            ready_timeout_s=60.0, stats_window_s=10.0,
         )  # fmt: skip
         sim = FleetSimulation(mocker, isl=cfg.isl, osl=cfg.osl, startup_s=startup, planner=pcfg,
                               seed=cfg.seed).run(times, live.duration_s)  # fmt: skip

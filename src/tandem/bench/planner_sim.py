@@ -172,6 +172,7 @@ class FleetSimulation:
                 num_cached_blocks=pool.num_cached_blocks, block_size=self.mocker.block_size,
                 max_num_batched_tokens=self.mocker.max_num_batched_tokens,
                 prefill_tokens_per_step=sum(s.num_prefill_tokens for s in recent) / n if n else 0.0,
+                prefill_tokens_per_s=sum(s.num_prefill_tokens for s in recent) / window,
                 decode_kv_tokens=sum(s.num_decode_kv_tokens for s in recent) / n if n else 0.0,
             ))  # fmt: skip
             fresh = [s for t, s in w.steps[w.num_fed :] if t <= now]

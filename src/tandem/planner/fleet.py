@@ -116,5 +116,6 @@ class FleetTracker:
             num_active_blocks=m.num_active_blocks,
             num_cached_blocks=m.num_cached_blocks,
             prefill_tokens_per_step=sum(s.num_prefill_tokens for s in recent) / n if n else 0.0,
+            prefill_tokens_per_s=sum(s.num_prefill_tokens for s in recent) / self.recent_s,
             decode_kv_tokens=sum(s.num_decode_kv_tokens for s in recent) / n if n else 0.0,
         )

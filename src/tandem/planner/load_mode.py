@@ -4,12 +4,15 @@ For worker w with `q` waiting requests, uncached prompt length `isl` and `d` dec
 
     TTFT(w) = Σ over the chunks of (q + 1)·isl prompt tokens of step_ms(chunk, d)
               (queue wait included: the new request's prompt runs after the waiting ones)
-    ITL(w)  = step_ms(prefill tokens per step of w, d)
+    ITL(w)  = (c0 + c2·d) / (1 − c1·r / 1000), r = w's prompt tokens per second
+              (decode steps of c0 + c2·d ms share each second with c1·r ms of prefill;
+              the mean step, hence the mean ITL, stretches by that share; ∞ when r saturates)
 
 Scale up by one when every worker's TTFT or every worker's ITL is over its target (or the
 frontends measured a mean TTFT/ITL over target in the last interval). Scale down by one when
-the frontends' measured means are under target × margin and the n−1 survivors, each taking 1/(n−1) of the pool's total waiting, prefill and decode load,
-stay under target × margin and the pool's active KV blocks fit in theirs × kv_fit_fraction.
+the frontends' measured means are under target × margin and the n−1 survivors, each taking
+1/(n−1) of the pool's total waiting, prefill and decode load, stay under target ×
+margin and the pool's active KV blocks fit in theirs × kv_fit_fraction.
 """
 
 from __future__ import annotations
@@ -40,6 +43,16 @@ def predict_ttft_ms(
     return total
 
 
+def predict_itl_ms(
+    model: StepCoefficients, *, prefill_tokens_per_s: float, decode_kv: float
+) -> float:
+    busy_ms = model.ms_per_prefill_token * prefill_tokens_per_s
+    if busy_ms >= 1000.0:
+        return float("inf")
+    decode_ms = model.base_ms + model.ms_per_decode_kv_token * decode_kv
+    return decode_ms * 1000.0 / (1000.0 - busy_ms)
+
+
 def _effective_isl(pool: PoolObservation) -> float:
     t = pool.traffic
     if t is None or not t.num_finished:
@@ -47,10 +60,10 @@ def _effective_isl(pool: PoolObservation) -> float:
     return max(t.mean_isl * (1.0 - t.cached_fraction), 1.0)
 
 
-def _worker_ttft(model: StepCoefficients, w: WorkerView, isl: float) -> float:
+def _worker_ttft(model: StepCoefficients, w: WorkerView, isl: float, growth: float) -> float:
     return predict_ttft_ms(
         model,
-        num_waiting=w.num_waiting,
+        num_waiting=w.num_waiting * growth,
         isl=isl,
         decode_kv=w.decode_kv_tokens,
         chunk=w.max_num_batched_tokens,
@@ -58,17 +71,29 @@ def _worker_ttft(model: StepCoefficients, w: WorkerView, isl: float) -> float:
 
 
 def decide(
-    pool: PoolObservation, model: StepCoefficients, cfg: PlannerConfig, kind: str = "aggregated"
+    pool: PoolObservation,
+    model: StepCoefficients,
+    cfg: PlannerConfig,
+    kind: str = "aggregated",
+    growth: float = 1.0,
 ) -> Verdict:
     """`kind` picks the targets that apply: a prefill pool answers for TTFT only, a decode
-    pool for ITL only, an aggregated pool for both."""
+    pool for ITL only, an aggregated pool for both. `growth` (≥ 1: the forecast rate of the
+    next interval over the current one) scales each worker's queue and prompt rate in the
+    scale-up test, so a ramp is met before it crosses the target rather than after."""
     workers = pool.ready
     if not workers:
         return Verdict(0, "no ready workers")
     isl = _effective_isl(pool)
-    ttfts = [_worker_ttft(model, w, isl) if kind != "decode" else 0.0 for w in workers]
+    ttfts = [_worker_ttft(model, w, isl, growth) if kind != "decode" else 0.0 for w in workers]
     itls = [
-        model.step_ms(w.prefill_tokens_per_step, w.decode_kv_tokens) if kind != "prefill" else 0.0
+        predict_itl_ms(
+            model,
+            prefill_tokens_per_s=w.prefill_tokens_per_s * growth,
+            decode_kv=w.decode_kv_tokens * growth,
+        )
+        if kind != "prefill"
+        else 0.0
         for w in workers
     ]
     t = pool.traffic if kind == "aggregated" else None
@@ -97,10 +122,10 @@ def _scale_down_verdict(
     survivors = n - 1
     waiting = sum(w.num_waiting for w in workers) / survivors
     decode_kv = sum(w.decode_kv_tokens for w in workers) / survivors
-    prefill = sum(w.prefill_tokens_per_step for w in workers) / survivors
+    prefill_rate = sum(w.prefill_tokens_per_s for w in workers) / survivors
     chunk = min(w.max_num_batched_tokens for w in workers)
     ttft = predict_ttft_ms(model, num_waiting=waiting, isl=isl, decode_kv=decode_kv, chunk=chunk)
-    itl = model.step_ms(prefill, decode_kv)
+    itl = predict_itl_ms(model, prefill_tokens_per_s=prefill_rate, decode_kv=decode_kv)
     if kind == "decode":
         ttft = 0.0
     elif kind == "prefill":

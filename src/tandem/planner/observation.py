@@ -25,6 +25,7 @@ class WorkerView:
     block_size: int = 64
     max_num_batched_tokens: int = 8192
     prefill_tokens_per_step: float = 0.0  # mean over the recent steps
+    prefill_tokens_per_s: float = 0.0  # prompt tokens computed per second, recently
     decode_kv_tokens: float = 0.0  # mean over the recent steps
     is_managed: bool = True  # the connector can drain it (else it is never a victim)
 

@@ -208,7 +208,7 @@ class Planner:
         cfg, kind = self.config, pool.config.kind
         if cfg.mode == "load":
             model = self.models[pool.config.component].fit()
-            verdict = load_mode.decide(obs, model, cfg, kind)
+            verdict = load_mode.decide(obs, model, cfg, kind, self._growth(obs))
             return verdict.delta, verdict.reason
         assert self.profile is not None
         forecast = self.forecaster.forecast()
@@ -221,6 +221,13 @@ class Planner:
             f"OSL {forecast.osl:.0f} hit {forecast.kv_hit_rate:.2f} → {wanted} replicas"
         )
         return wanted - len(obs.ready) - len(obs.starting), reason
+
+    def _growth(self, obs: PoolObservation) -> float:
+        """Forecast rate over the current one, within [1, 2] (1 without traffic)."""
+        now = obs.traffic.request_rate if obs.traffic is not None else 0.0
+        if now <= 0 or self.forecaster.num_observed < 3:
+            return 1.0
+        return min(max(self.forecaster.forecast().request_rate / now, 1.0), 2.0)
 
     def _num_workers(self, observations: dict[str, PoolObservation]) -> int:
         total = 0

@@ -81,3 +81,19 @@ def test_no_scale_down_while_the_measured_latency_is_near_the_target() -> None:
                       mean_osl=10.0, mean_ttft_ms=250.0, mean_itl_ms=10.0)  # fmt: skip
     v = load_mode.decide(_pool(*w, traffic=hot), MODEL, CFG)
     assert v.delta == 0 and "measured mean TTFT" in v.reason
+
+
+def test_itl_stretches_with_the_share_of_time_spent_on_prompts() -> None:
+    # 10 + 0.001·10000 = 20 ms decode steps; 5000 prompt tokens/s × 0.1 ms = 500 ms/s busy
+    assert load_mode.predict_itl_ms(MODEL, prefill_tokens_per_s=0, decode_kv=10_000) == 20.0
+    assert load_mode.predict_itl_ms(MODEL, prefill_tokens_per_s=5000, decode_kv=10_000) == 40.0
+    assert load_mode.predict_itl_ms(MODEL, prefill_tokens_per_s=10_000, decode_kv=0) == float("inf")
+
+
+def test_scale_down_counts_the_prefill_the_survivors_inherit() -> None:
+    # two workers at 3000 tokens/s each: 30 % busy, ITL 10/0.7 ≈ 14 ms; one survivor at 60 %:
+    # 10/0.4 = 25 ms < 35 → remove; at 4000 each: 10/0.2 = 50 ms > 35 → keep
+    w = [WorkerView(worker_id=i, prefill_tokens_per_s=3000, num_total_blocks=100) for i in "ab"]
+    assert load_mode.decide(_pool(*w, traffic=None), MODEL, CFG).delta == -1
+    w = [WorkerView(worker_id=i, prefill_tokens_per_s=4000, num_total_blocks=100) for i in "ab"]
+    assert load_mode.decide(_pool(*w, traffic=None), MODEL, CFG).delta == 0

@@ -10,7 +10,7 @@ OSL, and turn a measured engine profile into replicas per pool.
 - aggregated: prefill and decode share the engines' steps. A decode step of d ms stretches to
   d / (1 − ρ) when a share ρ of the time computes prompts, so ITL meets the target × margin
   only while ρ ≤ 1 − d / (target × margin); the prefill utilisation is capped by that and by
-  the TTFT bound: replicas = ⌈rate · S / min(ρ_ttft, ρ_itl)⌉, d taken at the batch each
+  the TTFT bound (M/D/1 at TTFT target × margin): replicas = ⌈rate · S / min(ρ_ttft, ρ_itl)⌉, d taken at the batch each
   replica then decodes (a few fixed-point rounds).
 A target the engine cannot meet even alone (S ≥ T, ITL(1) > target) falls back to ρ = 0.5
 and b = 1: the forecast load is still served, as close to the target as the engine allows.
@@ -107,7 +107,7 @@ def aggregated_share(
         return 0.0
     isl_eff = f.isl * (1.0 - f.kv_hit_rate)
     service_s = profile.ttft_ms(isl_eff) / 1000.0
-    by_ttft = prefill_share(f, profile, ttft_target_ms)
+    by_ttft = prefill_share(f, profile, ttft_target_ms * margin)
     rho_ttft = f.request_rate * service_s / by_ttft if by_ttft else 0.95
     context = f.isl + f.osl / 2
     n = max(by_ttft, 1.0)

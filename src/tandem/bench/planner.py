@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size the peak rate so the profile needs this many workers")  # fmt: skip
     p.add_argument("--isl", type=int, default=1500)
     p.add_argument("--osl", type=int, default=40)
-    p.add_argument("--ttft-target-ms", type=float, help="default: 4 × the profiled TTFT at ISL")
+    p.add_argument("--ttft-target-ms", type=float, help="default: 6 × the profiled TTFT at ISL")
     p.add_argument("--itl-target-ms", type=float, help="default: 4 × the profiled ITL at batch 1")
     p.add_argument("--scale-down-margin", type=float, default=0.55,
                    help="the planner's: survivors must stay under target × this")  # fmt: skip
@@ -400,7 +400,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(_sig: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds asyncio.run: every run's finally drains its workers
+
+
 def main(argv: list[str]) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -409,7 +416,7 @@ def main(argv: list[str]) -> int:
         asyncio.run(_profile_mocker(profile_path))
     profile = load_profile(profile_path)
     eff = scaled(profile, 1.0 / args.speedup_ratio)
-    ttft = args.ttft_target_ms or 4 * eff.ttft_ms(args.isl)
+    ttft = args.ttft_target_ms or 6 * eff.ttft_ms(args.isl)
     itl = args.itl_target_ms or 4 * eff.itl_ms(1, args.isl + args.osl / 2)
     peak = peak_rate_for(args.peak_workers, eff, args.isl, args.osl, ttft, itl)
     times = send_times(args.duration_s, peak, args.seed)

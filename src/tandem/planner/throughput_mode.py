@@ -10,8 +10,8 @@ OSL, and turn a measured engine profile into replicas per pool.
 - aggregated: prefill and decode share the engines' steps. A decode step of d ms stretches to
   d / (1 − ρ) when a share ρ of the time computes prompts, so ITL meets the target × margin
   only while ρ ≤ 1 − d / (target × margin); the prefill utilisation is capped by that and by
-  the TTFT bound (M/D/1 at TTFT target × margin): replicas = ⌈rate · S / min(ρ_ttft, ρ_itl)⌉, d taken at the batch each
-  replica then decodes (a few fixed-point rounds).
+  the TTFT bound (M/D/1 at TTFT target × margin): replicas = ⌈rate · S / min(ρ_ttft, ρ_itl)⌉,
+  d taken at the batch each replica then decodes (a few fixed-point rounds).
 A target the engine cannot meet even alone (S ≥ T, ITL(1) > target) falls back to ρ = 0.5
 and b = 1: the forecast load is still served, as close to the target as the engine allows.
 """

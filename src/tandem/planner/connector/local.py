@@ -23,6 +23,16 @@ from tandem.runtime.config import RuntimeConfig
 logger = logging.getLogger(__name__)
 
 
+def secret_env(rc: RuntimeConfig) -> dict[str, str]:
+    """The cluster secret for a worker's environment (never its argv, which `ps` shows), unless
+    this process's environment already names it (the worker inherits that)."""
+    if rc.cluster_secret is None or any(
+        os.environ.get(v) for v in ("TANDEM_CLUSTER_SECRET", "TANDEM_CLUSTER_SECRET_FILE")
+    ):
+        return {}
+    return {"TANDEM_CLUSTER_SECRET": rc.cluster_secret}
+
+
 def runtime_flags(rc: RuntimeConfig) -> list[str]:
     flags = ["--namespace", rc.namespace, "--discovery", rc.discovery, "--events", rc.events]
     if rc.discovery == "file":
@@ -79,6 +89,7 @@ class LocalConnector:
                 *self.command(component, worker_id),
                 stdout=out,
                 stderr=out,
+                env={**os.environ, **secret_env(self.runtime_config)},
                 start_new_session=True,
             )
         except OSError as exc:

@@ -19,7 +19,7 @@ from typing import Any
 
 from tandem.engines.worker import new_instance_id
 from tandem.planner.connector.base import ConnectorError
-from tandem.planner.connector.local import runtime_flags
+from tandem.planner.connector.local import runtime_flags, secret_env
 from tandem.runtime.config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
@@ -91,8 +91,11 @@ class RayConnector:
                 "--instance-id", worker_id, "--drain-grace-s", str(self.drain_grace_s),
                 *runtime_flags(self.runtime_config)]  # fmt: skip
         try:
+            env = secret_env(self.runtime_config)
             actor = self._actor_cls.options(
-                name=f"tandem-worker-{worker_id}", num_cpus=self.num_cpus
+                name=f"tandem-worker-{worker_id}",
+                num_cpus=self.num_cpus,
+                runtime_env={"env_vars": env} if env else None,
             ).remote(argv)
         except Exception as exc:
             raise ConnectorError(f"could not create a ray actor for '{component}': {exc}") from exc

@@ -5,7 +5,8 @@ of the peak, plateau, a burst at the peak, fall to near zero and stay there. The
 is replayed, in one run, against live fleets of mocker worker processes (local connector,
 profile-driven perf model, file discovery + ZMQ events, the frontend in this process):
 
-1. `planner`: load mode, min 1 worker, max the peak fleet;
+1. `planner`: load mode, min 1 worker, max the peak fleet, planning for the SLO targets ×
+   `--planner-target-fraction` (the planner predicts means; the SLO judges every request);
 2. `static-avg`: the fleet the engine profile says the average rate needs;
 3. `static-peak`: the fleet it says the peak rate needs;
 
@@ -107,6 +108,7 @@ class BenchConfig:
     speedup: float
     margin: float
     cooldown_down_s: float
+    planner_fraction: float  # the planner plans for the SLO × this (its mean vs their tail)
 
 
 async def _fire(pool: ConnectionPool, body: bytes, results: list[RequestResult]) -> None:
@@ -158,7 +160,8 @@ async def live_run(name: str, cfg: BenchConfig, times: list[float]) -> RunResult
             if name == "planner":
                 pcfg = PlannerConfig(
                     pools=(PoolConfig(min_workers=1, max_workers=cfg.n_peak),),
-                    ttft_target_ms=cfg.ttft_target_ms, itl_target_ms=cfg.itl_target_ms,
+                    ttft_target_ms=cfg.ttft_target_ms * cfg.planner_fraction,
+                    itl_target_ms=cfg.itl_target_ms * cfg.planner_fraction,
                     interval_s=1.0, cooldown_up_s=2.0, cooldown_down_s=cfg.cooldown_down_s,
                     scale_down_margin=cfg.margin,
                     ready_timeout_s=60.0, stats_window_s=10.0,
@@ -391,7 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--osl", type=int, default=40)
     p.add_argument("--ttft-target-ms", type=float, help="default: 6 × the profiled TTFT at ISL")
     p.add_argument("--itl-target-ms", type=float, help="default: 4 × the profiled ITL at batch 1")
-    p.add_argument("--scale-down-margin", type=float, default=0.55,
+    p.add_argument("--planner-target-fraction", type=float, default=0.6,
+                   help="the planner's TTFT/ITL targets are the SLO's × this: it predicts means, "
+                   "the SLO counts each request")  # fmt: skip
+    p.add_argument("--scale-down-margin", type=float, default=0.7,
                    help="the planner's: survivors must stay under target × this")  # fmt: skip
     p.add_argument("--cooldown-down-s", type=float, default=8.0)
     p.add_argument("--runs", default="planner,static-avg,static-peak")
@@ -433,11 +439,12 @@ def main(argv: list[str]) -> int:
                       ttft_target_ms=ttft, itl_target_ms=itl, worker_args=worker_args,
                       n_avg=n_avg, n_peak=args.peak_workers, seed=args.seed, out_dir=out,
                       speedup=args.speedup_ratio, margin=args.scale_down_margin,
-                      cooldown_down_s=args.cooldown_down_s)  # fmt: skip
+                      cooldown_down_s=args.cooldown_down_s,
+                      planner_fraction=args.planner_target_fraction)  # fmt: skip
     print(f"schedule: {len(times)} requests over {args.duration_s:.0f} s, peak {peak:.1f} req/s, "
           f"mean {mean_rate:.2f} req/s; ISL {args.isl} OSL {args.osl}; targets TTFT "
-          f"{ttft:.0f} ms ITL {itl:.1f} ms; static fleets: avg {n_avg}, "
-          f"peak {args.peak_workers}")  # fmt: skip
+          f"{ttft:.0f} ms ITL {itl:.1f} ms (planner plans for × {args.planner_target_fraction}); "
+          f"static fleets: avg {n_avg}, peak {args.peak_workers}")  # fmt: skip
     runs = [asyncio.run(live_run(name, cfg, times)) for name in args.runs.split(",")]
     return report(cfg, times, runs, profile_path)
 
@@ -460,7 +467,8 @@ def report(cfg: BenchConfig, times: list[float], runs: list[RunResult], profile_
                               max_num_batched_tokens=profile.max_num_batched_tokens)  # fmt: skip
         pcfg = PlannerConfig(
             pools=(PoolConfig(min_workers=1, max_workers=cfg.n_peak),),
-            ttft_target_ms=cfg.ttft_target_ms, itl_target_ms=cfg.itl_target_ms, interval_s=1.0,
+            ttft_target_ms=cfg.ttft_target_ms * cfg.planner_fraction,
+            itl_target_ms=cfg.itl_target_ms * cfg.planner_fraction, interval_s=1.0,
             cooldown_up_s=2.0, cooldown_down_s=cfg.cooldown_down_s, scale_down_margin=cfg.margin,
             ready_timeout_s=60.0, stats_window_s=10.0,
         )  # fmt: skip

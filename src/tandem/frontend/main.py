@@ -18,8 +18,8 @@ from tandem.frontend.http_server import HttpServer
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, freeze_long_lived
-from tandem.multimodal.loader import ImageLoader
 from tandem.frontend.request_stats import RequestStatsCollector, publish_request_stats
+from tandem.multimodal.loader import ImageLoader
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import Runtime, open_runtime
 

@@ -3,6 +3,7 @@
     tandem bench [load options]               load generator against any OpenAI endpoint
     tandem bench frontend|routers [options]   comparisons that start and stop their own stacks
     tandem bench indexer|engine|transfer|disagg|kvbm|multimodal [options]   component benchmarks
+    tandem bench planner [options]            planner vs static fleets on a time-varying load
 
 A named benchmark is the module `tandem.bench.<name>` exposing `main(argv) -> int`, imported
 only when asked for.
@@ -28,6 +29,7 @@ SUBCOMMANDS = {
     "disagg": "disagg",
     "kvbm": "kvbm",
     "multimodal": "multimodal",
+    "planner": "planner",
 }
 
 

@@ -13,6 +13,9 @@ COMMANDS = {
     "frontend": "OpenAI HTTP frontend (discovers workers)",
     "worker": "a worker process hosting one engine",
     "router": "standalone KV-aware router service",
+    "planner": "adds and drains workers to meet TTFT/ITL targets (local processes, Ray)",
+    "profile": "measure an engine over a grid of ISL and batch/context sizes -> profile JSON",
+    "global-router": "sends each request to the pool that meets its latency target",
     "bench": "benchmarks: load generator, indexer, engine, transfer",
 }
 
@@ -30,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         parser.print_help()
         return 0 if argv else 2
-    module = importlib.import_module(f"tandem.cli.{argv[0]}")
+    module = importlib.import_module(f"tandem.cli.{argv[0].replace('-', '_')}")
     if hasattr(module, "main"):
         return int(module.main(argv[1:]) or 0)
     parser = argparse.ArgumentParser(prog=f"tandem {argv[0]}", description=COMMANDS[argv[0]])

@@ -93,7 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up if the workers are not registered by then",
     )
     g.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    g.add_argument(
+        "--planner",
+        action="store_true",
+        default=_env("PLANNER", "") == "1",
+        help="workers are started and drained by an embedded planner (local connector) "
+        "between the pools' min and max, instead of a fixed --workers count (env TANDEM_PLANNER=1)",
+    )
     add_frontend_args(parser, with_runtime=False)
+    from tandem.planner.args import add_planner_args
+
+    add_planner_args(parser, with_connector=False)
     return parser
 
 
@@ -175,6 +185,8 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
     )
     stop = asyncio.Event()
     install_signal_handlers(stop)
+    if args.planner:
+        return await serve_with_planner(args, passthrough, runtime_config, stop, run_dir)
     group = WorkerGroup(runtime_config, worker_specs(args, passthrough))
     try:
         async with open_runtime(runtime_config) as runtime:
@@ -221,6 +233,44 @@ def _cluster_secret(run_dir: str) -> str:
     write_secret_file(path, secret)
     os.environ["TANDEM_CLUSTER_SECRET_FILE"] = path  # inherited by the worker processes
     return secret
+
+
+async def serve_with_planner(
+    args: argparse.Namespace,
+    passthrough: list[str],
+    runtime_config: object,
+    stop: asyncio.Event,
+    run_dir: str,
+) -> int:
+    """The frontend plus an embedded planner whose local connector owns every worker."""
+    import shlex
+
+    from tandem.frontend.args import frontend_config_from_args
+    from tandem.frontend.main import serve_frontend
+    from tandem.planner.main import run_planner
+    from tandem.runtime.runtime import open_runtime
+
+    if not args.pools:
+        from tandem.planner.config import PoolConfig
+
+        args.pools = [PoolConfig(min_workers=args.workers, max_workers=max(args.workers, 8))]
+    args.connector = "local"
+    args.worker_args = shlex.join(["--engine", args.engine, "--log-level", args.log_level,
+                                   *passthrough])  # fmt: skip
+    args.worker_drain_grace_s = float(_env("DRAIN_GRACE_S", "60"))
+    args.worker_log_dir = None
+    try:
+        async with open_runtime(runtime_config) as runtime:  # type: ignore[arg-type]
+            planner = asyncio.create_task(run_planner(args, runtime, stop), name="planner")
+            try:
+                await serve_frontend(frontend_config_from_args(args), runtime, stop=stop)
+            finally:
+                stop.set()
+                await planner
+    finally:
+        if not args.run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "env TANDEM_ENDPOINT)",
     )
     group.add_argument(
+        "--instance-id",
+        default=_env("TANDEM_INSTANCE_ID", ""),
+        help="instance id to register under (default: a fresh random id; a planner's "
+        "connector names its workers up front; env TANDEM_INSTANCE_ID)",
+    )
+    group.add_argument(
         "--drain-grace-s",
         type=float,
         default=float(_env("TANDEM_DRAIN_GRACE_S", "10")),
@@ -82,7 +88,10 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
     else:
         component = args.component or ("prefill" if args.disagg_mode == "prefill" else "backend")
         endpoint = args.endpoint or "generate"
-    return WorkerConfig(component=component, endpoint=endpoint, drain_grace_s=args.drain_grace_s)
+    ids = {"instance_id": args.instance_id} if args.instance_id else {}
+    return WorkerConfig(
+        component=component, endpoint=endpoint, drain_grace_s=args.drain_grace_s, **ids
+    )
 
 
 def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) -> Engine:

@@ -26,6 +26,7 @@ from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.handoff import KvHandoff
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,10 @@ class DisaggEngine:
 
     def load(self) -> EngineLoad:
         return self.engine.load()
+
+    def take_step_samples(self) -> list[StepSample]:
+        take = getattr(self.engine, "take_step_samples", None)
+        return take() if take is not None else []
 
     async def stop(self) -> None:
         await self.engine.stop()

@@ -43,6 +43,7 @@ class EngineLoad:
     num_total_blocks: int
     num_waiting: int
     num_running: int
+    num_cached_blocks: int = 0  # prefix-cache blocks held (what a scale-down victim loses)
 
 
 class Engine(Protocol):
@@ -77,6 +78,9 @@ class Engine(Protocol):
         ...
 
     def load(self) -> EngineLoad: ...
+
+    # Optional: `take_step_samples() -> list[StepSample]` (tandem.protocols.scaling), the
+    # steps run since the last call; the Worker publishes them for the planner.
 
     async def stop(self) -> None:
         """Stop the step loop; in-flight generate() streams end with finish_reason 'cancelled'

@@ -26,6 +26,7 @@ from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.worker_events import KvEventPublisher
 from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
 from tandem.protocols import kv_events as kv
+from tandem.protocols import scaling
 from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols.engine import decode_request, encode
 from tandem.runtime.base import RequestContext
@@ -54,6 +55,7 @@ class WorkerConfig:
     event_buffer_size: int = 4096  # KV event batches kept for replay
     metrics_period_s: float = 1.0  # load metrics at least this often
     metrics_min_interval_s: float = 0.05  # and at most once per this while busy
+    stats_period_s: float = 0.5  # WorkerStats (lifecycle + engine steps) for the planner
 
     def __post_init__(self) -> None:
         for name in ("component", "endpoint", "instance_id"):
@@ -64,6 +66,7 @@ class WorkerConfig:
         _check("event_buffer_size", self.event_buffer_size, 1, 1 << 24)
         _check("metrics_period_s", self.metrics_period_s, 0.001, 3600)
         _check("metrics_min_interval_s", self.metrics_min_interval_s, 0, self.metrics_period_s)
+        _check("stats_period_s", self.stats_period_s, 0.01, 3600)
 
 
 def model_card(info: EngineInfo) -> ModelCard:
@@ -100,6 +103,8 @@ class Worker:
             buffer_size=self.config.event_buffer_size,
         )
         self.load_subject = f"{ns}.{comp}.load_metrics"
+        self.stats_subject = scaling.worker_stats_subject(ns, comp)
+        self.state: scaling.WorkerState = "starting"
         self.num_inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -113,6 +118,7 @@ class Worker:
 
     async def start(self) -> Instance:
         """Start the engine, the publishers and both endpoints, then register the instance."""
+        await self._send_stats()  # "starting": the planner sees a slow engine load begin
         self.info = await self.engine.start()
         self._load_changed.set()  # announce capacity right away
         events = self.engine.kv_events()
@@ -120,6 +126,7 @@ class Worker:
             asyncio.create_task(self._publish_kv_events(events), name="worker-kv-events"),
             asyncio.create_task(self._publish_load(), name="worker-load-metrics"),
             asyncio.create_task(self._watch_engine(), name="worker-engine-watch"),
+            asyncio.create_task(self._publish_stats(), name="worker-stats"),
         ]
         comp = self.config.component
         self.runtime.server.register(self.runtime.endpoint_path(comp, "kv_state"), self._kv_state)
@@ -133,6 +140,8 @@ class Worker:
             metadata={"kv_state_endpoint": "kv_state", **self._engine_metadata()},
             instance_id=self.instance_id,
         )
+        self.state = "ready"
+        await self._send_stats()
         return self.instance
 
     def _engine_metadata(self) -> dict[str, Any]:
@@ -146,6 +155,8 @@ class Worker:
             return
         self._stopped = True
         grace = self.config.drain_grace_s if grace_s is None else grace_s
+        self.state = "draining"
+        await self._send_stats()
         await self._leave()
         try:
             async with asyncio.timeout(grace):
@@ -163,6 +174,8 @@ class Worker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.state = "stopped"
+        await self._send_stats()
         logger.info("worker instance_id=%s stopped", self.instance_id)
 
     async def _leave(self) -> None:
@@ -268,6 +281,32 @@ class Worker:
                 last, last_sent = load, now
                 await self._send_load(load)
             await asyncio.sleep(cfg.metrics_min_interval_s)
+
+    async def _publish_stats(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stats_period_s)
+            await self._send_stats()
+
+    async def _send_stats(self) -> None:
+        """One WorkerStats: lifecycle state, in-flight count, KV use and the engine's steps
+        since the last one (engines without `take_step_samples` report none)."""
+        take = getattr(self.engine, "take_step_samples", None)
+        load = self.engine.load() if self.info is not None else None
+        msg = scaling.WorkerStats(
+            worker_id=self.instance_id,
+            component=self.config.component,
+            state=self.state,
+            timestamp_s=time.time(),
+            num_inflight=self.num_inflight,
+            num_active_blocks=load.num_active_blocks if load else 0,
+            num_total_blocks=load.num_total_blocks if load else 0,
+            num_cached_blocks=load.num_cached_blocks if load else 0,
+            steps=take() if take is not None and self.info is not None else [],
+        )
+        try:
+            await self.runtime.events.publish(self.stats_subject, scaling.encode(msg))
+        except Exception:
+            logger.warning("instance_id=%s: worker stats publish failed", self.instance_id)
 
     async def _send_load(self, load: EngineLoad) -> None:
         msg = kv.LoadMetrics(

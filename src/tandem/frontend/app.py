@@ -237,6 +237,7 @@ class FrontendApp:
         labels = (prepared.model.name,)
         endpoint = "chat_completions" if fmt.chat else "completions"
         self.metrics.inflight.set(labels, self.metrics.inflight.values.get(labels, 0) + 1)
+        self.metrics.arrived(prepared.model.name)
         started = time.perf_counter()
         status = "error"
         try:
@@ -265,6 +266,8 @@ class FrontendApp:
         finally:
             self.metrics.inflight.set(labels, self.metrics.inflight.values.get(labels, 1) - 1)
             self.metrics.requests.inc((prepared.model.name, endpoint, status))
+            if status == "error" and self.metrics.interval is not None:
+                self.metrics.interval.failed(prepared.model.name)
             self.metrics.duration.observe(time.perf_counter() - started, labels)
 
     def _record_tokens(
@@ -278,6 +281,9 @@ class FrontendApp:
         m.input_tokens.inc(labels, num_in)
         m.output_tokens.inc(labels, num_out)
         m.cached_tokens.inc(labels, _cached_tokens(prepared, states))
+        if m.interval is not None:
+            m.interval.finished(labels[0], isl=num_in, osl=num_out)
+            m.interval.cached(labels[0], _cached_tokens(prepared, states))
 
     async def _stream(
         self,
@@ -302,9 +308,9 @@ class FrontendApp:
             state, text, logprobs, finish = event
             now = time.perf_counter()
             if last == 0.0:
-                self.metrics.ttft.observe(now - started, labels)
+                self.metrics.observe_ttft(now - started, labels)
             else:
-                self.metrics.itl.observe(now - last, labels)
+                self.metrics.observe_itl(now - last, labels)
             last = now
             if text or finish is not None or logprobs:
                 usage = _usage(prepared, states) if continuous else None
@@ -328,7 +334,7 @@ class FrontendApp:
         async for _ in events:
             if first:
                 first = False
-                self.metrics.ttft.observe(time.perf_counter() - started, (prepared.model.name,))
+                self.metrics.observe_ttft(time.perf_counter() - started, (prepared.model.name,))
         body = fmt.full_response(states, _usage(prepared, states))
         await response.send(200, body)
 

@@ -74,6 +74,8 @@ class FrontendConfig:
     worker_component: str = "backend"
     worker_endpoint: str = "generate"
     tokenizer_cache_dir: Path | None = None
+    # per-interval request stats on the event plane for the planner (DESIGN.md §11); 0 = off
+    request_stats_interval_s: float = 1.0
     # prefill/decode split over the `prefill` and worker_component pools (tandem.disagg)
     disagg: DisaggRouteConfig = field(default_factory=DisaggRouteConfig)
     # image parts of chat requests: URL policy and limits (tandem.multimodal)
@@ -91,3 +93,4 @@ class FrontendConfig:
         for name, keys in (("api_keys", self.api_keys), ("admin_api_keys", self.admin_api_keys)):
             if any(not key or key != key.strip() for key in keys):
                 raise ValueError(f"{name} holds an empty key or one with spaces around it")
+        _check("request_stats_interval_s", self.request_stats_interval_s, 0.0, ">= 0")

@@ -18,6 +18,7 @@ from tandem.frontend.http_server import HttpServer
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, freeze_long_lived
+from tandem.frontend.request_stats import RequestStatsCollector, publish_request_stats
 from tandem.multimodal.loader import ImageLoader
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import Runtime, open_runtime
@@ -45,7 +46,8 @@ async def serve_frontend(
         client=runtime.client,
         namespace=runtime.namespace,
     )
-    metrics = FrontendMetrics()
+    collector = RequestStatsCollector(config.worker_component)
+    metrics = FrontendMetrics(interval=collector if config.request_stats_interval_s else None)
     streamer: Any = EngineStreamer(
         runtime.client,
         runtime.endpoint_path(config.worker_component, config.worker_endpoint),
@@ -88,6 +90,14 @@ async def serve_frontend(
     if pool is not None:
         await pool.start()
     await health.start()
+    stats_task = None
+    if config.request_stats_interval_s:
+        stats_task = asyncio.create_task(
+            publish_request_stats(
+                collector, runtime.events, runtime.namespace, config.request_stats_interval_s
+            ),
+            name="frontend-request-stats",
+        )
     try:
         host, port = await server.start(config.host, config.port)
         freeze_long_lived()
@@ -98,6 +108,9 @@ async def serve_frontend(
             ready.set()
         await (stop or asyncio.Event()).wait()
     finally:
+        if stats_task is not None:
+            stats_task.cancel()
+            await asyncio.gather(stats_task, return_exceptions=True)
         # drain: stop accepting, let in-flight responses finish within the grace period
         await server.stop(config.http.drain_grace_s if stop is not None and stop.is_set() else 0.0)
         await app.images.close()

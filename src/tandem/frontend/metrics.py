@@ -9,6 +9,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
+from tandem.frontend.request_stats import RequestStatsCollector
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOKEN_BUCKETS = (1, 8, 32, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
@@ -81,9 +83,13 @@ class Histogram:
 
 
 class FrontendMetrics:
-    """Every frontend metric; one instance per frontend."""
+    """Every frontend metric; one instance per frontend. `interval`, when given, also receives
+    arrivals, TTFT, ITL, ISL/OSL and outcomes for the planner (tandem.frontend.request_stats)."""
 
-    def __init__(self, prefix: str = "tandem_frontend") -> None:
+    def __init__(
+        self, prefix: str = "tandem_frontend", interval: RequestStatsCollector | None = None
+    ) -> None:
+        self.interval = interval
         p = prefix
         m = ("model",)
         self.requests = Counter(
@@ -119,6 +125,20 @@ class FrontendMetrics:
             "per-worker load as the router sees it",
             ("model", "worker_id", "metric"),
         )
+
+    def arrived(self, model: str) -> None:
+        if self.interval is not None:
+            self.interval.arrived(model)
+
+    def observe_ttft(self, seconds: float, labels: tuple[str, ...]) -> None:
+        self.ttft.observe(seconds, labels)
+        if self.interval is not None:
+            self.interval.ttft(labels[0], seconds)
+
+    def observe_itl(self, seconds: float, labels: tuple[str, ...]) -> None:
+        self.itl.observe(seconds, labels)
+        if self.interval is not None:
+            self.interval.itl(labels[0], seconds)
 
     def render(self, worker_loads: dict[str, dict[str, dict[str, float]]], extra: str = "") -> str:
         """Text exposition; `worker_loads` is model -> Router.worker_loads()."""

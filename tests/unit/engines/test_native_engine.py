@@ -164,3 +164,15 @@ async def test_duplicate_request_id_is_rejected_without_disturbing_the_first():
     assert sum(len(out.token_ids) for out in outs) == 200
     assert engine.load().num_active_blocks == 0
     await engine.stop()
+
+
+async def test_steps_are_reported_for_the_planner():
+    engine = await started()
+    await collect(engine, request("p", [5, 6, 7, 8, 9, 10], max_tokens=4))
+    steps = engine.take_step_samples()
+    assert steps[0].num_prefill_tokens == 6 and steps[0].num_decode_kv_tokens == 0
+    # then decodes over a growing context: 7, 8, 9 tokens attended
+    assert [s.num_decode_kv_tokens for s in steps[1:]] == [7, 8, 9]
+    assert all(s.wall_ms > 0 for s in steps)
+    assert engine.take_step_samples() == []
+    await engine.stop()

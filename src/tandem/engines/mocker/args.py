@@ -39,6 +39,12 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
         8.0,
         "simulated in-process (EPD) encode time per image; it stalls the step loop",
     ),
+    "--perf-profile": (
+        str,
+        None,
+        "step times from this engine profile (JSON written by `tandem profile`), interpolated, "
+        "instead of the polynomial defaults",
+    ),
     "--tokenizer": (
         str,
         None,
@@ -82,4 +88,5 @@ def config_from_args(ns: argparse.Namespace) -> MockerConfig:
         kvbm=kvbm_config_from_args(ns),
         mm_num_tokens_per_image=ns.mm_num_tokens_per_image,
         mm_encode_ms_per_image=ns.mm_encode_ms_per_image,
+        perf_profile=ns.perf_profile,
     )

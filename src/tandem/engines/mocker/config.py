@@ -58,6 +58,8 @@ class MockerConfig:
     mm_num_tokens_per_image: int = 0
     mm_placeholder_token_id: int = 16
     mm_encode_ms_per_image: float = 8.0
+    # step times from a measured engine profile (`tandem profile` JSON); None = polynomials
+    perf_profile: str | None = None
 
     def __post_init__(self) -> None:
         if not self.model_name:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from tandem.engines.output_stream import OutputStream
 from tandem.errors import EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class MockerEngine:
         # an image request's simulated encode stalls the step loop (EPD)
         self.embedding_provider: Any = None
         self._encode_debt_s = 0.0
+        self._steps: deque[StepSample] = deque(maxlen=4096)  # oldest dropped if nobody reads
 
     @property
     def info(self) -> EngineInfo:
@@ -162,7 +165,14 @@ class MockerEngine:
             num_total_blocks=s.pool.num_blocks,
             num_waiting=s.num_waiting,
             num_running=s.num_running,
+            num_cached_blocks=s.pool.num_cached_blocks,
         )
+
+    def take_step_samples(self) -> list[StepSample]:
+        """The steps run since the last call (wall time as the step loop lived it)."""
+        steps = list(self._steps)
+        self._steps.clear()
+        return steps
 
     async def stop(self) -> None:
         """Stop stepping; every open stream ends with finish_reason 'cancelled'."""
@@ -187,11 +197,13 @@ class MockerEngine:
                     debt, self._encode_debt_s = self._encode_debt_s, 0.0
                     target = max(target, self._clock()) + debt
                     await self._sleep(target - self._clock())
+                started = self._clock()
                 result = self.scheduler.step()
                 if speedup > 0:
                     # absorb our own overhead: the pass ends duration after the last one did
                     target = max(target + result.duration_ms / 1000.0 / speedup, self._clock())
                     await self._sleep(target - self._clock())
+                self._record(result, (self._clock() - started) * 1000.0)
                 self._dispatch(result)
                 if speedup == 0:
                     await asyncio.sleep(0)
@@ -204,6 +216,18 @@ class MockerEngine:
             self._events.close()  # kv_events() ends once drained
             if self._failed is not None and not self._failed.done():
                 self._failed.set_result(self._failure)
+
+    def _record(self, result: StepResult, wall_ms: float) -> None:
+        s = self.scheduler
+        self._steps.append(
+            StepSample(
+                wall_ms=wall_ms,
+                num_prefill_tokens=result.num_prefill_tokens,
+                num_decode_kv_tokens=result.num_decode_kv_tokens,
+                num_running=s.num_running,
+                num_waiting=s.num_waiting,
+            )
+        )
 
     def _dispatch(self, result: StepResult) -> None:
         for seq, out in result.outputs:

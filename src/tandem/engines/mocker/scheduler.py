@@ -43,12 +43,14 @@ class StepResult:
     duration_ms: float
     num_prefill_tokens: int
     num_decode_seqs: int
+    num_decode_kv_tokens: int = 0  # context tokens the decoding sequences attended over
 
 
 class Scheduler:
     def __init__(self, config: MockerConfig) -> None:
         self.config = config
         self.pool = BlockPool(config.num_blocks, config.block_size)
+        self.perf = perf_model.make_perf_model(config.perf_profile)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._requests: dict[str, Sequence] = {}
@@ -111,7 +113,7 @@ class Scheduler:
             self._admit_waiting(scheduled, budget)
         outputs, self._ended = self._ended, []
         finished: list[Sequence] = []
-        num_prefill_tokens = num_decode = 0
+        num_prefill_tokens = num_decode = num_decode_kv = 0
         for seq, num_new in scheduled:
             is_decode = (
                 seq.num_output_tokens > 0
@@ -120,13 +122,14 @@ class Scheduler:
             )
             if is_decode:
                 num_decode += 1
+                num_decode_kv += seq.num_computed_tokens + 1
             else:
                 num_prefill_tokens += num_new
             seq.num_computed_tokens += num_new
             self._commit_full_blocks(seq)
             if seq.num_computed_tokens == len(seq.token_ids):
                 outputs.append(self._sample(seq, finished))
-        duration = perf_model.step_ms(num_prefill_tokens, num_decode, self.pool.usage)
+        duration = self.perf.step_ms(num_prefill_tokens, num_decode, num_decode_kv, self.pool.usage)
         duration += self._onboard_ms
         self._onboard_ms = 0.0
         self.clock_ms += duration
@@ -147,6 +150,7 @@ class Scheduler:
             duration_ms=duration,
             num_prefill_tokens=num_prefill_tokens,
             num_decode_seqs=num_decode,
+            num_decode_kv_tokens=num_decode_kv,
         )
 
     def _schedule_running(self) -> tuple[list[tuple[Sequence, int]], int, bool]:

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from tandem.engines.vision import EmbeddingProvider, encoder_rows
 from tandem.errors import EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,7 @@ class NativeEngine:
         self.embedding_provider = embedding_provider
         self.model_path: str | None = None
         self._lock = threading.Lock()  # held while a step runs
+        self._steps: deque[StepSample] = deque(maxlen=4096)  # for the planner; oldest dropped
         self._cv = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._stopping = False
@@ -232,6 +235,21 @@ class NativeEngine:
             num_running=len(core.scheduler.running),
         )
 
+    def _record_step(self, core: EngineCore, wall_ms: float) -> None:
+        prefill, decode_kv = core.last_step_tokens
+        self._steps.append(StepSample(
+            wall_ms=wall_ms, num_prefill_tokens=prefill, num_decode_kv_tokens=decode_kv,
+            num_running=len(core.scheduler.running), num_waiting=len(core.scheduler.waiting),
+        ))  # fmt: skip
+
+    def take_step_samples(self) -> list[StepSample]:
+        """The steps run since the last call (appended by the step thread; deque ops are
+        atomic, so the loop drains it without the step lock)."""
+        out: list[StepSample] = []
+        while self._steps:
+            out.append(self._steps.popleft())
+        return out
+
     async def stop(self) -> None:
         """Stop the step thread; every open stream ends with finish_reason 'cancelled'."""
         with self._cv:
@@ -288,7 +306,9 @@ class NativeEngine:
                 with self._lock:
                     outputs = self._apply(core, ops)
                     if core.has_work():
+                        started = time.perf_counter()
                         outputs += core.step()
+                        self._record_step(core, (time.perf_counter() - started) * 1000.0)
                     events = core.take_events()
                 self._loop.call_soon_threadsafe(self._dispatch, outputs, events)
         except Exception as exc:  # task boundary: the engine is dead, say so everywhere

@@ -146,6 +146,11 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    last_step_tokens: tuple[int, int] = (
+        0,
+        0,
+    )  # (prefill tokens, decode KV tokens) of the last step
+
     def step(self) -> list[tuple[str, EngineOutput]]:
         """Schedule, run the model, sample; returns (request_id, output) for every request
         that produced a token or finished this step.
@@ -156,6 +161,7 @@ class EngineCore:
         MAX_FAILED_STEPS failed steps in a row (the engine itself is broken, not a request)
         raise: the engine is dead."""
         batch = self.scheduler.schedule()
+        self.last_step_tokens = step_tokens(batch)
         outputs = [(s.request_id, EngineOutput(finish_reason="cancelled")) for s in batch.aborted]
         for seq in batch.aborted:
             del self.seqs[seq.request_id]
@@ -298,3 +304,15 @@ class EngineCore:
             return
         with self._kvbm_events_lock:
             self._kvbm_events += events
+
+
+def step_tokens(batch: ScheduledBatch) -> tuple[int, int]:
+    """(prompt tokens computed, context tokens the decoding sequences attend over) of a batch
+    (the planner's step metrics)."""
+    prefill = decode_kv = 0
+    for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+        if n == 1 and seq.num_output_tokens > 0:
+            decode_kv += seq.num_computed_tokens + 1
+        else:
+            prefill += n
+    return prefill, decode_kv

@@ -1,0 +1,43 @@
+"""`tandem global-router --config FILE`: one OpenAI endpoint in front of several pools.
+
+Each pool is a namespace with its own workers, local router and frontend; the config's grids
+map a request's latency targets (request field `tandem: {ttft_target_ms, itl_target_ms}`,
+default the grid's middle) and its ISL/context to a pool; `priority` ranges can override it
+(tandem.planner.global_router.config). Runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="global router JSON (pools and grids)")
+    parser.add_argument("--host", help="overrides the config's host")
+    parser.add_argument("--port", type=int, help="overrides the config's port")
+    parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from tandem.engines.mocker.config import default_tokenizer
+    from tandem.planner.global_router.app import GlobalRouterApp
+    from tandem.planner.global_router.config import load_config
+    from tandem.tokens.tokenizer import load_tokenizer
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args.config)
+    except ValueError as exc:
+        raise SystemExit(f"tandem global-router: {exc}") from None
+    spec = config.raw.tokenizer or default_tokenizer()
+    tokenizer = load_tokenizer(spec) if spec else None
+    app = GlobalRouterApp(config, tokenizer).app()
+    web.run_app(app, host=args.host or config.raw.host, port=args.port or config.raw.port,
+                print=None)  # fmt: skip
+    return 0

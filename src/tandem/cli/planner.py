@@ -1,0 +1,47 @@
+"""`tandem planner`: the planner service (DESIGN.md §11).
+
+Watches the pools' workers and the frontends' request stats on the runtime's planes, and adds
+or drains workers through a connector (`local`: `tandem worker` processes on this host; `ray`:
+workers as Ray actors). The planes must reach other processes: file or etcd discovery, zmq or
+nats events. Runs until SIGTERM/SIGINT, then drains the workers it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from tandem.planner.args import add_planner_args
+from tandem.runtime.args import add_runtime_args, runtime_config_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_planner_args(parser)
+    parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    add_runtime_args(parser)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from tandem.planner.main import run_planner
+    from tandem.runtime.lifecycle import install_signal_handlers
+    from tandem.runtime.runtime import open_runtime
+
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    async with open_runtime(runtime_config_from_args(args)) as runtime:
+        await run_planner(args, runtime, stop)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        asyncio.run(serve(args))
+    else:
+        uvloop.run(serve(args))
+    return 0

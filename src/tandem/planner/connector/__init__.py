@@ -1,0 +1,1 @@
+"""Connectors: how the planner starts and drains workers (`base.Connector`)."""

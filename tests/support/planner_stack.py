@@ -1,0 +1,139 @@
+"""A frontend, a planner and mocker workers in one process (memory discovery and events, TCP
+request plane), plus an open-loop client that counts failed requests."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiohttp
+
+from tandem.engines.base import Engine
+from tandem.engines.mocker.config import MockerConfig
+from tandem.engines.mocker.engine import MockerEngine
+from tandem.frontend.config import FrontendConfig
+from tandem.frontend.main import serve_frontend
+from tandem.planner.config import PlannerConfig
+from tandem.planner.connector.inprocess import InProcessConnector
+from tandem.planner.service import PlannerService
+from tandem.runtime.config import RuntimeConfig
+from tandem.runtime.discovery.memory import MemoryDiscovery
+from tandem.runtime.events.memory import MemoryEventBus
+from tandem.runtime.runtime import Runtime, open_runtime
+
+MODEL = "smollm2"
+MOCKER = MockerConfig(block_size=16, num_blocks=4096, max_num_batched_tokens=2048)
+
+
+def mocker_engine(_component: str) -> Engine:
+    return MockerEngine(MOCKER)
+
+
+class PlannerStack:
+    """`runtime_config` None: memory planes shared in-process; else each runtime opens its own
+    (file discovery + zmq events reach worker processes)."""
+
+    def __init__(
+        self, exit_stack: AsyncExitStack, runtime_config: RuntimeConfig | None = None
+    ) -> None:
+        self.exit_stack = exit_stack
+        self.runtime_config = runtime_config
+        self.discovery, self.events = MemoryDiscovery(), MemoryEventBus()
+        self.base = ""
+        self.http: aiohttp.ClientSession | None = None
+        self.connector: Any = None
+        self.service: PlannerService | None = None
+        self.results: list[tuple[int, str]] = []  # (status, error text) per request
+        self.frontend_rt: Runtime | None = None
+        self.rng = random.Random(0)
+
+    async def runtime(self) -> Runtime:
+        if self.runtime_config is not None:
+            return await self.exit_stack.enter_async_context(open_runtime(self.runtime_config))
+        return await self.exit_stack.enter_async_context(
+            open_runtime(RuntimeConfig(), discovery=self.discovery, events=self.events)
+        )
+
+    async def start_frontend(self, **config: Any) -> None:
+        ready, stop, bound = asyncio.Event(), asyncio.Event(), []
+        self.frontend_rt = rt = await self.runtime()
+        cfg = FrontendConfig(port=0, migration_limit=3, request_stats_interval_s=0.2, **config)
+        task = asyncio.create_task(serve_frontend(cfg, rt, ready=ready, stop=stop, bound=bound))
+
+        async def shutdown() -> None:
+            stop.set()
+            await task
+
+        self.exit_stack.push_async_callback(shutdown)
+        await asyncio.wait_for(ready.wait(), 10)
+        host, port = bound[0]
+        self.base = f"http://{host}:{port}"
+        self.http = await self.exit_stack.enter_async_context(aiohttp.ClientSession())
+
+    async def start_planner(
+        self, config: PlannerConfig, engine_factory: Any = mocker_engine, connector: Any = None
+    ) -> PlannerService:
+        """`connector(runtime)` builds the connector; default: in-process over `engine_factory`."""
+        rt = await self.runtime()
+        if connector is None:
+            self.connector = InProcessConnector(rt, engine_factory, drain_grace_s=30.0)
+        else:
+            self.connector = connector(rt)
+        self.exit_stack.push_async_callback(self.connector.close)
+        self.service = PlannerService(rt, self.connector, config)
+        await self.service.start()
+        self.exit_stack.push_async_callback(self.service.close)
+        stop = asyncio.Event()
+        task = asyncio.create_task(self.service.run(stop))
+
+        async def shutdown() -> None:
+            stop.set()
+            await task
+
+        self.exit_stack.push_async_callback(shutdown)
+        return self.service
+
+    def ready(self, component: str = "backend") -> int:
+        assert self.service is not None
+        return len(self.service.tracker.registered[component])
+
+    async def request(self, prompt_len: int, max_tokens: int) -> None:
+        assert self.http is not None
+        prompt = [self.rng.randrange(100, 40000) for _ in range(prompt_len)]  # no prefix hits
+        body = {"model": MODEL, "prompt": prompt,
+                "max_tokens": max_tokens, "stream": True}  # fmt: skip
+        async with self.http.post(f"{self.base}/v1/completions", json=body) as resp:
+            text = (await resp.read()).decode()
+            failed = resp.status != 200 or '{"error":' in text or "[DONE]" not in text
+            self.results.append((resp.status, text[-300:] if failed else ""))
+
+    async def load(self, rate: float, duration_s: float, prompt_len: int, max_tokens: int) -> None:
+        """Open loop: `rate` requests per second for `duration_s`, then wait for all."""
+        tasks = []
+        n = int(rate * duration_s)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for i in range(n):
+            await asyncio.sleep(max(start + i / rate - loop.time(), 0))
+            tasks.append(asyncio.create_task(self.request(prompt_len, max_tokens)))
+        await asyncio.gather(*tasks)
+
+    @property
+    def failures(self) -> list[tuple[int, str]]:
+        return [r for r in self.results if r[1] or r[0] != 200]
+
+
+def planner_config(**overrides: Any) -> PlannerConfig:
+    base = PlannerConfig(
+        interval_s=0.2,
+        ttft_target_ms=150.0,
+        itl_target_ms=40.0,
+        cooldown_up_s=0.5,
+        cooldown_down_s=1.0,
+        ready_timeout_s=5.0,
+        stats_window_s=3.0,
+    )
+    return dataclasses.replace(base, **overrides)

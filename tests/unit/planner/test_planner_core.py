@@ -1,0 +1,122 @@
+"""The decision core over a fake clock: settling, never-ready, external changes, floor."""
+
+from __future__ import annotations
+
+from tandem.planner.config import PlannerConfig, PoolConfig
+from tandem.planner.observation import PoolObservation, WorkerView
+from tandem.planner.planner import Planner, choose_victim
+
+CFG = PlannerConfig(
+    pools=(PoolConfig(component="backend", min_workers=1, max_workers=4),),
+    ttft_target_ms=300.0,
+    itl_target_ms=50.0,
+    cooldown_up_s=5.0,
+    cooldown_down_s=10.0,
+    ready_timeout_s=30.0,
+)
+
+
+def _obs(
+    *ids: str, waiting: int = 0, kv: float = 0.0, draining: tuple[str, ...] = ()
+) -> dict[str, PoolObservation]:
+    ready = [
+        WorkerView(worker_id=i, num_waiting=waiting, decode_kv_tokens=kv, num_total_blocks=1000)
+        for i in ids
+    ]
+    return {"backend": PoolObservation(component="backend", ready=ready, draining=list(draining))}
+
+
+def test_overload_adds_one_then_waits_for_it_to_settle() -> None:
+    p = Planner(CFG)
+    p.tick(0.0, _obs("a"))
+    actions = p.tick(1.0, _obs("a", waiting=50))
+    assert [a.kind for a in actions] == ["add"]
+    p.on_added("backend", "b", 1.0)
+    assert p.tick(20.0, _obs("a", waiting=50)) == []  # b not ready yet: no second add
+    actions = p.tick(21.0, _obs("a", "b", waiting=50))  # b ready, cooldown passed → add again
+    assert [a.kind for a in actions] == ["add"]
+
+
+def test_never_ready_worker_is_given_up_on_and_counted() -> None:
+    p = Planner(CFG)
+    assert [a.kind for a in p.tick(0.0, _obs("a", waiting=50))] == ["add"]
+    p.on_added("backend", "b", 0.0)
+    assert p.tick(29.0, _obs("a", waiting=50)) == []
+    actions = p.tick(31.0, _obs("a", waiting=50))
+    # given up on, and replaced in the same tick (the pool is still overloaded)
+    assert [(a.kind, a.worker_id) for a in actions] == [("abandon", "b"), ("add", None)]
+    assert p.pools["backend"].num_never_ready == 1
+    p.on_added("backend", "c", 31.0)  # the planner adds again after giving up
+    actions = p.tick(40.0, _obs("a", waiting=50))
+    assert actions == []  # c still settling
+
+
+def test_external_change_is_reread_not_fought() -> None:
+    p = Planner(CFG)
+    # ITL 26 ms each (prior: 6 ms + 1e-4 ms per KV token): fine, but one survivor would not be
+    assert p.tick(0.0, _obs("a", "b", kv=200_000)) == []
+    # someone adds c and d: counted, cooldown restarts, and nothing is removed for it
+    assert p.tick(1.0, _obs("a", "b", "c", "d", kv=100_000)) == []
+    assert p.pools["backend"].num_external_changes == 1
+    assert p.tick(5.0, _obs("a", "b", "c", "d", kv=100_000)) == []  # still in the cooldown
+    # someone removes two: counted again, not replaced (they stay above the floor)
+    assert p.tick(20.0, _obs("a", "b", kv=200_000)) == []
+    assert p.pools["backend"].num_external_changes == 2
+
+
+def test_traffic_to_zero_scales_to_the_floor_one_at_a_time() -> None:
+    p = Planner(CFG)
+    ids = ["a", "b", "c", "d"]
+    now = 0.0
+    while len(ids) > 1:
+        now += 11.0
+        actions = p.tick(now, _obs(*ids))
+        assert [a.kind for a in actions] == ["remove"]
+        ids.remove(actions[0].worker_id)
+        now += 1.0
+        assert p.tick(now, _obs(*ids)) == []  # settled, in cooldown
+    assert p.tick(now + 100.0, _obs(*ids)) == []  # at the floor
+
+
+def test_removing_waits_for_the_drain_to_finish() -> None:
+    p = Planner(CFG)
+    (rm,) = p.tick(11.0, _obs("a", "b"))
+    other = "a" if rm.worker_id == "b" else "b"
+    assert p.tick(30.0, _obs(other, draining=(rm.worker_id,))) == []  # still draining
+    assert not p.pools["backend"].removing or p.tick(31.0, _obs(other)) == []
+    assert p.pools["backend"].num_external_changes == 0
+
+
+def test_below_the_floor_refills_at_once() -> None:
+    cfg = PlannerConfig(pools=(PoolConfig(min_workers=3, max_workers=5),))
+    p = Planner(cfg)
+    actions = p.tick(0.0, _obs("a"))
+    assert [a.kind for a in actions] == ["add", "add"]
+
+
+def test_budget_caps_adds_over_all_pools() -> None:
+    cfg = PlannerConfig(
+        pools=(PoolConfig(component="backend", min_workers=1, max_workers=8),
+               PoolConfig(component="prefill", kind="prefill", min_workers=1, max_workers=8)),
+        max_total_workers=3,
+    )  # fmt: skip
+    p = Planner(cfg)
+    busy = [WorkerView(worker_id=i, num_waiting=50, num_total_blocks=10) for i in ("a", "b")]
+    obs = {
+        "backend": PoolObservation(component="backend", ready=busy),
+        "prefill": PoolObservation(
+            component="prefill", ready=[WorkerView(worker_id="p", num_waiting=50)]
+        ),
+    }
+    actions = p.tick(100.0, obs)
+    assert len([a for a in actions if a.kind == "add"]) == 0  # 3 workers = the budget
+
+
+def test_victim_has_fewest_inflight_then_least_cache() -> None:
+    ws = [
+        WorkerView(worker_id="a", num_inflight=3, num_cached_blocks=0),
+        WorkerView(worker_id="b", num_inflight=1, num_cached_blocks=50),
+        WorkerView(worker_id="c", num_inflight=1, num_cached_blocks=10),
+    ]
+    assert (victim := choose_victim(ws)) is not None and victim.worker_id == "c"
+    assert choose_victim([WorkerView(worker_id="x", is_managed=False)]) is None

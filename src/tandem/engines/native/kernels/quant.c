@@ -171,25 +171,47 @@ int tq_gemm_q8(const float *x, int64_t M, int64_t K, float alpha, const float *c
 }
 
 /* W [N, K] float from q4 / q8 (large-M products go through the BLAS on it; tests) */
-void tq_dequant_q4(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,
-                   float *w, int nt) {
+static void dequant(int kind, const void *qs, const float *d, const float *m, int64_t N,
+                    int64_t K, float *w, int nt) {
     const int64_t G = K / GROUP;
     if (nt < 1) nt = 1;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t n = 0; n < N; n++)
         for (int64_t g = 0; g < G; g++) {
             float *o = w + n * K + g * GROUP;
-            codes_q4(qs + n * (K / 2) + g * 16, o);
-            for (int j = 0; j < GROUP; j++) o[j] = d[n * G + g] * o[j] + m[n * G + g];
+            const float dg = d[n * G + g], mg = m[n * G + g];
+#ifdef __AVX2__
+            __m256 c[4];
+            if (kind == 4) {
+                const __m128i b =
+                    _mm_loadu_si128((const __m128i *)((const uint8_t *)qs + n * (K / 2) + g * 16));
+                const __m128i low = _mm_set1_epi8(0x0f);
+                widen_u8(_mm_and_si128(b, low), &c[0], &c[1]);
+                widen_u8(_mm_and_si128(_mm_srli_epi16(b, 4), low), &c[2], &c[3]);
+            } else {
+                const uint8_t *p = (const uint8_t *)qs + n * K + g * GROUP;
+                widen_u8(_mm_loadu_si128((const __m128i *)p), &c[0], &c[1]);
+                widen_u8(_mm_loadu_si128((const __m128i *)(p + 16)), &c[2], &c[3]);
+            }
+            const __m256 vd = _mm256_set1_ps(dg), vm = _mm256_set1_ps(mg);
+            for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + 8 * i, _mm256_fmadd_ps(c[i], vd, vm));
+#else
+            if (kind == 4)
+                codes_q4((const uint8_t *)qs + n * (K / 2) + g * 16, o);
+            else
+                for (int j = 0; j < GROUP; j++)
+                    o[j] = (float)((const uint8_t *)qs)[n * K + g * GROUP + j];
+            for (int j = 0; j < GROUP; j++) o[j] = dg * o[j] + mg;
+#endif
         }
+}
+
+void tq_dequant_q4(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,
+                   float *w, int nt) {
+    dequant(4, qs, d, m, N, K, w, nt);
 }
 
 void tq_dequant_q8(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,
                    float *w, int nt) {
-    const int64_t G = K / GROUP;
-    if (nt < 1) nt = 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++)
-            w[n * K + k] = d[n * G + k / GROUP] * (float)qs[n * K + k] + m[n * G + k / GROUP];
+    dequant(8, qs, d, m, N, K, w, nt);
 }

@@ -16,9 +16,8 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 
-from tandem.cli.supervisor import WorkerGroup, WorkerSpec
+from tandem.cli.supervisor import WorkerGroup, WorkerSpec, make_run_dir, remove_stale_run_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +174,10 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
     from tandem.runtime.lifecycle import install_signal_handlers
     from tandem.runtime.runtime import open_runtime
 
-    run_dir = args.run_dir or tempfile.mkdtemp(prefix="tandem-serve-")
+    if not args.run_dir:
+        remove_stale_run_dirs()  # left by a stack that was killed before it could clean up
+    run_dir = args.run_dir or make_run_dir()
+    logger.info("run directory %s", run_dir)
     runtime_config = RuntimeConfig(
         namespace=args.namespace,
         discovery="file",
@@ -187,7 +189,11 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
     install_signal_handlers(stop)
     if args.planner:
         return await serve_with_planner(args, passthrough, runtime_config, stop, run_dir)
-    group = WorkerGroup(runtime_config, worker_specs(args, passthrough))
+    group = WorkerGroup(
+        runtime_config,
+        worker_specs(args, passthrough),
+        run_dir=None if args.run_dir else run_dir,
+    )
     try:
         async with open_runtime(runtime_config) as runtime:
             await group.start()

@@ -1,4 +1,7 @@
-"""Worker child processes of `tandem serve`: start, wait until registered, watch, stop by PID."""
+"""Worker child processes of `tandem serve`: start, wait until registered, watch, stop by PID.
+
+Workers die with `tandem serve` (`tandem.cli.child`); a run directory that a killed stack left
+behind anyway is removed by the next `tandem serve` (`remove_stale_run_dirs`)."""
 
 from __future__ import annotations
 
@@ -6,8 +9,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,6 +21,52 @@ from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import Runtime
 
 logger = logging.getLogger(__name__)
+
+RUN_DIR_PREFIX = "tandem-serve-"
+OWNER_FILE = "serve.pid"
+
+
+def make_run_dir() -> str:
+    """A fresh private run directory (0700) holding the owner's pid in `serve.pid`."""
+    run_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)
+    with open(os.path.join(run_dir, OWNER_FILE), "w") as f:
+        f.write(str(os.getpid()))
+    return run_dir
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
+    """Remove this user's `tandem-serve-*` run directories (under `parent`, default the
+    temporary directory) whose owner pid is dead; returns the removed paths. A directory with
+    no readable owner file, or another user's, is left alone."""
+    parent = parent or tempfile.gettempdir()
+    removed: list[str] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            if not entry.name.startswith(RUN_DIR_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+                with open(os.path.join(entry.path, OWNER_FILE)) as f:
+                    owner = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            if owner != os.getpid() and not _pid_alive(owner):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    if removed:
+        logger.info("removed %d stale run dir(s): %s", len(removed), ", ".join(removed))
+    return removed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,17 +82,32 @@ class WorkerSpec:
 class WorkerGroup:
     """Owns the worker processes of one stack. Not thread-safe; one event loop."""
 
-    def __init__(self, runtime_config: RuntimeConfig, specs: list[WorkerSpec]) -> None:
+    def __init__(
+        self,
+        runtime_config: RuntimeConfig,
+        specs: list[WorkerSpec],
+        *,
+        run_dir: str | None = None,
+    ) -> None:
         self.runtime_config = runtime_config
         self.specs = specs
+        self.run_dir = run_dir  # removed by orphaned workers (tandem.cli.child)
         self.procs: dict[str, asyncio.subprocess.Process] = {}
+        # the children's lifeline: only this process holds the write end (not inheritable)
+        self._life_read, self._life_write = os.pipe()
 
     def _command(self, spec: WorkerSpec) -> list[str]:
         rc = self.runtime_config
+        # tandem.cli.child: the worker dies with this process, even when it is SIGKILLed
+        guard = ["--parent-pid", str(os.getpid()), "--life-fd", str(self._life_read)]
+        if self.run_dir is not None:
+            guard += ["--run-dir", self.run_dir]
         return [
             sys.executable,
             "-m",
-            "tandem.cli",
+            "tandem.cli.child",
+            *guard,
+            "--",
             "worker",
             *spec.argv,
             "--component",
@@ -61,7 +127,10 @@ class WorkerGroup:
     async def start(self) -> None:
         for spec in self.specs:
             proc = await asyncio.create_subprocess_exec(
-                *self._command(spec), env=dict(os.environ), start_new_session=True
+                *self._command(spec),
+                env=dict(os.environ),
+                start_new_session=True,
+                pass_fds=(self._life_read,),
             )
             self.procs[spec.name] = proc
             logger.info("started %s pid=%d (%s)", spec.name, proc.pid, spec.component)
@@ -109,6 +178,8 @@ class WorkerGroup:
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every live worker (they drain), SIGKILL whatever is left after the grace."""
+        with contextlib.suppress(OSError):  # one byte per child: "a normal stop, not orphaned"
+            os.write(self._life_write, b"s" * max(len(self.procs), 1))
         live = [p for p in self.procs.values() if p.returncode is None]
         for proc in live:
             with contextlib.suppress(ProcessLookupError):
@@ -123,3 +194,6 @@ class WorkerGroup:
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
             await asyncio.gather(*(p.wait() for p in live))
+        for fd in (self._life_read, self._life_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)

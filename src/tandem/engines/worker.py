@@ -239,8 +239,8 @@ class Worker:
             request = _state_request.decode(payload)
         except msgspec.MsgspecError as exc:
             raise InvalidRequest(f"bad KvStateRequest: {exc}") from exc
-        for batch in self.kv_events.state_reply(request.after_event_id, self.engine.kv_snapshot):
-            yield kv.encode(batch)
+        for payload in self.kv_events.state_reply(request.after_event_id, self.engine.kv_snapshot):
+            yield payload
 
     def _request_started(self) -> None:
         self.num_inflight += 1

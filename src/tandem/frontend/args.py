@@ -7,6 +7,7 @@ import os
 
 from tandem.disagg.args import add_disagg_route_args, disagg_route_config_from_args
 from tandem.frontend.config import FrontendConfig, HttpConfig
+from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.args import add_image_args, image_config_from_args
 from tandem.router.args import add_router_args, router_config_from_args
 from tandem.runtime.args import add_runtime_args
@@ -56,6 +57,20 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
         default=float(_env("HEALTH_STALE_S", "5")),
         help="/health counts a worker as not alive when its load metrics are this old "
         "(env TANDEM_HEALTH_STALE_S)",
+    )
+    g.add_argument(
+        "--first-token-timeout-s",
+        type=float,
+        default=float(_env("FIRST_TOKEN_TIMEOUT_S", "30")),
+        help="a stream with no first output this long, from a worker silent on every stream "
+        "for --stall-timeout-s, is treated like a dead worker's (0: off)",
+    )
+    g.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=float(_env("STALL_TIMEOUT_S", "10")),
+        help="the same for each later output; the worker is kept out of routing until it "
+        "answers a probe (0: off; env TANDEM_STALL_TIMEOUT_S)",
     )
     _add_http_args(parser)
     _add_auth_args(parser)
@@ -180,4 +195,7 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         health_stale_s=ns.health_stale_s,
         disagg=disagg_route_config_from_args(ns),
         images=image_config_from_args(ns),
+        stall=StallConfig(
+            first_token_timeout_s=ns.first_token_timeout_s, stall_timeout_s=ns.stall_timeout_s
+        ),
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.disagg.config import DisaggRouteConfig
+from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.config import ImageConfig
 from tandem.router.config import RouterConfig
 
@@ -80,6 +81,8 @@ class FrontendConfig:
     disagg: DisaggRouteConfig = field(default_factory=DisaggRouteConfig)
     # image parts of chat requests: URL policy and limits (tandem.multimodal)
     images: ImageConfig = field(default_factory=ImageConfig)
+    # progress watchdog: stalled streams break like dead workers' (frontend/watchdog.py)
+    stall: StallConfig = field(default_factory=StallConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -53,7 +53,9 @@ async def serve_frontend(
         runtime.endpoint_path(config.worker_component, config.worker_endpoint),
         migration_limit=config.migration_limit,
         on_migrate=lambda model: metrics.migrations.inc((model,)),
+        stall=config.stall,
     )
+    aggregated = streamer
     pool = prefill = None
     if config.disagg.enabled:  # decode on the worker pool, prefill on its own (DESIGN §4)
         prefill = runtime.instance_set(config.disagg.prefill_component, config.worker_endpoint)
@@ -116,6 +118,7 @@ async def serve_frontend(
         await app.images.close()
         await health.close()
         await registry.close()
+        await aggregated.close()
         if pool is not None:
             await pool.close()
 

@@ -1,17 +1,31 @@
 """Route a request and stream its engine outputs, moving it to another worker when the
 stream breaks (PeerGone) before it finished: the new worker gets prompt + tokens generated so
-far with max_tokens reduced, so the caller sees one stream (DESIGN.md §3 step 7)."""
+far with max_tokens reduced, so the caller sees one stream (DESIGN.md §3 step 7).
+
+A stream that stops making progress (`tandem.frontend.watchdog`) breaks like a dead worker's
+(`StreamStalled`, a PeerGone); its worker is kept out of routing until it answers again."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
 
 import msgspec
 
 from tandem.disagg.params import PINNED_ANNOTATION
 from tandem.errors import NoWorkersAvailable, PeerGone
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_output, encode
+from tandem.frontend.watchdog import StallConfig, StreamStalled, StreamWatch, WorkerHealth
+from tandem.protocols.engine import (
+    EngineOutput,
+    PreprocessedRequest,
+    StopConditions,
+    decode_output,
+    encode,
+)
 from tandem.router.base import Router
 from tandem.runtime.base import RequestClient
 
@@ -28,11 +42,18 @@ class EngineStreamer:
         *,
         migration_limit: int = 0,
         on_migrate: Callable[[str], None] | None = None,
+        stall: StallConfig | None = None,
     ) -> None:
         self._client = client
         self._path = endpoint_path
         self._limit = migration_limit
         self._on_migrate = on_migrate
+        stall = stall or StallConfig()
+        self.health: WorkerHealth | None = WorkerHealth(stall) if stall.enabled else None
+
+    async def close(self) -> None:
+        if self.health is not None:
+            await self.health.close()
 
     async def stream(
         self, request: PreprocessedRequest, router: Router
@@ -45,13 +66,16 @@ class EngineStreamer:
         A worker that refuses or loses the request before its first output (draining,
         connection refused, died at once) costs no migration: nothing reached the caller, so
         the request is simply routed again, excluding that worker (bounded by the number of
-        instances)."""
+        instances). A stalled stream (no progress within the StallConfig limits) counts as
+        lost, and workers marked stalled are excluded until they answer again."""
         generated: list[int] = []
         excluded: set[str] = set()
         current = request
         attempt = 0
+        health = self.health
         while True:
-            decision = await router.route(current, exclude=frozenset(excluded))
+            suspects = health.excluded() if health is not None else frozenset()
+            decision = await router.route(current, exclude=frozenset(excluded) | suspects)
             rid = current.request_id
             stream = self._client.stream(
                 decision.address,
@@ -60,9 +84,16 @@ class EngineStreamer:
                 request_id=rid,
                 deadline_s=current.deadline_s,
             )
+            chunks = aiter(stream)
             started = has_token = False
+            watch = None
+            if health is not None:
+                health.stream_opened(decision.instance_id)
+                watch = StreamWatch(health, decision.instance_id)
             try:
-                async for payload in stream:
+                while (payload := await self._next(chunks, watch, started)) is not None:
+                    if health is not None:
+                        health.output(decision.instance_id)
                     out = decode_output(payload)
                     if not has_token and out.token_ids:
                         has_token = True
@@ -75,6 +106,8 @@ class EngineStreamer:
                 raise PeerGone(f"stream from {decision.instance_id} ended without finishing")
             except (PeerGone, NoWorkersAvailable) as exc:
                 excluded.add(decision.instance_id)
+                if isinstance(exc, StreamStalled) and health is not None:
+                    health.stalled(decision.instance_id, self._probe(decision.address, current))
                 if not started:
                     logger.info(
                         "request_id=%s not taken by worker %s (%s); routing it again",
@@ -101,7 +134,61 @@ class EngineStreamer:
                     self._on_migrate(request.model)
             finally:
                 router.on_finish(rid)
+                if health is not None:
+                    health.stream_closed(decision.instance_id)
                 await _close(stream)
+
+    async def _next(
+        self, stream: AsyncIterator[bytes], watch: StreamWatch | None, started: bool
+    ) -> bytes | None:
+        """The stream's next payload (None at its end); with a watch, raises StreamStalled
+        when the stall rule holds first."""
+        if watch is None:
+            return await anext(stream, None)
+        assert self.health is not None
+        cfg = self.health.config
+        watch.arm(cfg.stall_timeout_s if started else cfg.first_token_timeout_s)
+        try:
+            return await anext(stream, None)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if watch.fired and task is not None and task.uncancel() == 0:
+                what = "next output" if started else "first output"
+                raise StreamStalled(
+                    f"worker {watch.worker_id} made no progress: no {what} within "
+                    f"{cfg.stall_timeout_s if started else cfg.first_token_timeout_s:g} s"
+                ) from None
+            raise
+        finally:
+            watch.disarm()
+
+    def _probe(self, address: str, request: PreprocessedRequest) -> Callable[[], Any]:
+        """A one-token request to the worker at `address`: returns once it streams."""
+        timeout_s = self.health.config.probe_timeout_s if self.health else 2.0
+
+        async def probe() -> None:
+            probe_request = PreprocessedRequest(
+                request_id=f"probe-{uuid.uuid4().hex}",
+                model=request.model,
+                token_ids=request.token_ids[:1],
+                stop=StopConditions(max_tokens=1, ignore_eos=True),
+                deadline_s=time.time() + timeout_s,
+            )
+            stream = self._client.stream(
+                address,
+                self._path,
+                encode(probe_request),
+                request_id=probe_request.request_id,
+                deadline_s=probe_request.deadline_s,
+            )
+            try:
+                async for _ in stream:
+                    return
+                raise PeerGone(f"probe of {address} ended without output")
+            finally:
+                await _close(stream)
+
+        return probe
 
 
 async def _close(stream: object) -> None:

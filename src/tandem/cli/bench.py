@@ -4,6 +4,7 @@
     tandem bench frontend|routers [options]   comparisons that start and stop their own stacks
     tandem bench indexer|engine|transfer|disagg|kvbm|multimodal [options]   component benchmarks
     tandem bench planner [options]            planner vs static fleets on a time-varying load
+    tandem bench soak [options]               RSS slope of every process under mixed load
 
 A named benchmark is the module `tandem.bench.<name>` exposing `main(argv) -> int`, imported
 only when asked for.
@@ -30,6 +31,7 @@ SUBCOMMANDS = {
     "kvbm": "kvbm",
     "multimodal": "multimodal",
     "planner": "planner",
+    "soak": "soak",
 }
 
 

@@ -88,8 +88,7 @@ class EngineStreamer:
             started = has_token = False
             watch = None
             if health is not None:
-                health.stream_opened(decision.instance_id)
-                watch = StreamWatch(health, decision.instance_id)
+                watch = health.stream_opened(decision.instance_id)
             try:
                 while (payload := await self._next(chunks, watch, started)) is not None:
                     if health is not None:
@@ -134,8 +133,8 @@ class EngineStreamer:
                     self._on_migrate(request.model)
             finally:
                 router.on_finish(rid)
-                if health is not None:
-                    health.stream_closed(decision.instance_id)
+                if health is not None and watch is not None:
+                    health.stream_closed(watch)
                 await _close(stream)
 
     async def _next(

@@ -10,6 +10,7 @@ Stall rule: a stream is stalled when it has waited `first_token_timeout_s` for i
 (`stall_timeout_s` for each later one) AND its worker produced nothing on any stream of this
 frontend for `stall_timeout_s`. The second half keeps a busy worker's queued requests (no first
 token yet, but the worker is emitting tokens for others) from being mistaken for a frozen one.
+Once one stream finds its worker stalled, the worker's other streams stop waiting at once.
 
 Defaults (see `StallConfig`): 30 s to the first output, 10 s between outputs. An engine step
 is milliseconds for the mocker and at most a second or two for the native engine on a CPU
@@ -81,22 +82,26 @@ class WorkerHealth:
         self.config = config
         self._clock = clock
         self.last_output: dict[str, float] = {}  # worker_id -> time of its last output
-        self._streams: dict[str, int] = {}  # worker_id -> open streams (bounds last_output)
+        self._watches: dict[str, set[StreamWatch]] = {}  # worker_id -> its open streams
         self.suspects: dict[str, float] = {}  # worker_id -> time it was marked stalled
         self._probes: dict[str, asyncio.Task[None]] = {}
 
     # ------------------------------------------------------------ stream bookkeeping
-    def stream_opened(self, worker_id: str) -> None:
-        self._streams[worker_id] = self._streams.get(worker_id, 0) + 1
+    def stream_opened(self, worker_id: str) -> StreamWatch:
+        """A watch for a new stream to `worker_id` (call from the task that reads it)."""
+        watch = StreamWatch(self, worker_id)
+        self._watches.setdefault(worker_id, set()).add(watch)
         self.last_output.setdefault(worker_id, self._clock())
+        return watch
 
-    def stream_closed(self, worker_id: str) -> None:
-        left = self._streams.get(worker_id, 1) - 1
-        if left > 0:
-            self._streams[worker_id] = left
-        else:  # no stream left to judge it by: forget it (keeps the tables bounded)
-            self._streams.pop(worker_id, None)
-            self.last_output.pop(worker_id, None)
+    def stream_closed(self, watch: StreamWatch) -> None:
+        watch.disarm()
+        watches = self._watches.get(watch.worker_id)
+        if watches is not None:
+            watches.discard(watch)
+            if not watches:  # no stream left to judge it by: forget it (tables stay bounded)
+                del self._watches[watch.worker_id]
+                self.last_output.pop(watch.worker_id, None)
 
     def output(self, worker_id: str) -> None:
         self.last_output[worker_id] = self._clock()
@@ -121,6 +126,8 @@ class WorkerHealth:
             worker_id,
             self.worker_silent_s(worker_id),
         )
+        for watch in list(self._watches.get(worker_id, ())):  # its other streams go now
+            watch.fire_if_armed()
         if probe is not None:
             self._probes[worker_id] = asyncio.create_task(
                 self._probe_until_healthy(worker_id, probe), name=f"probe-{worker_id}"
@@ -192,6 +199,8 @@ class StreamWatch:
         self.fired = False
 
     def arm(self, limit_s: float) -> None:
+        if self.worker_id in self._health.suspects:  # found stalled while we were away
+            limit_s = 0.0
         self._deadline = self._loop.time() + limit_s
         self._handle = self._loop.call_at(self._deadline, self._check)
 
@@ -200,12 +209,23 @@ class StreamWatch:
             self._handle.cancel()
             self._handle = None
 
+    def fire_if_armed(self) -> None:
+        """The worker was found stalled by another stream: stop waiting for it now."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._fire()
+
     def _check(self) -> None:
-        quiet_s = self._health.config.stall_timeout_s
-        silent_s = self._health.worker_silent_s(self.worker_id)
-        if silent_s < quiet_s:  # the worker is busy with other streams: wait on
+        health = self._health
+        quiet_s = health.config.stall_timeout_s
+        silent_s = health.worker_silent_s(self.worker_id)
+        if silent_s < quiet_s and self.worker_id not in health.suspects:
+            # the worker is busy with other streams: wait on
             self._handle = self._loop.call_later(quiet_s - silent_s, self._check)
             return
+        self._fire()
+
+    def _fire(self) -> None:
         self._handle = None
         self.fired = True
         self._task.cancel()

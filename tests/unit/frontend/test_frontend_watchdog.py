@@ -152,3 +152,23 @@ async def test_busy_worker_queued_request_is_not_abandoned() -> None:
     assert await busy == list(range(200))
     assert streamer.health is not None and not streamer.health.suspects
     await streamer.close()
+
+
+async def test_streams_waiting_for_a_first_token_leave_a_worker_found_stalled_at_once() -> None:
+    """One stream finds the worker stalled (no next token); a request queued there for its
+    first token does not sit out its own, longer limit."""
+    workers = FakeWorkers()
+    slow_first = StallConfig(first_token_timeout_s=10.0, stall_timeout_s=0.1)
+    streamer = EngineStreamer(workers, "p", migration_limit=3, stall=slow_first)
+    instances = StaticInstanceSet([backend_instance(0), backend_instance(1)])
+    router = RoundRobinRouter(RouterConfig(), instances=instances)
+    running = asyncio.create_task(_tokens(streamer, router, "running", 100))
+    await eventually(lambda: len(workers.requests) == 1)
+    workers.first_delay_s["127.0.0.1:9000"] = 30.0  # a new request there waits for a token
+    router._counter = 0
+    queued = asyncio.create_task(_tokens(streamer, router, "queued"))
+    await eventually(lambda: len(workers.requests) == 2)
+    workers.freeze("127.0.0.1:9000")
+    results = await asyncio.wait_for(asyncio.gather(running, queued), 3)  # not 10 s
+    assert results == [list(range(100)), list(range(40))]
+    await streamer.close()

@@ -14,7 +14,7 @@ from tandem.runtime.base import EventBus
 logger = logging.getLogger(__name__)
 
 
-DEFAULT_BUFFER_BYTES = 4 << 20
+DEFAULT_BUFFER_BYTES = 1 << 20
 
 
 class KvEventPublisher:

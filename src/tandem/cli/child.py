@@ -94,7 +94,12 @@ class Lifeline:
     def clean_up_if_orphaned(self) -> None:
         """At exit: remove the run directory if the parent died (waiting a little for the
         pipe's end of file, which may trail the parent-death signal)."""
-        if not self.stopping.is_set() and self.orphaned.wait(ORPHAN_WAIT_S):
+        deadline = time.monotonic() + ORPHAN_WAIT_S
+        while not (self.stopping.is_set() or self.orphaned.is_set()):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        if self.orphaned.is_set():
             remove_run_dir(self.run_dir)
 
 

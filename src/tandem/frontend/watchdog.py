@@ -95,7 +95,7 @@ class WorkerHealth:
         return watch
 
     def stream_closed(self, watch: StreamWatch) -> None:
-        watch.disarm()
+        watch.close()
         watches = self._watches.get(watch.worker_id)
         if watches is not None:
             watches.discard(watch)
@@ -184,9 +184,23 @@ class StreamWatch:
 
     `arm(limit_s)` before awaiting, `disarm()` after; `fired` tells the awaiting code that a
     CancelledError came from the watch (convert it with `Task.uncancel`). Armed only while
-    awaiting, so a slow HTTP client never counts against the worker."""
+    awaiting, so a slow HTTP client never counts against the worker. `close()` at the end.
 
-    __slots__ = ("_deadline", "_handle", "_health", "_loop", "_task", "fired", "worker_id")
+    Cheap per output: arming sets a few fields; one timer per stream, created when none is
+    pending, re-checks at its due time and moves itself on if the stream progressed (a
+    call_at + cancel per token would cost more than the rest of the watchdog)."""
+
+    __slots__ = (
+        "_awaiting",
+        "_handle",
+        "_health",
+        "_limit_s",
+        "_loop",
+        "_since",
+        "_task",
+        "fired",
+        "worker_id",
+    )
 
     def __init__(self, health: WorkerHealth, worker_id: str) -> None:
         self._health, self.worker_id = health, worker_id
@@ -195,37 +209,61 @@ class StreamWatch:
         assert task is not None, "StreamWatch needs a task"
         self._task = task
         self._handle: asyncio.TimerHandle | None = None
-        self._deadline = 0.0
+        self._awaiting = False
+        self._since = 0.0  # when the current wait began
+        self._limit_s = 0.0
         self.fired = False
 
     def arm(self, limit_s: float) -> None:
+        self._awaiting, self._limit_s = True, limit_s
+        self._since = now = self._loop.time()
         if self.worker_id in self._health.suspects:  # found stalled while we were away
-            limit_s = 0.0
-        self._deadline = self._loop.time() + limit_s
-        self._handle = self._loop.call_at(self._deadline, self._check)
+            self._reschedule(now)
+        elif self._handle is None:
+            self._handle = self._loop.call_at(now + limit_s, self._check)
+        elif self._handle.when() > now + limit_s:  # a shorter limit (after the first output)
+            self._reschedule(now + limit_s)
 
     def disarm(self) -> None:
+        self._awaiting = False
+
+    def close(self) -> None:
+        self._awaiting = False
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
 
     def fire_if_armed(self) -> None:
         """The worker was found stalled by another stream: stop waiting for it now."""
-        if self._handle is not None:
-            self._handle.cancel()
+        if self._awaiting:
             self._fire()
 
+    def _reschedule(self, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._loop.call_at(when, self._check)
+
     def _check(self) -> None:
-        health = self._health
-        quiet_s = health.config.stall_timeout_s
-        silent_s = health.worker_silent_s(self.worker_id)
-        if silent_s < quiet_s and self.worker_id not in health.suspects:
-            # the worker is busy with other streams: wait on
-            self._handle = self._loop.call_later(quiet_s - silent_s, self._check)
+        self._handle = None
+        if not self._awaiting:  # the next arm() schedules a new check
             return
+        now = self._loop.time()
+        health = self._health
+        if self.worker_id not in health.suspects:
+            if now < self._since + self._limit_s:  # it progressed since this timer was set
+                self._reschedule(self._since + self._limit_s)
+                return
+            quiet_s = health.config.stall_timeout_s
+            silent_s = health.worker_silent_s(self.worker_id)
+            if silent_s < quiet_s:  # the worker is busy with other streams: wait on
+                self._reschedule(now + quiet_s - silent_s)
+                return
         self._fire()
 
     def _fire(self) -> None:
-        self._handle = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._awaiting = False
         self.fired = True
         self._task.cancel()

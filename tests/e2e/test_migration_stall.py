@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
@@ -25,6 +24,8 @@ from tests.support.tandem_procs import (
     start_tandem,
     wait_instances,
 )
+
+from tandem.runtime.discovery.file import open_record
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 MAX_TOKENS = 200  # ~6 ms per decode step at --speedup-ratio 1: ~1.2 s per stream
@@ -47,11 +48,14 @@ def served(tmp_path: Path) -> Iterator[tuple[TandemProcess, str, Path]]:
         yield proc, base, run_dir
     finally:
         for record in (run_dir / "discovery").glob("*.json"):  # never leave a worker stopped
-            pid = json.loads(record.read_text()).get("pid")
-            if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(_record_pid(record), signal.SIGCONT)
         proc.stop()
+
+
+def _record_pid(path: Path) -> int:
+    """The pid in a file-discovery record (its seal is not checked here)."""
+    return open_record(path.read_bytes(), None).pid
 
 
 def _routed(base: str) -> dict[str, float]:
@@ -90,7 +94,7 @@ async def test_sigstop_worker_streams_migrate_and_worker_returns_after_sigcont(
     proc, base, run_dir = served
     ids = sorted(wait_instances(base, lambda ids: len(ids) == 2))
     frozen = ids[0]
-    pid = json.loads((run_dir / "discovery" / f"{frozen}.json").read_text())["pid"]
+    pid = _record_pid(run_dir / "discovery" / f"{frozen}.json")
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
     progressed = [asyncio.Event() for _ in range(2 * NUM_STREAMS)]
     first = [asyncio.create_task(_stream(client, i, progressed[i])) for i in range(NUM_STREAMS)]

@@ -37,6 +37,7 @@ async def test_local_connector_scales_a_mocker_fleet_up_and_down_under_load(
                                                 drain_grace_s=30.0, log_dir=str(tmp_path)),
         )  # fmt: skip
         await eventually(lambda: s.ready() == 1, timeout_s=30)
+        await s.wait_serving()
         load = asyncio.create_task(s.load(rate=60, duration_s=10, prompt_len=600, max_tokens=30))
         await eventually(lambda: s.ready() >= 2, timeout_s=30)
         await load

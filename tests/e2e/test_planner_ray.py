@@ -44,6 +44,7 @@ async def test_ray_connector_scales_a_mocker_fleet_up_and_down_under_load(tmp_pa
         )  # fmt: skip
         assert ray.is_initialized()
         await eventually(lambda: s.ready() == 1, timeout_s=60)
+        await s.wait_serving()
         load = asyncio.create_task(s.load(rate=60, duration_s=10, prompt_len=600, max_tokens=30))
         await eventually(lambda: s.ready() >= 2, timeout_s=40)
         await load

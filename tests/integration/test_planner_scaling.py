@@ -24,6 +24,7 @@ async def test_scales_up_under_load_and_back_to_the_floor_when_traffic_stops() -
             planner_config(pools=(PoolConfig(min_workers=1, max_workers=4),))
         )
         await eventually(lambda: s.ready() == 1, timeout_s=10)
+        await s.wait_serving()
         load = asyncio.create_task(s.load(rate=60, duration_s=6, prompt_len=600, max_tokens=30))
         await eventually(lambda: s.ready() >= 2, timeout_s=15)
         await load
@@ -60,6 +61,7 @@ async def test_a_worker_that_never_becomes_ready_is_given_up_on_and_counted() ->
             factory,
         )
         await eventually(lambda: s.ready() == 1, timeout_s=10)
+        await s.wait_serving()
         load = asyncio.create_task(s.load(rate=40, duration_s=8, prompt_len=600, max_tokens=30))
         pool = service.planner.pools["backend"]
         await eventually(lambda: pool.num_never_ready == 1, timeout_s=15)

@@ -96,6 +96,19 @@ class PlannerStack:
         self.exit_stack.push_async_callback(shutdown)
         return self.service
 
+    async def wait_serving(self, timeout_s: float = 30.0) -> None:
+        """Until the frontend lists the model (it saw a worker and loaded its tokenizer): the
+        planner counts a worker ready from its own stats, which can come first."""
+        assert self.http is not None
+        async with asyncio.timeout(timeout_s):
+            while True:
+                async with self.http.get(f"{self.base}/v1/models") as resp:
+                    if resp.status == 200 and MODEL in {
+                        m["id"] for m in (await resp.json())["data"]
+                    }:
+                        return
+                await asyncio.sleep(0.05)
+
     def ready(self, component: str = "backend") -> int:
         assert self.service is not None
         return len(self.service.tracker.registered[component])

@@ -55,7 +55,8 @@ $(VLLM_STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tandem serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
-test: $(STAMP)
+# the vLLM e2e tests (tests/e2e/test_vllm_*.py) run vLLM from .venv-vllm: build it first
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -97,8 +97,14 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
 def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) -> Engine:
     """The engine `--engine` names, wrapped for its `--disagg-mode` role if any (its transfer
     agent authenticates peers with `cluster_secret`)."""
-    engine = make_engine(args.engine, args)
     disagg = disagg_worker_config_from_args(args)
+    if disagg.enabled and args.engine == "vllm":
+        raise SystemExit(
+            f"--disagg-mode {disagg.mode} with --engine vllm is not supported yet (vLLM's "
+            "NixlConnector handoff is not wired into tandem's orchestrator); expected an "
+            "aggregated vLLM worker, or --engine native/mocker for disaggregation"
+        )
+    engine = make_engine(args.engine, args)
     if not disagg.enabled:
         return engine
     from tandem.disagg.worker_engine import DisaggEngine
@@ -155,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _engine_from_argv(argv) == "vllm":
+        from tandem.engines.vllm.venv import reexec_in_vllm_venv
+
+        reexec_in_vllm_venv(["worker", *argv])  # vLLM lives in its own venv
     parser = argparse.ArgumentParser(
         prog="tandem worker", description="a worker hosting one engine"
     )

@@ -1,0 +1,79 @@
+"""tandem's `PreprocessedRequest` → vLLM `SamplingParams` / `TokensPrompt`, and vLLM's
+`RequestOutput` deltas → `EngineOutput`. What cannot be mapped is an `InvalidRequest`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.errors import InvalidRequest
+from tandem.protocols.engine import EngineOutput, FinishReason, PreprocessedRequest, TopLogprob
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+def sampling_params(request: PreprocessedRequest, *, max_logprobs: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    if request.lora_name is not None:
+        raise InvalidRequest(
+            f"lora_name={request.lora_name!r}: the vLLM worker serves no LoRA adapters; "
+            "expected none"
+        )
+    s, stop = request.sampling, request.stop
+    if s.logprobs is not None and not 0 <= s.logprobs <= max_logprobs:
+        raise InvalidRequest(
+            f"top_logprobs={s.logprobs} exceeds this vLLM worker's max_logprobs={max_logprobs}"
+        )
+    stop_ids = list(stop.stop_token_ids)
+    if not stop.ignore_eos:  # eos ids the frontend resolved (vLLM also stops on the model's)
+        stop_ids += [t for t in request.eos_token_ids if t not in stop_ids]
+    return SamplingParams(
+        n=1,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k if s.top_k > 0 else 0,
+        seed=s.seed,
+        max_tokens=stop.max_tokens,
+        min_tokens=stop.min_tokens,
+        stop_token_ids=stop_ids,
+        ignore_eos=stop.ignore_eos,
+        logprobs=s.logprobs,
+        detokenize=False,
+        skip_special_tokens=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def tokens_prompt(request: PreprocessedRequest) -> Any:
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
+    if request.cache_salt is not None:
+        prompt["cache_salt"] = request.cache_salt
+    return prompt
+
+
+def engine_output(out: Any, *, first: bool, num_top_logprobs: int | None) -> EngineOutput:
+    """One `RequestOutput` (DELTA kind) as an `EngineOutput`; with `num_top_logprobs`, the
+    chosen tokens' logprobs and, per token, the top alternatives by rank."""
+    completion = out.outputs[0]
+    reason = completion.finish_reason
+    result = EngineOutput(
+        token_ids=list(completion.token_ids),
+        finish_reason=None if reason is None else _FINISH.get(reason, "stop"),
+        num_cached_tokens=(out.num_cached_tokens or 0) if first else None,
+    )
+    if num_top_logprobs is not None and completion.logprobs is not None:
+        chosen: list[float] = []
+        tops: list[list[TopLogprob]] = []
+        for token, entry in zip(completion.token_ids, completion.logprobs, strict=False):
+            chosen.append(float(entry[token].logprob))
+            ranked = sorted(
+                (lp.rank, tid, lp.logprob)
+                for tid, lp in entry.items()
+                if lp.rank is not None and lp.rank <= num_top_logprobs
+            )
+            tops.append([TopLogprob(tid, float(lp)) for _, tid, lp in ranked])
+        result.logprobs, result.top_logprobs = chosen, tops
+    return result

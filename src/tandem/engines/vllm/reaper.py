@@ -13,6 +13,7 @@ Run as `python -m tandem.engines.vllm.reaper <worker_pid>`.
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -21,18 +22,27 @@ import sys
 
 import psutil
 
+logger = logging.getLogger(__name__)
+
 POLL_S = 0.25
+READY_TIMEOUT_S = 30.0
 
 
 class Reaper:
-    """The worker's handle on its reaper process."""
+    """The worker's handle on its reaper process. Returns once the reaper has looked at the
+    worker's children once (children started before are covered from then on)."""
 
     def __init__(self) -> None:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tandem.engines.vllm.reaper", str(os.getpid())],
             stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             close_fds=True,
         )
+        assert self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], READY_TIMEOUT_S)
+        if not ready or self._proc.stdout.readline().strip() != b"ready":
+            logger.warning("the reaper pid=%d did not report ready", self._proc.pid)
 
     def done(self) -> None:
         """The engine is shut down: let the reaper go without killing anything."""
@@ -66,8 +76,9 @@ def main(worker_pid: int) -> int:
     me = os.getpid()
     known: set[int] = set()
     stdin = sys.stdin.buffer
+    first = True
     while True:
-        readable, _, _ = select.select([stdin], [], [], POLL_S)
+        readable, _, _ = select.select([stdin], [], [], 0 if first else POLL_S)
         if readable:
             line = stdin.readline()
             if line.strip() == b"done":
@@ -83,6 +94,10 @@ def main(worker_pid: int) -> int:
         except psutil.Error:  # gone already
             _kill_all(known)
             return 0
+        if first:
+            first = False
+            sys.stdout.write("ready\n")
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

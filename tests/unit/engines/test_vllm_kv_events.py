@@ -44,11 +44,8 @@ def test_removed_and_cleared_and_an_unknown_parent():
     tr = KvEventTranslator(BS)
     prompt = list(range(8))
     tr.translate(decode_engine_batch(batch(stored([1, 2], None, prompt))))
-    removed = tr.translate(
-        decode_engine_batch(
-            batch({"type": "BlockRemoved", "block_hashes": [2, 99], "medium": "GPU"})
-        )  # fmt: skip
-    )
+    gone = {"type": "BlockRemoved", "block_hashes": [2, 99], "medium": "GPU"}
+    removed = tr.translate(decode_engine_batch(batch(gone)))
     assert removed == [BlockRemoved(block_hashes=[sequence_hashes(prompt, BS)[1]])]
     assert tr.translate(decode_engine_batch(batch(stored([5], 77, [9, 9, 9, 9])))) == []
     assert tr.num_unknown_parents == 1

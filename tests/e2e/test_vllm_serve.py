@@ -3,7 +3,8 @@
 (a repeated prefix goes to the worker that holds it, cached_tokens > 0); vLLM's Prometheus
 metrics from the worker; a client disconnect frees the request in vLLM; SIGKILL of a vLLM
 worker mid-stream with migration loses no request and leaves no EngineCore behind; then,
-with the stack stopped, greedy output equals vLLM's own OpenAI server on the same prompts.
+with the stack stopped, greedy output equals vLLM's own OpenAI server on the same prompts,
+and a 1P1D stack (NixlConnector on CPU) gives the same greedy tokens as the aggregated one.
 
 One stack for the whole module (a vLLM engine takes 20+ s to start); tests run in order."""
 
@@ -54,8 +55,9 @@ class Stack:
     def worker_pids(self) -> list[int]:
         return [int(p) for p in re.findall(r"started worker\d+ pid=(\d+)", self.proc.log())]
 
-    def metrics_urls(self) -> list[str]:
-        return re.findall(r"vLLM engine started: .* metrics=(http://\S+)", self.proc.log())
+    def metrics_urls(self, role: str = r"\w+") -> list[str]:
+        pattern = rf"vLLM engine started: .* disagg={role} metrics=(http://\S+)"
+        return re.findall(pattern, self.proc.log())
 
 
 def _start(args: list[str], log: Path, python: Path) -> subprocess.Popen[bytes]:
@@ -255,6 +257,43 @@ def test_greedy_output_equals_vllms_own_openai_server(
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(10)
+
+
+def _metric_sum(url: str, name: str) -> float:
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", body, re.M))
+
+
+def test_one_prefill_one_decode_gives_the_aggregated_greedy_tokens(
+    stack: Stack, hf_dir: Path, tmp_path: Path
+) -> None:
+    assert len(stack.greedy) == len(PROMPTS)
+    stack.proc.stop(grace_s=30)
+    python = require_vllm_venv()
+    port = free_port()
+    args = ["-m", "tandem.cli", "serve", "--engine", "vllm", "--prefill-workers", "1"]
+    args += ["--decode-workers", "1", "--disagg-min-prefill-tokens", "1"]
+    args += ["--port", str(port), "--run-dir", str(tmp_path / "run")]
+    args += ["--model", str(hf_dir), "--served-model-name", MODEL, *ENGINE_FLAGS]
+    popen = _start(args, tmp_path / "serve.log", python)
+    proc = TandemProcess(name="serve-1p1d", proc=popen, log_path=tmp_path / "serve.log")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        proc.wait_log(r"tandem serve ready", timeout_s=START_TIMEOUT_S)
+        disagg = Stack(proc, base, set())
+        for prompt, aggregated in stack.greedy.items():
+            out = disagg.client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=GREEDY_TOKENS, temperature=0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            assert out.choices[0].text == aggregated, prompt
+            assert out.usage.completion_tokens == GREEDY_TOKENS
+        # the KV really moved: the decode worker pulled it over NIXL, nothing failed
+        (decode_url,) = disagg.metrics_urls("decode")
+        assert _metric_sum(decode_url, "vllm:nixl_bytes_transferred_sum") > 0
+        assert _metric_sum(decode_url, "vllm:nixl_num_failed_transfers_total") == 0
+    finally:
+        proc.stop(grace_s=30)
 
 
 def http_request_ok(url: str) -> bool:

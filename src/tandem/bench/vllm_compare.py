@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shlex
 import tempfile
 from pathlib import Path
@@ -61,7 +62,8 @@ def measure(
     specs = synthetic_requests(SyntheticConfig(isl=args.isl, osl=args.osl), 1000)
     cells = []
     with ProcessStack(work) as stack:
-        stack.spawn(system, _argv(system, python, model_dir, port, args.engine_args))
+        argv = _argv(system, python, model_dir, port, args.engine_args)
+        stack.spawn(system, argv, env=engine_env())
         asyncio.run(wait_ready(url, timeout_s=args.ready_timeout_s, stack=stack))
         run_cell(LoadConfig(url=url, model=MODEL, concurrency=4,
                             num_requests=args.warmup_requests), specs)  # fmt: skip
@@ -75,6 +77,13 @@ def measure(
             logger.info("%s", cell)
             cells.append(cell)
     return cells
+
+
+def engine_env() -> dict[str, str]:
+    """The same vLLM CPU settings for both systems (the worker's defaults, unless set)."""
+    from tandem.engines.vllm.engine import CPU_ENV_DEFAULTS
+
+    return {k: os.environ.get(k, v) for k, v in CPU_ENV_DEFAULTS.items()}
 
 
 def format_table(cells: list[dict[str, Any]]) -> str:

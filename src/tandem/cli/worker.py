@@ -98,14 +98,8 @@ def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) ->
     """The engine `--engine` names, wrapped for its `--disagg-mode` role if any (its transfer
     agent authenticates peers with `cluster_secret`)."""
     disagg = disagg_worker_config_from_args(args)
-    if disagg.enabled and args.engine == "vllm":
-        raise SystemExit(
-            f"--disagg-mode {disagg.mode} with --engine vllm is not supported yet (vLLM's "
-            "NixlConnector handoff is not wired into tandem's orchestrator); expected an "
-            "aggregated vLLM worker, or --engine native/mocker for disaggregation"
-        )
     engine = make_engine(args.engine, args)
-    if not disagg.enabled:
+    if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector
         return engine
     from tandem.disagg.worker_engine import DisaggEngine
 

@@ -89,4 +89,5 @@ def config_from_args(ns: argparse.Namespace) -> VllmWorkerConfig:
         kv_events=not ns.no_kv_events,
         metrics_host=ns.metrics_host,
         metrics_port=None if ns.metrics_port < 0 else ns.metrics_port,
+        disagg_mode=getattr(ns, "disagg_mode", "none") or "none",
     )

@@ -22,8 +22,15 @@ class VllmWorkerConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 0
     shutdown_timeout_s: float = 10.0
+    # disaggregation through vLLM's NixlConnector (kv_buffer_device cpu): "prefill" computes
+    # the prompt's KV and returns vLLM's kv_transfer_params; "decode" pulls it with them
+    disagg_mode: str = "none"
 
     def __post_init__(self) -> None:
+        if self.disagg_mode not in ("none", "prefill", "decode"):
+            raise ValueError(
+                f"disagg_mode={self.disagg_mode!r}; expected one of: none, prefill, decode"
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port={self.metrics_port} must be in [0, 65535]")
         if not 1 <= self.kv_event_buffer_steps <= 10_000_000:

@@ -29,7 +29,13 @@ from tandem.engines.vllm.metrics import (
 )
 from tandem.engines.vllm.model_dir import ensure_hf_dir
 from tandem.engines.vllm.reaper import Reaper
-from tandem.engines.vllm.sampling import engine_output, sampling_params, tokens_prompt
+from tandem.engines.vllm.sampling import (
+    engine_output,
+    handoff_args,
+    prefill_result,
+    sampling_params,
+    tokens_prompt,
+)
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
@@ -86,10 +92,11 @@ class VllmEngine:
             self._metrics = start_metrics_server(self.config.metrics_host, self.config.metrics_port)
         self._info = self._make_info(vc)
         logger.info(
-            "vLLM engine started: model=%s blocks=%d block_size=%d metrics=%s",
+            "vLLM engine started: model=%s blocks=%d block_size=%d disagg=%s metrics=%s",
             self._info.model_name,
             self._info.num_total_blocks,
             self._info.block_size,
+            self.config.disagg_mode,
             self._metrics.url if self._metrics else None,
         )
         return self._info
@@ -116,6 +123,15 @@ class VllmEngine:
                 replay_endpoint=f"tcp://127.0.0.1:{_free_port()}",
                 buffer_steps=self.config.kv_event_buffer_steps,
                 topic="",
+            )
+        if self.config.disagg_mode != "none":
+            from vllm.config import KVTransferConfig
+
+            # each worker its own NIXL handshake port, on loopback
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())
+            os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+            kwargs["kv_transfer_config"] = KVTransferConfig(
+                kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device="cpu"
             )
         args = AsyncEngineArgs(**kwargs)
         return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.snapshot)])
@@ -183,6 +199,10 @@ class VllmEngine:
         if request_id in self._running:
             raise InvalidRequest(f"request_id={request_id} is already running on this engine")
         params = sampling_params(request, max_logprobs=self._max_logprobs)
+        prefill_only = self.config.disagg_mode == "prefill"
+        params.extra_args = handoff_args(request, self.config.disagg_mode)
+        if prefill_only:
+            params.max_tokens, params.min_tokens = 1, 0
         num_top = request.sampling.logprobs
         self._running.add(request_id)
         finished = False
@@ -191,6 +211,8 @@ class VllmEngine:
             stream = self.llm.generate(tokens_prompt(request), params, request_id)
             async for out in self._guarded(stream, request_id):
                 result = engine_output(out, first=first, num_top_logprobs=num_top)
+                if prefill_only and result.finish_reason is not None:
+                    result = prefill_result(result, out, request_id)
                 first = False
                 finished = result.finish_reason is not None
                 if result.token_ids or finished or result.num_cached_tokens:
@@ -255,4 +277,8 @@ class VllmEngine:
         )
 
     def instance_metadata(self) -> dict[str, Any]:
-        return {"metrics_url": self._metrics.url} if self._metrics else {}
+        meta: dict[str, Any] = {"metrics_url": self._metrics.url} if self._metrics else {}
+        if self.config.disagg_mode != "none":
+            meta["disagg_mode"] = self.config.disagg_mode
+            meta["kv_connector"] = "NixlConnector"
+        return meta

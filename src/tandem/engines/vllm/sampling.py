@@ -45,6 +45,46 @@ def sampling_params(request: PreprocessedRequest, *, max_logprobs: int) -> Any:
     )
 
 
+# vLLM's kv_transfer_params travel in tandem's disagg_params under this key (DESIGN.md §4)
+VLLM_PARAMS_KEY = "vllm_kv_transfer_params"
+_PREFILL_PARAMS = {
+    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+    "remote_block_ids": None, "remote_host": None, "remote_port": None,
+}  # fmt: skip
+
+
+def handoff_args(request: PreprocessedRequest, disagg_mode: str) -> dict[str, Any] | None:
+    """SamplingParams.extra_args for vLLM's NixlConnector: a prefill worker keeps the prompt's
+    blocks for a remote decode; a decode worker pulls them with the prefill's params."""
+    params = request.disagg_params
+    if disagg_mode == "prefill":
+        return {"kv_transfer_params": dict(_PREFILL_PARAMS)}
+    if params is None:
+        return None
+    if disagg_mode != "decode" or VLLM_PARAMS_KEY not in params:
+        raise InvalidRequest(
+            f"disagg_params with keys {sorted(params)} cannot be served by this vLLM worker "
+            f"(disagg mode {disagg_mode}); expected '{VLLM_PARAMS_KEY}' on a decode worker"
+        )
+    return {"kv_transfer_params": dict(params[VLLM_PARAMS_KEY])}
+
+
+def prefill_result(result: EngineOutput, out: Any, request_id: str) -> EngineOutput:
+    """A prefill worker's last output: no token (the decode worker generates them all, from
+    the KV it pulls: one sampler, so seeded and greedy outputs equal an aggregated run), and
+    vLLM's kv_transfer_params for the decode leg."""
+    params = getattr(out, "kv_transfer_params", None)
+    if not params:
+        return EngineOutput(
+            finish_reason="error", error=f"vLLM returned no kv_transfer_params for {request_id}"
+        )
+    return EngineOutput(
+        finish_reason="stop",
+        num_cached_tokens=result.num_cached_tokens,
+        disagg_params={VLLM_PARAMS_KEY: dict(params)},
+    )
+
+
 def tokens_prompt(request: PreprocessedRequest) -> Any:
     from vllm.inputs import TokensPrompt
 

@@ -116,14 +116,14 @@ def _num(value: float | None) -> str:
 
 def main(argv: list[str]) -> int:
     from tandem.engines.vllm.model_dir import ensure_hf_dir
-    from tandem.engines.vllm.venv import HINT, candidate_venvs, vllm_python
+    from tandem.engines.vllm.venv import HINT, default_venv, vllm_python
 
     parser = argparse.ArgumentParser(prog="tandem bench vllm", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
     python = vllm_python()
     if python is None:
-        raise SystemExit(HINT.format(venv=candidate_venvs()[1]))
+        raise SystemExit(HINT.format(venv=default_venv()))
     args.work_dir = args.work_dir or tempfile.mkdtemp(prefix="tandem-bench-vllm-")
     model_dir = ensure_hf_dir(args.model)
     cells: list[dict[str, Any]] = []

@@ -24,9 +24,14 @@ def candidate_venvs() -> list[Path]:
     out = []
     if env := os.environ.get("TANDEM_VLLM_VENV"):
         out.append(Path(env))
-    out.append(Path(__file__).resolve().parents[4] / VENV_NAME)
+    out.append(default_venv())
     out.append(Path.cwd() / VENV_NAME)
     return out
+
+
+def default_venv() -> Path:
+    """`.venv-vllm` in the checkout tandem runs from (what `make venv-vllm` builds)."""
+    return Path(__file__).resolve().parents[4] / VENV_NAME
 
 
 def vllm_python() -> str | None:
@@ -43,6 +48,7 @@ def reexec_in_vllm_venv(argv: list[str]) -> None:
     if vllm_importable():
         return
     python = vllm_python()
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
-        raise SystemExit(HINT.format(venv=candidate_venvs()[1]))
+    # venv pythons are symlinks to one interpreter: compare the venvs, not the binaries
+    if python is None or Path(python).parents[1].resolve() == Path(sys.prefix).resolve():
+        raise SystemExit(HINT.format(venv=default_venv()))
     os.execv(python, [python, "-m", "tandem.cli", *argv])

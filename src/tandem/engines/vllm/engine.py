@@ -43,6 +43,7 @@ from tandem.protocols.kv_events import KvEvent
 logger = logging.getLogger(__name__)
 
 # vLLM on these CPUs (issue 16): no reserved core for the frontend thread, a small KV space
+WATCH_PERIOD_S = 0.5
 CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -66,6 +67,8 @@ class VllmEngine:
         self._running: set[str] = set()
         self._stopping = False
         self._max_logprobs = 20
+        self._failed: asyncio.Future[str] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> EngineInfo:
@@ -91,6 +94,8 @@ class VllmEngine:
         if self.config.metrics_port is not None:
             self._metrics = start_metrics_server(self.config.metrics_host, self.config.metrics_port)
         self._info = self._make_info(vc)
+        self._failed = asyncio.get_running_loop().create_future()
+        self._watchdog = asyncio.create_task(self._watch(), name="vllm-watchdog")
         logger.info(
             "vLLM engine started: model=%s blocks=%d block_size=%d disagg=%s metrics=%s",
             self._info.model_name,
@@ -155,9 +160,26 @@ class VllmEngine:
             engine="vllm",
         )
 
+    async def _watch(self) -> None:
+        """vLLM's EngineCore dying (killed, crashed) ends this engine for good."""
+        while self.llm is not None and not self._stopping:
+            if self.llm.errored:
+                if self._failed is not None and not self._failed.done():
+                    self._failed.set_result("vLLM's EngineCore died")
+                return
+            await asyncio.sleep(WATCH_PERIOD_S)
+
+    async def wait_failed(self) -> str:
+        """The reason once vLLM's engine has died; never returns while it works."""
+        assert self._failed is not None, "wait_failed before start()"
+        return await asyncio.shield(self._failed)
+
     async def stop(self) -> None:
         """Abort what runs (streams end with 'cancelled'), shut vLLM's processes down."""
         self._stopping = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
         if self.llm is not None and self._running:
             with contextlib.suppress(Exception):
                 await self.llm.abort(list(self._running))

@@ -45,6 +45,7 @@ PROMPTS = [
 GREEDY_TOKENS = 24
 DISAGG_TOKENS = 8
 START_TIMEOUT_S = 480
+ADMIN_KEY = "admin-vllm-e2e"  # /v1/route/explain is an admin route
 
 
 class Stack:
@@ -83,6 +84,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, hf_dir: Path) -> Iterator[St
     port = free_port()
     args = ["-m", "tandem.cli", "serve", "--engine", "vllm", "--workers", "2", "--router", "kv"]
     args += ["--migration-limit", "3", "--port", str(port), "--run-dir", str(tmp / "run")]
+    args += ["--admin-api-key", ADMIN_KEY]
     args += ["--model", str(hf_dir), "--served-model-name", MODEL, *ENGINE_FLAGS]
     popen = _start(args, tmp / "serve.log", python)
     proc = TandemProcess(name="serve", proc=popen, log_path=tmp / "serve.log")
@@ -125,7 +127,9 @@ def test_openai_sdk_through_tandem_serve(stack: Stack) -> None:
 
 def _explain(stack: Stack, prompt: str) -> dict:
     status, _, body = http_request(
-        f"{stack.base_url}/v1/route/explain", {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+        f"{stack.base_url}/v1/route/explain",
+        {"model": MODEL, "prompt": prompt, "max_tokens": 1},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
     )
     assert status == 200, body
     import json

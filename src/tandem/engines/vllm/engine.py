@@ -217,6 +217,11 @@ class VllmEngine:
         if self.llm is None or self._info is None or self._stopping:
             raise EngineError("vLLM engine is not running; call start() first")
         self._check(request)
+        if request.mm_items:
+            raise InvalidRequest(
+                f"request_id={request.request_id} carries {len(request.mm_items)} image(s); "
+                "the vLLM worker serves text only (expected no images)"
+            )
         request_id = request.request_id
         if request_id in self._running:
             raise InvalidRequest(f"request_id={request_id} is already running on this engine")

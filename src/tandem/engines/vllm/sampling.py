@@ -8,7 +8,9 @@ from typing import Any
 from tandem.errors import InvalidRequest
 from tandem.protocols.engine import EngineOutput, FinishReason, PreprocessedRequest, TopLogprob
 
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "cancelled"}
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop", "length": "length", "abort": "cancelled", "repetition": "stop",
+}  # fmt: skip
 
 
 def sampling_params(request: PreprocessedRequest, *, max_logprobs: int) -> Any:
@@ -99,10 +101,13 @@ def engine_output(out: Any, *, first: bool, num_top_logprobs: int | None) -> Eng
     chosen tokens' logprobs and, per token, the top alternatives by rank."""
     completion = out.outputs[0]
     reason = completion.finish_reason
+    finish = None if reason is None else _FINISH.get(str(reason), "error")
     result = EngineOutput(
         token_ids=list(completion.token_ids),
-        finish_reason=None if reason is None else _FINISH.get(reason, "stop"),
+        finish_reason=finish,
         num_cached_tokens=(out.num_cached_tokens or 0) if first else None,
+        # vLLM's "error" (e.g. a failed KV load) must not read as a normal stop
+        error=f"vLLM finished the request with reason {reason!r}" if finish == "error" else None,
     )
     if num_top_logprobs is not None and completion.logprobs is not None:
         chosen: list[float] = []

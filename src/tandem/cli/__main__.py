@@ -1,3 +1,4 @@
 from tandem.cli.main import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # vLLM's spawned children re-import the main module
+    raise SystemExit(main())

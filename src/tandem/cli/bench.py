@@ -1,7 +1,7 @@
 """`tandem bench`: the load generator, or a named benchmark.
 
     tandem bench [load options]               load generator against any OpenAI endpoint
-    tandem bench frontend|routers [options]   comparisons that start and stop their own stacks
+    tandem bench frontend|routers|vllm [options]   comparisons that start their own stacks
     tandem bench indexer|engine|transfer|disagg|kvbm|multimodal [options]   component benchmarks
     tandem bench planner [options]            planner vs static fleets on a time-varying load
     tandem bench soak [options]               RSS slope of every process under mixed load
@@ -32,6 +32,7 @@ SUBCOMMANDS = {
     "multimodal": "multimodal",
     "planner": "planner",
     "soak": "soak",
+    "vllm": "vllm_compare",
 }
 
 

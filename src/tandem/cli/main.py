@@ -16,6 +16,7 @@ COMMANDS = {
     "planner": "adds and drains workers to meet TTFT/ITL targets (local processes, Ray)",
     "profile": "measure an engine over a grid of ISL and batch/context sizes -> profile JSON",
     "global-router": "sends each request to the pool that meets its latency target",
+    "convert": "write a GGUF model as a HF safetensors folder (for vLLM)",
     "bench": "benchmarks: load generator, indexer, engine, transfer",
 }
 

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--engine",
         default=_env("ENGINE", "native"),
-        help="engine of every worker: native (SmolLM2 on torch) or mocker (env TANDEM_ENGINE)",
+        help="engine of every worker: native (SmolLM2 on torch), mocker, or vllm (runs in "
+        "the .venv-vllm virtualenv, `make venv-vllm`) (env TANDEM_ENGINE)",
     )
     g.add_argument(
         "--workers",
@@ -283,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, passthrough = build_parser().parse_known_args(argv)
     _validate(args)
+    if args.engine == "vllm":
+        from tandem.engines.vllm.venv import reexec_in_vllm_venv
+
+        reexec_in_vllm_venv(["serve", *argv])
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

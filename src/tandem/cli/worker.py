@@ -97,9 +97,9 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
 def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) -> Engine:
     """The engine `--engine` names, wrapped for its `--disagg-mode` role if any (its transfer
     agent authenticates peers with `cluster_secret`)."""
-    engine = make_engine(args.engine, args)
     disagg = disagg_worker_config_from_args(args)
-    if not disagg.enabled:
+    engine = make_engine(args.engine, args)
+    if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector
         return engine
     from tandem.disagg.worker_engine import DisaggEngine
 
@@ -155,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _engine_from_argv(argv) == "vllm":
+        from tandem.engines.vllm.venv import reexec_in_vllm_venv
+
+        reexec_in_vllm_venv(["worker", *argv])  # vLLM lives in its own venv
     parser = argparse.ArgumentParser(
         prog="tandem worker", description="a worker hosting one engine"
     )

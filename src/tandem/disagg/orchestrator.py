@@ -301,7 +301,11 @@ def _decode_leg(
 
 
 def _cancel_source_soon(params: dict[str, Any], reason: str, cluster_secret: str | None) -> None:
-    """Release a prefill's pins now (best effort, in a thread); the TTL is the backstop."""
+    """Release a prefill's pins now (best effort, in a thread); the TTL is the backstop.
+    An engine's own handoff params (vLLM's NixlConnector: no ``mode``) expire on the engine's
+    own timeout."""
+    if "mode" not in params:
+        return
     meta = decode_meta(DisaggParams.from_dict(params).meta)
 
     def cancel() -> None:

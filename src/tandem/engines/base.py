@@ -98,6 +98,7 @@ _ENGINES: dict[str, tuple[str, str, str]] = {
         "EncoderEngine",
         "tandem.multimodal.encode_args",
     ),
+    "vllm": ("tandem.engines.vllm.engine", "VllmEngine", "tandem.engines.vllm.args"),
 }
 
 

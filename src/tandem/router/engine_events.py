@@ -1,19 +1,18 @@
-"""The KV event wire format vLLM and SGLang publish over ZMQ, and its conversion to tandem's.
-
-Wire: multipart [topic, seq (8-byte big-endian), payload]; payload is a msgpack
-`KVEventBatch` = array [ts, events, data_parallel_rank?], each event an array whose first
-element is its tag ("BlockStored", "BlockRemoved", "AllBlocksCleared"). Replay: send the
-first wanted seq (8-byte big-endian) to the replay ROUTER socket; it answers one
-[seq, payload] message per buffered batch and ends with an empty payload.
+"""vLLM/SGLang ZMQ KV event batches (wire format in `tandem.protocols.engine_kv_events`)
+converted to tandem's.
 
 Engine block hashes (ints, or bytes in newer vLLM) are kept only as lookup keys: the router
 hashes the events' token ids itself (DESIGN.md §5)."""
 
 from __future__ import annotations
 
-import msgspec
-import xxhash
-
+from tandem.protocols.engine_kv_events import (
+    EngineBlockRemoved,
+    EngineBlockStored,
+    EngineEventBatch,
+    decode_engine_batch,
+    engine_hash_key,
+)
 from tandem.protocols.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -24,49 +23,9 @@ from tandem.protocols.kv_events import (
 from tandem.router.indexer import KvIndexer, WorkerKey
 from tandem.tokens.hashing import sequence_hashes
 
-EngineHash = int | bytes
+__all__ = ["decode_engine_batch", "engine_hash_key", "to_tandem_batch"]
 
-
-class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class EngineBlockStored(_Event, tag="BlockStored"):
-    block_hashes: list[EngineHash]
-    parent_block_hash: EngineHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-
-
-class EngineBlockRemoved(_Event, tag="BlockRemoved"):
-    block_hashes: list[EngineHash]
-    medium: str | None = None
-
-
-class EngineAllBlocksCleared(_Event, tag="AllBlocksCleared"):
-    pass
-
-
-class EngineEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[EngineBlockStored | EngineBlockRemoved | EngineAllBlocksCleared]
-    data_parallel_rank: int | None = None
-
-
-_decoder = msgspec.msgpack.Decoder(EngineEventBatch)
 _MEDIA = {"gpu": "device", "cuda": "device", "cpu": "host", "cpu_tier1": "host", "disk": "disk"}
-
-
-def decode_engine_batch(payload: bytes) -> EngineEventBatch:
-    return _decoder.decode(payload)
-
-
-def engine_hash_key(h: EngineHash) -> int:
-    """Engine hashes as int lookup keys (bytes hashes folded with XXH3-64)."""
-    return h if isinstance(h, int) else xxhash.xxh3_64_intdigest(h)
 
 
 def _medium(name: str | None) -> str:

@@ -1,0 +1,1 @@
+"""vLLM in-process as a tandem engine (`--engine vllm`); needs the `.venv-vllm` virtualenv."""

@@ -1,0 +1,41 @@
+"""`VllmWorkerConfig`: the vLLM engine's flags (passed to `AsyncEngineArgs` unchanged) plus
+what the tandem adapter adds around them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmWorkerConfig:
+    """engine_args: keyword arguments of vLLM's `AsyncEngineArgs` (its CLI flags, parsed).
+    model: a HF dir, a .gguf (converted once, `tandem convert`) or None for SmolLM2.
+    metrics_port: vLLM's Prometheus metrics on http://metrics_host:port/metrics; 0 = a free
+    port, None = not served. kv_events: publish vLLM's KV events for `--router kv`."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    kv_events: bool = True
+    kv_event_buffer_steps: int = 10_000
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = 0
+    shutdown_timeout_s: float = 10.0
+    # disaggregation through vLLM's NixlConnector (kv_buffer_device cpu): "prefill" computes
+    # the prompt's KV and returns vLLM's kv_transfer_params; "decode" pulls it with them
+    disagg_mode: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.disagg_mode not in ("none", "prefill", "decode"):
+            raise ValueError(
+                f"disagg_mode={self.disagg_mode!r}; expected one of: none, prefill, decode"
+            )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port={self.metrics_port} must be in [0, 65535]")
+        if not 1 <= self.kv_event_buffer_steps <= 10_000_000:
+            raise ValueError(
+                f"kv_event_buffer_steps={self.kv_event_buffer_steps} must be in [1, 10000000]"
+            )
+        if not 0 < self.shutdown_timeout_s <= 600:
+            raise ValueError(f"shutdown_timeout_s={self.shutdown_timeout_s} must be in (0, 600]")

@@ -1,0 +1,311 @@
+"""`VllmEngine`: vLLM's `AsyncLLM` in the worker process, behind tandem's `Engine` protocol.
+
+Token-in/token-out: tandem's frontend tokenizes; vLLM gets `TokensPrompt`s and returns token
+ids (no detokenization). `AsyncLLM` runs its EngineCore (and that its Worker) as child
+processes; a reaper child kills them if this process dies without shutting down
+(`reaper.py`). KV events come over vLLM's ZMQ publisher into `kv_events.py`; load from a vLLM
+stat logger (`metrics.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.kv_event_queue import KvEventQueue
+from tandem.engines.vllm.config import VllmWorkerConfig
+from tandem.engines.vllm.kv_events import KvEventTranslator, VllmEventSubscriber
+from tandem.engines.vllm.metrics import (
+    PrometheusServer,
+    SchedulerSnapshot,
+    start_metrics_server,
+    stat_logger_factory,
+)
+from tandem.engines.vllm.model_dir import ensure_hf_dir
+from tandem.engines.vllm.reaper import Reaper
+from tandem.engines.vllm.sampling import (
+    engine_output,
+    handoff_args,
+    prefill_result,
+    sampling_params,
+    tokens_prompt,
+)
+from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
+from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.kv_events import KvEvent
+
+logger = logging.getLogger(__name__)
+
+# vLLM on these CPUs (issue 16): no reserved core for the frontend thread, a small KV space
+WATCH_PERIOD_S = 0.5
+CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmEngine:
+    def __init__(self, config: VllmWorkerConfig) -> None:
+        self.config = config
+        self.llm: Any = None
+        self.model_path: str | None = None
+        self.snapshot = SchedulerSnapshot()
+        self._events = KvEventQueue()
+        self._subscriber: VllmEventSubscriber | None = None
+        self._metrics: PrometheusServer | None = None
+        self._reaper: Reaper | None = None
+        self._info: EngineInfo | None = None
+        self._running: set[str] = set()
+        self._stopping = False
+        self._max_logprobs = 20
+        self._failed: asyncio.Future[str] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> EngineInfo:
+        if self._info is not None:
+            return self._info
+        self.model_path = await asyncio.to_thread(ensure_hf_dir, self.config.model)
+        self._reaper = Reaper()  # before vLLM edits this process's environment
+        for key, value in CPU_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        try:
+            # on this loop's thread, blocking it: AsyncLLM binds its sockets to the running
+            # loop (built in another thread it would never see an output). The worker has
+            # not registered yet, so nothing waits on this loop meanwhile.
+            self.llm = self._build_llm()
+        except BaseException:
+            await self._close_resources()
+            raise
+        vc = self.llm.vllm_config
+        self._max_logprobs = int(vc.model_config.max_logprobs)
+        if self._subscriber is not None:
+            kv_cfg = vc.kv_events_config
+            self._subscriber.start(kv_cfg.replay_endpoint if kv_cfg else None)
+        if self.config.metrics_port is not None:
+            self._metrics = start_metrics_server(self.config.metrics_host, self.config.metrics_port)
+        self._info = self._make_info(vc)
+        self._failed = asyncio.get_running_loop().create_future()
+        self._watchdog = asyncio.create_task(self._watch(), name="vllm-watchdog")
+        logger.info(
+            "vLLM engine started: model=%s blocks=%d block_size=%d disagg=%s metrics=%s",
+            self._info.model_name,
+            self._info.num_total_blocks,
+            self._info.block_size,
+            self.config.disagg_mode,
+            self._metrics.url if self._metrics else None,
+        )
+        return self._info
+
+    def _build_llm(self) -> Any:
+        from vllm.config import KVEventsConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        kwargs = dict(self.config.engine_args)
+        kwargs["model"] = self.model_path
+        kwargs.setdefault("tokenizer", self.model_path)
+        if self.config.served_model_name:
+            kwargs["served_model_name"] = [self.config.served_model_name]
+        if self.config.kv_events:
+            self._subscriber = VllmEventSubscriber(
+                KvEventTranslator(block_size=0), self._events.push
+            )
+            kwargs["enable_prefix_caching"] = kwargs.get("enable_prefix_caching") is not False
+            kwargs["kv_events_config"] = KVEventsConfig(
+                enable_kv_cache_events=True,
+                publisher="zmq",
+                endpoint=self._subscriber.endpoint,
+                replay_endpoint=f"tcp://127.0.0.1:{_free_port()}",
+                buffer_steps=self.config.kv_event_buffer_steps,
+                topic="",
+            )
+        if self.config.disagg_mode != "none":
+            from vllm.config import KVTransferConfig
+
+            # each worker its own NIXL handshake port, on loopback
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())
+            os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+            kwargs["kv_transfer_config"] = KVTransferConfig(
+                kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device="cpu"
+            )
+        args = AsyncEngineArgs(**kwargs)
+        return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.snapshot)])
+
+    def _make_info(self, vc: Any) -> EngineInfo:
+        block_size = int(vc.cache_config.block_size)
+        if self._subscriber is not None:
+            self._subscriber.translator.block_size = block_size
+        name = self.config.served_model_name or os.path.basename(str(self.model_path).rstrip("/"))
+        eos = vc.model_config.hf_config.eos_token_id
+        eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [int(eos)])
+        return EngineInfo(
+            model_name=name,
+            context_length=int(vc.model_config.max_model_len),
+            block_size=block_size,
+            num_total_blocks=int(vc.cache_config.num_gpu_blocks or 0),
+            max_num_seqs=int(vc.scheduler_config.max_num_seqs),
+            max_num_batched_tokens=int(vc.scheduler_config.max_num_batched_tokens),
+            eos_token_ids=[int(t) for t in eos_ids],
+            tokenizer=f"hf:{self.model_path}",
+            engine="vllm",
+        )
+
+    async def _watch(self) -> None:
+        """vLLM's EngineCore dying (killed, crashed) ends this engine for good."""
+        while self.llm is not None and not self._stopping:
+            if self.llm.errored:
+                if self._failed is not None and not self._failed.done():
+                    self._failed.set_result("vLLM's EngineCore died")
+                return
+            await asyncio.sleep(WATCH_PERIOD_S)
+
+    async def wait_failed(self) -> str:
+        """The reason once vLLM's engine has died; never returns while it works."""
+        assert self._failed is not None, "wait_failed before start()"
+        return await asyncio.shield(self._failed)
+
+    async def stop(self) -> None:
+        """Abort what runs (streams end with 'cancelled'), shut vLLM's processes down."""
+        self._stopping = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+        if self.llm is not None and self._running:
+            with contextlib.suppress(Exception):
+                await self.llm.abort(list(self._running))
+        await self._close_resources()
+        self._events.close()
+
+    async def _close_resources(self) -> None:
+        if self._subscriber is not None:
+            await self._subscriber.close()
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            # vLLM's own shutdown stops EngineCore before its output handler, which then
+            # logs the dead engine as a failure: stop the handler first
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
+                await asyncio.gather(handler, return_exceptions=True)
+                llm.output_handler = None
+            try:
+                await asyncio.to_thread(llm.shutdown, self.config.shutdown_timeout_s)
+            except Exception:
+                logger.warning("vLLM shutdown failed", exc_info=True)
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            await asyncio.to_thread(reaper.done)
+
+    # ---------------------------------------------------------------- requests
+    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+        """Stream the request's outputs. Raises InvalidRequest / ContextLengthExceeded on the
+        first iteration when vLLM refuses it, EngineError when the engine is not running.
+        Closing early aborts it in vLLM (its blocks are freed)."""
+        if self.llm is None or self._info is None or self._stopping:
+            raise EngineError("vLLM engine is not running; call start() first")
+        self._check(request)
+        if request.mm_items:
+            raise InvalidRequest(
+                f"request_id={request.request_id} carries {len(request.mm_items)} image(s); "
+                "the vLLM worker serves text only (expected no images)"
+            )
+        request_id = request.request_id
+        if request_id in self._running:
+            raise InvalidRequest(f"request_id={request_id} is already running on this engine")
+        params = sampling_params(request, max_logprobs=self._max_logprobs)
+        prefill_only = self.config.disagg_mode == "prefill"
+        params.extra_args = handoff_args(request, self.config.disagg_mode)
+        if prefill_only:
+            params.max_tokens, params.min_tokens = 1, 0
+        num_top = request.sampling.logprobs
+        self._running.add(request_id)
+        finished = False
+        first = True
+        try:
+            stream = self.llm.generate(tokens_prompt(request), params, request_id)
+            async for out in self._guarded(stream, request_id):
+                result = engine_output(out, first=first, num_top_logprobs=num_top)
+                if prefill_only and result.finish_reason is not None:
+                    result = prefill_result(result, out, request_id)
+                first = False
+                finished = result.finish_reason is not None
+                if result.token_ids or finished or result.num_cached_tokens:
+                    yield result
+                if finished:
+                    return
+            if not finished:  # vLLM's stream ended without a finish (engine shut down)
+                finished = True
+                yield EngineOutput(finish_reason="cancelled")
+        finally:
+            self._running.discard(request_id)
+            if not finished and self.llm is not None:
+                with contextlib.suppress(Exception):
+                    await self.llm.abort(request_id)
+
+    async def _guarded(self, stream: Any, request_id: str) -> AsyncIterator[Any]:
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        try:
+            async for out in stream:
+                yield out
+        except ValueError as exc:  # vLLM's request validation
+            raise InvalidRequest(f"vLLM refused request_id={request_id}: {exc}") from exc
+        except (EngineDeadError, EngineGenerateError) as exc:
+            if self._stopping:
+                return
+            raise EngineError(f"vLLM engine failed on request_id={request_id}: {exc}") from exc
+        finally:
+            await stream.aclose()
+
+    def _check(self, request: PreprocessedRequest) -> None:
+        assert self._info is not None
+        num_prompt = len(request.token_ids)
+        if num_prompt == 0:
+            raise InvalidRequest("token_ids is empty; expected at least one prompt token")
+        total = num_prompt + request.stop.max_tokens
+        if total > self._info.context_length:
+            raise ContextLengthExceeded(
+                f"prompt {num_prompt} + max_tokens {request.stop.max_tokens} = {total} exceeds "
+                f"max_model_len {self._info.context_length}; lower max_tokens or shorten the prompt"
+            )
+
+    async def abort(self, request_id: str) -> None:
+        if self.llm is not None and request_id in self._running:
+            await self.llm.abort(request_id)
+
+    # ---------------------------------------------------------------- state
+    def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        return self._events.stream()
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        return [] if self._subscriber is None else self._subscriber.translator.snapshot()
+
+    def load(self) -> EngineLoad:
+        total = self._info.num_total_blocks if self._info else 0
+        snap = self.snapshot
+        return EngineLoad(
+            num_active_blocks=round(snap.kv_cache_usage * total),
+            num_total_blocks=total,
+            num_waiting=snap.num_waiting,
+            num_running=snap.num_running,
+        )
+
+    def instance_metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"metrics_url": self._metrics.url} if self._metrics else {}
+        if self.config.disagg_mode != "none":
+            meta["disagg_mode"] = self.config.disagg_mode
+            meta["kv_connector"] = "NixlConnector"
+        return meta

@@ -37,7 +37,13 @@ def _wait_gone(pids: list[int], run_dir: Path, timeout_s: float) -> tuple[list[i
         time.sleep(0.05)
 
 
-def test_sigkill_of_serve_leaves_no_worker_and_no_run_dir(tmp_path: Path) -> None:
+# workers started by the supervisor log "started worker0 pid=N"; by the embedded planner's
+# local connector "started worker <instance id> pid=N"
+STARTED = re.compile(r"started worker ?\w+ pid=(\d+)")
+
+
+@pytest.mark.parametrize("planner", [[], ["--planner"]], ids=["supervisor", "planner"])
+def test_sigkill_of_serve_leaves_no_worker_and_no_run_dir(tmp_path: Path, planner) -> None:
     port = free_port()
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -45,7 +51,7 @@ def test_sigkill_of_serve_leaves_no_worker_and_no_run_dir(tmp_path: Path) -> Non
     try:
         proc = start_tandem(
             "serve",
-            ["serve", "--engine", "mocker", "--workers", "2", "--port", str(port)],
+            ["serve", "--engine", "mocker", "--workers", "2", "--port", str(port), *planner],
             tmp_path,
         )
     finally:
@@ -53,7 +59,7 @@ def test_sigkill_of_serve_leaves_no_worker_and_no_run_dir(tmp_path: Path) -> Non
     try:
         wait_instances(f"http://127.0.0.1:{port}", lambda ids: len(ids) == 2, proc=proc)
         log = proc.log()
-        worker_pids = [int(p) for p in re.findall(r"started worker\d+ pid=(\d+)", log)]
+        worker_pids = [int(p) for p in STARTED.findall(log)]
         m = re.search(r"run directory (\S+)", log)
         assert len(worker_pids) == 2 and m is not None, log[-2000:]
         run_dir = Path(m.group(1))

@@ -266,6 +266,7 @@ async def serve_with_planner(
                                    *passthrough])  # fmt: skip
     args.worker_drain_grace_s = float(_env("DRAIN_GRACE_S", "60"))
     args.worker_log_dir = None
+    args.worker_guard_run_dir = run_dir  # the workers die with serve, as without --planner
     try:
         async with open_runtime(runtime_config) as runtime:  # type: ignore[arg-type]
             planner = asyncio.create_task(run_planner(args, runtime, stop), name="planner")

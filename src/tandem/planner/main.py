@@ -21,11 +21,15 @@ logger = logging.getLogger(__name__)
 
 def build_connector(ns: argparse.Namespace, config: PlannerConfig, runtime: Runtime) -> Connector:
     cls: Any = connector_class(ns.connector)
+    extra: dict[str, Any] = {}
+    if getattr(ns, "worker_guard_run_dir", None) is not None:  # tandem serve --planner
+        extra["guard_run_dir"] = ns.worker_guard_run_dir
     connector: Connector = cls(
         runtime.config,
         worker_argv(config, ns.worker_args),
         drain_grace_s=ns.worker_drain_grace_s,
         log_dir=ns.worker_log_dir,
+        **extra,
     )
     return connector
 

@@ -52,7 +52,10 @@ class LocalConnector:
         *,
         drain_grace_s: float = 60.0,
         log_dir: str | None = None,
+        guard_run_dir: str | None = None,
     ) -> None:
+        """`guard_run_dir` (`tandem serve --planner`): workers die with this process whatever
+        kills it (`tandem.cli.child`), and an orphaned one removes that run directory."""
         if runtime_config.discovery == "memory" or runtime_config.events == "memory":
             raise ValueError(
                 "the local connector's workers are other processes: use file or etcd "
@@ -62,14 +65,22 @@ class LocalConnector:
         self.worker_argv = worker_argv  # component -> engine/worker flags
         self.drain_grace_s = drain_grace_s
         self.log_dir = log_dir
+        self.guard_run_dir = guard_run_dir
+        # the children's lifeline (tandem.cli.child): only this process holds the write end
+        self._lifeline = os.pipe() if guard_run_dir is not None else None
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self._reapers: set[asyncio.Task[None]] = set()
 
     def command(self, component: str, worker_id: str) -> list[str]:
         if component not in self.worker_argv:
             raise ConnectorError(f"no worker flags for pool '{component}'")
+        guard: list[str] = []
+        if self._lifeline is not None:
+            guard = ["-m", "tandem.cli.child", "--parent-pid", str(os.getpid()),
+                     "--life-fd", str(self._lifeline[0]), "--run-dir", str(self.guard_run_dir),
+                     "--"]  # fmt: skip
         return [
-            sys.executable, "-m", "tandem.cli", "worker",
+            sys.executable, *(guard or ["-m", "tandem.cli"]), "worker",
             *self.worker_argv[component],
             "--component", component,
             "--instance-id", worker_id,
@@ -91,6 +102,7 @@ class LocalConnector:
                 stderr=out,
                 env={**os.environ, **secret_env(self.runtime_config)},
                 start_new_session=True,
+                pass_fds=(self._lifeline[0],) if self._lifeline is not None else (),
             )
         except OSError as exc:
             raise ConnectorError(f"could not start a worker for '{component}': {exc}") from exc
@@ -126,6 +138,9 @@ class LocalConnector:
 
     async def close(self) -> None:
         live = list(self.procs.items())
+        if self._lifeline is not None:  # one byte per child: "a normal stop, not orphaned"
+            with contextlib.suppress(OSError):
+                os.write(self._lifeline[1], b"s" * max(len(live), 1))
         for wid, _ in live:
             self._signal(wid, signal.SIGTERM)
         try:
@@ -136,3 +151,8 @@ class LocalConnector:
                 self._signal(wid, signal.SIGKILL)
             await asyncio.gather(*(p.wait() for _, p in live))
         await asyncio.gather(*self._reapers, return_exceptions=True)
+        if self._lifeline is not None:
+            for fd in self._lifeline:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._lifeline = None

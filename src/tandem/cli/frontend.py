@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
+
+from tandem.cli.process import configure_logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,9 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from tandem.frontend.main import run as run_frontend
     from tandem.runtime.args import runtime_config_from_args
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     return run_frontend(frontend_config_from_args(args), runtime_config_from_args(args))
 
 

@@ -9,8 +9,9 @@ default the grid's middle) and its ISL/context to a pool; `priority` ranges can 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
+
+from tandem.cli.process import configure_logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from tandem.planner.global_router.config import load_config
     from tandem.tokens.tokenizer import load_tokenizer
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     try:
         config = load_config(args.config)
     except ValueError as exc:

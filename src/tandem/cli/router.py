@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 
+from tandem.cli.process import configure_logging, run_async
 from tandem.router.args import add_router_args, router_config_from_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 
@@ -62,13 +63,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio.run(serve(args))
-    else:
-        uvloop.run(serve(args))
+    configure_logging(args.log_level)
+    run_async(serve(args))
     return 0

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 
+from tandem.cli.process import configure_logging, run_async
 from tandem.cli.supervisor import WorkerGroup, WorkerSpec, make_run_dir, remove_stale_run_dirs
 
 logger = logging.getLogger(__name__)
@@ -289,15 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         from tandem.engines.vllm.venv import reexec_in_vllm_venv
 
         reexec_in_vllm_venv(["serve", *argv])
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        runner = asyncio.run
-    else:
-        runner = uvloop.run
+    configure_logging(args.log_level)
     with contextlib.suppress(KeyboardInterrupt):
-        return runner(serve(args, passthrough))
+        return run_async(serve(args, passthrough))
     return 130

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+from tandem.cli.process import configure_logging, run_async
 from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
 from tandem.engines.base import Engine, add_engine_args, engine_names, make_engine
 from tandem.engines.worker import Worker, WorkerConfig
@@ -142,15 +143,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    try:
-        import uvloop
-
-        return int(uvloop.run(serve(args)))
-    except ImportError:
-        return asyncio.run(serve(args))
+    configure_logging(args.log_level)
+    return int(run_async(serve(args)))
 
 
 def main(argv: list[str] | None = None) -> int:

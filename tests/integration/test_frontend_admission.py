@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from tests.support.frontend_stack import start_frontend_task
 from tests.support.smollm2 import smollm2_gguf
 
 from tandem.engines.mocker.config import MockerConfig
@@ -19,7 +20,6 @@ from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.errors import PeerGone
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import serve_frontend
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import EngineOutput, decode_request, encode
 from tandem.router.config import RouterConfig
@@ -64,23 +64,10 @@ class Stack:
         await rt.serve_endpoint("backend", "generate", handler, model=CARD)
 
     async def start_frontend(self, num_workers: int, **config: Any) -> None:
-        ready, stop, bound = asyncio.Event(), asyncio.Event(), []
         rt = await self.runtime()
-        task = asyncio.create_task(
-            serve_frontend(
-                FrontendConfig(port=0, **config), rt, ready=ready, stop=stop, bound=bound
-            )
+        self.base, self.http = await start_frontend_task(
+            self.exit_stack, rt, FrontendConfig(port=0, **config)
         )
-
-        async def shutdown() -> None:
-            stop.set()
-            await task
-
-        self.exit_stack.push_async_callback(shutdown)
-        await asyncio.wait_for(ready.wait(), 10)
-        host, port = bound[0]
-        self.base = f"http://{host}:{port}"
-        self.http = await self.exit_stack.enter_async_context(aiohttp.ClientSession())
 
         async def discovered() -> bool:
             return len(await self.instance_ids()) >= num_workers

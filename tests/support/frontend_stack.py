@@ -27,6 +27,25 @@ Handler = Callable[[bytes, Any], AsyncIterator[bytes]]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
 
+async def start_frontend_task(
+    exit_stack: AsyncExitStack, rt: Runtime, config: FrontendConfig
+) -> tuple[str, aiohttp.ClientSession]:
+    """`serve_frontend` on `rt` as a task stopped by `exit_stack`; returns its base URL once
+    bound and a client session closed by `exit_stack`."""
+    ready, stop, bound = asyncio.Event(), asyncio.Event(), []
+    task = asyncio.create_task(serve_frontend(config, rt, ready=ready, stop=stop, bound=bound))
+
+    async def shutdown() -> None:
+        stop.set()
+        await task
+
+    exit_stack.push_async_callback(shutdown)
+    await asyncio.wait_for(ready.wait(), 10)
+    host, port = bound[0]
+    http = await exit_stack.enter_async_context(aiohttp.ClientSession())
+    return f"http://{host}:{port}", http
+
+
 class FrontendStack:
     """Everything it starts is stopped when `exit_stack` closes."""
 
@@ -58,23 +77,10 @@ class FrontendStack:
     ) -> None:
         """Serve on a free port (`config`: FrontendConfig fields); return once `ready_body`
         sent to `ready_path` gets a 200 (workers discovered, the model's tokenizer loaded)."""
-        ready, stop, bound = asyncio.Event(), asyncio.Event(), []
         rt = await self.runtime()
-        task = asyncio.create_task(
-            serve_frontend(
-                FrontendConfig(port=0, **config), rt, ready=ready, stop=stop, bound=bound
-            )
+        self.base, self.http = await start_frontend_task(
+            self.exit_stack, rt, FrontendConfig(port=0, **config)
         )
-
-        async def shutdown() -> None:
-            stop.set()
-            await task
-
-        self.exit_stack.push_async_callback(shutdown)
-        await asyncio.wait_for(ready.wait(), 10)
-        host, port = bound[0]
-        self.base = f"http://{host}:{port}"
-        self.http = await self.exit_stack.enter_async_context(aiohttp.ClientSession())
         async with asyncio.timeout(30):
             while (await self.post(ready_path, ready_body))[0] != 200:  # noqa: ASYNC110 - over HTTP
                 await asyncio.sleep(0.05)

@@ -15,7 +15,6 @@ from tandem.engines.base import Engine
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import serve_frontend
 from tandem.planner.config import PlannerConfig
 from tandem.planner.connector.inprocess import InProcessConnector
 from tandem.planner.service import PlannerService
@@ -23,6 +22,7 @@ from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery
 from tandem.runtime.events.memory import MemoryEventBus
 from tandem.runtime.runtime import Runtime, open_runtime
+from tests.support.frontend_stack import start_frontend_task
 
 MODEL = "smollm2"
 MOCKER = MockerConfig(block_size=16, num_blocks=4096, max_num_batched_tokens=2048)
@@ -58,20 +58,9 @@ class PlannerStack:
         )
 
     async def start_frontend(self, **config: Any) -> None:
-        ready, stop, bound = asyncio.Event(), asyncio.Event(), []
         self.frontend_rt = rt = await self.runtime()
         cfg = FrontendConfig(port=0, migration_limit=3, request_stats_interval_s=0.2, **config)
-        task = asyncio.create_task(serve_frontend(cfg, rt, ready=ready, stop=stop, bound=bound))
-
-        async def shutdown() -> None:
-            stop.set()
-            await task
-
-        self.exit_stack.push_async_callback(shutdown)
-        await asyncio.wait_for(ready.wait(), 10)
-        host, port = bound[0]
-        self.base = f"http://{host}:{port}"
-        self.http = await self.exit_stack.enter_async_context(aiohttp.ClientSession())
+        self.base, self.http = await start_frontend_task(self.exit_stack, rt, cfg)
 
     async def start_planner(
         self, config: PlannerConfig, engine_factory: Any = mocker_engine, connector: Any = None

@@ -10,8 +10,6 @@ import json
 import resource
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +19,6 @@ import pytest
 from tests.support.services import free_port
 from tests.support.tandem_procs import (
     MODEL,
-    REPO,
     TandemProcess,
     http_request,
     start_tandem,
@@ -92,17 +89,7 @@ def _frontend_at_fd_limit(name: str, args: list[str], log_dir: Path, nofile: int
     def lower_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    log_path = log_dir / f"{name}.log"
-    with open(log_path, "wb") as log:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "tandem.cli", *args],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=lower_limit,
-        )
-    return TandemProcess(name=name, proc=popen, log_path=log_path)
+    return start_tandem(name, args, log_dir, preexec_fn=lower_limit)
 
 
 def test_connection_flood_at_a_low_fd_limit_never_stops_discovery(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,8 +79,11 @@ def _logged_child_pids(log: str) -> list[int]:
     return [int(p) for p in re.findall(r"started worker\d+ pid=(\d+)", log)]
 
 
-def start_tandem(name: str, args: list[str], log_dir: Path) -> TandemProcess:
-    """Run `python -m tandem.cli ARGS` from the repo root, output to `log_dir/name.log`."""
+def start_tandem(
+    name: str, args: list[str], log_dir: Path, preexec_fn: Callable[[], None] | None = None
+) -> TandemProcess:
+    """Run `python -m tandem.cli ARGS` from the repo root, output to `log_dir/name.log`
+    (`preexec_fn` runs in the child before exec, e.g. to lower a resource limit)."""
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
@@ -90,6 +94,7 @@ def start_tandem(name: str, args: list[str], log_dir: Path) -> TandemProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
+            preexec_fn=preexec_fn,
         )
     return TandemProcess(name=name, proc=proc, log_path=log_path)
 

@@ -24,6 +24,31 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     seed: int | None = None
     # number of top logprobs per token to return; None = no logprobs at all
     logprobs: int | None = None
+    # OpenAI/vLLM penalties: presence and frequency subtract from the logits of tokens already
+    # generated (once / per occurrence); repetition divides positive logits (multiplies
+    # negative ones) of tokens seen in prompt or output. 0, 0 and 1 mean off.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # token id -> bias added to its logit before sampling (OpenAI range [-100, 100])
+    logit_bias: dict[int, float] | None = None
+    # constrained decoding: the output must match this; None = unconstrained
+    structured: StructuredOutput | None = None
+
+
+class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A constraint on the generated text, enforced by the engine's grammar mask.
+
+    kind "json": any JSON object (response_format json_object); "json_schema": `spec` is a JSON
+    Schema document (text); "regex": `spec` is a regular expression; "grammar": `spec` is a Lark
+    grammar. Tool calls with tool_choice "required" or a named function arrive here as a
+    json_schema (or a grammar) the frontend built from the tools.
+    """
+
+    kind: Literal["json", "json_schema", "regex", "grammar"]
+    spec: str | None = None
+    # json_schema: reject (not just ignore) properties the schema does not name
+    strict: bool = True
 
 
 class StopConditions(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from tandem.cli.process import configure_logging
+from tandem.cli.process import (
+    add_log_format_arg,
+    add_tracing_args,
+    configure_logging,
+    configure_tracing,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default=os.environ.get("TANDEM_LOG_LEVEL", "INFO"), help="logging level"
     )
+    add_log_format_arg(parser)
+    add_tracing_args(parser, "tandem-frontend")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from tandem.frontend.main import run as run_frontend
     from tandem.runtime.args import runtime_config_from_args
 
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
+    configure_tracing(args)
     return run_frontend(frontend_config_from_args(args), runtime_config_from_args(args))
 
 

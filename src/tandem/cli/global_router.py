@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from tandem.cli.process import configure_logging
+from tandem.cli.process import add_log_format_arg, configure_logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="overrides the config's host")
     parser.add_argument("--port", type=int, help="overrides the config's port")
     parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    add_log_format_arg(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from tandem.planner.global_router.config import load_config
     from tandem.tokens.tokenizer import load_tokenizer
 
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     try:
         config = load_config(args.config)
     except ValueError as exc:

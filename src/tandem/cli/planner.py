@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import os
 
-from tandem.cli.process import configure_logging, run_async
+from tandem.cli.process import add_log_format_arg, configure_logging, run_async
 from tandem.planner.args import add_planner_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 
@@ -20,6 +20,7 @@ from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_planner_args(parser)
     parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    add_log_format_arg(parser)
     add_runtime_args(parser)
 
 
@@ -35,6 +36,6 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     run_async(serve(args))
     return 0

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 
-from tandem.cli.process import configure_logging, run_async
+from tandem.cli.process import add_log_format_arg, configure_logging, run_async
 from tandem.router.args import add_router_args, router_config_from_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 
@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="component of the workers routed to (env TANDEM_WORKER_COMPONENT)",
     )
     parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    add_log_format_arg(parser)
     add_runtime_args(parser)
 
 
@@ -63,6 +64,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     run_async(serve(args))
     return 0

@@ -17,7 +17,13 @@ import os
 import shutil
 import sys
 
-from tandem.cli.process import configure_logging, run_async
+from tandem.cli.process import (
+    add_log_format_arg,
+    add_tracing_args,
+    configure_logging,
+    configure_tracing,
+    run_async,
+)
 from tandem.cli.supervisor import WorkerGroup, WorkerSpec, make_run_dir, remove_stale_run_dirs
 
 logger = logging.getLogger(__name__)
@@ -94,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up if the workers are not registered by then",
     )
     g.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    add_log_format_arg(g)
+    add_tracing_args(g, "tandem-frontend")  # the workers' spans are service tandem-worker
     g.add_argument(
         "--planner",
         action="store_true",
@@ -132,7 +140,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 def worker_specs(args: argparse.Namespace, passthrough: list[str]) -> list[WorkerSpec]:
     """One spec per worker process; the supervisor adds the shared runtime flags."""
-    common = ["--engine", args.engine, "--log-level", args.log_level, *passthrough]
+    common = ["--engine", args.engine, *_observability_argv(args), *passthrough]
     encoders = _encoder_specs(args)
     if encoders:
         common.append("--mm-remote-encode")
@@ -162,11 +170,17 @@ def _encoder_specs(args: argparse.Namespace) -> list[WorkerSpec]:
     extra = shlex.split(args.encoder_args)
     if args.engine == "mocker" and "--mm-encoder" not in extra:
         extra = ["--mm-encoder", "sim", *extra]
-    argv = ["--engine", "encoder", "--log-level", args.log_level, *extra]
+    argv = ["--engine", "encoder", *_observability_argv(args), *extra]
     return [
         WorkerSpec(name=f"encoder{i}", argv=list(argv), component="encoder", endpoint="encode")
         for i in range(args.encode_workers)
     ]
+
+
+def _observability_argv(args: argparse.Namespace) -> list[str]:
+    """The workers log and trace as this process does."""
+    argv = ["--log-level", args.log_level, "--log-format", args.log_format]
+    return argv + (["--otlp-endpoint", args.otlp_endpoint] if args.otlp_endpoint else [])
 
 
 async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
@@ -263,7 +277,7 @@ async def serve_with_planner(
 
         args.pools = [PoolConfig(min_workers=args.workers, max_workers=max(args.workers, 8))]
     args.connector = "local"
-    args.worker_args = shlex.join(["--engine", args.engine, "--log-level", args.log_level,
+    args.worker_args = shlex.join(["--engine", args.engine, *_observability_argv(args),
                                    *passthrough])  # fmt: skip
     args.worker_drain_grace_s = float(_env("DRAIN_GRACE_S", "60"))
     args.worker_log_dir = None
@@ -290,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         from tandem.engines.vllm.venv import reexec_in_vllm_venv
 
         reexec_in_vllm_venv(["serve", *argv])
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
+    configure_tracing(args)
     with contextlib.suppress(KeyboardInterrupt):
         return run_async(serve(args, passthrough))
     return 130

@@ -14,7 +14,13 @@ import logging
 import os
 import sys
 
-from tandem.cli.process import configure_logging, run_async
+from tandem.cli.process import (
+    add_log_format_arg,
+    add_tracing_args,
+    configure_logging,
+    configure_tracing,
+    run_async,
+)
 from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
 from tandem.engines.base import Engine, add_engine_args, engine_names, make_engine
 from tandem.engines.worker import Worker, WorkerConfig
@@ -76,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         default=_env("TANDEM_LOG_LEVEL", "INFO"),
         help="logging level (env TANDEM_LOG_LEVEL)",
     )
+    add_log_format_arg(group)
+    add_tracing_args(group, "tandem-worker")
     add_engine_args(engine, parser)
     add_disagg_worker_args(parser)
     if engine != "encoder":
@@ -143,7 +151,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
+    configure_tracing(args)
     return int(run_async(serve(args)))
 
 

@@ -34,6 +34,7 @@ from tandem.engines.base import Engine
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import InvalidRequest, Overloaded, TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_output
+from tandem.runtime import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class DecodeSide:
         rid = request.request_id
         guard = BlockGuard(lambda: self.handoff.release(rid))
         keep = False
+        span = tracing.start("kv_transfer", mode=params.mode, num_tokens=n, num_blocks=len(blocks))
         try:
             try:
                 first = None
@@ -103,14 +105,18 @@ class DecodeSide:
                     first = _first_output(await self._await_push(params, blocks))
                 await asyncio.sleep(self.handoff.transfer_delay_s(n))
                 keep = True
+                tracing.end(span)
                 return True, first
             except TransferError as exc:
+                tracing.end(span, exc, fallback=self.config.on_transfer_failure)
                 if params.mode == "pull":
                     self._cancel_source(params, f"decode failed: {exc.message}")
                 self._check_policy(request, exc)
                 keep = True
                 return False, None
         finally:
+            if span is not None and span.is_recording():  # cancelled, or policy 'fail'
+                tracing.end(span, "KV transfer aborted")
             if keep:
                 guard.keep()
             else:

@@ -24,12 +24,15 @@ import msgspec
 
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.worker_events import KvEventPublisher
+from tandem.engines.worker_trace import WorkerSpans
 from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
 from tandem.protocols import kv_events as kv
 from tandem.protocols import scaling
 from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols.engine import decode_request, encode
+from tandem.runtime import tracing
 from tandem.runtime.base import RequestContext
+from tandem.runtime.log_format import request_scope
 from tandem.runtime.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -144,6 +147,14 @@ class Worker:
         await self._send_stats()
         return self.instance
 
+    @property
+    def role(self) -> str:
+        """aggregated, prefill, decode or encode (discovery metadata and the component)."""
+        if self.config.component == "encoder":
+            return "encode"
+        mode = self._engine_metadata().get("disagg_mode") if self.info is not None else None
+        return str(mode) if mode else "aggregated"
+
     def _engine_metadata(self) -> dict[str, Any]:
         extra = getattr(self.engine, "instance_metadata", None)
         return dict(extra()) if extra is not None else {}
@@ -211,9 +222,20 @@ class Worker:
         if deadline is not None and time.time() >= deadline:
             raise DeadlineExceeded(f"request_id={request.request_id} arrived after its deadline")
         self._request_started()
+        log_scope = request_scope(request.request_id)
+        log_scope.__enter__()  # this request's own task (the request plane's) until it ends
+        spans = None
+        if tracing.is_enabled():
+            traceparent = getattr(ctx, "traceparent", None)
+            spans = WorkerSpans(request, traceparent, self.instance_id, self.role)
+        logger.debug("request_id=%s started (%d prompt tokens)", request.request_id,
+                     len(request.token_ids))  # fmt: skip
         stream = self.engine.generate(request)
+        error: BaseException | None = None
         try:
             async for out in stream:
+                if spans is not None:
+                    spans.output(out)
                 if out.finish_reason == "cancelled" and not ctx.cancelled.is_set():
                     why = f": {out.error}" if out.error else ""
                     raise PeerGone(
@@ -228,11 +250,19 @@ class Worker:
                         f"request_id={request.request_id} passed its deadline on "
                         f"worker {self.instance_id}"
                     )
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             aclose = getattr(stream, "aclose", None)  # async generators: aborts the request
             if aclose is not None:
                 await aclose()
             self._request_finished()
+            if spans is not None:
+                spans.finish(error)
+            logger.debug("request_id=%s ended%s", request.request_id,
+                         f" ({type(error).__name__})" if error is not None else "")  # fmt: skip
+            log_scope.__exit__(None, None, None)
 
     async def _kv_state(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
         try:

@@ -33,6 +33,8 @@ from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, fan_out
+from tandem.runtime import tracing
+from tandem.runtime.log_format import request_scope
 
 logger = logging.getLogger(__name__)
 
@@ -154,12 +156,23 @@ class FrontendApp:
     ) -> None:
         model = self.registry.get(req.model)
         num_slots = self._admit(req)
+        request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
-            await model.ready()
-            request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
-            prepared = await self._preprocess(http, req, model, request_id)
-            fmt.bind(request_id, model.name)
-            await self._run_tracked(response, req, prepared, fmt)
+            with (
+                request_scope(request_id),
+                tracing.span(
+                    f"POST {http.path}",
+                    parent=http.headers.get("traceparent"),
+                    kind=tracing.SERVER,
+                    request_id=request_id,
+                    model=model.name,
+                ),
+            ):
+                await model.ready()
+                with tracing.span("preprocess"):
+                    prepared = await self._preprocess(http, req, model, request_id)
+                fmt.bind(request_id, model.name)
+                await self._run_tracked(response, req, prepared, fmt)
         finally:
             self.num_inflight -= num_slots
 
@@ -309,6 +322,7 @@ class FrontendApp:
             now = time.perf_counter()
             if last == 0.0:
                 self.metrics.observe_ttft(now - started, labels)
+                tracing.since_current("first_token")
             else:
                 self.metrics.observe_itl(now - last, labels)
             last = now
@@ -335,6 +349,7 @@ class FrontendApp:
             if first:
                 first = False
                 self.metrics.observe_ttft(time.perf_counter() - started, (prepared.model.name,))
+                tracing.since_current("first_token")
         body = fmt.full_response(states, _usage(prepared, states))
         await response.send(200, body)
 

@@ -27,6 +27,7 @@ from tandem.protocols.engine import (
     encode,
 )
 from tandem.router.base import Router
+from tandem.runtime import tracing
 from tandem.runtime.base import RequestClient
 
 logger = logging.getLogger(__name__)
@@ -73,69 +74,81 @@ class EngineStreamer:
         current = request
         attempt = 0
         health = self.health
-        while True:
-            suspects = health.excluded() if health is not None else frozenset()
-            decision = await router.route(current, exclude=frozenset(excluded) | suspects)
-            rid = current.request_id
-            stream = self._client.stream(
-                decision.address,
-                self._path,
-                encode(current),
-                request_id=rid,
-                deadline_s=current.deadline_s,
-            )
-            chunks = aiter(stream)
-            started = has_token = False
-            watch = None
-            if health is not None:
-                watch = health.stream_opened(decision.instance_id)
-            try:
-                while (payload := await self._next(chunks, watch, started)) is not None:
-                    if health is not None:
-                        health.output(decision.instance_id)
-                    out = decode_output(payload)
-                    if not has_token and out.token_ids:
-                        has_token = True
-                        router.on_first_token(rid)
-                    started = True
-                    generated.extend(out.token_ids)
-                    yield out
-                    if out.finish_reason is not None:
-                        return
-                raise PeerGone(f"stream from {decision.instance_id} ended without finishing")
-            except (PeerGone, NoWorkersAvailable) as exc:
-                excluded.add(decision.instance_id)
-                if isinstance(exc, StreamStalled) and health is not None:
-                    health.stalled(decision.instance_id, self._probe(decision.address, current))
-                if not started:
-                    logger.info(
-                        "request_id=%s not taken by worker %s (%s); routing it again",
+        migration = None  # the span of the current migration attempt (tracing on)
+        try:
+            while True:
+                suspects = health.excluded() if health is not None else frozenset()
+                with tracing.use(migration):  # its route and worker spans are its children
+                    decision = await router.route(current, exclude=frozenset(excluded) | suspects)
+                    rid = current.request_id
+                    stream = self._client.stream(
+                        decision.address,
+                        self._path,
+                        encode(current),
+                        request_id=rid,
+                        deadline_s=current.deadline_s,
+                    )
+                chunks = aiter(stream)
+                started = has_token = False
+                watch = None
+                if health is not None:
+                    watch = health.stream_opened(decision.instance_id)
+                try:
+                    while (payload := await self._next(chunks, watch, started)) is not None:
+                        if health is not None:
+                            health.output(decision.instance_id)
+                        out = decode_output(payload)
+                        if not has_token and out.token_ids:
+                            has_token = True
+                            router.on_first_token(rid)
+                        started = True
+                        generated.extend(out.token_ids)
+                        yield out
+                        if out.finish_reason is not None:
+                            return
+                    raise PeerGone(f"stream from {decision.instance_id} ended without finishing")
+                except (PeerGone, NoWorkersAvailable) as exc:
+                    excluded.add(decision.instance_id)
+                    if isinstance(exc, StreamStalled) and health is not None:
+                        health.stalled(decision.instance_id, self._probe(decision.address, current))
+                    if not started:
+                        logger.info(
+                            "request_id=%s not taken by worker %s (%s); routing it again",
+                            request.request_id,
+                            decision.instance_id,
+                            exc,
+                        )
+                        current = _without_handoff(current)
+                        continue
+                    if attempt >= self._limit or not isinstance(exc, PeerGone):
+                        raise
+                    attempt += 1
+                    current = _continuation(request, generated, attempt)
+                    logger.warning(
+                        "request_id=%s lost worker %s (%s); migrating with %d tokens "
+                        "(attempt %d/%d)",
                         request.request_id,
                         decision.instance_id,
                         exc,
+                        len(generated),
+                        attempt,
+                        self._limit,
                     )
-                    current = _without_handoff(current)
-                    continue
-                if attempt >= self._limit or not isinstance(exc, PeerGone):
-                    raise
-                attempt += 1
-                current = _continuation(request, generated, attempt)
-                logger.warning(
-                    "request_id=%s lost worker %s (%s); migrating with %d tokens (attempt %d/%d)",
-                    request.request_id,
-                    decision.instance_id,
-                    exc,
-                    len(generated),
-                    attempt,
-                    self._limit,
-                )
-                if self._on_migrate is not None:
-                    self._on_migrate(request.model)
-            finally:
-                router.on_finish(rid)
-                if health is not None and watch is not None:
-                    health.stream_closed(watch)
-                await _close(stream)
+                    if self._on_migrate is not None:
+                        self._on_migrate(request.model)
+                    if tracing.is_enabled():
+                        tracing.end(migration)
+                        migration = tracing.start(
+                            "migration", attempt=attempt, from_worker=decision.instance_id,
+                            num_tokens=len(generated), reason=str(exc),
+                        )  # fmt: skip
+                finally:
+                    router.on_finish(rid)
+                    if health is not None and watch is not None:
+                        health.stream_closed(watch)
+                    await _close(stream)
+        finally:
+            tracing.end(migration)
 
     async def _next(
         self, stream: AsyncIterator[bytes], watch: StreamWatch | None, started: bool

@@ -51,6 +51,7 @@ class KvRouter(PolicyRouter):
         self.active = ActiveSequences(ttl_s=config.active_ttl_s, clock=self._clock)
         self._last_sweep_s = self._clock()
         self._pending: Scored | None = None
+        self._recorded_costs: Sequence[CandidateCost] | None = None
         self.applier = EventApplier(self.indexer, self.metrics)
         self.follower: KvEventFollower | None = None
         self.approx: ApproxCache | None = None
@@ -238,6 +239,7 @@ class KvRouter(PolicyRouter):
     ) -> RouteDecision:
         scored, self._pending = self._pending, None
         assert scored is not None, "_record without a preceding _choose"
+        self._recorded_costs = scored.costs
         best = next(c for c in scored.costs if c.worker_id == chosen.instance_id)
         overlap = int(best.overlap_blocks)
         prefill_tokens = max(scored.num_tokens - overlap * self.block_size, 0)
@@ -250,6 +252,10 @@ class KvRouter(PolicyRouter):
             request_blocks=len(scored.block_hashes),
             details=details,
         )
+
+    def _decision_costs(self) -> Sequence[CandidateCost] | None:
+        costs, self._recorded_costs = self._recorded_costs, None
+        return costs
 
     def _after_add(
         self, request_id: str, worker_id: str, scored: Scored, prefill_tokens: int

@@ -17,9 +17,11 @@ from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.kv_events import LoadMetrics
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
+from tandem.router.decision_log import DecisionLog
 from tandem.router.load import LoadTracker
 from tandem.router.metrics import RouterMetrics
 from tandem.router.source import EventSource, InstanceSource
+from tandem.runtime import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class PolicyRouter:
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self.metrics = RouterMetrics()
+        self.decisions = DecisionLog()  # the last routing decisions, for /dashboard
 
     def subject(self, name: str) -> str:
         return f"{self.namespace}.{self.config.worker_component}.{name}"
@@ -124,6 +127,7 @@ class PolicyRouter:
 
     def _forget_worker(self, worker_id: str) -> None:
         self.loads.remove_worker(worker_id)
+        self.decisions.forget(worker_id)
 
     # ------------------------------------------------------------ routing
     def candidates(
@@ -163,6 +167,8 @@ class PolicyRouter:
     ) -> RouteDecision:
         deadline = self._clock() + self.config.queue_timeout_s
         queued = False
+        span = tracing.start("route", policy=self.policy, pool=self.config.worker_component)
+        queue_span = None
         try:
             while True:
                 started = time.perf_counter()
@@ -171,7 +177,13 @@ class PolicyRouter:
                     chosen, details = self._choose(request, cands)
                     break
                 except AllBusy:
+                    if span is not None and queue_span is None:
+                        queue_span = tracing.start("queue", parent=span)
                     queued = await self._wait_not_busy(queued, deadline)
+        except BaseException as exc:
+            tracing.end(queue_span, exc)
+            tracing.end(span, exc)
+            raise
         finally:
             if queued:
                 self._num_queued -= 1
@@ -185,7 +197,17 @@ class PolicyRouter:
             decision.request_blocks,
             time.perf_counter() - started,
         )
+        self.decisions.record(request, decision, self._decision_costs())
+        if span is not None:
+            tracing.end(queue_span)
+            tracing.end(span, worker_id=decision.instance_id,
+                        overlap_blocks=decision.overlap_blocks,
+                        request_blocks=decision.request_blocks)  # fmt: skip
         return decision
+
+    def _decision_costs(self) -> Sequence[Any] | None:
+        """Hook: the per-candidate costs of the decision `_record` just booked (KV router)."""
+        return None
 
     def _record(
         self, request: PreprocessedRequest, chosen: Instance, details: dict[str, Any]

@@ -20,12 +20,15 @@ from collections import deque
 from typing import Any
 
 from tandem import errors
+from tandem.runtime import tracing
 from tandem.runtime.secret import client_proof, key_for, new_nonce, server_proof
 from tandem.runtime.tcp import frame as fr
 from tandem.runtime.tcp.server import AUTH_PURPOSE
 from tandem.runtime.tcp.transport import FrameTransport
 
 DEFAULT_STREAM_WINDOW = 256  # response payloads in flight per stream
+# (endpoint_path, request_id, deadline_s, payload, traceparent) of one request
+RequestHead = tuple[str, str, float | None, bytes, str | None]
 
 
 class TcpRequestClient:
@@ -63,9 +66,8 @@ class TcpRequestClient:
         connect_timeout_s: float | None = None,
     ) -> ResponseStream:
         timeout = self.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
-        return ResponseStream(
-            self, address, (endpoint_path, request_id, deadline_s, payload), timeout
-        )
+        head = (endpoint_path, request_id, deadline_s, payload, tracing.current_traceparent())
+        return ResponseStream(self, address, head, timeout)
 
     async def connection(self, address: str, timeout_s: float) -> _ClientConnection:
         """The pooled connection to `address`, connecting (once, shared) if needed."""
@@ -131,12 +133,15 @@ class _ClientConnection(FrameTransport):
         self._nonce = new_nonce()
         self._server_nonce = b""
 
-    def open(self, stream: _Sink, request: tuple[str, str, float | None, bytes]) -> int:
+    def open(self, stream: _Sink, request: RequestHead) -> int:
         sid = next(self._sids)
         self.streams[sid] = stream
-        path, request_id, deadline_s, payload = request
+        path, request_id, deadline_s, payload, traceparent = request
         window = self.client.stream_window
-        self.send((fr.REQUEST, sid, path, request_id, deadline_s, window, payload))
+        if traceparent is None:
+            self.send((fr.REQUEST, sid, path, request_id, deadline_s, window, payload))
+        else:  # an optional trailing field: servers that predate it ignore it
+            self.send((fr.REQUEST, sid, path, request_id, deadline_s, window, payload, traceparent))
         return sid
 
     def cancel(self, sid: int) -> None:
@@ -236,7 +241,7 @@ class _Sink:
         "window",
     )
 
-    def __init__(self, conn: _ClientConnection, request: tuple[str, str, float | None, bytes]):
+    def __init__(self, conn: _ClientConnection, request: RequestHead):
         self.conn, self.request = conn, request
         self.buf: deque[bytes] = deque()
         self.waiter: asyncio.Future[None] | None = None
@@ -306,7 +311,7 @@ class _Sink:
         return buf.popleft()
 
 
-def deadline_error(request: tuple[str, str, float | None, bytes], address: str) -> Exception:
+def deadline_error(request: RequestHead, address: str) -> Exception:
     return errors.DeadlineExceeded(
         f"request_id={request[1]} to {request[0]} at {address} passed its deadline"
     )
@@ -321,7 +326,7 @@ class ResponseStream:
         self,
         client: TcpRequestClient,
         address: str,
-        request: tuple[str, str, float | None, bytes],
+        request: RequestHead,
         timeout_s: float,
     ) -> None:
         self._client, self.address, self._request = client, address, request

@@ -8,7 +8,8 @@ with a handshake, then carries many streams whose frames interleave:
     [WELCOME, server_proof | None]                                                   s -> c
     [REFUSED, reason]                       s -> c, then the server closes the connection
 
-    [REQUEST, stream_id, endpoint_path, request_id, deadline_s | None, window, payload]  c -> s
+    [REQUEST, stream_id, endpoint_path, request_id, deadline_s | None, window, payload
+     (, traceparent)?]                                                               c -> s
     [DATA,    stream_id, payload]                                                    s -> c
     [END,     stream_id]                                                             s -> c
     [ERROR,   stream_id, error_class_name, message, retry_after_s | None]            s -> c
@@ -23,6 +24,9 @@ secret sends no request until the server has proven it holds the secret too.
 Flow control is per stream: REQUEST grants `window` DATA frames; the server sends no more DATA
 on that stream until CREDIT returns some. END and ERROR need no credit. So a consumer that
 stops reading holds back its own stream only; the others on the connection keep flowing.
+
+A REQUEST may end with the caller's W3C `traceparent` (tracing on, `tandem.runtime.tracing`);
+without tracing the field is left out, and a server ignores trailing fields it does not know.
 
 Stream ids are chosen by the client, unique per connection. Version 1 (no handshake, no
 credit) is not spoken: a v1 peer is refused with a message naming both versions.

@@ -37,13 +37,20 @@ class StreamContext:
         "request_id",
         "task",
         "timer",
+        "traceparent",
         "window",
     )
 
     def __init__(
-        self, request_id: str, endpoint_path: str, deadline_s: float | None, window: int
+        self,
+        request_id: str,
+        endpoint_path: str,
+        deadline_s: float | None,
+        window: int,
+        traceparent: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.traceparent = traceparent  # W3C trace context of the caller's span
         self.endpoint_path = endpoint_path
         self.deadline_s = deadline_s
         self.window = self.credit = window
@@ -246,7 +253,7 @@ class _ServerConnection(FrameTransport):
             if ctx is not None:
                 ctx.grant(f[2])
         elif kind == fr.REQUEST:
-            self._open(sid, f[2], f[3], f[4], f[5], f[6])
+            self._open(sid, f[2], f[3], f[4], f[5], f[6], f[7] if len(f) > 7 else None)
         elif kind == fr.CANCEL:
             self._cancel(sid)
         else:
@@ -260,6 +267,7 @@ class _ServerConnection(FrameTransport):
         deadline_s: float | None,
         window: int,
         payload: bytes,
+        traceparent: object = None,
     ) -> None:
         srv = self._srv
         handler = srv.handlers.get(path)
@@ -283,7 +291,9 @@ class _ServerConnection(FrameTransport):
                     f"(limit {srv.max_inflight_per_connection})"
                 ),
             )
-        ctx = StreamContext(request_id, path, deadline_s, window)
+        if not isinstance(traceparent, str) or len(traceparent) > 55:
+            traceparent = None  # a W3C traceparent is 55 characters; anything else is ignored
+        ctx = StreamContext(request_id, path, deadline_s, window, traceparent)
         if deadline_s is not None:
             remaining = deadline_s - time.time()
             if remaining <= 0:

@@ -1,0 +1,214 @@
+"""OpenTelemetry spans of the request lifecycle, exported by OTLP when configured.
+
+Off unless `configure(endpoint, service_name)` ran (an entry point's `--otlp-endpoint`):
+then every helper here returns at once — `start` returns None, `span` a shared no-op
+context manager — and the OpenTelemetry SDK is never imported, so a process without an
+endpoint pays one global check per call site and allocates nothing.
+
+The current span is this module's context variable (not OpenTelemetry's context, whose
+attach/detach cannot cross an async generator's `yield`). Set it only around code without a
+`yield` of an async generator in between (`span`, `use`): a request's coroutine or its own
+task. Generators take their parent explicitly (`start(..., parent=...)`).
+
+Across processes the W3C `traceparent` travels: an incoming HTTP `traceparent` header is the
+frontend's root span's parent; the request plane (`tandem.runtime.tcp`) sends the current
+span's `traceparent` with each request, and the worker's span is its child.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_tracer: Any = None  # an opentelemetry Tracer once configured; None = tracing off
+_provider: Any = None
+_current: ContextVar[Any] = ContextVar("tandem_span", default=None)
+_NOOP = contextlib.nullcontext(None)
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+SERVER, CLIENT, INTERNAL = "server", "client", "internal"
+
+
+def configure(endpoint: str, service_name: str, *, exporter: Any = None) -> None:
+    """Export spans of this process by OTLP http/protobuf to `endpoint` (a base URL;
+    `/v1/traces` is appended unless given) under `service_name`. `exporter` replaces the
+    OTLP exporter (tests). Idempotent per process: a second call replaces the first."""
+    global _tracer, _provider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        url = endpoint.rstrip("/")
+        if not url.endswith("/v1/traces"):
+            url += "/v1/traces"
+        exporter = OTLPSpanExporter(endpoint=url, timeout=5)
+    if _provider is not None:
+        _provider.shutdown()
+    _provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    _provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    _tracer = _provider.get_tracer("tandem")
+    atexit.register(shutdown)
+    logger.info("tracing on: OTLP to %s as service %s", endpoint, service_name)
+
+
+def shutdown() -> None:
+    """Flush the spans not yet exported and turn tracing off (idempotent)."""
+    global _tracer, _provider
+    provider, _provider, _tracer = _provider, None, None
+    if provider is not None:
+        provider.shutdown()
+
+
+def is_enabled() -> bool:
+    return _tracer is not None
+
+
+def current() -> Any:
+    """The current span (None when tracing is off or outside a request)."""
+    return _current.get() if _tracer is not None else None
+
+
+def start(
+    name: str,
+    *,
+    parent: Any = None,
+    kind: str = INTERNAL,
+    start_time_ns: int | None = None,
+    **attributes: Any,
+) -> Any:
+    """A started span (None when tracing is off), child of `parent` (a span or a traceparent
+    string) or else of the current span; a root when neither. End it with `end`."""
+    tracer = _tracer
+    if tracer is None:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+
+    if parent is None:
+        parent = _current.get()
+    if isinstance(parent, str):
+        ctx = _context_from_traceparent(parent)
+    elif parent is not None:
+        ctx = trace.set_span_in_context(parent, Context())
+    else:
+        ctx = Context()
+    return tracer.start_span(
+        name,
+        context=ctx,
+        kind=_kind(kind),
+        attributes={k: v for k, v in attributes.items() if v is not None},
+        start_time=start_time_ns,
+    )
+
+
+def end(span: Any, error: BaseException | str | None = None, **attributes: Any) -> None:
+    """Set `attributes`, mark an error, and end `span` (a no-op for None)."""
+    if span is None:
+        return
+    for key, value in attributes.items():
+        if value is not None:
+            span.set_attribute(key, value)
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+    span.end()
+
+
+def since_current(name: str, **attributes: Any) -> None:
+    """A span from the current span's start until now, e.g. `first_token` under a request's
+    root span: its length is the time to the first token."""
+    if _tracer is None:
+        return
+    parent = _current.get()
+    if parent is not None:
+        end(start(name, parent=parent, start_time_ns=parent.start_time, **attributes))
+
+
+@contextlib.contextmanager
+def _span(name: str, parent: Any, kind: str, attributes: dict[str, Any]) -> Iterator[Any]:
+    span = start(name, parent=parent, kind=kind, **attributes)
+    token = _current.set(span)
+    error: BaseException | None = None
+    try:
+        yield span
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        _current.reset(token)
+        end(span, error)
+
+
+def span(
+    name: str, *, parent: Any = None, kind: str = INTERNAL, **attributes: Any
+) -> contextlib.AbstractContextManager[Any]:
+    """A span around a block, current inside it (a shared no-op when tracing is off)."""
+    if _tracer is None:
+        return _NOOP
+    return _span(name, parent, kind, attributes)
+
+
+@contextlib.contextmanager
+def _use(span: Any) -> Iterator[Any]:
+    token = _current.set(span)
+    try:
+        yield span
+    finally:
+        _current.reset(token)
+
+
+def use(span: Any) -> contextlib.AbstractContextManager[Any]:
+    """`span` is the current span inside the block (no-op for None or tracing off)."""
+    if span is None or _tracer is None:
+        return _NOOP
+    return _use(span)
+
+
+def current_traceparent() -> str | None:
+    """W3C `traceparent` of the current span, to send with an outgoing request."""
+    if _tracer is None:
+        return None
+    span = _current.get()
+    if span is None:
+        return None
+    ctx = span.get_span_context()
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def is_traceparent(value: object) -> bool:
+    return isinstance(value, str) and _TRACEPARENT.match(value) is not None
+
+
+def _context_from_traceparent(value: str) -> Any:
+    """A context whose span is the remote parent `value` names; an empty one (a new root)
+    when `value` is malformed (an untrusted header must not break the request)."""
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+
+    match = _TRACEPARENT.match(value.strip().lower())
+    if match is None or set(match.group(1)) == {"0"} or set(match.group(2)) == {"0"}:
+        return Context()
+    parent = trace.SpanContext(
+        trace_id=int(match.group(1), 16),
+        span_id=int(match.group(2), 16),
+        is_remote=True,
+        trace_flags=trace.TraceFlags(int(match.group(3), 16)),
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent), Context())
+
+
+def _kind(kind: str) -> Any:
+    from opentelemetry.trace import SpanKind
+
+    return {SERVER: SpanKind.SERVER, CLIENT: SpanKind.CLIENT}.get(kind, SpanKind.INTERNAL)

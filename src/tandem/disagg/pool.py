@@ -45,6 +45,11 @@ class PrefillPool:
         await asyncio.shield(started)
         return router
 
+    def started_router(self, model: str) -> Router | None:
+        """The model's prefill router if it has started (for introspection), else None."""
+        entry = self._routers.get(model)
+        return entry[0] if entry is not None and entry[1].done() else None
+
     async def close(self) -> None:
         for router, task in self._routers.values():
             task.cancel()

@@ -84,6 +84,15 @@ class FrontendApp:
             ("POST", "/v1/route/explain"): self.route_explain,
         }
 
+    def add_route(
+        self,
+        method: str,
+        path: str,
+        handler: Callable[[HttpRequest, HttpResponse], Awaitable[None]],
+    ) -> None:
+        """Serve `handler` at `method path` too (behind the same API-key check)."""
+        self._routes[(method, path)] = handler
+
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
         method = "GET" if request.method == "HEAD" else request.method  # HEAD works like GET
         handler = self._routes.get((method, request.path))

@@ -4,7 +4,10 @@ With API keys configured, the OpenAI routes and /metrics need `Authorization: Be
 (401 with an OpenAI error body otherwise). `/health` and `/live` are always open (probes).
 Admin routes — `POST /v1/route/explain`, an oracle for which prefixes other clients sent —
 need an admin key, and are off (403) when no admin key is configured. An admin key is
-accepted on every route.
+accepted on every route. `/dashboard` (a static page) is open; the data it polls,
+`/dashboard/state` (workers, queues, recent routing decisions of every client), is open
+while no key at all is configured and otherwise needs an admin key (403 with API keys but
+no admin key).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import hmac
 from tandem.errors import Forbidden, Unauthorized
 from tandem.frontend.http_server import HttpRequest
 
-OPEN_PATHS = frozenset({"/health", "/live"})
+OPEN_PATHS = frozenset({"/health", "/live", "/dashboard"})  # /dashboard: the page, no data
 ADMIN_PATHS = frozenset({"/v1/route/explain"})
+# operator views: open while no key is configured at all, else an admin key
+OPERATOR_PATHS = frozenset({"/dashboard/state"})
 
 
 class ApiKeys:
@@ -30,7 +35,15 @@ class ApiKeys:
         path = request.path
         if path in OPEN_PATHS:
             return
-        if path in ADMIN_PATHS:
+        if path in OPERATOR_PATHS and (self._admin or self._user):
+            if not self._admin:
+                raise Forbidden(
+                    f"{request.method} {path} shows every client's requests and needs an admin "
+                    "API key; start the frontend with --admin-api-key (or "
+                    "TANDEM_ADMIN_API_KEY) to enable it"
+                )
+            self._require(request, self._admin, "an admin API key")
+        elif path in ADMIN_PATHS:
             if not self._admin:
                 raise Forbidden(
                     f"{request.method} {path} is an admin route and is off; start the frontend "

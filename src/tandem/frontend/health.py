@@ -103,6 +103,15 @@ class HealthMonitor:
         self._tasks.clear()
         self._ticker = None
 
+    def last_seen_age_s(self, worker_id: str) -> float | None:
+        """Seconds since the worker's last load metrics (or its join); None if unknown."""
+        seen = self._last_seen.get(worker_id)
+        return None if seen is None else max(self._clock() - seen, 0.0)
+
+    @property
+    def stale_s(self) -> float:
+        return self._stale_s
+
     # ------------------------------------------------------------------ reports
     def live(self) -> tuple[bool, dict[str, Any]]:
         ticking = self._ticker is not None and not self._ticker.done()

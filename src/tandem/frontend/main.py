@@ -13,6 +13,7 @@ from typing import Any
 
 from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
+from tandem.frontend.dashboard import Dashboard
 from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http_server import HttpServer
 from tandem.frontend.metrics import FrontendMetrics
@@ -87,6 +88,17 @@ async def serve_frontend(
         api_keys=config.api_keys,
         admin_api_keys=config.admin_api_keys,
     )
+    dashboard = Dashboard(
+        registry=registry,
+        num_inflight=lambda: app.num_inflight,
+        max_inflight=config.max_inflight_requests,
+        health=health,
+        prefill_pool=pool,
+        discovery=runtime.discovery,
+        namespace=runtime.namespace,
+    )
+    app.add_route("GET", "/dashboard", dashboard.page)
+    app.add_route("GET", "/dashboard/state", dashboard.state_endpoint)
     server = HttpServer(app, config=config.http)
     await registry.start()
     if pool is not None:

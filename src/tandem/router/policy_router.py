@@ -252,6 +252,11 @@ class PolicyRouter:
             self._inflight.pop(worker, None)
         self._wake.set()
 
+    @property
+    def num_queued(self) -> int:
+        """Requests waiting in this router's queue for a worker that is not busy."""
+        return self._num_queued
+
     def inflight(self, worker_id: str) -> int:
         return self._inflight.get(worker_id, 0)
 

@@ -1,0 +1,201 @@
+"""`/dashboard`: a live page of the frontend's view of its workers, and its JSON source.
+
+`GET /dashboard` is a static page shipped in the package (`static/dashboard.html`, vanilla
+JS, nothing fetched from elsewhere) that polls `GET /dashboard/state` once a second (one
+request in flight at a time). The state is built from the frontend's live objects — the
+model registry and each model's router (`worker_loads`, its queue, its `DecisionLog`), the
+prefill pool, the health monitor's liveness, admission's in-flight count, and discovery for
+the encode workers — never by parsing `/metrics`. Access: `tandem.frontend.auth`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import msgspec
+
+from tandem.frontend.health import HealthMonitor
+from tandem.frontend.http_server import HttpRequest, HttpResponse
+from tandem.frontend.models import ModelRegistry
+from tandem.protocols.discovery import Instance
+
+_json = msgspec.json.Encoder()
+NUM_DECISIONS = 20  # routing decisions per model in one state
+
+
+class Dashboard:
+    """Serves the page and its state; reads live objects, mutates nothing. One loop."""
+
+    def __init__(
+        self,
+        *,
+        registry: ModelRegistry,
+        num_inflight: Callable[[], int],
+        max_inflight: int,
+        health: HealthMonitor | None = None,
+        prefill_pool: Any | None = None,  # tandem.disagg.pool.PrefillPool
+        discovery: Any | None = None,
+        namespace: str = "tandem",
+        encoder_component: str = "encoder",
+    ) -> None:
+        self._registry, self._num_inflight, self._max_inflight = (
+            registry,
+            num_inflight,
+            max_inflight,
+        )
+        self._health, self._prefill, self._discovery = health, prefill_pool, discovery
+        self._encoder_prefix = f"{namespace}.{encoder_component}."
+        self._page = resources.files("tandem.frontend").joinpath("static/dashboard.html")
+
+    async def page(self, request: HttpRequest, response: HttpResponse) -> None:
+        await response.send(200, self._page.read_bytes(), content_type=b"text/html; charset=utf-8")
+
+    async def state_endpoint(self, request: HttpRequest, response: HttpResponse) -> None:
+        await response.send(200, _json.encode(await self.state()))
+
+    async def state(self) -> dict[str, Any]:
+        """Everything the page shows, JSON-ready."""
+        healthy, report = self._health.health() if self._health else (True, {"missing": []})
+        models = [self._model(name) for name in sorted(self._model_names())]
+        encoders = await self._encoders()
+        if encoders:
+            models.append({"name": "(encoders)", "router": None, "workers": encoders,
+                           "decisions": []})  # fmt: skip
+        return {
+            "time_s": round(time.time(), 3),
+            "frontend": {
+                "healthy": healthy,
+                "missing": report.get("missing", []),
+                "inflight": self._num_inflight(),
+                "max_inflight": self._max_inflight,
+                "loop_lag_ms": round(self._health.loop_lag_s * 1000, 1) if self._health else 0.0,
+                "queued": sum(m["router"]["queued"] for m in models if m["router"]),
+            },
+            "models": models,
+        }
+
+    def _model_names(self) -> set[str]:
+        names = set(self._registry.models)
+        if self._prefill is not None:
+            names.update(self._prefill.views)
+        return names
+
+    def _model(self, name: str) -> dict[str, Any]:
+        workers: list[dict[str, Any]] = []
+        decisions: list[dict[str, Any]] = []
+        routers: list[dict[str, Any]] = []
+        model = self._registry.models.get(name)
+        if model is not None:
+            role = "decode" if self._prefill is not None else "aggregated"
+            workers += self._workers(model.instances.instances, model.router, role)
+            routers.append(_router_summary(model.router, role))
+            decisions += _decisions(model.router, role)
+        if self._prefill is not None and name in self._prefill.views:
+            router = self._prefill.started_router(name)
+            workers += self._workers(self._prefill.views[name].instances, router, "prefill")
+            if router is not None:
+                routers.append(_router_summary(router, "prefill"))
+                decisions += _decisions(router, "prefill")
+        decisions.sort(key=lambda d: d["time_s"], reverse=True)
+        router = {
+            "policy": routers[0]["policy"] if routers else None,
+            "queued": sum(r["queued"] for r in routers),
+            "hit_rate": _combined_hit_rate(routers),
+            "num_decisions": sum(r["num_decisions"] for r in routers),
+            "pools": routers,
+        }
+        return {"name": name, "router": router, "workers": workers,
+                "decisions": decisions[:NUM_DECISIONS]}  # fmt: skip
+
+    def _workers(
+        self, instances: dict[str, Instance], router: Any | None, default_role: str
+    ) -> list[dict[str, Any]]:
+        loads = router.worker_loads() if router is not None else {}
+        log = getattr(router, "decisions", None)
+        rows = []
+        for worker_id, inst in sorted(instances.items()):
+            load = loads.get(worker_id, {})
+            total = load.get("total_blocks") or (inst.model.num_total_blocks if inst.model else 0)
+            active = load.get("active_blocks")
+            totals = log.totals.get(worker_id) if log is not None else None
+            rows.append({
+                "instance_id": worker_id,
+                "role": str(inst.metadata.get("disagg_mode") or default_role),
+                "address": inst.address,
+                "health": self._worker_health(worker_id),
+                "inflight": int(load.get("inflight", 0)),
+                "running": _int_or_none(load.get("running")),
+                "waiting": _int_or_none(load.get("waiting")),
+                "active_blocks": _int_or_none(active),
+                "total_blocks": int(total) if total else None,
+                "kv_usage": round(active / total, 4) if active is not None and total else None,
+                "cached_blocks": _int_or_none(load.get("cached_blocks")),
+                "routed": totals.num_routed if totals is not None else 0,
+                "hit_rate": _round(log.hit_rate(worker_id)) if log is not None else None,
+            })  # fmt: skip
+        return rows
+
+    def _worker_health(self, worker_id: str) -> dict[str, Any]:
+        if self._health is None:
+            return {"status": "unknown", "last_seen_s": None}
+        age = self._health.last_seen_age_s(worker_id)
+        if age is None:
+            return {"status": "unknown", "last_seen_s": None}
+        status = "alive" if age <= self._health.stale_s else "stale"
+        return {"status": status, "last_seen_s": round(age, 1)}
+
+    async def _encoders(self) -> list[dict[str, Any]]:
+        if self._discovery is None:
+            return []
+        instances = await self._discovery.list_instances(self._encoder_prefix)
+        return [
+            {"instance_id": i.instance_id, "role": "encode", "address": i.address,
+             "health": {"status": "registered", "last_seen_s": None}, "inflight": None,
+             "running": None, "waiting": None, "active_blocks": None, "total_blocks": None,
+             "kv_usage": None, "cached_blocks": None, "routed": None, "hit_rate": None}
+            for i in sorted(instances, key=lambda i: i.instance_id)
+        ]  # fmt: skip
+
+
+def _router_summary(router: Any, pool: str) -> dict[str, Any]:
+    log = getattr(router, "decisions", None)
+    return {
+        "pool": pool,
+        "policy": getattr(router, "policy", type(router).__name__),
+        "queued": int(getattr(router, "num_queued", 0)),
+        "num_decisions": log.num_decisions if log is not None else 0,
+        "hit_rate": _round(log.hit_rate()) if log is not None else None,
+        "_blocks": _blocks(log),
+    }
+
+
+def _blocks(log: Any) -> tuple[int, int]:
+    if log is None:
+        return 0, 0
+    totals = log.totals.values()
+    return sum(t.num_overlap_blocks for t in totals), sum(t.num_request_blocks for t in totals)
+
+
+def _combined_hit_rate(routers: list[dict[str, Any]]) -> float | None:
+    """Over every pool of the model; takes the pools' block counts out of their rows."""
+    counts = [r.pop("_blocks") for r in routers]
+    blocks = sum(n for _, n in counts)
+    return round(sum(o for o, _ in counts) / blocks, 4) if blocks else None
+
+
+def _decisions(router: Any, pool: str) -> list[dict[str, Any]]:
+    log = getattr(router, "decisions", None)
+    if log is None:
+        return []
+    return [{**d, "pool": pool} for d in log.snapshot(NUM_DECISIONS)]
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

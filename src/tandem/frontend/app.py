@@ -177,6 +177,7 @@ class FrontendApp:
                     model=model.name,
                 ),
             ):
+                logger.debug("request_id=%s %s model=%s", request_id, http.path, model.name)
                 await model.ready()
                 with tracing.span("preprocess"):
                     prepared = await self._preprocess(http, req, model, request_id)

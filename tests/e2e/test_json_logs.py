@@ -39,7 +39,7 @@ def test_request_scoped_lines_carry_the_request_id(tmp_path: Path) -> None:
     )
     worker = None
     try:
-        worker, worker_id = start_worker("worker", runtime, tmp_path, *FLAGS)
+        worker, _ = start_worker("worker", runtime, tmp_path, *FLAGS)
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, 30)
         ids = []

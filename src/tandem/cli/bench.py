@@ -2,7 +2,7 @@
 
     tandem bench [load options]               load generator against any OpenAI endpoint
     tandem bench frontend|routers|vllm [options]   comparisons that start their own stacks
-    tandem bench indexer|engine|transfer|disagg|kvbm|multimodal [options]   component benchmarks
+    tandem bench indexer|engine|transfer|disagg|kvbm|multimodal|tracing [options]   components
     tandem bench planner [options]            planner vs static fleets on a time-varying load
     tandem bench soak [options]               RSS slope of every process under mixed load
 
@@ -33,6 +33,7 @@ SUBCOMMANDS = {
     "planner": "planner",
     "soak": "soak",
     "vllm": "vllm_compare",
+    "tracing": "tracing",
 }
 
 

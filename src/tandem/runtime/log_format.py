@@ -13,11 +13,9 @@ the line is request-scoped, `exc_info` with the traceback when there is one.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from collections.abc import Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 
 LOG_FORMATS = ("text", "json")
@@ -26,15 +24,24 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 current_request_id: ContextVar[str | None] = ContextVar("tandem_request_id", default=None)
 
 
-@contextlib.contextmanager
-def request_scope(request_id: str) -> Iterator[None]:
+class request_scope:
     """Lines logged inside the block (by this task and tasks it starts) carry `request_id`.
-    Enter and leave in the same task and without a `yield` of an async generator between."""
-    token = current_request_id.set(request_id)
-    try:
-        yield
-    finally:
-        current_request_id.reset(token)
+    Enter and leave in the same task and without a `yield` of an async generator between.
+    A plain class, not `contextlib.contextmanager`: it runs on every request (~0.3 µs)."""
+
+    __slots__ = ("_request_id", "_token")
+
+    def __init__(self, request_id: str) -> None:
+        self._request_id = request_id
+        self._token: Token[str | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = current_request_id.set(self._request_id)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            current_request_id.reset(self._token)
+            self._token = None
 
 
 class JsonFormatter(logging.Formatter):

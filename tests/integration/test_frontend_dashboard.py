@@ -80,14 +80,19 @@ async def test_state_shows_workers_decisions_and_hit_rates() -> None:
         assert (await _state(c))["frontend"]["inflight"] == 0
 
 
-async def test_disaggregated_state_names_prefill_and_decode_workers() -> None:
+async def test_disaggregated_state_names_prefill_decode_and_encode_workers() -> None:
     async with cluster() as c:
         decode = await c.add_worker("backend")
         prefill = await c.add_worker("prefill")
+        encoder = await c.add_worker("encoder")  # listed from discovery (ns.encoder.*)
         await c.start_frontend(disagg=DisaggRouteConfig(enabled=True))
-        state = await _poll_state(c, lambda s: sum(len(m["workers"]) for m in s["models"]) == 2)
+        state = await _poll_state(c, lambda s: sum(len(m["workers"]) for m in s["models"]) == 3)
         roles = {r["instance_id"]: r["role"] for m in state["models"] for r in m["workers"]}
-        assert roles == {decode.instance_id: "decode", prefill.instance_id: "prefill"}
+        assert roles == {
+            decode.instance_id: "decode",
+            prefill.instance_id: "prefill",
+            encoder.instance_id: "encode",
+        }
 
 
 async def test_state_needs_the_admin_key_once_keys_are_configured() -> None:

@@ -10,6 +10,8 @@ the encode workers — never by parsing `/metrics`. Access: `tandem.frontend.aut
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -22,8 +24,10 @@ from tandem.frontend.http_server import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.protocols.discovery import Instance
 
+logger = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 NUM_DECISIONS = 20  # routing decisions per model in one state
+ENCODER_LIST_TIMEOUT_S = 2.0
 
 
 class Dashboard:
@@ -150,7 +154,12 @@ class Dashboard:
     async def _encoders(self) -> list[dict[str, Any]]:
         if self._discovery is None:
             return []
-        instances = await self._discovery.list_instances(self._encoder_prefix)
+        try:
+            async with asyncio.timeout(ENCODER_LIST_TIMEOUT_S):
+                instances = await self._discovery.list_instances(self._encoder_prefix)
+        except Exception as exc:  # the page still shows everything else
+            logger.warning("dashboard: listing encode workers failed: %s", exc)
+            return []
         return [
             {"instance_id": i.instance_id, "role": "encode", "address": i.address,
              "health": {"status": "registered", "last_seen_s": None}, "inflight": None,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tests.integration.test_frontend_openai import MODEL, FakeWorker, _start
+from tests.support.eventually import eventually
 
 from tandem.protocols.engine import decode_request
 from tandem.runtime import tracing
@@ -69,3 +70,30 @@ async def test_migration_span_parents_the_continuation(
     assert span_id(first_tp) == root.context.span_id
     assert span_id(moved_tp) == migration.context.span_id
     assert root.attributes["request_id"] == first_id == out.id
+
+
+async def test_remote_router_and_workers_are_children_of_the_callers_span(
+    exporter: InMemorySpanExporter,
+) -> None:
+    from tests.integration.test_router_service import cluster, req
+
+    async with cluster(2) as c:
+        router = await c.remote()
+        await eventually(lambda: len(router.services.instances) == 1)
+        with tracing.span("caller") as caller:
+            outs = await c.generate(router, req("r1", list(range(12)), max_tokens=3))
+        assert sum(len(o.token_ids) for o in outs) == 3
+    tracing._provider.force_flush()
+    spans = exporter.get_finished_spans()
+    caller_id = caller.get_span_context().span_id
+    [route] = [s for s in spans if s.name == "route"]  # in the router service, over TCP
+    assert route.parent.span_id == caller_id
+    assert route.context.trace_id == caller.get_span_context().trace_id
+    [worker] = [s for s in spans if s.name == "worker.generate"]
+    assert worker.parent.span_id == caller_id
+    assert worker.attributes["worker_id"] == route.attributes["worker_id"]
+    assert worker.attributes["role"] == "aggregated"
+    prefill = next(s for s in spans if s.name == "prefill")
+    decode = next(s for s in spans if s.name == "decode")
+    assert prefill.parent.span_id == decode.parent.span_id == worker.context.span_id
+    assert prefill.end_time <= decode.start_time

@@ -13,7 +13,13 @@ import asyncio
 import logging
 import os
 
-from tandem.cli.process import add_log_format_arg, configure_logging, run_async
+from tandem.cli.process import (
+    add_log_format_arg,
+    add_tracing_args,
+    configure_logging,
+    configure_tracing,
+    run_async,
+)
 from tandem.router.args import add_router_args, router_config_from_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 
@@ -30,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
     add_log_format_arg(parser)
+    add_tracing_args(parser, "tandem-router")
     add_runtime_args(parser)
 
 
@@ -65,5 +72,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
+    configure_tracing(args)
     run_async(serve(args))
     return 0

@@ -28,6 +28,7 @@ from tandem.disagg.transfer import OpRef, TransferAgent, encode_meta
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import EngineError, TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, encode
+from tandem.runtime import tracing
 
 logger = logging.getLogger(__name__)
 REGION = "kv"
@@ -150,12 +151,17 @@ class PrefillSide:
         def push() -> object:
             return self.agent.push(REGION, blocks, target, timeout_s=timeout, annex=annex)
 
+        span = tracing.start("kv_transfer", mode="push", num_tokens=num_tokens,
+                             num_blocks=len(blocks))  # fmt: skip
         try:
             await asyncio.sleep(self.handoff.transfer_delay_s(num_tokens))
             await guard.run(push, self.executor)
-        except TransferError as exc:
-            _in_thread(self._cancel_quietly, target, str(exc))
+        except BaseException as exc:
+            tracing.end(span, exc)
+            if isinstance(exc, TransferError):
+                _in_thread(self._cancel_quietly, target, str(exc))
             raise
+        tracing.end(span)
 
     def _cancel_quietly(self, target: OpRef, reason: str) -> None:
         try:

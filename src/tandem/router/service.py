@@ -25,6 +25,7 @@ from tandem.router.messages import (
     route_request_decoder,
 )
 from tandem.router.registry import make_router
+from tandem.runtime import tracing
 from tandem.runtime.base import RequestContext
 from tandem.runtime.runtime import Runtime
 
@@ -76,7 +77,9 @@ class RouterService:
 
     async def _route(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
         msg = _decode(route_request_decoder, payload, "RouteRequest")
-        decision = await self.router.route(msg.request, exclude=frozenset(msg.exclude))
+        # the frontend's span (request plane) is the parent of this router's `route` span
+        with tracing.use(getattr(ctx, "traceparent", None)):
+            decision = await self.router.route(msg.request, exclude=frozenset(msg.exclude))
         yield encode(
             RouteResponse(
                 instance_id=decision.instance_id,

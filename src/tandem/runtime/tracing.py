@@ -131,7 +131,7 @@ def since_current(name: str, **attributes: Any) -> None:
     if _tracer is None:
         return
     parent = _current.get()
-    if parent is not None:
+    if parent is not None and not isinstance(parent, str):
         end(start(name, parent=parent, start_time_ns=parent.start_time, **attributes))
 
 
@@ -169,7 +169,8 @@ def _use(span: Any) -> Iterator[Any]:
 
 
 def use(span: Any) -> contextlib.AbstractContextManager[Any]:
-    """`span` is the current span inside the block (no-op for None or tracing off)."""
+    """`span` is the current span inside the block: a span, or a remote parent's
+    `traceparent` string (a service handler's caller). No-op for None or tracing off."""
     if span is None or _tracer is None:
         return _NOOP
     return _use(span)
@@ -180,8 +181,8 @@ def current_traceparent() -> str | None:
     if _tracer is None:
         return None
     span = _current.get()
-    if span is None:
-        return None
+    if span is None or isinstance(span, str):
+        return span
     ctx = span.get_span_context()
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 

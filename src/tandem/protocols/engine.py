@@ -49,6 +49,22 @@ class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     spec: str | None = None
     # json_schema: reject (not just ignore) properties the schema does not name
     strict: bool = True
+    # the last num_output_tokens of the request's token_ids were generated under this
+    # constraint elsewhere (a disaggregated prefill's first token, a migrated stream): the
+    # engine's matcher replays them before the first new token
+    num_output_tokens: int = 0
+
+
+def continued_sampling(sampling: SamplingParams, num_tokens: int) -> SamplingParams:
+    """`sampling` for a request continued after `num_tokens` it generated elsewhere (their
+    ids appended to its token_ids): a structured constraint carries on from them."""
+    structured = sampling.structured
+    if structured is None or num_tokens == 0:
+        return sampling
+    done = structured.num_output_tokens + num_tokens
+    return msgspec.structs.replace(
+        sampling, structured=msgspec.structs.replace(structured, num_output_tokens=done)
+    )
 
 
 class StopConditions(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -49,7 +49,16 @@ def build_core(config: NativeConfig) -> tuple[EngineCore, str]:
     """Load the model named by `config` and build the core; returns (core, model path)."""
     torch.set_num_threads(config.num_threads)
     model, path = build_model(config)
-    return EngineCore(config, model), path
+    core = EngineCore(config, model)
+    core.grammars.tokenizer_spec = tokenizer_spec(path)
+    return core, path
+
+
+def tokenizer_spec(model_path: str | None) -> str | None:
+    """The tokenizer spec (tandem.tokens) of a model file or directory."""
+    if not model_path:
+        return None
+    return f"hf:{model_path}" if os.path.isdir(model_path) else f"gguf:{model_path}"
 
 
 def build_model(config: NativeConfig) -> tuple[LlamaModel, str]:
@@ -126,7 +135,6 @@ class NativeEngine:
         default_name = "smollm2" if self.config.model is None else None
         if default_name is None and path:
             default_name = os.path.splitext(os.path.basename(path.rstrip("/")))[0]
-        is_gguf = bool(path) and not os.path.isdir(path or "")
         return EngineInfo(
             model_name=self.config.served_model_name or default_name or core.model.config.name,
             context_length=core.max_model_len,
@@ -135,7 +143,7 @@ class NativeEngine:
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             eos_token_ids=list(core.model.config.eos_token_ids),
-            tokenizer=(f"gguf:{path}" if is_gguf else f"hf:{path}") if path else None,
+            tokenizer=tokenizer_spec(path),
             engine="native",
             **mm_card_fields(self.config, core.model.config.vocab_size),
         )
@@ -161,11 +169,17 @@ class NativeEngine:
             mm_embeddings = await self._mm_embeddings(request)
             if self._stopping:  # stop() ran while the images were encoded
                 raise EngineError("native engine stopped while the request's images were encoded")
+        grammar = None
+        if request.sampling.structured is not None:  # compiled here, off the step thread
+            core = self.core
+            grammar = await asyncio.to_thread(
+                core.grammars.matcher, request.sampling.structured, request.token_ids
+            )
         request_id = request.request_id
         if request_id in self._streams:
             raise InvalidRequest(f"request_id={request_id} is already running on this engine")
         stream = self._streams[request_id] = OutputStream()
-        self._submit("add", (request, install, mm_embeddings))
+        self._submit("add", (request, install, mm_embeddings, grammar))
         finished = False
         try:
             while not finished:
@@ -324,12 +338,13 @@ class NativeEngine:
             if op == "abort":
                 core.abort(arg)
                 continue
-            request, install, mm_embeddings = arg
+            request, install, mm_embeddings, grammar = arg
             try:
                 if install is None:
-                    core.add(request, mm_embeddings)
+                    core.add(request, mm_embeddings, grammar)
                 else:
                     install(core)
+                    core.seqs[request.request_id].grammar = grammar
             except Exception as exc:  # request boundary: fail this request only
                 logger.warning("rejecting request_id=%s: %s", request.request_id, exc)
                 outputs.append(

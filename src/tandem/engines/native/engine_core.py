@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -19,6 +20,7 @@ from tandem.engines.native.model_runner import ModelRunner
 from tandem.engines.native.sampler import check_sampling
 from tandem.engines.native.scheduler import ScheduledBatch, Scheduler
 from tandem.engines.native.sequence import Sequence
+from tandem.engines.native.structured import GrammarCompiler, advance
 from tandem.engines.native.tiering import KvTiering
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
@@ -54,6 +56,8 @@ class EngineCore:
             self.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, seed=config.seed)
+        # structured output; its tokenizer_spec is set by whoever knows the model's files
+        self.grammars = GrammarCompiler(None, mc.vocab_size, mc.eos_token_ids)
         # host/disk KV events arrive on kvbm's threads: buffered here until `take_events`,
         # or handed straight to `kvbm_event_sink` once an async engine sets one
         self.kvbm_event_sink: Callable[[list[KvEvent]], None] | None = None
@@ -77,14 +81,23 @@ class EngineCore:
         self.on_finish: Callable[[Sequence], None] | None = None
 
     def add(
-        self, request: PreprocessedRequest, mm_embeddings: list[torch.Tensor] | None = None
+        self,
+        request: PreprocessedRequest,
+        mm_embeddings: list[torch.Tensor] | None = None,
+        grammar: Any = None,
     ) -> Sequence:
         """Queue a request; raises InvalidRequest / ContextLengthExceeded when it cannot fit.
-        A request with images needs `mm_embeddings` (one `[num_tokens, hidden]` per mm_item)."""
+        A request with images needs `mm_embeddings` (one `[num_tokens, hidden]` per mm_item).
+        A structured request takes `grammar` (from `grammars.matcher`, compiled off this
+        thread) or has its matcher compiled here."""
         if request.request_id in self.seqs:
             raise InvalidRequest(f"request_id={request.request_id} is already running")
         self.check(request)
         seq = Sequence(request, self.model.config.eos_token_ids)
+        if request.sampling.structured is not None:
+            seq.grammar = grammar or self.grammars.matcher(
+                request.sampling.structured, request.token_ids
+            )
         if request.mm_items:
             if mm_embeddings is None:
                 raise InvalidRequest(
@@ -260,6 +273,18 @@ class EngineCore:
             token in seq.stop_token_ids or (not seq.stop.ignore_eos and token in seq.eos_token_ids)
         ):
             return "stop"
+        if seq.grammar is not None:
+            accepted, complete = advance(seq.grammar, token)
+            if not accepted:  # the mask allowed it: a matcher out of step with the sequence
+                logger.warning(
+                    "request_id=%s: token %d rejected by its grammar: %s",
+                    seq.request_id,
+                    token,
+                    seq.grammar.get_error(),
+                )
+                return "error"
+            if complete:  # nothing but EOS could follow: end now, not a step later
+                return "stop"
         if num_out >= seq.stop.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return "length"
         if len(seq.token_ids) >= self.capacity_tokens:  # it could never get another block

@@ -14,6 +14,7 @@ from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.sampler import Sampler
 from tandem.engines.native.scheduler import ScheduledBatch
 from tandem.engines.native.sequence import Sequence
+from tandem.engines.native.structured import GrammarMasks
 from tandem.engines.native.thread_policy import ThreadPolicy
 
 ROPE_MATRIX_MAX_TOKENS = 64  # steps this small apply RoPE as one bmm (fewer kernels)
@@ -27,6 +28,7 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_cache = model.new_kv_cache(num_blocks, block_size)
         self.sampler = Sampler(seed)
+        self.grammar_masks = GrammarMasks(model.config.vocab_size)
         probe_linear = model.layers[0].gate_up
         probe_x = torch.ones(1, probe_linear.in_features, dtype=model.dtype)
         self.thread_policy = ThreadPolicy(torch.get_num_threads(), lambda: probe_linear(probe_x))
@@ -48,10 +50,13 @@ class ModelRunner:
             hidden, sample_seqs = self._forward(batch, block_manager)
         if not sample_seqs:
             return {}
-        if Sampler.is_plain_greedy(sample_seqs):
+        grammars = [seq.grammar for seq in sample_seqs]
+        if Sampler.is_plain_greedy(sample_seqs) and not any(g is not None for g in grammars):
             tokens = self.model.head.greedy(hidden)
         else:
-            tokens = self.sampler(self.model.head.logits(hidden), sample_seqs)
+            logits = self.model.head.logits(hidden)
+            self.grammar_masks.apply(logits, grammars)  # returns at once when none is set
+            tokens = self.sampler(logits, sample_seqs)
         return {seq.seq_id: tok for seq, tok in zip(sample_seqs, tokens, strict=True)}
 
     def _forward(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from typing import Any
 
 import torch
 
@@ -49,6 +50,8 @@ class Sequence:
         self.pending_logprobs: list[float] = []
         self.pending_top_logprobs: list[list[TopLogprob]] = []
         self.num_preemptions = 0
+        # llguidance matcher enforcing sampling.structured (engines/native/structured.py)
+        self.grammar: Any = None
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,0 +1,190 @@
+"""Constrained decoding (SamplingParams.structured) for the native engine, with llguidance.
+
+Each constrained sequence owns an `LLMatcher` (`Sequence.grammar`) built from its
+StructuredOutput and fast-forwarded over the tokens it already produced elsewhere
+(`StructuredOutput.num_output_tokens`: a disaggregated prefill's first token, a migrated
+stream's tokens). Per step, `apply_grammar_mask` fills one int32 bitmask [rows, ceil(vocab/32)]
+for the batch (llguidance's executor, native threads, GIL released) and applies it to the
+batch's logits in one `masked_fill_`; unconstrained rows keep every bit set, and a batch
+without constrained rows returns before touching anything. EOS is in a row's mask only when
+its grammar accepts; `advance` reports a grammar that can take nothing more so the engine
+finishes the sequence at once instead of spending a step on the forced EOS.
+
+Why llguidance (not xgrammar or outlines-core): `tandem bench structured libraries`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+import torch
+
+from tandem.errors import InvalidRequest
+from tandem.protocols.engine import StructuredOutput
+
+logger = logging.getLogger(__name__)
+
+_BYTE_BITS = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
+# byte value -> its 8 bits, least significant first (llguidance's bit order within a word)
+_BYTE_TABLE = (torch.arange(256, dtype=torch.uint8).unsqueeze(1) & _BYTE_BITS).ne(0)
+
+
+def grammar_text(structured: StructuredOutput) -> str:
+    """The llguidance grammar for `structured`; raises InvalidRequest on a bad spec."""
+    import llguidance
+
+    kind, spec = structured.kind, structured.spec
+    compact = {"whitespace_flexible": False}
+    if kind == "json":
+        return str(llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, compact))
+    if spec is None:
+        raise InvalidRequest(f"structured output kind '{kind}' needs a spec; got none")
+    if kind == "json_schema":
+        try:
+            schema = json.loads(spec)
+        except ValueError as exc:
+            raise InvalidRequest(f"json_schema spec is not JSON: {exc}") from exc
+        if not isinstance(schema, dict | bool):
+            raise InvalidRequest(f"json_schema spec must be an object; got {type(schema).__name__}")
+        if structured.strict and isinstance(schema, dict):
+            schema = closed_objects(schema)
+        try:
+            return str(llguidance.LLMatcher.grammar_from_json_schema(schema, compact))
+        except ValueError as exc:
+            raise InvalidRequest(f"json_schema does not compile: {exc}") from exc
+    try:
+        if kind == "regex":
+            return str(llguidance.LLMatcher.grammar_from_regex(spec))
+        if kind == "grammar":
+            return str(llguidance.LLMatcher.grammar_from_lark(spec))
+    except ValueError as exc:
+        raise InvalidRequest(f"structured output {kind} does not compile: {exc}") from exc
+    raise InvalidRequest(
+        f"unknown structured output kind '{kind}'; expected one of: grammar, json, json_schema, "
+        "regex"
+    )
+
+
+def closed_objects(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on every object schema that names its
+    properties and leaves extras open (strict mode: only the named properties appear)."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_objects(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+class GrammarCompiler:
+    """Builds per-sequence matchers over one model's vocabulary. Thread-safe: the engine's
+    async side compiles off the step thread; the step thread may compile too (direct
+    `EngineCore.add`). The vocabulary (about a second for 49k tokens) loads on first use."""
+
+    def __init__(
+        self, tokenizer_spec: str | None, vocab_size: int, eos_token_ids: tuple[int, ...]
+    ) -> None:
+        self.tokenizer_spec = tokenizer_spec
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self._lock = threading.Lock()
+        self._tokenizer: Any = None
+
+    def tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = self._load()
+            return self._tokenizer
+
+    def _load(self) -> Any:
+        import llguidance
+
+        from tandem.tokens.tokenizer import load_tokenizer
+
+        if self.tokenizer_spec is None:
+            raise InvalidRequest(
+                "structured output needs the model's tokenizer; this engine has none "
+                "(load a GGUF or HF directory with tokenizer.json)"
+            )
+        tok = load_tokenizer(self.tokenizer_spec)
+        return llguidance.LLTokenizer(
+            tok.backend.to_str(),
+            n_vocab=self.vocab_size,
+            eos_token=list(self.eos_token_ids or tok.eos_token_ids),
+        )
+
+    def matcher(self, structured: StructuredOutput, token_ids: list[int]) -> Any:
+        """A matcher for `structured`, advanced over the last `num_output_tokens` of
+        `token_ids`. Raises InvalidRequest for a grammar that does not compile or tokens it
+        rejects."""
+        import llguidance
+
+        tokenizer = self.tokenizer()
+        try:
+            matcher = llguidance.LLMatcher(tokenizer, grammar_text(structured))
+        except ValueError as exc:
+            raise InvalidRequest(f"structured output does not compile: {exc}") from exc
+        if matcher.is_error():
+            raise InvalidRequest(f"structured output does not compile: {matcher.get_error()}")
+        n = structured.num_output_tokens
+        if n:
+            if not 0 < n <= len(token_ids):
+                raise InvalidRequest(
+                    f"structured num_output_tokens={n} is invalid; expected at most the "
+                    f"{len(token_ids)} tokens of the request"
+                )
+            if not matcher.consume_tokens(token_ids[-n:]):
+                raise InvalidRequest(
+                    f"the {n} tokens already generated do not match the structured output: "
+                    f"{matcher.get_error()}"
+                )
+        return matcher
+
+
+def advance(matcher: Any, token: int) -> tuple[bool, bool]:
+    """Feed the sampled token to the matcher: (accepted, finished). `finished` is True when
+    the grammar can take nothing but EOS now (the sequence should stop)."""
+    if matcher.is_stopped():
+        return True, True
+    if not matcher.consume_token(token):
+        return False, True
+    return True, matcher.is_stopped()
+
+
+class GrammarMasks:
+    """The per-step bitmask buffer and the executor that fills it (engine thread only)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.num_words = (vocab_size + 31) // 32
+        self._executor: Any = None
+        self._bitmask = torch.empty(0, self.num_words, dtype=torch.int32)
+
+    def apply(self, logits: torch.Tensor, matchers: list[Any]) -> None:
+        """Mask `logits` [rows, vocab] in place where `matchers[i]` (None = unconstrained)
+        forbids a token. One bitmask fill for the batch, one masked_fill over it."""
+        rows = [(m, i) for i, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return
+        import llguidance
+
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        batch = len(matchers)
+        if self._bitmask.shape[0] < batch:
+            self._bitmask = torch.empty(batch, self.num_words, dtype=torch.int32)
+        bitmask = self._bitmask[:batch]
+        bitmask.fill_(-1)
+        self._executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), self.num_words * 4, batch)
+        allowed = _BYTE_TABLE[bitmask.view(torch.uint8).long()].view(batch, -1)
+        width = logits.shape[1]
+        if width <= allowed.shape[1]:
+            logits.masked_fill_(~allowed[:, :width], float("-inf"))
+        else:  # logits wider than the grammar's vocabulary: the extra ids are never valid
+            logits[:, : allowed.shape[1]].masked_fill_(~allowed, float("-inf"))
+            logits[[i for _, i in rows], allowed.shape[1] :] = float("-inf")

@@ -41,6 +41,7 @@ from tandem.protocols.engine import (
     EngineOutput,
     PreprocessedRequest,
     RoutingHints,
+    continued_sampling,
     decode_output,
     encode,
 )
@@ -296,6 +297,7 @@ def _decode_leg(
         without_image_bytes(pinned),
         token_ids=pinned.token_ids + first_tokens,
         stop=stop,
+        sampling=continued_sampling(pinned.sampling, n),
         disagg_params=params,
     )
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from tandem.errors import InvalidRequest
-from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.engine import PreprocessedRequest, continued_sampling
 
 Mode = Literal["pull", "rendezvous", "push"]
 PINNED_ANNOTATION = "tandem.disagg.pinned"  # the frontend pinned this leg to a worker
@@ -58,7 +58,10 @@ def after_first_tokens(request: PreprocessedRequest, tokens: list[int]) -> Prepr
         max_tokens=max(request.stop.max_tokens - n, 1),
         min_tokens=max(request.stop.min_tokens - n, 0),
     )
-    return msgspec.structs.replace(request, token_ids=request.token_ids + tokens, stop=stop)
+    sampling = continued_sampling(request.sampling, n)
+    return msgspec.structs.replace(
+        request, token_ids=request.token_ids + tokens, stop=stop, sampling=sampling
+    )
 
 
 def without_image_bytes(request: PreprocessedRequest) -> PreprocessedRequest:

@@ -23,6 +23,7 @@ from tandem.protocols.engine import (
     EngineOutput,
     PreprocessedRequest,
     StopConditions,
+    continued_sampling,
     decode_output,
     encode,
 )
@@ -223,6 +224,7 @@ def _continuation(
             request_id=f"{request.request_id}-m{attempt}",
             token_ids=request.token_ids + generated,
             stop=stop,
+            sampling=continued_sampling(request.sampling, len(generated)),
         )
     )
 

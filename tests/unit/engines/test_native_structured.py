@@ -196,3 +196,25 @@ async def test_native_engine_compiles_off_thread_and_streams_valid_json() -> Non
                 pass
     finally:
         await engine.stop()
+
+
+def test_every_continuation_path_carries_the_generated_count() -> None:
+    """Disaggregated decode legs (both flows) and migration append tokens generated elsewhere
+    to token_ids; each must tell the constraint how many, or the matcher starts over."""
+    from tandem.disagg.orchestrator import _decode_leg
+    from tandem.disagg.params import after_first_tokens
+    from tandem.frontend.migration import _continuation
+
+    req = request("c", schema_output())
+    legs = [
+        after_first_tokens(req, [7, 8]),
+        _decode_leg(req, [7, 8], {"mode": "pull"}),
+        _continuation(req, [7, 8], 1),
+    ]
+    for leg in legs:
+        assert leg.sampling.structured is not None
+        assert leg.sampling.structured.num_output_tokens == 2
+        assert leg.token_ids[-2:] == [7, 8]
+    again = _continuation(legs[2], [9], 2)
+    assert again.sampling.structured is not None
+    assert again.sampling.structured.num_output_tokens == 3

@@ -18,7 +18,7 @@ from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import random_weights
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.model_config import ModelConfig
-from tandem.engines.native.structured import GrammarMasks, closed_objects
+from tandem.engines.native.structured import GrammarMasks
 from tandem.errors import InvalidRequest
 from tandem.protocols.engine import (
     PreprocessedRequest,
@@ -27,6 +27,7 @@ from tandem.protocols.engine import (
     StructuredOutput,
     continued_sampling,
 )
+from tandem.tokens.grammar import closed_objects
 from tandem.tokens.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(60)

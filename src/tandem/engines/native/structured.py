@@ -15,70 +15,23 @@ Why llguidance (not xgrammar or outlines-core): `tandem bench structured librari
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
 
+import llguidance
 import torch
 
 from tandem.errors import InvalidRequest
 from tandem.protocols.engine import StructuredOutput
+from tandem.tokens.grammar import grammar_text
+from tandem.tokens.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 _BYTE_BITS = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
 # byte value -> its 8 bits, least significant first (llguidance's bit order within a word)
 _BYTE_TABLE = (torch.arange(256, dtype=torch.uint8).unsqueeze(1) & _BYTE_BITS).ne(0)
-
-
-def grammar_text(structured: StructuredOutput) -> str:
-    """The llguidance grammar for `structured`; raises InvalidRequest on a bad spec."""
-    import llguidance
-
-    kind, spec = structured.kind, structured.spec
-    compact = {"whitespace_flexible": False}
-    if kind == "json":
-        return str(llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, compact))
-    if spec is None:
-        raise InvalidRequest(f"structured output kind '{kind}' needs a spec; got none")
-    if kind == "json_schema":
-        try:
-            schema = json.loads(spec)
-        except ValueError as exc:
-            raise InvalidRequest(f"json_schema spec is not JSON: {exc}") from exc
-        if not isinstance(schema, dict | bool):
-            raise InvalidRequest(f"json_schema spec must be an object; got {type(schema).__name__}")
-        if structured.strict and isinstance(schema, dict):
-            schema = closed_objects(schema)
-        try:
-            return str(llguidance.LLMatcher.grammar_from_json_schema(schema, compact))
-        except ValueError as exc:
-            raise InvalidRequest(f"json_schema does not compile: {exc}") from exc
-    try:
-        if kind == "regex":
-            return str(llguidance.LLMatcher.grammar_from_regex(spec))
-        if kind == "grammar":
-            return str(llguidance.LLMatcher.grammar_from_lark(spec))
-    except ValueError as exc:
-        raise InvalidRequest(f"structured output {kind} does not compile: {exc}") from exc
-    raise InvalidRequest(
-        f"unknown structured output kind '{kind}'; expected one of: grammar, json, json_schema, "
-        "regex"
-    )
-
-
-def closed_objects(schema: Any) -> Any:
-    """`schema` with `additionalProperties: false` on every object schema that names its
-    properties and leaves extras open (strict mode: only the named properties appear)."""
-    if isinstance(schema, list):
-        return [closed_objects(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: closed_objects(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
 
 
 class GrammarCompiler:
@@ -102,9 +55,6 @@ class GrammarCompiler:
             return self._tokenizer
 
     def _load(self) -> Any:
-        import llguidance
-
-        from tandem.tokens.tokenizer import load_tokenizer
 
         if self.tokenizer_spec is None:
             raise InvalidRequest(
@@ -122,8 +72,6 @@ class GrammarCompiler:
         """A matcher for `structured`, advanced over the last `num_output_tokens` of
         `token_ids`. Raises InvalidRequest for a grammar that does not compile or tokens it
         rejects."""
-        import llguidance
-
         tokenizer = self.tokenizer()
         try:
             matcher = llguidance.LLMatcher(tokenizer, grammar_text(structured))
@@ -171,8 +119,6 @@ class GrammarMasks:
         rows = [(m, i) for i, m in enumerate(matchers) if m is not None]
         if not rows:
             return
-        import llguidance
-
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         batch = len(matchers)

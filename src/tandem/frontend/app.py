@@ -29,6 +29,7 @@ from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat
+from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
@@ -275,11 +276,14 @@ class FrontendApp:
                 for i in range(len(prepared.requests))
             ]
             events = self._events(prepared, states, keep_text=not req.stream)
+            parsers = _tool_parsers(prepared)
             async with aclosing(events):
                 if req.stream:
-                    await self._stream(response, req, prepared, states, events, fmt, started)
+                    await self._stream(
+                        response, req, prepared, states, events, fmt, started, parsers
+                    )
                 else:
-                    await self._collect(response, prepared, states, events, fmt, started)
+                    await self._collect(response, prepared, states, events, fmt, started, parsers)
             status = "success"
             self._record_tokens(labels, prepared, states)
         except asyncio.CancelledError:
@@ -317,6 +321,7 @@ class FrontendApp:
         events: AsyncGenerator[Event, None],
         fmt: ResponseFormat,
         started: float,
+        parsers: list[HermesToolParser] | None = None,
     ) -> None:
         opts = req.stream_options
         include_usage = opts is not None and opts.include_usage
@@ -336,9 +341,15 @@ class FrontendApp:
             else:
                 self.metrics.observe_itl(now - last, labels)
             last = now
-            if text or finish is not None or logprobs:
+            calls = None
+            if parsers is not None:  # tool-call markup becomes delta.tool_calls
+                parser = parsers[state.index]
+                text, calls = parser.feed(text, final=finish is not None)
+                finish = "tool_calls" if finish == "stop" and parser.calls else finish
+            if text or finish is not None or logprobs or calls:
                 usage = _usage(prepared, states) if continuous else None
-                await response.write(fmt.chunk(state.index, text, logprobs, finish, usage))
+                chunk = fmt.chunk(state.index, text, logprobs, finish, usage, calls)
+                await response.write(chunk)
             event = await anext(events, None)
         if include_usage:
             await response.write(fmt.usage_chunk(_usage(prepared, states)))
@@ -353,6 +364,7 @@ class FrontendApp:
         events: AsyncGenerator[Event, None],
         fmt: ResponseFormat,
         started: float,
+        parsers: list[HermesToolParser] | None = None,
     ) -> None:
         first = True
         async for _ in events:
@@ -360,7 +372,7 @@ class FrontendApp:
                 first = False
                 self.metrics.observe_ttft(time.perf_counter() - started, (prepared.model.name,))
                 tracing.since_current("first_token")
-        body = fmt.full_response(states, _usage(prepared, states))
+        body = fmt.full_response(states, _usage(prepared, states), parsers)
         await response.send(200, body)
 
     # ------------------------------------------------------------------ engine streams
@@ -436,6 +448,16 @@ def _not_found(request: HttpRequest, paths: set[str]) -> ServingError:
     err = InvalidRequest(f"no route {request.method} {request.path}; try /v1/chat/completions")
     err.status_code = 404
     return err
+
+
+def _tool_parsers(prepared: Prepared) -> list[HermesToolParser] | None:
+    """One tool-call parser per choice when the request offered tools."""
+    if prepared.tool_parser is None:
+        return None
+    make = make_tool_parser
+    return [
+        make(prepared.tool_parser, max_calls=prepared.max_tool_calls) for _ in prepared.requests
+    ]
 
 
 def _cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:

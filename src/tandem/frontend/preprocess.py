@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from tandem.errors import ContextLengthExceeded, InvalidRequest
 from tandem.frontend.models import ServedModel
+from tandem.frontend.structured import response_format_output
+from tandem.frontend.tools import ToolPlan, plan_tools, render_messages
 from tandem.multimodal.loader import ImageLoader
 from tandem.multimodal.prompt import (
     expand_placeholders,
@@ -24,6 +27,7 @@ from tandem.protocols.engine import (
     RoutingHints,
     SamplingParams,
     StopConditions,
+    StructuredOutput,
     encode,
 )
 from tandem.protocols.openai import (
@@ -54,6 +58,8 @@ class Prepared:
     include_stop_str: bool = False
     skip_special_tokens: bool = True
     num_top_logprobs: int | None = None
+    tool_parser: str | None = None  # parse tool calls out of the text (tandem.frontend.tools)
+    max_tool_calls: int | None = None
 
 
 async def preprocess_chat(
@@ -74,10 +80,17 @@ async def preprocess_chat(
         prompt_images = await load_images(parts, card=model.card, loader=images)
         placeholder = tok.token_text(prompt_images.placeholder_id) or ""
         messages = with_placeholders(messages, placeholder)
+    plan = plan_tools(
+        req.tools, req.tool_choice, req.parallel_tool_calls, req.functions, req.function_call
+    )
+    structured = _structured(req.response_format, plan)
+    messages, tools = render_messages(
+        messages, plan, template_takes_tools=model.chat_template.takes_tools
+    )
     text = model.chat_template.render(
         messages,
         add_generation_prompt=req.add_generation_prompt,
-        tools=req.tools,
+        tools=tools,
         template_kwargs=req.chat_template_kwargs,
     )
     ids = await _encode(tok.encode, text, add_special_tokens=False)
@@ -89,6 +102,7 @@ async def preprocess_chat(
     top = (req.top_logprobs or 0) if req.logprobs else None
     base = _base_request(req, model, request_id, worker_id, deadline_s, top)
     base.mm_items = mm_items
+    base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
     requests = _fan_out(base, [ids], model, req.n, max_tokens, param, "messages")
     return Prepared(
         request_id=request_id,
@@ -99,6 +113,8 @@ async def preprocess_chat(
         include_stop_str=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         num_top_logprobs=top,
+        tool_parser=plan.parser if plan is not None and plan.tools else None,
+        max_tool_calls=plan.max_calls if plan is not None else None,
     )
 
 
@@ -127,6 +143,8 @@ async def preprocess_completion(
             _check_ids(model, prompt, i)
             prompts.append(prompt)
     base = _base_request(req, model, request_id, worker_id, deadline_s, req.logprobs)
+    structured = response_format_output(req.response_format)
+    base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
     requests = _fan_out(base, prompts, model, req.n, req.max_tokens, "max_tokens", "prompt")
     return Prepared(
         request_id=request_id,
@@ -138,6 +156,20 @@ async def preprocess_completion(
         skip_special_tokens=req.skip_special_tokens,
         num_top_logprobs=req.logprobs,
     )
+
+
+def _structured(response_format: Any, plan: ToolPlan | None) -> StructuredOutput | None:
+    """The request's one constraint: response_format's or a forced tool call's."""
+    structured = response_format_output(response_format)
+    if plan is None or plan.structured is None:
+        return structured
+    if structured is not None:
+        raise InvalidRequest(
+            "response_format json cannot be combined with a forced tool call (tool_choice "
+            "'required' or a named function); drop one of them",
+            param="response_format",
+        )
+    return plan.structured
 
 
 async def _encode(

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from tandem.frontend.postprocess import ChoiceState
+from tandem.frontend.tool_parser import HermesToolParser
 
 _json = msgspec.json.Encoder()
 
@@ -53,10 +54,15 @@ class ResponseFormat:
         logprobs: list[dict[str, Any]] | None,
         finish_reason: str | None,
         usage: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> bytes:
         choice: dict[str, Any]
         if self.chat:
-            delta = {"content": text} if text or finish_reason is None else {}
+            delta: dict[str, Any] = {}
+            if text or (finish_reason is None and not tool_calls):
+                delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             lp = {"content": logprobs} if logprobs is not None else None
             choice = {
                 "index": index,
@@ -74,8 +80,16 @@ class ResponseFormat:
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         return self._head + b'],"usage":' + _json.encode(usage) + b"}\n\n"
 
-    def full_response(self, states: list[ChoiceState], usage: dict[str, Any]) -> bytes:
-        choices = [self._full_choice(s) for s in states]
+    def full_response(
+        self,
+        states: list[ChoiceState],
+        usage: dict[str, Any],
+        tool_parsers: list[HermesToolParser] | None = None,
+    ) -> bytes:
+        choices = [
+            self._full_choice(s, tool_parsers[i] if tool_parsers else None)
+            for i, s in enumerate(states)
+        ]
         body = {
             "id": self.request_id,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -86,15 +100,25 @@ class ResponseFormat:
         }
         return _json.encode(body)
 
-    def _full_choice(self, state: ChoiceState) -> dict[str, Any]:
+    def _full_choice(
+        self, state: ChoiceState, tool_parser: HermesToolParser | None = None
+    ) -> dict[str, Any]:
         text = "".join(state.text_parts)
         logprobs = state.all_logprobs
         if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            finish = state.finish_reason
+            if tool_parser is not None:
+                content, calls = tool_parser.parse(text)
+                message["content"] = content
+                if calls:
+                    message["tool_calls"] = [c.to_dict() for c in calls]
+                    finish = "tool_calls" if finish == "stop" else finish
             return {
                 "index": state.index,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": {"content": logprobs} if logprobs is not None else None,
-                "finish_reason": state.finish_reason,
+                "finish_reason": finish,
             }
         return {
             "index": state.index,

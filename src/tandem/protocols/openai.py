@@ -67,6 +67,12 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    # structured outputs and tool calling (tandem.frontend.structured, tandem.frontend.tools)
+    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -74,6 +80,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: str | list[Any]
     logprobs: int | None = None
     echo: bool = False
+    response_format: dict[str, Any] | None = None  # as vLLM takes it on completions
 
 
 def _check(ok: bool, param: str, value: Any, expected: str) -> None:

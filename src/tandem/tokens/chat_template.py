@@ -54,6 +54,8 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template does not compile: {exc}") from exc
         self._bos_token = bos_token
+        # a template that reads `tools` renders them itself; others get the default tool prompt
+        self.takes_tools = source is not None and "tools" in source
         self._eos_token = eos_token
 
     def render(

@@ -101,6 +101,12 @@ class MockerEngine:
         if self._task is None:
             raise EngineError("mocker engine is not running; call start() first")
         request_id = request.request_id
+        if request.sampling.structured is not None:  # never a 200 that ignores the schema
+            raise InvalidRequest(
+                f"request_id={request_id} asks for structured output "
+                f"({request.sampling.structured.kind}); the mocker engine writes pseudo-tokens "
+                "and cannot enforce it; serve with --engine native"
+            )
         if request.mm_items and install is None:
             await self._encode_images(request)
         if install is None:

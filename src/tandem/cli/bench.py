@@ -2,7 +2,8 @@
 
     tandem bench [load options]               load generator against any OpenAI endpoint
     tandem bench frontend|routers|vllm [options]   comparisons that start their own stacks
-    tandem bench indexer|engine|transfer|disagg|kvbm|multimodal|tracing [options]   components
+    tandem bench indexer|engine|transfer|disagg|kvbm|multimodal|tracing|structured [options]
+                                              component benchmarks
     tandem bench planner [options]            planner vs static fleets on a time-varying load
     tandem bench soak [options]               RSS slope of every process under mixed load
 
@@ -34,6 +35,7 @@ SUBCOMMANDS = {
     "soak": "soak",
     "vllm": "vllm_compare",
     "tracing": "tracing",
+    "structured": "structured",
 }
 
 

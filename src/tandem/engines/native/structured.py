@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 import llguidance
+import numpy as np
 import torch
 
 from tandem.errors import InvalidRequest
@@ -28,10 +29,6 @@ from tandem.tokens.grammar import grammar_text
 from tandem.tokens.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
-
-_BYTE_BITS = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
-# byte value -> its 8 bits, least significant first (llguidance's bit order within a word)
-_BYTE_TABLE = (torch.arange(256, dtype=torch.uint8).unsqueeze(1) & _BYTE_BITS).ne(0)
 
 
 class GrammarCompiler:
@@ -127,10 +124,14 @@ class GrammarMasks:
         bitmask = self._bitmask[:batch]
         bitmask.fill_(-1)
         self._executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), self.num_words * 4, batch)
-        allowed = _BYTE_TABLE[bitmask.view(torch.uint8).long()].view(batch, -1)
+        # set bits = allowed; invert the packed words (tiny) so that unpacking yields the
+        # forbidden mask directly: numpy's unpackbits is one C pass, then one masked_fill
+        words = np.bitwise_not(bitmask.numpy())
+        forbidden = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+        mask = torch.from_numpy(forbidden).view(torch.bool)
         width = logits.shape[1]
-        if width <= allowed.shape[1]:
-            logits.masked_fill_(~allowed[:, :width], float("-inf"))
+        if width <= mask.shape[1]:
+            logits.masked_fill_(mask[:, :width], float("-inf"))
         else:  # logits wider than the grammar's vocabulary: the extra ids are never valid
-            logits[:, : allowed.shape[1]].masked_fill_(~allowed, float("-inf"))
-            logits[[i for _, i in rows], allowed.shape[1] :] = float("-inf")
+            logits[:, : mask.shape[1]].masked_fill_(mask, float("-inf"))
+            logits[[i for _, i in rows], mask.shape[1] :] = float("-inf")

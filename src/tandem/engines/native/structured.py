@@ -5,7 +5,8 @@ StructuredOutput and fast-forwarded over the tokens it already produced elsewher
 (`StructuredOutput.num_output_tokens`: a disaggregated prefill's first token, a migrated
 stream's tokens). Per step, `apply_grammar_mask` fills one int32 bitmask [rows, ceil(vocab/32)]
 for the batch (llguidance's executor, native threads, GIL released) and applies it to the
-batch's logits in one `masked_fill_`; unconstrained rows keep every bit set, and a batch
+batch's logits in one pass (numpy putmask of the unpacked, inverted words); unconstrained
+rows keep every bit set, and a batch
 without constrained rows returns before touching anything. EOS is in a row's mask only when
 its grammar accepts; `advance` reports a grammar that can take nothing more so the engine
 finishes the sequence at once instead of spending a step on the forced EOS.
@@ -112,7 +113,7 @@ class GrammarMasks:
 
     def apply(self, logits: torch.Tensor, matchers: list[Any]) -> None:
         """Mask `logits` [rows, vocab] in place where `matchers[i]` (None = unconstrained)
-        forbids a token. One bitmask fill for the batch, one masked_fill over it."""
+        forbids a token. One bitmask fill for the batch, one masking pass over it."""
         rows = [(m, i) for i, m in enumerate(matchers) if m is not None]
         if not rows:
             return
@@ -125,11 +126,15 @@ class GrammarMasks:
         bitmask.fill_(-1)
         self._executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), self.num_words * 4, batch)
         # set bits = allowed; invert the packed words (tiny) so that unpacking yields the
-        # forbidden mask directly: numpy's unpackbits is one C pass, then one masked_fill
+        # forbidden mask directly, then one numpy putmask over the logits' memory: measured
+        # faster here than torch's masked_fill_/where with a bool mask (both are one pass)
         words = np.bitwise_not(bitmask.numpy())
-        forbidden = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
-        mask = torch.from_numpy(forbidden).view(torch.bool)
+        forbidden = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little").view(np.bool_)
         width = logits.shape[1]
+        if width <= forbidden.shape[1] and logits.is_contiguous():
+            np.putmask(logits.numpy(), forbidden[:, :width], -np.inf)
+            return
+        mask = torch.from_numpy(forbidden)
         if width <= mask.shape[1]:
             logits.masked_fill_(mask[:, :width], float("-inf"))
         else:  # logits wider than the grammar's vocabulary: the extra ids are never valid

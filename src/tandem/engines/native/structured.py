@@ -3,11 +3,11 @@
 Each constrained sequence owns an `LLMatcher` (`Sequence.grammar`) built from its
 StructuredOutput and fast-forwarded over the tokens it already produced elsewhere
 (`StructuredOutput.num_output_tokens`: a disaggregated prefill's first token, a migrated
-stream's tokens). Per step, `apply_grammar_mask` fills one int32 bitmask [rows, ceil(vocab/32)]
-for the batch (llguidance's executor, native threads, GIL released) and applies it to the
-batch's logits in one pass (numpy putmask of the unpacked, inverted words); unconstrained
-rows keep every bit set, and a batch
-without constrained rows returns before touching anything. EOS is in a row's mask only when
+stream's tokens). Per step, `GrammarMasks.apply` fills one int32 bitmask
+[rows, ceil(vocab/32)] for the batch (llguidance's executor, native threads, GIL released) and
+applies it to the batch's logits in one pass (numpy putmask of the unpacked, inverted words);
+unconstrained rows keep every bit set, and a batch without constrained rows returns before
+touching anything. EOS is in a row's mask only when
 its grammar accepts; `advance` reports a grammar that can take nothing more so the engine
 finishes the sequence at once instead of spending a step on the forced EOS.
 

@@ -316,7 +316,7 @@ def engine(args: argparse.Namespace) -> dict[str, Any]:
             f"{row['grammar_share']:6.1%} {row['grammar_ms_per_token']:13.3f}"
         )
     print(
-        "grammar = bitmask fill + one masked_fill over the batch logits + matcher advance; "
+        "grammar = bitmask fill + one masking pass over the batch logits + matcher advance; "
         "a constrained step also computes full fp32 logits (plain greedy may screen in bf16)"
     )
     return {"rows": rows}

@@ -334,3 +334,29 @@ def test_bad_requests_name_the_field(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=orphan, max_tokens=4)
     assert info.value.body["param"] == "messages[1].tool_call_id"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_choice_never_leaks_markup(client: openai.OpenAI, stream: bool) -> None:
+    """tool_choice auto: the model decides. Whatever it writes, the markup of a call never
+    reaches content, and a call it makes is well formed."""
+    kw: dict[str, Any] = {
+        "model": MODEL,
+        "messages": ask("What is the weather in Paris? Call get_weather."),
+        "tools": [WEATHER],
+        "max_tokens": 60,
+        "temperature": 0.0,
+    }
+    if stream:
+        content, names = "", []
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                names += [d.function.name for d in c.delta.tool_calls or [] if d.id]  # type: ignore[union-attr]
+    else:
+        msg = client.chat.completions.create(**kw).choices[0].message
+        content, names = msg.content or "", [c.function.name for c in msg.tool_calls or []]  # type: ignore[union-attr]
+        for call in msg.tool_calls or []:
+            json.loads(call.function.arguments)  # type: ignore[union-attr]
+    assert "<tool_call>\n{" not in content
+    assert all(n == "get_weather" for n in names)

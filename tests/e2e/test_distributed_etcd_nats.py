@@ -44,7 +44,7 @@ def _routed(base_url: str) -> dict[str, float]:
     """Requests the frontend's router sent to each worker (from /metrics)."""
     _, _, body = http_request(f"{base_url}/metrics")
     found = re.findall(
-        r'tandem_router_routed_requests_total\{worker_id="(\w+)"\} (\S+)', body.decode()
+        r'tandem_router_routed_requests_total\{worker_id="(\w+)"[^}]*\} (\S+)', body.decode()
     )
     return {wid: float(n) for wid, n in found}
 

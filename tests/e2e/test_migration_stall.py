@@ -60,7 +60,7 @@ def _record_pid(path: Path) -> int:
 
 def _routed(base: str) -> dict[str, float]:
     _, _, text = http_request(f"{base}/metrics")
-    rows = re.findall(rb'tandem_router_routed_requests_total\{worker_id="(\w+)"\} (\S+)', text)
+    rows = re.findall(rb'tandem_router_routed_requests_total\{worker_id="(\w+)"[^}]*\} (\S+)', text)
     return {w.decode(): float(n) for w, n in rows}
 
 

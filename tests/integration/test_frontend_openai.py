@@ -167,7 +167,7 @@ async def test_chat_stream_with_usage_and_models() -> None:
         async with aiohttp.ClientSession() as http, http.get(url) as resp:
             metrics = await resp.text()
         line = 'tandem_frontend_requests_total{model="smollm2",endpoint="chat_completions",'
-        assert line + 'status="success"} 1' in metrics
+        assert line + 'request_type="stream",status="success",status_code="200"} 1' in metrics
         assert 'tandem_frontend_output_tokens_total{model="smollm2"} 8' in metrics
         assert "tandem_frontend_time_to_first_token_seconds_count" in metrics
         assert 'tandem_frontend_worker_load{model="smollm2"' in metrics

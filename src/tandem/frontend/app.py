@@ -14,6 +14,8 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -22,7 +24,7 @@ from tandem.errors import InvalidRequest, Overloaded, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend.auth import ApiKeys
 from tandem.frontend.health import HealthMonitor
-from tandem.frontend.http_server import HttpRequest, HttpResponse
+from tandem.frontend.http_server import ClientDisconnected, HttpRequest, HttpResponse
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, ServedModel
@@ -36,6 +38,7 @@ from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, fan_out
 from tandem.runtime import tracing
 from tandem.runtime.log_format import request_scope
+from tandem.runtime.metrics import CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +48,28 @@ _json = msgspec.json.Encoder()
 PIN_HEADER = "x-worker-instance-id"
 # (state, delta_text, delta_logprobs, finish_reason) of one processed engine chunk
 Event = tuple[ChoiceState, str, Any, str | None]
+# the `endpoint` label of tandem_frontend_requests_total; probes, scrapes and pages are not counted
+API_ENDPOINTS = {
+    "/v1/chat/completions": "chat_completions",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+    "/v1/route/explain": "route_explain",
+}
+CLIENT_CLOSED = 499  # the status_code label of a request whose client went away (nginx's)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What tandem_frontend_requests_total learns of one request while it runs: the model
+    label only once the model is known to be served (no label per mistyped name)."""
+
+    model: str = ""
+    request_type: str = "unary"
+    status: str = "success"
+    status_code: int = 200
+
+
+_tally: ContextVar[_Tally] = ContextVar("tandem_frontend_tally")
 
 
 class FrontendApp:
@@ -66,6 +91,7 @@ class FrontendApp:
         admin_api_keys: tuple[str, ...] = (),
     ) -> None:
         self.registry, self.streamer, self.metrics = registry, streamer, metrics
+        metrics.watch(registry)
         self.images = images or ImageLoader(ImageConfig())
         self.health_monitor = health
         self._auth = ApiKeys(api_keys, admin_api_keys)
@@ -97,13 +123,33 @@ class FrontendApp:
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
         method = "GET" if request.method == "HEAD" else request.method  # HEAD works like GET
         handler = self._routes.get((method, request.path))
+        endpoint = API_ENDPOINTS.get(request.path, "other" if handler is None else None)
+        tally = _Tally()
+        token = _tally.set(tally)
         try:
             if handler is None:
                 raise _not_found(request, {path for _, path in self._routes})
             self._auth.check(request)
             await handler(request, response)
         except ServingError as exc:
+            tally.status = "error"
+            if not response.started:
+                tally.status_code = http_errors.error_status(exc)
             await self._send_error(response, exc)
+        except (asyncio.CancelledError, ClientDisconnected):
+            tally.status, tally.status_code = "cancelled", CLIENT_CLOSED
+            raise
+        except Exception:
+            tally.status = "error"
+            if not response.started:
+                tally.status_code = 500  # the server answers 500 for what escapes here
+            raise
+        finally:
+            _tally.reset(token)
+            if endpoint is not None:
+                self.metrics.counted(
+                    tally.model, endpoint, tally.request_type, tally.status, tally.status_code
+                )
 
     async def _send_error(self, response: HttpResponse, exc: ServingError) -> None:
         body = http_errors.error_body(exc)
@@ -140,13 +186,7 @@ class FrontendApp:
         await response.send(200 if live else 503, _json.encode(body))
 
     async def prometheus(self, request: HttpRequest, response: HttpResponse) -> None:
-        extra = "".join(
-            m.router.metrics_text()
-            for m in self.registry.models.values()
-            if hasattr(m.router, "metrics_text")
-        )
-        text = self.metrics.render(self.registry.worker_loads(), extra)
-        await response.send(200, text.encode(), content_type=b"text/plain; version=0.0.4")
+        await response.send(200, self.metrics.render(), content_type=CONTENT_TYPE)
 
     # ------------------------------------------------------------------ generate endpoints
     async def chat_completions(self, request: HttpRequest, response: HttpResponse) -> None:
@@ -165,6 +205,8 @@ class FrontendApp:
         fmt: ResponseFormat,
     ) -> None:
         model = self.registry.get(req.model)
+        tally = _tally.get()
+        tally.model, tally.request_type = model.name, "stream" if req.stream else "unary"
         num_slots = self._admit(req)
         request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
@@ -258,12 +300,10 @@ class FrontendApp:
     async def _run_tracked(
         self, response: HttpResponse, req: Any, prepared: Prepared, fmt: ResponseFormat
     ) -> None:
-        labels = (prepared.model.name,)
-        endpoint = "chat_completions" if fmt.chat else "completions"
-        self.metrics.inflight.set(labels, self.metrics.inflight.values.get(labels, 0) + 1)
-        self.metrics.arrived(prepared.model.name)
-        started = time.perf_counter()
-        status = "error"
+        name = prepared.model.name
+        self.metrics.arrived(name)
+        timer = _TokenTimer(self.metrics, name)
+        failed = True
         try:
             states = [
                 ChoiceState(
@@ -279,38 +319,26 @@ class FrontendApp:
             parsers = _tool_parsers(prepared)
             async with aclosing(events):
                 if req.stream:
-                    await self._stream(
-                        response, req, prepared, states, events, fmt, started, parsers
-                    )
+                    await self._stream(response, req, prepared, states, events, fmt, timer, parsers)
                 else:
-                    await self._collect(response, prepared, states, events, fmt, started, parsers)
-            status = "success"
-            self._record_tokens(labels, prepared, states)
-        except asyncio.CancelledError:
-            status = "cancelled"
-            self.metrics.disconnects.inc(labels)
+                    await self._collect(response, prepared, states, events, fmt, timer, parsers)
+            failed = False
+            self.metrics.finished(
+                name,
+                num_in=sum(prepared.prompt_lens),
+                num_out=sum(s.num_tokens for s in states),
+                num_cached=_cached_tokens(prepared, states),
+            )
+        except (asyncio.CancelledError, ClientDisconnected):
+            self.metrics.disconnects.labels(name).inc()
             raise
         finally:
-            self.metrics.inflight.set(labels, self.metrics.inflight.values.get(labels, 1) - 1)
-            self.metrics.requests.inc((prepared.model.name, endpoint, status))
-            if status == "error" and self.metrics.interval is not None:
-                self.metrics.interval.failed(prepared.model.name)
-            self.metrics.duration.observe(time.perf_counter() - started, labels)
-
-    def _record_tokens(
-        self, labels: tuple[str, ...], prepared: Prepared, states: list[ChoiceState]
-    ) -> None:
-        m = self.metrics
-        num_in = sum(prepared.prompt_lens)
-        num_out = sum(s.num_tokens for s in states)
-        m.input_len.observe(num_in, labels)
-        m.output_len.observe(num_out, labels)
-        m.input_tokens.inc(labels, num_in)
-        m.output_tokens.inc(labels, num_out)
-        m.cached_tokens.inc(labels, _cached_tokens(prepared, states))
-        if m.interval is not None:
-            m.interval.finished(labels[0], isl=num_in, osl=num_out)
-            m.interval.cached(labels[0], _cached_tokens(prepared, states))
+            self.metrics.left(
+                name,
+                time.perf_counter() - timer.started,
+                had_first_token=timer.last > 0.0,
+                failed=failed,
+            )
 
     async def _stream(
         self,
@@ -320,7 +348,7 @@ class FrontendApp:
         states: list[ChoiceState],
         events: AsyncGenerator[Event, None],
         fmt: ResponseFormat,
-        started: float,
+        timer: _TokenTimer,
         parsers: list[HermesToolParser] | None = None,
     ) -> None:
         opts = req.stream_options
@@ -330,17 +358,12 @@ class FrontendApp:
         await response.start_stream()
         if fmt.chat:
             await response.write(b"".join(fmt.role_chunk(s.index) for s in states))
-        labels = (prepared.model.name,)
-        last = 0.0
         while event is not None:
             state, text, logprobs, finish = event
-            now = time.perf_counter()
-            if last == 0.0:
-                self.metrics.observe_ttft(now - started, labels)
+            first = timer.last == 0.0
+            timer.token()
+            if first:
                 tracing.since_current("first_token")
-            else:
-                self.metrics.observe_itl(now - last, labels)
-            last = now
             calls = None
             if parsers is not None:  # tool-call markup becomes delta.tool_calls
                 parser = parsers[state.index]
@@ -363,14 +386,12 @@ class FrontendApp:
         states: list[ChoiceState],
         events: AsyncGenerator[Event, None],
         fmt: ResponseFormat,
-        started: float,
+        timer: _TokenTimer,
         parsers: list[HermesToolParser] | None = None,
     ) -> None:
-        first = True
         async for _ in events:
-            if first:
-                first = False
-                self.metrics.observe_ttft(time.perf_counter() - started, (prepared.model.name,))
+            if timer.last == 0.0:
+                timer.token()  # unary: the first token only (no inter-token latency)
                 tracing.since_current("first_token")
         body = fmt.full_response(states, _usage(prepared, states), parsers)
         await response.send(200, body)
@@ -431,6 +452,25 @@ class FrontendApp:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _TokenTimer:
+    """TTFT on the first token chunk of a request, ITL between the later ones."""
+
+    __slots__ = ("_metrics", "_model", "last", "started")
+
+    def __init__(self, metrics: FrontendMetrics, model: str) -> None:
+        self._metrics, self._model = metrics, model
+        self.started = time.perf_counter()
+        self.last = 0.0
+
+    def token(self) -> None:
+        now = time.perf_counter()
+        if self.last == 0.0:
+            self._metrics.first_token(self._model, now - self.started)
+        else:
+            self._metrics.observe_itl(self._model, now - self.last)
+        self.last = now
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:

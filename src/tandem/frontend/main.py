@@ -53,7 +53,7 @@ async def serve_frontend(
         runtime.client,
         runtime.endpoint_path(config.worker_component, config.worker_endpoint),
         migration_limit=config.migration_limit,
-        on_migrate=lambda model: metrics.migrations.inc((model,)),
+        on_migrate=lambda model: metrics.migrations.labels(model).inc(),
         stall=config.stall,
     )
     aggregated = streamer

@@ -1,168 +1,204 @@
-"""Prometheus metrics of the frontend, rendered as text exposition format 0.0.4.
+"""Prometheus metrics of the frontend (`GET /metrics`), named after Dynamo's `dynamo_frontend_*`
+so a Dynamo user's queries translate by prefix (docs/architecture.md, "Metrics").
 
-A tiny dependency-free implementation: label values are tuples, observations are O(buckets)
-at worst and O(1) dict lookups otherwise, so they are cheap enough to record per chunk.
+Every HTTP API request is counted once in `tandem_frontend_requests_total` with its outcome
+(`status`: success, error, cancelled) and HTTP `status_code`, including the ones rejected before
+routing (bad JSON 400, auth 401/403, unknown model 404, admission 429/503). Per-worker load and
+the routers' own metrics are read from the model registry at scrape time (`RouterCollector`).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from tandem.frontend.request_stats import RequestStatsCollector
+from tandem.router.metrics import router_families
+from tandem.runtime.metrics import render
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_TOKEN_BUCKETS = (1, 8, 32, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
-
-
-def _labels(names: tuple[str, ...], values: tuple[str, ...], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TOKEN_BUCKETS = (1, 8, 32, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class RoutedModels(Protocol):
+    """What the metrics read of the model registry at scrape time."""
 
+    def worker_loads(self) -> dict[str, dict[str, dict[str, float]]]: ...
 
-class Counter:
-    def __init__(self, name: str, help_: str, labels: tuple[str, ...] = ()) -> None:
-        self.name, self.help, self.label_names = name, help_, labels
-        self.values: dict[tuple[str, ...], float] = {}
-
-    def inc(self, labels: tuple[str, ...] = (), amount: float = 1.0) -> None:
-        self.values[labels] = self.values.get(labels, 0.0) + amount
-
-    def render(self, kind: str = "counter") -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} {kind}"
-        for values, v in sorted(self.values.items()):
-            yield f"{self.name}{_labels(self.label_names, values)} {v:g}"
-
-
-class Gauge(Counter):
-    def set(self, labels: tuple[str, ...], value: float) -> None:
-        self.values[labels] = value
-
-    def render(self, kind: str = "gauge") -> Iterable[str]:
-        return super().render(kind)
-
-
-class Histogram:
-    def __init__(
-        self, name: str, help_: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()
-    ) -> None:
-        self.name, self.help, self.buckets, self.label_names = name, help_, buckets, labels
-        self.series: dict[
-            tuple[str, ...], list[float]
-        ] = {}  # n+1 bucket counts (last = +Inf), sum, count
-
-    def observe(self, value: float, labels: tuple[str, ...] = ()) -> None:
-        series = self.series.get(labels)
-        if series is None:
-            series = self.series[labels] = [0.0] * (len(self.buckets) + 3)
-        series[bisect.bisect_left(self.buckets, value)] += 1  # last slot before sum = +Inf
-        series[-2] += value
-        series[-1] += 1
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} histogram"
-        n = len(self.buckets)
-        for values, series in sorted(self.series.items()):
-            cumulative = 0.0
-            for i, bound in enumerate((*self.buckets, float("inf"))):
-                cumulative += series[i]
-                le = "+Inf" if i == n else f"{bound:g}"
-                labels = _labels(self.label_names, values, f'le="{le}"')
-                yield f"{self.name}_bucket{labels} {cumulative:g}"
-            yield f"{self.name}_sum{_labels(self.label_names, values)} {series[-2]:g}"
-            yield f"{self.name}_count{_labels(self.label_names, values)} {series[-1]:g}"
+    def routers(self) -> Iterable[tuple[str, Any]]: ...
 
 
 class FrontendMetrics:
-    """Every frontend metric; one instance per frontend. `interval`, when given, also receives
-    arrivals, TTFT, ITL, ISL/OSL and outcomes for the planner (tandem.frontend.request_stats)."""
+    """Every frontend metric, on its own registry; one instance per frontend, one event loop.
+    `interval`, when given, also receives arrivals, TTFT, ITL, ISL/OSL and outcomes for the
+    planner (tandem.frontend.request_stats)."""
 
     def __init__(
         self, prefix: str = "tandem_frontend", interval: RequestStatsCollector | None = None
     ) -> None:
         self.interval = interval
-        p = prefix
-        m = ("model",)
+        self.registry = CollectorRegistry(auto_describe=True)
+        p, r, m = prefix, self.registry, ("model",)
         self.requests = Counter(
-            f"{p}_requests_total", "requests by outcome", ("model", "endpoint", "status")
+            f"{p}_requests",
+            "HTTP API requests by model, endpoint, request type (stream/unary), outcome "
+            "(success/error/cancelled) and HTTP status code",
+            ("model", "endpoint", "request_type", "status", "status_code"),
+            registry=r,
         )
-        self.inflight = Gauge(f"{p}_inflight_requests", "requests in flight", m)
+        self.inflight = Gauge(
+            f"{p}_inflight_requests", "generate requests in flight", m, registry=r
+        )
+        self.queued = Gauge(
+            f"{p}_queued_requests",
+            "generate requests in flight that have not received their first token yet",
+            m,
+            registry=r,
+        )
         self.ttft = Histogram(
-            f"{p}_time_to_first_token_seconds", "time to first token", _LATENCY_BUCKETS, m
+            f"{p}_time_to_first_token_seconds",
+            "time from request arrival to the first token",
+            m,
+            registry=r,
+            buckets=LATENCY_BUCKETS,
         )
         self.itl = Histogram(
-            f"{p}_inter_token_latency_seconds", "time between tokens", _LATENCY_BUCKETS, m
+            f"{p}_inter_token_latency_seconds",
+            "time between two token chunks of one stream",
+            m,
+            registry=r,
+            buckets=LATENCY_BUCKETS,
         )
         self.duration = Histogram(
-            f"{p}_request_duration_seconds", "request duration", _DURATION_BUCKETS, m
+            f"{p}_request_duration_seconds",
+            "time from request arrival to its last byte",
+            m,
+            registry=r,
+            buckets=DURATION_BUCKETS,
         )
         self.input_len = Histogram(
-            f"{p}_input_sequence_tokens", "prompt tokens per request", _TOKEN_BUCKETS, m
+            f"{p}_input_sequence_tokens",
+            "prompt tokens per request (ISL)",
+            m,
+            registry=r,
+            buckets=TOKEN_BUCKETS,
         )
         self.output_len = Histogram(
-            f"{p}_output_sequence_tokens", "output tokens per request", _TOKEN_BUCKETS, m
+            f"{p}_output_sequence_tokens",
+            "generated tokens per request (OSL)",
+            m,
+            registry=r,
+            buckets=TOKEN_BUCKETS,
         )
-        self.input_tokens = Counter(f"{p}_input_tokens_total", "prompt tokens", m)
-        self.output_tokens = Counter(f"{p}_output_tokens_total", "generated tokens", m)
-        self.cached_tokens = Counter(
-            f"{p}_cached_tokens_total", "prompt tokens from prefix cache", m
+        self.cached_len = Histogram(
+            f"{p}_cached_tokens",
+            "prompt tokens per request served from a worker's prefix cache",
+            m,
+            registry=r,
+            buckets=TOKEN_BUCKETS,
         )
-        self.migrations = Counter(f"{p}_migrations_total", "streams moved to another worker", m)
-        self.disconnects = Counter(
-            f"{p}_client_disconnects_total", "requests cancelled by the client", m
+        self.input_tokens = Counter(f"{p}_input_tokens", "prompt tokens", m, registry=r)
+        self.output_tokens = Counter(f"{p}_output_tokens", "generated tokens", m, registry=r)
+        self.migrations = Counter(
+            f"{p}_migrations", "streams moved to another worker mid-request", m, registry=r
         )
-        self.worker_load = Gauge(
-            f"{p}_worker_load",
-            "per-worker load as the router sees it",
-            ("model", "worker_id", "metric"),
+        self.disconnects = Gauge(
+            f"{p}_disconnected_clients",
+            "requests the client gave up on before they finished (count since start)",
+            m,
+            registry=r,
         )
 
+    def watch(self, models: RoutedModels) -> None:
+        """Read per-worker load and router metrics of `models` at every scrape."""
+        self.registry.register(RouterCollector(models))
+
+    # ------------------------------------------------------------------ recording
     def arrived(self, model: str) -> None:
+        self.inflight.labels(model).inc()
+        self.queued.labels(model).inc()
         if self.interval is not None:
             self.interval.arrived(model)
 
-    def observe_ttft(self, seconds: float, labels: tuple[str, ...]) -> None:
-        self.ttft.observe(seconds, labels)
+    def first_token(self, model: str, seconds: float) -> None:
+        self.queued.labels(model).dec()
+        self.ttft.labels(model).observe(seconds)
         if self.interval is not None:
-            self.interval.ttft(labels[0], seconds)
+            self.interval.ttft(model, seconds)
 
-    def observe_itl(self, seconds: float, labels: tuple[str, ...]) -> None:
-        self.itl.observe(seconds, labels)
+    def observe_itl(self, model: str, seconds: float) -> None:
+        self.itl.labels(model).observe(seconds)
         if self.interval is not None:
-            self.interval.itl(labels[0], seconds)
+            self.interval.itl(model, seconds)
 
-    def render(self, worker_loads: dict[str, dict[str, dict[str, float]]], extra: str = "") -> str:
-        """Text exposition; `worker_loads` is model -> Router.worker_loads()."""
-        self.worker_load.values.clear()
-        for model, loads in worker_loads.items():
+    def left(self, model: str, seconds: float, *, had_first_token: bool, failed: bool) -> None:
+        """A generate request that `arrived` is done (any outcome)."""
+        self.inflight.labels(model).dec()
+        if not had_first_token:
+            self.queued.labels(model).dec()
+        self.duration.labels(model).observe(seconds)
+        if failed and self.interval is not None:
+            self.interval.failed(model)
+
+    def finished(self, model: str, *, num_in: int, num_out: int, num_cached: int) -> None:
+        self.input_len.labels(model).observe(num_in)
+        self.output_len.labels(model).observe(num_out)
+        self.cached_len.labels(model).observe(num_cached)
+        self.input_tokens.labels(model).inc(num_in)
+        self.output_tokens.labels(model).inc(num_out)
+        if self.interval is not None:
+            self.interval.finished(model, isl=num_in, osl=num_out)
+            self.interval.cached(model, num_cached)
+
+    def counted(
+        self, model: str, endpoint: str, request_type: str, status: str, status_code: int
+    ) -> None:
+        self.requests.labels(model, endpoint, request_type, status, str(status_code)).inc()
+
+    def render(self) -> bytes:
+        return render(self.registry)
+
+
+class RouterCollector:
+    """Per-worker load as each model's router sees it, and the routers' own metrics."""
+
+    def __init__(self, models: RoutedModels) -> None:
+        self._models = models
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # read at scrape time; nothing to check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        p = "tandem_frontend_worker"
+        load = GaugeMetricFamily(
+            f"{p}_load",
+            "per-worker load as the router sees it, one series per `metric` (inflight, "
+            "active_blocks, total_blocks, waiting, running, router_active_blocks, ...)",
+            labels=("model", "worker_id", "metric"),
+        )
+        blocks = GaugeMetricFamily(
+            f"{p}_active_decode_blocks",
+            "KV blocks active on the worker as the router sees them (its own bookkeeping "
+            "with the KV policy, else the worker's reported load)",
+            labels=("model", "worker_id"),
+        )
+        tokens = GaugeMetricFamily(
+            f"{p}_active_prefill_tokens",
+            "prompt tokens routed to the worker and not yet prefilled (KV policy)",
+            labels=("model", "worker_id"),
+        )
+        for model, loads in self._models.worker_loads().items():
             for worker_id, row in loads.items():
                 for name, value in row.items():
-                    self.worker_load.set((model, worker_id, name), value)
-        lines: list[str] = []
-        for metric in (
-            self.requests,
-            self.inflight,
-            self.ttft,
-            self.itl,
-            self.duration,
-            self.input_len,
-            self.output_len,
-            self.input_tokens,
-            self.output_tokens,
-            self.cached_tokens,
-            self.migrations,
-            self.disconnects,
-            self.worker_load,
-        ):
-            lines.extend(metric.render())
-        text = "\n".join(lines) + "\n"
-        return text + extra if extra else text
+                    load.add_metric((model, worker_id, name), value)
+                active = row.get("router_active_blocks", row.get("active_blocks"))
+                if active is not None:
+                    blocks.add_metric((model, worker_id), active)
+                tokens.add_metric((model, worker_id), row.get("router_prefill_tokens", 0.0))
+        yield from (load, blocks, tokens)
+        yield from router_families(self._models.routers())

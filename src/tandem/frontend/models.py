@@ -147,6 +147,10 @@ class ModelRegistry:
     def worker_loads(self) -> dict[str, dict[str, dict[str, float]]]:
         return {name: m.router.worker_loads() for name, m in self.models.items()}
 
+    def routers(self) -> list[tuple[str, Any]]:
+        """(model name, router) of every model, for the router metrics."""
+        return [(name, m.router) for name, m in self.models.items()]
+
     async def close(self) -> None:
         for model in self.models.values():
             await model.close()

@@ -1,9 +1,22 @@
-"""`RouterMetrics`: counters and the routing-overhead histogram, rendered as Prometheus text."""
+"""`RouterMetrics`: a router's counters and routing-overhead histogram; `router_families` turns
+the routers of every model into Prometheus families labelled with `model` (the frontend's
+/metrics), `RouterMetrics.render` one router's alone (the router service, tests)."""
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
+
+from tandem.runtime.metrics import render
 
 OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
@@ -17,7 +30,7 @@ class RouterMetrics:
         self.request_blocks = 0
         self.events: Counter[tuple[str, str]] = Counter()  # (type, status) -> count
         self._buckets = [0] * (len(OVERHEAD_BUCKETS_S) + 1)
-        self._overhead_sum_s = 0.0
+        self.overhead_sum_s = 0.0
         self._overhead_count = 0
 
     def observe_route(
@@ -27,7 +40,7 @@ class RouterMetrics:
         self.overlap_blocks += overlap_blocks
         self.request_blocks += request_blocks
         self._buckets[bisect.bisect_left(OVERHEAD_BUCKETS_S, overhead_s)] += 1
-        self._overhead_sum_s += overhead_s
+        self.overhead_sum_s += overhead_s
         self._overhead_count += 1
 
     @property
@@ -35,31 +48,76 @@ class RouterMetrics:
         """Overlap blocks / request blocks over all routed requests (0 when none)."""
         return self.overlap_blocks / self.request_blocks if self.request_blocks else 0.0
 
-    def render(self) -> str:
-        out = ["# TYPE tandem_router_routed_requests_total counter"]
-        out += [
-            f'tandem_router_routed_requests_total{{worker_id="{w}"}} {n}'
-            for w, n in sorted(self.routed.items())
-        ]
-        out += [
-            "# TYPE tandem_router_kv_hit_rate gauge",
-            f"tandem_router_kv_hit_rate {self.hit_rate:.6f}",
-            "# TYPE tandem_router_overlap_blocks_total counter",
-            f"tandem_router_overlap_blocks_total {self.overlap_blocks}",
-            "# TYPE tandem_router_request_blocks_total counter",
-            f"tandem_router_request_blocks_total {self.request_blocks}",
-            "# TYPE tandem_router_kv_events_total counter",
-        ]
-        out += [
-            f'tandem_router_kv_events_total{{type="{t}",status="{s}"}} {n}'
-            for (t, s), n in sorted(self.events.items())
-        ]
-        out.append("# TYPE tandem_router_overhead_seconds histogram")
-        acc = 0
+    def overhead_buckets(self) -> list[tuple[str, int]]:
+        """Cumulative (le, count) pairs, +Inf last."""
+        out, acc = [], 0
         for bound, n in zip(OVERHEAD_BUCKETS_S, self._buckets, strict=False):
             acc += n
-            out.append(f'tandem_router_overhead_seconds_bucket{{le="{bound}"}} {acc}')
-        out.append(f'tandem_router_overhead_seconds_bucket{{le="+Inf"}} {self._overhead_count}')
-        out.append(f"tandem_router_overhead_seconds_sum {self._overhead_sum_s:.9f}")
-        out.append(f"tandem_router_overhead_seconds_count {self._overhead_count}")
-        return "\n".join(out) + "\n"
+            out.append((repr(bound), acc))
+        out.append(("+Inf", self._overhead_count))
+        return out
+
+    def render(self) -> str:
+        return render(_Rows([(None, self)])).decode()
+
+
+class _Rows:
+    def __init__(self, rows: list[tuple[str | None, Any]]) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterable[Metric]:
+        return router_families(self._rows)
+
+
+def router_families(rows: Iterable[tuple[str | None, Any]]) -> list[Metric]:
+    """Families over `(model, router)` rows; a row's router contributes when it has a
+    `RouterMetrics` as `.metrics` (or is one); model None leaves the `model` label out."""
+    p = "tandem_router"
+    found = [(model, _metrics_of(router), router) for model, router in rows]
+    with_model = any(model is not None for model, _, _ in found)
+    m = ("model",) if with_model else ()
+    routed = CounterMetricFamily(
+        f"{p}_routed_requests", "requests routed to each worker", labels=("worker_id", *m)
+    )
+    overlap = CounterMetricFamily(
+        f"{p}_overlap_blocks", "prompt blocks already cached on the chosen worker", labels=m
+    )
+    blocks = CounterMetricFamily(f"{p}_request_blocks", "prompt blocks routed", labels=m)
+    hit_rate = GaugeMetricFamily(
+        f"{p}_kv_hit_rate", "overlap blocks / prompt blocks over all routed requests", labels=m
+    )
+    events = CounterMetricFamily(
+        f"{p}_kv_events",
+        "KV event batches by type (batch, full_state, replay, sync) and status (applied, "
+        "stale, gap, malformed, unknown_worker, ...)",
+        labels=("type", "status", *m),
+    )
+    queued = GaugeMetricFamily(
+        f"{p}_queued_requests", "requests waiting for a worker below its busy threshold", labels=m
+    )
+    overhead = HistogramMetricFamily(
+        f"{p}_overhead_seconds", "time the router spent choosing a worker", labels=m
+    )
+    for model, metrics, router in found:
+        if metrics is None:
+            continue
+        mv = (model or "",) if with_model else ()
+        for worker_id, n in sorted(metrics.routed.items()):
+            routed.add_metric((worker_id, *mv), n)
+        overlap.add_metric(mv, metrics.overlap_blocks)
+        blocks.add_metric(mv, metrics.request_blocks)
+        hit_rate.add_metric(mv, metrics.hit_rate)
+        for (kind, status), n in sorted(metrics.events.items()):
+            events.add_metric((kind, status, *mv), n)
+        num_queued = getattr(router, "num_queued", None)
+        if isinstance(num_queued, int):
+            queued.add_metric(mv, num_queued)
+        overhead.add_metric(mv, metrics.overhead_buckets(), sum_value=metrics.overhead_sum_s)
+    return [routed, overlap, blocks, hit_rate, events, queued, overhead]
+
+
+def _metrics_of(router: Any) -> RouterMetrics | None:
+    if isinstance(router, RouterMetrics):
+        return router
+    metrics = getattr(router, "metrics", None)
+    return metrics if isinstance(metrics, RouterMetrics) else None

@@ -1,0 +1,106 @@
+"""Prometheus exposition shared by the frontend, the router and the workers.
+
+Metrics are `prometheus_client` objects (Counter, Gauge, Histogram) and collectors registered on
+a per-process (per-frontend, per-worker) `CollectorRegistry`, never the global one, so two
+stacks in one test process never share series. `render` writes text format 0.0.4 as
+`prometheus_client.generate_latest` does, except that integral values are printed as integers:
+a counter at 12,345,678 reads `12345678`, not `1.2345678e+07` (both parse to the same number; the
+integer is what an operator greps for). `merge` joins expositions of several processes
+(workers) into one, one HELP/TYPE block per family, for `/metrics/workers`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from prometheus_client import disable_created_metrics
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+_TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary"}
+_OM_ONLY = ("_created", "_gsum", "_gcount")
+
+# `_created` series double every counter and histogram and no dashboard reads them
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+class Collector(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+
+def render(*collectors: Collector) -> bytes:
+    """Text exposition of every family `collectors` yield (a registry is a collector)."""
+    out: list[str] = []
+    for collector in collectors:
+        for family in collector.collect():
+            out.extend(_family_lines(family))
+    return ("\n".join(out) + "\n").encode() if out else b""
+
+
+def _family_lines(family: Metric) -> Iterable[str]:
+    name = family.name + "_total" if family.type == "counter" else family.name
+    doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    yield f"# HELP {name} {doc}"
+    yield f"# TYPE {name} {_TYPES.get(family.type, 'untyped')}"
+    for s in family.samples:
+        if any(s.name == family.name + suffix for suffix in _OM_ONLY):
+            continue
+        yield f"{s.name}{_labels(s.labels)} {format_value(s.value)}"
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    parts = (f'{k}="{_escape(v)}"' for k, v in labels.items())
+    return "{" + ",".join(parts) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def format_value(value: float) -> str:
+    """Integers exactly (ints of any size; floats up to 2**53), other floats by repr."""
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(value)
+
+
+class _Families:
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def merge(texts: Iterable[str]) -> bytes:
+    """One exposition from several: samples of a family are joined under its first HELP and
+    TYPE (the sources must not repeat a series; workers label theirs with `worker_id`)."""
+    by_name: dict[str, Metric] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            seen = by_name.get(family.name)
+            if seen is None:
+                by_name[family.name] = family
+            elif seen.type == family.type:
+                seen.samples.extend(family.samples)
+    return render(_Families(by_name.values()))
+
+
+def parse(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """sample name → {sorted label pairs → value}: what tests and `tandem bench` read back."""
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out

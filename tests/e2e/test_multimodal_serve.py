@@ -33,7 +33,9 @@ from tests.support.tandem_procs import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]  # the first test starts 2 workers
 
 QUESTION = "What is in this picture?"
-ROUTED = re.compile(r'^tandem_router_routed_requests_total\{worker_id="([^"]+)"[^}]*\} (\d+)$', re.M)
+ROUTED = re.compile(
+    r'^tandem_router_routed_requests_total\{worker_id="([^"]+)"[^}]*\} (\d+)$', re.M
+)
 MAX_IMAGE_BYTES = 600_000  # astronaut.png (792 kB) is over it, the others under
 BLOCK = 16
 

@@ -24,7 +24,9 @@ NUM_WORKERS = 4
 BLOCK = 64  # the mocker's default block size
 PREFIX_LEN = 16 * BLOCK
 READY = "tandem serve ready"
-ROUTED = re.compile(r'^tandem_router_routed_requests_total\{worker_id="([^"]+)"[^}]*\} (\d+)$', re.M)
+ROUTED = re.compile(
+    r'^tandem_router_routed_requests_total\{worker_id="([^"]+)"[^}]*\} (\d+)$', re.M
+)
 STORED = re.compile(
     r'^tandem_router_kv_events_total\{type="stored",status="applied"[^}]*\} (\d+)$', re.M
 )

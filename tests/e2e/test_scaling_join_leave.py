@@ -97,7 +97,7 @@ async def _client_loop(client: openai.AsyncOpenAI, n: int, load: Load) -> None:
 
 def _routed(base_url: str) -> dict[str, float]:
     _, _, body = http_request(f"{base_url}/metrics")
-    found = re.findall(rb'tandem_router_routed_requests_total\{worker_id="(\w+)"[^}]*\} (\S+)', body)
+    found = re.findall(rb'tandem_router_routed_requests_total\{worker_id="(\w+)".*?\} (\S+)', body)
     return {wid.decode(): float(n) for wid, n in found}
 
 

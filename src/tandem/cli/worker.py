@@ -28,6 +28,7 @@ from tandem.multimodal.provider_args import add_embedding_provider_args, attach_
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.lifecycle import install_signal_handlers
 from tandem.runtime.runtime import open_runtime
+from tandem.runtime.system_server import SystemServer
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         type=float,
         default=float(_env("TANDEM_DRAIN_GRACE_S", "10")),
         help="seconds in-flight requests may finish after SIGTERM (env TANDEM_DRAIN_GRACE_S)",
+    )
+    group.add_argument(
+        "--system-port",
+        type=int,
+        default=int(_env("TANDEM_SYSTEM_PORT", "0")),
+        help="serve /metrics, /health and /live over HTTP on this port (0: off; the frontend "
+        "still reaches the metrics over the request plane at /metrics/workers) "
+        "(env TANDEM_SYSTEM_PORT)",
+    )
+    group.add_argument(
+        "--system-host",
+        default=_env("TANDEM_SYSTEM_HOST", "127.0.0.1"),
+        help="bind address of --system-port (env TANDEM_SYSTEM_HOST)",
     )
     group.add_argument(
         "--log-level",
@@ -128,6 +142,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         if args.engine != "encoder":
             await attach_embedding_provider(engine, runtime, args)
         worker = Worker(engine, runtime, worker_config)
+        system = await _start_system_server(worker, args)
         instance = await worker.start()
         logger.info(
             "worker ready: instance_id=%s address=%s endpoint=%s engine=%s model=%s",
@@ -144,10 +159,25 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             waiter.cancel()
         await worker.stop(worker_config.drain_grace_s)
         await runtime.shutdown(grace_s=0)
+        if system is not None:
+            await system.close()
     if worker.failure is not None:
         logger.error("worker exits with status %d: %s", EXIT_ENGINE_FAILED, worker.failure)
         return EXIT_ENGINE_FAILED
     return 0
+
+
+async def _start_system_server(worker: Worker, args: argparse.Namespace) -> SystemServer | None:
+    """With --system-port: /metrics, /health, /live on it, up before the engine loads (so
+    /live answers and /health says "starting" meanwhile); the port goes in the worker's
+    discovery record."""
+    if not args.system_port:
+        return None
+    if not 0 < args.system_port < 65536:
+        raise SystemExit(f"--system-port={args.system_port}; expected 1..65535 or 0 (off)")
+    server = SystemServer(metrics=worker.metrics.render, health=worker.health)
+    _, worker.system_port = await server.start(args.system_host, args.system_port)
+    return server
 
 
 def run(args: argparse.Namespace) -> int:

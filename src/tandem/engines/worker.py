@@ -24,6 +24,7 @@ import msgspec
 
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.worker_events import KvEventPublisher
+from tandem.engines.worker_metrics import WorkerMetrics
 from tandem.engines.worker_trace import WorkerSpans
 from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
 from tandem.protocols import kv_events as kv
@@ -118,6 +119,10 @@ class Worker:
         # set once the engine died and the instance left discovery; `failure` says why
         self.failed = asyncio.Event()
         self.failure: str | None = None
+        self.metrics = WorkerMetrics(self)
+        # set by the caller before `start` when it serves /metrics, /health and /live over HTTP
+        # (`--system-port`); the discovery record then carries it
+        self.system_port: int | None = None
 
     async def start(self) -> Instance:
         """Start the engine, the publishers and both endpoints, then register the instance."""
@@ -133,6 +138,8 @@ class Worker:
         ]
         comp = self.config.component
         self.runtime.server.register(self.runtime.endpoint_path(comp, "kv_state"), self._kv_state)
+        self.runtime.server.register(self.runtime.endpoint_path(comp, "metrics"), self._metrics)
+        system = {"system_port": self.system_port} if self.system_port else {}
         self._accepting = True
         self.instance = await self.runtime.serve_endpoint(
             comp,
@@ -140,7 +147,12 @@ class Worker:
             self._generate,
             model=model_card(self.info),
             # a disaggregated engine adds its role and transfer agent (tandem.disagg)
-            metadata={"kv_state_endpoint": "kv_state", **self._engine_metadata()},
+            metadata={
+                "kv_state_endpoint": "kv_state",
+                "metrics_endpoint": "metrics",
+                **system,
+                **self._engine_metadata(),
+            },
             instance_id=self.instance_id,
         )
         self.state = "ready"
@@ -232,10 +244,14 @@ class Worker:
                      len(request.token_ids))  # fmt: skip
         stream = self.engine.generate(request)
         error: BaseException | None = None
+        status, counted_prompt = "error", False
         try:
             async for out in stream:
                 if spans is not None:
                     spans.output(out)
+                if not counted_prompt and out.num_cached_tokens is not None:
+                    counted_prompt = True
+                    self.metrics.observe_prompt(len(request.token_ids), out.num_cached_tokens)
                 if out.finish_reason == "cancelled" and not ctx.cancelled.is_set():
                     why = f": {out.error}" if out.error else ""
                     raise PeerGone(
@@ -244,16 +260,22 @@ class Worker:
                     )
                 yield encode(out)
                 if ctx.cancelled.is_set():
+                    status = "cancelled"
                     break
                 if deadline is not None and out.finish_reason is None and time.time() > deadline:
                     raise DeadlineExceeded(
                         f"request_id={request.request_id} passed its deadline on "
                         f"worker {self.instance_id}"
                     )
+            else:
+                status = "success"
         except BaseException as exc:
             error = exc
+            if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+                status = "cancelled"
             raise
         finally:
+            self.metrics.requests.labels(status).inc()
             aclose = getattr(stream, "aclose", None)  # async generators: aborts the request
             if aclose is not None:
                 await aclose()
@@ -271,6 +293,20 @@ class Worker:
             raise InvalidRequest(f"bad KvStateRequest: {exc}") from exc
         for payload in self.kv_events.state_reply(request.after_event_id, self.engine.kv_snapshot):
             yield payload
+
+    async def _metrics(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+        """This worker's Prometheus text (what /metrics on its system port answers)."""
+        yield self.metrics.render()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(ready to serve, body) for the system port's /health: ready once registered,
+        until draining or an engine failure."""
+        ready = self.state == "ready" and self._accepting and self.failure is None
+        body: dict[str, Any] = {"status": "ready" if ready else self.state}
+        body.update(instance_id=self.instance_id, component=self.config.component)
+        if self.failure is not None:
+            body.update(status="failed", error=self.failure)
+        return ready, body
 
     def _request_started(self) -> None:
         self.num_inflight += 1
@@ -333,6 +369,7 @@ class Worker:
             num_cached_blocks=load.num_cached_blocks if load else 0,
             steps=take() if take is not None and self.info is not None else [],
         )
+        self.metrics.observe_steps(msg.steps)
         try:
             await self.runtime.events.publish(self.stats_subject, scaling.encode(msg))
         except Exception:

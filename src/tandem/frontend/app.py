@@ -32,6 +32,7 @@ from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat
 from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser
+from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
@@ -55,6 +56,7 @@ API_ENDPOINTS = {
     "/v1/models": "models",
     "/v1/route/explain": "route_explain",
 }
+WORKER_METRICS = "/metrics/workers/"  # + a worker id: that worker's metrics alone
 CLIENT_CLOSED = 499  # the status_code label of a request whose client went away (nginx's)
 
 
@@ -89,8 +91,10 @@ class FrontendApp:
         health: HealthMonitor | None = None,
         api_keys: tuple[str, ...] = (),
         admin_api_keys: tuple[str, ...] = (),
+        workers: WorkerScraper | None = None,
     ) -> None:
         self.registry, self.streamer, self.metrics = registry, streamer, metrics
+        self.workers = workers
         metrics.watch(registry)
         self.images = images or ImageLoader(ImageConfig())
         self.health_monitor = health
@@ -110,6 +114,8 @@ class FrontendApp:
             ("GET", "/metrics"): self.prometheus,
             ("POST", "/v1/route/explain"): self.route_explain,
         }
+        if workers is not None:
+            self._routes[("GET", "/metrics/workers")] = self.worker_metrics
 
     def add_route(
         self,
@@ -123,6 +129,8 @@ class FrontendApp:
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
         method = "GET" if request.method == "HEAD" else request.method  # HEAD works like GET
         handler = self._routes.get((method, request.path))
+        if handler is None and method == "GET" and request.path.startswith(WORKER_METRICS):
+            handler = self._routes.get(("GET", WORKER_METRICS.rstrip("/")))
         endpoint = API_ENDPOINTS.get(request.path, "other" if handler is None else None)
         tally = _Tally()
         token = _tally.set(tally)
@@ -187,6 +195,18 @@ class FrontendApp:
 
     async def prometheus(self, request: HttpRequest, response: HttpResponse) -> None:
         await response.send(200, self.metrics.render(), content_type=CONTENT_TYPE)
+
+    async def worker_metrics(self, request: HttpRequest, response: HttpResponse) -> None:
+        """Every worker's metrics, merged (`/metrics/workers`), or one worker's
+        (`/metrics/workers/{worker_id}`), fetched over the request plane."""
+        assert self.workers is not None  # the route exists only with a scraper
+        worker_id = (
+            request.path.removeprefix(WORKER_METRICS)
+            if request.path.startswith(WORKER_METRICS)
+            else None
+        )
+        text = await self.workers.scrape(worker_id or None)
+        await response.send(200, text, content_type=CONTENT_TYPE)
 
     # ------------------------------------------------------------------ generate endpoints
     async def chat_completions(self, request: HttpRequest, response: HttpResponse) -> None:

@@ -20,6 +20,7 @@ from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, freeze_long_lived
 from tandem.frontend.request_stats import RequestStatsCollector, publish_request_stats
+from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.loader import ImageLoader
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import Runtime, open_runtime
@@ -87,6 +88,7 @@ async def serve_frontend(
         health=health,
         api_keys=config.api_keys,
         admin_api_keys=config.admin_api_keys,
+        workers=WorkerScraper(runtime.discovery, runtime.client, runtime.namespace),
     )
     dashboard = Dashboard(
         registry=registry,

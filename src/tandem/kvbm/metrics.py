@@ -15,7 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
 from tandem.kvbm.base import StorageTier, TierName
+from tandem.runtime.metrics import Families, render
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +30,8 @@ DIRECTIONS: tuple[Direction, ...] = (
     "host_to_device",
     "disk_to_device",
 )
+OFFLOAD: tuple[Direction, ...] = ("device_to_host", "host_to_disk")
+ONBOARD: tuple[Direction, ...] = ("host_to_device", "disk_to_device")
 DROP_REASONS = ("offload_queue_full", "disk_queue_full", "disk_write_error", "disk_corrupt")
 
 
@@ -102,29 +108,73 @@ class KvbmMetrics:
             }
         return {tier: (n / total if total else 0.0) for tier, n in hits.items()}  # type: ignore[misc]
 
+    def families(
+        self, occupancy: dict[TierName, tuple[int, int]], prefix: str = "tandem_kvbm"
+    ) -> list[Metric]:
+        """Prometheus families; `occupancy` maps tier → (blocks used, capacity). Offload and
+        onboard are the same transfers split by direction, named as Dynamo's kvbm_* are."""
+        p = prefix
+        out: list[Metric] = []
+        for name, attr, doc in (
+            ("blocks_transferred", "num_blocks", "KV blocks copied between tiers"),
+            ("bytes_transferred", "num_bytes", "bytes copied between tiers"),
+            ("transfer_seconds", "seconds", "seconds spent copying between tiers"),
+        ):
+            family = CounterMetricFamily(
+                f"{p}_{name}", f"{doc}, by direction", labels=["direction"]
+            )
+            for d, stats in self.transfers.items():
+                family.add_metric([d], getattr(stats, attr))
+            out.append(family)
+        for name, directions, doc in (
+            ("offload_blocks", OFFLOAD, "KV blocks offloaded to a slower tier"),
+            ("onboard_blocks", ONBOARD, "KV blocks onboarded back to the device"),
+        ):
+            family = CounterMetricFamily(
+                f"{p}_{name}", f"{doc}, by direction", labels=["direction"]
+            )
+            for d in directions:
+                family.add_metric([d], self.transfers[d].num_blocks)
+            out.append(family)
+        dropped = CounterMetricFamily(
+            f"{p}_dropped", "blocks not offloaded or not onboarded, by reason", labels=["reason"]
+        )
+        for reason, n in self.dropped.items():
+            dropped.add_metric([reason], n)
+        out.append(dropped)
+        rates = self.hit_rates()
+        hit_rate = GaugeMetricFamily(
+            f"{p}_hit_rate",
+            f"fraction of looked-up prompt blocks found in each tier (last {self._window_s:g}s)",
+            labels=["tier"],
+        )
+        for tier, rate in rates.items():
+            hit_rate.add_metric([tier], rate)
+        out.append(hit_rate)
+        for tier in ("host", "disk"):
+            out.append(
+                GaugeMetricFamily(
+                    f"{p}_{tier}_cache_hit_rate",
+                    f"fraction of looked-up prompt blocks found in the {tier} tier "
+                    f"(last {self._window_s:g}s)",
+                    value=rates[tier],
+                )
+            )
+        for name, index, doc in (
+            ("tier_blocks", 0, "blocks stored in each tier"),
+            ("tier_capacity_blocks", 1, "capacity of each tier in blocks"),
+        ):
+            gauge = GaugeMetricFamily(f"{p}_{name}", doc, labels=["tier"])
+            for tier, values in occupancy.items():
+                gauge.add_metric([tier], values[index])
+            out.append(gauge)
+        return out
+
     def prometheus_lines(
         self, occupancy: dict[TierName, tuple[int, int]], prefix: str = "tandem_kvbm"
     ) -> list[str]:
-        """Prometheus text exposition; `occupancy` maps tier → (blocks used, capacity)."""
-        lines = []
-        for name, attr in (
-            ("blocks_transferred_total", "num_blocks"),
-            ("bytes_transferred_total", "num_bytes"),
-            ("transfer_seconds_total", "seconds"),
-        ):
-            lines.append(f"# TYPE {prefix}_{name} counter")
-            lines += [
-                f'{prefix}_{name}{{direction="{d}"}} {getattr(s, attr)}'
-                for d, s in self.transfers.items()
-            ]
-        lines.append(f"# TYPE {prefix}_dropped_total counter")
-        lines += [f'{prefix}_dropped_total{{reason="{r}"}} {n}' for r, n in self.dropped.items()]
-        lines.append(f"# TYPE {prefix}_hit_rate gauge")
-        lines += [f'{prefix}_hit_rate{{tier="{t}"}} {r:.6f}' for t, r in self.hit_rates().items()]
-        for name, index in (("tier_blocks", 0), ("tier_capacity_blocks", 1)):
-            lines.append(f"# TYPE {prefix}_{name} gauge")
-            lines += [f'{prefix}_{name}{{tier="{t}"}} {v[index]}' for t, v in occupancy.items()]
-        return lines
+        """Text exposition of `families`, one line per entry."""
+        return render(Families(self.families(occupancy, prefix))).decode().splitlines()
 
     def summary(self, occupancy: dict[TierName, tuple[int, int]]) -> str:
         rates = self.hit_rates()

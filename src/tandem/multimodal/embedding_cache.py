@@ -7,6 +7,9 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
 
 class EmbeddingCache:
     """mm_hash -> embedding (a tensor or array with `nbytes`/`numel`). Entries are shared, never
@@ -57,13 +60,17 @@ class EmbeddingCache:
             assert self.num_bytes == sum(size for _, size in self._entries.values())
             assert self.num_bytes <= self.capacity_bytes
 
-    def prometheus_lines(self) -> list[str]:
+    def families(self) -> list[Metric]:
+        """Prometheus families (tandem_mm_embedding_cache_*)."""
+        p = "tandem_mm_embedding_cache"
         return [
-            f"tandem_mm_embedding_cache_hits_total {self.num_hits}",
-            f"tandem_mm_embedding_cache_misses_total {self.num_misses}",
-            f"tandem_mm_embedding_cache_evictions_total {self.num_evictions}",
-            f"tandem_mm_embedding_cache_bytes {self.num_bytes}",
-            f"tandem_mm_embedding_cache_entries {len(self._entries)}",
+            CounterMetricFamily(f"{p}_hits", "image embeddings found in the cache", self.num_hits),
+            CounterMetricFamily(
+                f"{p}_misses", "image embeddings not in the cache (encoded)", self.num_misses
+            ),
+            CounterMetricFamily(f"{p}_evictions", "embeddings evicted (LRU)", self.num_evictions),
+            GaugeMetricFamily(f"{p}_bytes", "bytes of embeddings held", self.num_bytes),
+            GaugeMetricFamily(f"{p}_entries", "embeddings held", len(self._entries)),
         ]
 
 

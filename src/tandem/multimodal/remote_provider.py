@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from tandem.errors import EngineError, InvalidRequest, NoWorkersAvailable, ServingError
 from tandem.multimodal.base import EmbeddingProvider
@@ -213,13 +215,24 @@ class CachingEmbeddingProvider:
         self.num_local_images += len(items)
         return list(rows)
 
-    def prometheus_lines(self) -> list[str]:
+    def families(self) -> list[Metric]:
+        """Prometheus families: the cache's and where images were encoded."""
+        p = "tandem_mm"
         return [
-            *self.cache.prometheus_lines(),
-            f"tandem_mm_remote_encoded_images_total {self.num_remote_images}",
-            f"tandem_mm_local_encoded_images_total {self.num_local_images}",
-            f"tandem_mm_local_encode_fallbacks_total {self.num_local_fallbacks}",
-        ]
+            *self.cache.families(),
+            CounterMetricFamily(
+                f"{p}_remote_encoded_images", "images encoded by an encode worker",
+                self.num_remote_images,
+            ),
+            CounterMetricFamily(
+                f"{p}_local_encoded_images", "images encoded in this worker",
+                self.num_local_images,
+            ),
+            CounterMetricFamily(
+                f"{p}_local_encode_fallbacks", "remote encodes that failed and ran locally",
+                self.num_local_fallbacks,
+            ),
+        ]  # fmt: skip
 
 
 def _torch_tensor(array: np.ndarray) -> Any:

@@ -16,7 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 
-from tandem.runtime.metrics import render
+from tandem.runtime.metrics import Families, render
 
 OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
@@ -58,15 +58,7 @@ class RouterMetrics:
         return out
 
     def render(self) -> str:
-        return render(_Rows([(None, self)])).decode()
-
-
-class _Rows:
-    def __init__(self, rows: list[tuple[str | None, Any]]) -> None:
-        self._rows = rows
-
-    def collect(self) -> Iterable[Metric]:
-        return router_families(self._rows)
+        return render(Families(router_families([(None, self)]))).decode()
 
 
 def router_families(rows: Iterable[tuple[str | None, Any]]) -> list[Metric]:

@@ -75,7 +75,9 @@ def format_value(value: float) -> str:
     return repr(value)
 
 
-class _Families:
+class Families:
+    """A fixed list of families as a collector (for `render`)."""
+
     def __init__(self, families: Iterable[Metric]) -> None:
         self._families = list(families)
 
@@ -94,7 +96,7 @@ def merge(texts: Iterable[str]) -> bytes:
                 by_name[family.name] = family
             elif seen.type == family.type:
                 seen.samples.extend(family.samples)
-    return render(_Families(by_name.values()))
+    return render(Families(by_name.values()))
 
 
 def parse(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

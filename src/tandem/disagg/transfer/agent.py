@@ -378,12 +378,15 @@ class TransferAgent:
             self, direction, target, self.region(region), [int(b) for b in block_ids], timeout,
             annex,
         )  # fmt: skip
+        seconds = time.monotonic() - started
         with self._cond:
             if direction == "pull":
                 self.stats.bytes_received += num_bytes
             else:
                 self.stats.bytes_sent += num_bytes
-        return TransferResult(target.op_id, backend, num_bytes, time.monotonic() - started)
+            self.stats.num_transfers += 1
+            self.stats.transfer_seconds += seconds
+        return TransferResult(target.op_id, backend, num_bytes, seconds)
 
     def choose_backend(self, remote: TransferOpMeta) -> TransferBackend:
         return self._selector.choose(remote)

@@ -173,6 +173,8 @@ class TransferStats(msgspec.Struct, kw_only=True):
     num_expired: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    num_transfers: int = 0  # pulls and pushes this agent ran (its side of a transfer)
+    transfer_seconds: float = 0.0  # their wall time, summed
 
 
 class TransferBackend(Protocol):

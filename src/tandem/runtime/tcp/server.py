@@ -11,6 +11,8 @@ import asyncio
 import hmac
 import logging
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from tandem import errors
@@ -70,6 +72,19 @@ class StreamContext:
             w.set_result(None)
 
 
+@dataclass(slots=True)
+class RequestPlaneStats:
+    """Counters of one request-plane server (monotonic; one event loop). `requests` and
+    `errors` are keyed by endpoint path; rejected streams never reached a handler (unknown
+    endpoint, shutting down, over the per-connection cap, past their deadline)."""
+
+    requests: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    num_rejected: int = 0
+    request_bytes: int = 0
+    response_bytes: int = 0
+
+
 class TcpRequestServer:
     """Serves registered endpoints on `host:port` (port 0 = any free port).
 
@@ -103,6 +118,7 @@ class TcpRequestServer:
         self.handshake_timeout_s = handshake_timeout_s
         self.stream_stall_timeout_s = stream_stall_timeout_s
         self.num_refused = 0  # connections refused: over the cap, failed or late handshake
+        self.stats = RequestPlaneStats()
         self.handlers: dict[str, Handler] = {}
         self._server: asyncio.Server | None = None
         self._address = ""
@@ -274,17 +290,17 @@ class _ServerConnection(FrameTransport):
         if not isinstance(window, int) or not 1 <= window <= fr.MAX_WINDOW:
             raise fr.FrameError(f"stream window={window!r} outside [1, {fr.MAX_WINDOW}]")
         if not srv.accepting:
-            return self._fail(sid, errors.PeerGone(f"server {srv.address} is shutting down"))
+            return self._reject(sid, errors.PeerGone(f"server {srv.address} is shutting down"))
         if handler is None:
             known = ", ".join(sorted(srv.handlers)) or "none"
-            return self._fail(
+            return self._reject(
                 sid,
                 errors.NoWorkersAvailable(
                     f"no endpoint {path!r} at {srv.address}; serving: {known}"
                 ),
             )
         if len(self._streams) >= srv.max_inflight_per_connection:
-            return self._fail(
+            return self._reject(
                 sid,
                 errors.Overloaded(
                     f"{len(self._streams)} streams in flight on this connection to {srv.address} "
@@ -297,14 +313,20 @@ class _ServerConnection(FrameTransport):
         if deadline_s is not None:
             remaining = deadline_s - time.time()
             if remaining <= 0:
-                return self._fail(sid, _deadline_error(ctx))
+                return self._reject(sid, _deadline_error(ctx))
             ctx.timer = self.loop.call_later(remaining, self._expire, sid)
         self._streams[sid] = ctx
+        srv.stats.requests[path] += 1
+        srv.stats.request_bytes += len(payload)
         srv._stream_started()
         ctx.task = self.loop.create_task(self._serve(sid, handler, payload, ctx))
 
     def _fail(self, sid: int, exc: errors.ServingError) -> None:
         self.send(fr.error_frame(sid, exc))
+
+    def _reject(self, sid: int, exc: errors.ServingError) -> None:
+        self._srv.stats.num_rejected += 1
+        self._fail(sid, exc)
 
     def _cancel(self, sid: int) -> None:
         ctx = self._streams.pop(sid, None)
@@ -340,7 +362,7 @@ class _ServerConnection(FrameTransport):
                 ctx.credit_waiter = None
 
     async def _serve(self, sid: int, handler: Handler, payload: bytes, ctx: StreamContext) -> None:
-        send, streams = self.send, self._streams
+        send, streams, stats = self.send, self._streams, self._srv.stats
         it = handler(payload, ctx)
         try:
             async for item in it:
@@ -352,15 +374,18 @@ class _ServerConnection(FrameTransport):
                 if ctx.credit <= 0:
                     await self._wait_credit(ctx)
                 ctx.credit -= 1
+                stats.response_bytes += len(item)
                 send((fr.DATA, sid, item))
                 if self.write_paused:
                     await self.wait_writable()
             if streams.pop(sid, None) is not None:
                 send((fr.END, sid))
         except errors.ServingError as exc:
+            stats.errors[ctx.endpoint_path] += 1
             if streams.pop(sid, None) is not None:
                 self._fail(sid, exc)
         except Exception as exc:
+            stats.errors[ctx.endpoint_path] += 1
             logger.exception(
                 "handler of %s failed request_id=%s", ctx.endpoint_path, ctx.request_id
             )

@@ -23,7 +23,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.protocols.scaling import StepSample
-from tandem.runtime.metrics import render
+from tandem.runtime.metrics import Labelled, render
 
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -90,19 +90,7 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         """Text exposition with every series labelled by worker_id, component and model."""
-        return render(_Labelled(self.registry, self.labels()))
-
-
-class _Labelled:
-    def __init__(self, collector: CollectorRegistry, labels: dict[str, str]) -> None:
-        self._collector, self._labels = collector, labels
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self._collector.collect():
-            family.samples = [
-                s._replace(labels={**self._labels, **s.labels}) for s in family.samples
-            ]
-            yield family
+        return render(Labelled(self.registry, self.labels()))
 
 
 class _ScrapeTime:

@@ -120,6 +120,9 @@ class FrontendMetrics:
 
     # ------------------------------------------------------------------ recording
     def arrived(self, model: str) -> None:
+        # rare events read 0 (not "no data") once a model has traffic
+        self.migrations.labels(model)
+        self.disconnects.labels(model)
         self.inflight.labels(model).inc()
         self.queued.labels(model).inc()
         if self.interval is not None:

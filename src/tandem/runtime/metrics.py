@@ -85,6 +85,19 @@ class Families:
         return self._families
 
 
+class Labelled:
+    """`collector`'s families with `labels` added to every sample (first in each label set)."""
+
+    def __init__(self, collector: Collector, labels: Mapping[str, str]) -> None:
+        self._collector, self._labels = collector, dict(labels)
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._collector.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [s._replace(labels={**self._labels, **s.labels}) for s in family.samples]
+            yield out
+
+
 def merge(texts: Iterable[str]) -> bytes:
     """One exposition from several: samples of a family are joined under its first HELP and
     TYPE (the sources must not repeat a series; workers label theirs with `worker_id`)."""

@@ -8,7 +8,7 @@ PORT ?= 8000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-vllm lint fmt venv venv-vllm clean
+.PHONY: serve test test-vllm lint fmt venv venv-vllm clean prometheus
 
 venv: $(STAMP)
 
@@ -55,8 +55,13 @@ $(VLLM_STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tandem serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Debian's Prometheus (promtool + server) for the metrics tests (tests/e2e/test_metrics_prometheus.py);
+# idempotent: installs only what is missing, from the Debian registry.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive 	    $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
 
 # the vLLM e2e tests (marker `vllm`) run vLLM from .venv-vllm; `make test` skips them while
 # .venv-vllm is absent (vLLM 1P1D over NIXL is not working yet: see docs/architecture.md)

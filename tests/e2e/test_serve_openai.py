@@ -146,8 +146,8 @@ def test_metrics_after_traffic(served: Served) -> None:
     assert headers["content-type"].startswith("text/plain")
     text = body.decode()
     assert (
-        'tandem_frontend_requests_total{model="smollm2",endpoint="completions",status="success"}'
-        in text
+        'tandem_frontend_requests_total{model="smollm2",endpoint="completions",'
+        'request_type="unary",status="success",status_code="200"}' in text
     )
     assert "tandem_frontend_time_to_first_token_seconds_count" in text
     for iid in served.instance_ids:  # per-worker load as the router sees it

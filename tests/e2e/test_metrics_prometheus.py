@@ -8,7 +8,7 @@
   query of the Grafana dashboard (deploy/grafana/tandem.json) returns data while requests flow,
   so the dashboard cannot drift from the metric names.
 - a standalone `tandem worker --system-port` serves /metrics (promtool passes; HEAD too),
-  /health and /live, and puts the port in its discovery record.
+  /health and /live, and puts the port in its discovery record; so does `tandem router`.
 """
 
 from __future__ import annotations
@@ -224,3 +224,21 @@ def test_worker_system_port_serves_metrics_health_live(tmp_path: Path) -> None:
         assert mine[0].metadata["metrics_endpoint"] == "metrics"
     finally:
         assert worker.stop() == 0, worker.log()[-3000:]
+
+
+@needs_promtool
+def test_router_service_system_port_serves_its_metrics(tmp_path: Path) -> None:
+    runtime = ["--discovery", "file", "--discovery-dir", str(tmp_path / "disc")]
+    port = free_port()
+    router = start_tandem(
+        "router", ["router", *runtime, "--events", "zmq", "--system-port", str(port)], tmp_path
+    )
+    try:
+        router.wait_log("router ready", timeout_s=30)
+        status, _, body = http_request(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        promtool_check(body)
+        assert b"# TYPE tandem_router_overhead_seconds histogram" in body
+        assert http_request(f"http://127.0.0.1:{port}/health")[0] == 200
+    finally:
+        assert router.stop() == 0, router.log()[-3000:]

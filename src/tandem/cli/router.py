@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from tandem.cli.process import (
     add_log_format_arg,
@@ -23,6 +24,10 @@ from tandem.cli.process import (
 from tandem.router.args import add_router_args, router_config_from_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 
+if TYPE_CHECKING:
+    from tandem.router.service import RouterService
+    from tandem.runtime.system_server import SystemServer
+
 logger = logging.getLogger(__name__)
 
 
@@ -33,6 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--worker-component",
         default=os.environ.get("TANDEM_WORKER_COMPONENT") or "backend",
         help="component of the workers routed to (env TANDEM_WORKER_COMPONENT)",
+    )
+    parser.add_argument(
+        "--system-port",
+        type=int,
+        default=int(os.environ.get("TANDEM_SYSTEM_PORT") or "0"),
+        help="serve the router's /metrics, /health and /live over HTTP on this port (0: off) "
+        "(env TANDEM_SYSTEM_PORT)",
+    )
+    parser.add_argument(
+        "--system-host",
+        default=os.environ.get("TANDEM_SYSTEM_HOST") or "127.0.0.1",
+        help="bind address of --system-port (env TANDEM_SYSTEM_HOST)",
     )
     parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
     add_log_format_arg(parser)
@@ -56,6 +73,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         install_signal_handlers(stop)
     async with open_runtime(runtime_config_from_args(args)) as runtime:
         service = RouterService(runtime, args.router, config)
+        system = await _start_system_server(service, args)
         instance = await service.start()
         logger.info(
             "router ready: policy=%s endpoint=%s address=%s",
@@ -68,6 +86,28 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         finally:
             await service.close()
             await runtime.shutdown(grace_s=0)
+            if system is not None:
+                await system.close()
+
+
+async def _start_system_server(
+    service: RouterService, args: argparse.Namespace
+) -> SystemServer | None:
+    """With --system-port: the router's metrics (tandem_router_*), /health and /live."""
+    if not args.system_port:
+        return None
+    if not 0 < args.system_port < 65536:
+        raise SystemExit(f"--system-port={args.system_port}; expected 1..65535 or 0 (off)")
+    from tandem.router.metrics import router_families
+    from tandem.runtime.metrics import Families, render
+    from tandem.runtime.system_server import SystemServer
+
+    server = SystemServer(
+        metrics=lambda: render(Families(router_families([(None, service.router)]))),
+        health=lambda: (True, {"status": "ready", "policy": args.router}),
+    )
+    await server.start(args.system_host, args.system_port)
+    return server
 
 
 def run(args: argparse.Namespace) -> int:

@@ -115,6 +115,16 @@ def test_promtool_passes_on_the_live_frontend_and_workers(stack: Stack) -> None:
     assert "tandem_kvbm_offload_blocks_total" in m and "tandem_transfer_bytes_total" in m
     status, headers, body = stack.get("/metrics", method="HEAD")
     assert status == 200 and body == b"" and int(headers["content-length"]) > 1000
+    frontend = parse(stack.get("/metrics")[2].decode())
+    routed = frontend["tandem_router_routed_requests_total"]
+    by_component = {dict(k)["component"]: v for k, v in routed.items()}
+    assert by_component["prefill"] >= 3 and by_component["backend"] >= 3  # both pools' routers
+    moved: dict[tuple[str, str], float] = {}
+    for k, v in m["tandem_transfer_bytes_total"].items():
+        key = (dict(k)["component"], dict(k)["direction"])
+        moved[key] = moved.get(key, 0) + v
+    # what the prefill worker sent is what the decode worker pulled
+    assert moved[("prefill", "sent")] == moved[("backend", "received")] > 0
 
 
 def _requests(stack: Stack) -> dict[tuple[tuple[str, str], ...], float]:

@@ -130,7 +130,8 @@ async def test_every_request_is_counted_with_its_status_and_promtool_passes() ->
         assert m["tandem_frontend_queued_requests"][(("model", MODEL),)] == 0
         assert m["tandem_frontend_time_to_first_token_seconds_count"][(("model", MODEL),)] >= 2
         assert any(k for k in m["tandem_frontend_worker_active_decode_blocks"])
-        assert m["tandem_router_overhead_seconds_count"][(("model", MODEL),)] >= 2
+        overhead = m["tandem_router_overhead_seconds_count"]
+        assert overhead[(("component", "backend"), ("model", MODEL))] >= 2
         status, headers, body = await s.get("/metrics", method="HEAD")
         assert status == 200 and body == b""
         assert headers["Content-Type"].startswith("text/plain; version=0.0.4")

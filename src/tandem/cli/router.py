@@ -102,8 +102,9 @@ async def _start_system_server(
     from tandem.runtime.metrics import Families, render
     from tandem.runtime.system_server import SystemServer
 
+    labels = {"component": args.worker_component}
     server = SystemServer(
-        metrics=lambda: render(Families(router_families([(None, service.router)]))),
+        metrics=lambda: render(Families(router_families([(labels, service.router)]))),
         health=lambda: (True, {"status": "ready", "policy": args.router}),
     )
     await server.start(args.system_host, args.system_port)

@@ -36,6 +36,10 @@ class PrefillPool:
         self._routers[card.name] = (router, task)
         logger.info("prefill pool for model %s appeared", card.name)
 
+    def routers(self) -> list[tuple[str, Router]]:
+        """(model name, prefill router) of every model seen (for the router metrics)."""
+        return [(model, router) for model, (router, _) in self._routers.items()]
+
     async def router_for(self, model: str) -> Router | None:
         """The model's prefill router, or None while no prefill instance serves it."""
         view = self.views.get(model)

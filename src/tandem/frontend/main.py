@@ -62,6 +62,7 @@ async def serve_frontend(
     if config.disagg.enabled:  # decode on the worker pool, prefill on its own (DESIGN §4)
         prefill = runtime.instance_set(config.disagg.prefill_component, config.worker_endpoint)
         streamer, pool = disagg_streamer(config, runtime, streamer, workers, prefill)
+        metrics.watch_routers(pool.routers)
     health = HealthMonitor(
         registry=registry,
         workers=workers,

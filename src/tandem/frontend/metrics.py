@@ -9,7 +9,7 @@ the routers' own metrics are read from the model registry at scrape time (`Route
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -17,12 +17,15 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from tandem.frontend.request_stats import RequestStatsCollector
-from tandem.router.metrics import router_families
+from tandem.router.metrics import router_families, worker_component
 from tandem.runtime.metrics import render
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_BUCKETS = (1, 8, 32, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
+
+
+RouterSource = Callable[[], Iterable[tuple[str, Any]]]  # (model name, router) pairs
 
 
 class RoutedModels(Protocol):
@@ -42,6 +45,8 @@ class FrontendMetrics:
         self, prefix: str = "tandem_frontend", interval: RequestStatsCollector | None = None
     ) -> None:
         self.interval = interval
+        self.router_sources: list[RouterSource] = []
+        self._collector: RouterCollector | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         p, r, m = prefix, self.registry, ("model",)
         self.requests = Counter(
@@ -115,8 +120,14 @@ class FrontendMetrics:
         )
 
     def watch(self, models: RoutedModels) -> None:
-        """Read per-worker load and router metrics of `models` at every scrape."""
-        self.registry.register(RouterCollector(models))
+        """Read per-worker load and router metrics of `models` at every scrape (once)."""
+        if self._collector is None:
+            self._collector = RouterCollector(models, self.router_sources)
+            self.registry.register(self._collector)
+
+    def watch_routers(self, source: RouterSource) -> None:
+        """Also read these routers' metrics at every scrape (the prefill pool's)."""
+        self.router_sources.append(source)
 
     # ------------------------------------------------------------------ recording
     def arrived(self, model: str) -> None:
@@ -168,10 +179,11 @@ class FrontendMetrics:
 
 
 class RouterCollector:
-    """Per-worker load as each model's router sees it, and the routers' own metrics."""
+    """Per-worker load as each model's router sees it, and the routers' own metrics (those
+    of the models and of `sources`, labelled by model and the component routed to)."""
 
-    def __init__(self, models: RoutedModels) -> None:
-        self._models = models
+    def __init__(self, models: RoutedModels, sources: list[RouterSource]) -> None:
+        self._models, self._sources = models, sources
 
     def describe(self) -> Iterable[Metric]:
         return []  # read at scrape time; nothing to check at registration
@@ -204,4 +216,8 @@ class RouterCollector:
                     blocks.add_metric((model, worker_id), active)
                 tokens.add_metric((model, worker_id), row.get("router_prefill_tokens", 0.0))
         yield from (load, blocks, tokens)
-        yield from router_families(self._models.routers())
+        rows = [*self._models.routers(), *(r for source in self._sources for r in source())]
+        yield from router_families(
+            ({"model": model, "component": worker_component(router)}, router)
+            for model, router in rows
+        )

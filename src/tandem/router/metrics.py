@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client.core import (
@@ -58,54 +58,62 @@ class RouterMetrics:
         return out
 
     def render(self) -> str:
-        return render(Families(router_families([(None, self)]))).decode()
+        return render(Families(router_families([({}, self)]))).decode()
 
 
-def router_families(rows: Iterable[tuple[str | None, Any]]) -> list[Metric]:
-    """Families over `(model, router)` rows; a row's router contributes when it has a
-    `RouterMetrics` as `.metrics` (or is one); model None leaves the `model` label out."""
+def router_families(rows: Iterable[tuple[Mapping[str, str], Any]]) -> list[Metric]:
+    """Families over `(labels, router)` rows (every row with the same label names, e.g. model
+    and component); a row's router contributes when it has a `RouterMetrics` as `.metrics`
+    (or is one)."""
     p = "tandem_router"
-    found = [(model, _metrics_of(router), router) for model, router in rows]
-    with_model = any(model is not None for model, _, _ in found)
-    m = ("model",) if with_model else ()
+    found = [(dict(labels), _metrics_of(router), router) for labels, router in rows]
+    names = tuple(found[0][0]) if found else ()
     routed = CounterMetricFamily(
-        f"{p}_routed_requests", "requests routed to each worker", labels=("worker_id", *m)
+        f"{p}_routed_requests", "requests routed to each worker", labels=("worker_id", *names)
     )
     overlap = CounterMetricFamily(
-        f"{p}_overlap_blocks", "prompt blocks already cached on the chosen worker", labels=m
+        f"{p}_overlap_blocks", "prompt blocks already cached on the chosen worker", labels=names
     )
-    blocks = CounterMetricFamily(f"{p}_request_blocks", "prompt blocks routed", labels=m)
+    blocks = CounterMetricFamily(f"{p}_request_blocks", "prompt blocks routed", labels=names)
     hit_rate = GaugeMetricFamily(
-        f"{p}_kv_hit_rate", "overlap blocks / prompt blocks over all routed requests", labels=m
+        f"{p}_kv_hit_rate", "overlap blocks / prompt blocks over all routed requests", labels=names
     )
     events = CounterMetricFamily(
         f"{p}_kv_events",
         "KV event batches by type (batch, full_state, replay, sync) and status (applied, "
         "stale, gap, malformed, unknown_worker, ...)",
-        labels=("type", "status", *m),
+        labels=("type", "status", *names),
     )
     queued = GaugeMetricFamily(
-        f"{p}_queued_requests", "requests waiting for a worker below its busy threshold", labels=m
+        f"{p}_queued_requests",
+        "requests waiting for a worker below its busy threshold",
+        labels=names,
     )
     overhead = HistogramMetricFamily(
-        f"{p}_overhead_seconds", "time the router spent choosing a worker", labels=m
+        f"{p}_overhead_seconds", "time the router spent choosing a worker", labels=names
     )
-    for model, metrics, router in found:
+    for labels, metrics, router in found:
         if metrics is None:
             continue
-        mv = (model or "",) if with_model else ()
+        values = tuple(labels[n] for n in names)
         for worker_id, n in sorted(metrics.routed.items()):
-            routed.add_metric((worker_id, *mv), n)
-        overlap.add_metric(mv, metrics.overlap_blocks)
-        blocks.add_metric(mv, metrics.request_blocks)
-        hit_rate.add_metric(mv, metrics.hit_rate)
+            routed.add_metric((worker_id, *values), n)
+        overlap.add_metric(values, metrics.overlap_blocks)
+        blocks.add_metric(values, metrics.request_blocks)
+        hit_rate.add_metric(values, metrics.hit_rate)
         for (kind, status), n in sorted(metrics.events.items()):
-            events.add_metric((kind, status, *mv), n)
+            events.add_metric((kind, status, *values), n)
         num_queued = getattr(router, "num_queued", None)
         if isinstance(num_queued, int):
-            queued.add_metric(mv, num_queued)
-        overhead.add_metric(mv, metrics.overhead_buckets(), sum_value=metrics.overhead_sum_s)
+            queued.add_metric(values, num_queued)
+        overhead.add_metric(values, metrics.overhead_buckets(), sum_value=metrics.overhead_sum_s)
     return [routed, overlap, blocks, hit_rate, events, queued, overhead]
+
+
+def worker_component(router: Any) -> str:
+    """The component of the workers `router` routes to (its config; default backend)."""
+    config = getattr(router, "config", None)
+    return str(getattr(config, "worker_component", "backend"))
 
 
 def _metrics_of(router: Any) -> RouterMetrics | None:

@@ -74,9 +74,18 @@ def test_router_metrics_of_two_models_share_one_block_per_family() -> None:
     text = _busy_metrics().render().decode()
     for family in ("tandem_router_routed_requests_total", "tandem_router_overhead_seconds"):
         assert text.count(f"# TYPE {family} ") == 1
-    assert 'tandem_router_routed_requests_total{worker_id="w1",model="m1"} 1' in text
-    assert 'tandem_router_routed_requests_total{worker_id="w2",model="m2"} 1' in text
-    assert 'tandem_router_kv_events_total{type="batch",status="applied",model="m1"} 3' in text
+    assert (
+        'tandem_router_routed_requests_total{worker_id="w1",model="m1",component="backend"} 1'
+        in text
+    )
+    assert (
+        'tandem_router_routed_requests_total{worker_id="w2",model="m2",component="backend"} 1'
+        in text
+    )
+    assert (
+        'tandem_router_kv_events_total{type="batch",status="applied",model="m1",component="backend"} 3'
+        in text
+    )
     assert 'tandem_frontend_worker_active_decode_blocks{model="m1",worker_id="w1"} 3' in text
     assert 'tandem_frontend_worker_active_prefill_tokens{model="m2",worker_id="w2"} 5' in text
 

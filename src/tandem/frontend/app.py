@@ -225,8 +225,9 @@ class FrontendApp:
         fmt: ResponseFormat,
     ) -> None:
         model = self.registry.get(req.model)
-        tally = _tally.get()
-        tally.model, tally.request_type = model.name, "stream" if req.stream else "unary"
+        tally = _tally.get(None)  # None when a handler is called without __call__
+        if tally is not None:
+            tally.model, tally.request_type = model.name, "stream" if req.stream else "unary"
         num_slots = self._admit(req)
         request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:

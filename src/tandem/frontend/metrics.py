@@ -46,6 +46,7 @@ class FrontendMetrics:
     ) -> None:
         self.interval = interval
         self.router_sources: list[RouterSource] = []
+        self._itl_by_model: dict[str, Any] = {}
         self._collector: RouterCollector | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         p, r, m = prefix, self.registry, ("model",)
@@ -146,7 +147,10 @@ class FrontendMetrics:
             self.interval.ttft(model, seconds)
 
     def observe_itl(self, model: str, seconds: float) -> None:
-        self.itl.labels(model).observe(seconds)
+        child = self._itl_by_model.get(model)  # per token: skip labels()' lock and checks
+        if child is None:
+            child = self._itl_by_model[model] = self.itl.labels(model)
+        child.observe(seconds)
         if self.interval is not None:
             self.interval.itl(model, seconds)
 

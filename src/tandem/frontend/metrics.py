@@ -18,7 +18,7 @@ from prometheus_client.metrics_core import Metric
 
 from tandem.frontend.request_stats import RequestStatsCollector
 from tandem.router.metrics import router_families, worker_component
-from tandem.runtime.metrics import render
+from tandem.runtime.metrics import LoopHistogram, render
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -46,7 +46,6 @@ class FrontendMetrics:
     ) -> None:
         self.interval = interval
         self.router_sources: list[RouterSource] = []
-        self._itl_by_model: dict[str, Any] = {}
         self._collector: RouterCollector | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         p, r, m = prefix, self.registry, ("model",)
@@ -73,13 +72,13 @@ class FrontendMetrics:
             registry=r,
             buckets=LATENCY_BUCKETS,
         )
-        self.itl = Histogram(
+        self.itl = LoopHistogram(
             f"{p}_inter_token_latency_seconds",
             "time between two token chunks of one stream",
             m,
-            registry=r,
-            buckets=LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
         )
+        r.register(self.itl)
         self.duration = Histogram(
             f"{p}_request_duration_seconds",
             "time from request arrival to its last byte",
@@ -147,10 +146,7 @@ class FrontendMetrics:
             self.interval.ttft(model, seconds)
 
     def observe_itl(self, model: str, seconds: float) -> None:
-        child = self._itl_by_model.get(model)  # per token: skip labels()' lock and checks
-        if child is None:
-            child = self._itl_by_model[model] = self.itl.labels(model)
-        child.observe(seconds)
+        self.itl.observe(self.itl.child(model), seconds)
         if self.interval is not None:
             self.interval.itl(model, seconds)
 

@@ -11,11 +11,13 @@ integer is what an operator greps for). `merge` joins expositions of several pro
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import disable_created_metrics
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -83,6 +85,44 @@ class Families:
 
     def collect(self) -> Iterable[Metric]:
         return self._families
+
+
+class LoopHistogram:
+    """A histogram for one event loop's hot path (a token's inter-token latency): no locks,
+    one bisect and three additions per observation; exposed through `collect` like
+    prometheus_client's (register it on a registry). Not thread-safe."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        self.name, self.documentation = name, documentation
+        self.labelnames, self.buckets = tuple(labelnames), tuple(float(b) for b in buckets)
+        self._le = [*(repr(b) for b in self.buckets), "+Inf"]  # as prometheus_client writes le
+        self._series: dict[tuple[str, ...], list[float]] = {}  # bucket counts..., sum
+
+    def child(self, *labels: str) -> list[float]:
+        """The series of `labels` (created at 0); pass it to `observe` on the hot path."""
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = [0.0] * (len(self.buckets) + 2)
+        return series
+
+    def observe(self, series: list[float], value: float) -> None:
+        series[bisect.bisect_left(self.buckets, value)] += 1
+        series[-1] += value
+
+    def describe(self) -> Iterable[Metric]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, series in sorted(self._series.items()):
+            acc, buckets = 0.0, []
+            for le, n in zip(self._le, series[:-1], strict=True):
+                acc += n
+                buckets.append((le, acc))
+            family.add_metric(list(labels), buckets, sum_value=series[-1])
+        return [family]
 
 
 class Labelled:

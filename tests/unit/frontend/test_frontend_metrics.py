@@ -83,8 +83,8 @@ def test_router_metrics_of_two_models_share_one_block_per_family() -> None:
         in text
     )
     assert (
-        'tandem_router_kv_events_total{type="batch",status="applied",model="m1",component="backend"} 3'
-        in text
+        'tandem_router_kv_events_total{type="batch",status="applied",model="m1",'
+        'component="backend"} 3' in text
     )
     assert 'tandem_frontend_worker_active_decode_blocks{model="m1",worker_id="w1"} 3' in text
     assert 'tandem_frontend_worker_active_prefill_tokens{model="m2",worker_id="w2"} 5' in text
@@ -121,3 +121,17 @@ def test_promtool_accepts_frontend_router_and_merged_worker_text() -> None:
     assert received[(("direction", "received"), ("worker_id", "a"))] == 8192
     assert received[(("direction", "received"), ("worker_id", "b"))] == 8192
     assert merged.decode().count("# TYPE tandem_transfer_bytes_total counter") == 1
+
+
+def test_loop_histogram_buckets_are_cumulative_and_inclusive() -> None:
+    from tandem.runtime.metrics import LoopHistogram
+
+    h = LoopHistogram("x_seconds", "x", ("model",), (0.01, 0.1))
+    series = h.child("m")
+    for value in (0.01, 0.05, 0.1, 7.0):
+        h.observe(series, value)
+    rows = parse(render(h).decode())
+    buckets = {dict(k)["le"]: v for k, v in rows["x_seconds_bucket"].items()}
+    assert buckets == {"0.01": 1, "0.1": 3, "+Inf": 4}
+    assert rows["x_seconds_count"][(("model", "m"),)] == 4
+    assert rows["x_seconds_sum"][(("model", "m"),)] == pytest.approx(7.16)

@@ -61,7 +61,10 @@ test: $(STAMP) prometheus
 # Debian's Prometheus (promtool + server) for the metrics tests (tests/e2e/test_metrics_prometheus.py);
 # idempotent: installs only what is missing, from the Debian registry.
 prometheus:
-	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive 	    $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
 
 # the vLLM e2e tests (marker `vllm`) run vLLM from .venv-vllm; `make test` skips them while
 # .venv-vllm is absent (vLLM 1P1D over NIXL is not working yet: see docs/architecture.md)

@@ -300,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, passthrough = build_parser().parse_known_args(argv)
     _validate(args)
+    if any(a == "--system-port" or a.startswith("--system-port=") for a in passthrough):
+        # every worker would get the same port; serve's are scraped through the frontend
+        raise SystemExit(
+            "tandem serve: --system-port is a per-worker flag and serve's workers would all "
+            "bind it; scrape them through the frontend at /metrics/workers instead"
+        )
     if args.engine == "vllm":
         from tandem.engines.vllm.venv import reexec_in_vllm_venv
 

@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from tandem.frontend.request_stats import RequestStatsCollector
+from tandem.protocols.discovery import ModelCard
 from tandem.router.metrics import router_families, worker_component
 from tandem.runtime.metrics import LoopHistogram, render
 
@@ -34,6 +35,8 @@ class RoutedModels(Protocol):
     def worker_loads(self) -> dict[str, dict[str, dict[str, float]]]: ...
 
     def routers(self) -> Iterable[tuple[str, Any]]: ...
+
+    def cards(self) -> Iterable[tuple[ModelCard, int]]: ...
 
 
 class FrontendMetrics:
@@ -216,8 +219,39 @@ class RouterCollector:
                     blocks.add_metric((model, worker_id), active)
                 tokens.add_metric((model, worker_id), row.get("router_prefill_tokens", 0.0))
         yield from (load, blocks, tokens)
+        yield from model_families(self._models.cards())
         rows = [*self._models.routers(), *(r for source in self._sources for r in source())]
         yield from router_families(
             ({"model": model, "component": worker_component(router)}, router)
             for model, router in rows
         )
+
+
+_CARD_GAUGES = (
+    ("context_length", "context_length", "longest prompt + output of the model, in tokens"),
+    ("kv_cache_block_size", "block_size", "tokens per KV block"),
+    ("total_kv_blocks", "num_total_blocks", "KV blocks of one worker's device pool"),
+    ("max_num_seqs", "max_num_seqs", "most sequences in one worker's batch"),
+    ("max_num_batched_tokens", "max_num_batched_tokens", "most tokens in one engine step"),
+)
+
+
+def model_families(cards: Iterable[tuple[ModelCard, int]]) -> list[Metric]:
+    """`tandem_frontend_model_*`: each served model's card (as Dynamo's `dynamo_frontend_model_*`)
+    and its live workers."""
+    rows = list(cards)
+    out: list[Metric] = []
+    for name, field, doc in _CARD_GAUGES:
+        family = GaugeMetricFamily(
+            f"tandem_frontend_model_{name}", f"{doc} (model card)", labels=("model",)
+        )
+        for card, _ in rows:
+            family.add_metric((card.name,), getattr(card, field))
+        out.append(family)
+    workers = GaugeMetricFamily(
+        "tandem_frontend_model_workers", "live workers serving the model", labels=("model",)
+    )
+    for card, num_workers in rows:
+        workers.add_metric((card.name,), num_workers)
+    out.append(workers)
+    return out

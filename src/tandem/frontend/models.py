@@ -147,6 +147,10 @@ class ModelRegistry:
     def worker_loads(self) -> dict[str, dict[str, dict[str, float]]]:
         return {name: m.router.worker_loads() for name, m in self.models.items()}
 
+    def cards(self) -> list[tuple[ModelCard, int]]:
+        """(model card, live instances) of every model, for the model metrics."""
+        return [(m.card, len(m.instances.instances)) for m in self.models.values()]
+
     def routers(self) -> list[tuple[str, Any]]:
         """(model name, router) of every model, for the router metrics."""
         return [(name, m.router) for name, m in self.models.items()]

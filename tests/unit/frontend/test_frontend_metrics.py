@@ -11,6 +11,7 @@ from tests.support.prometheus import needs_promtool, promtool_check
 
 from tandem.engines.worker_metrics import request_plane_families, transfer_families
 from tandem.frontend.metrics import FrontendMetrics
+from tandem.protocols.discovery import ModelCard
 from tandem.router.metrics import RouterMetrics
 from tandem.runtime.metrics import Families, Labelled, format_value, merge, parse, render
 from tandem.runtime.tcp.server import TcpRequestServer
@@ -31,6 +32,10 @@ class _Models:
 
     def routers(self) -> list[tuple[str, Any]]:
         return [("m1", self.a), ("m2", self.b)]
+
+    def cards(self) -> list[tuple[ModelCard, int]]:
+        card = ModelCard(name="m1", context_length=4096, block_size=16, num_total_blocks=1024)
+        return [(card, 2)]
 
 
 def _busy_metrics() -> FrontendMetrics:
@@ -88,6 +93,8 @@ def test_router_metrics_of_two_models_share_one_block_per_family() -> None:
     )
     assert 'tandem_frontend_worker_active_decode_blocks{model="m1",worker_id="w1"} 3' in text
     assert 'tandem_frontend_worker_active_prefill_tokens{model="m2",worker_id="w2"} 5' in text
+    assert 'tandem_frontend_model_context_length{model="m1"} 4096' in text
+    assert 'tandem_frontend_model_workers{model="m1"} 2' in text
 
 
 def test_every_family_has_help_and_type() -> None:

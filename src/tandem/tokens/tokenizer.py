@@ -15,6 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from tandem.tokens.ascii_encoder import AsciiByteLevelEncoder
 from tandem.tokens.byte_level import token_bytes
 from tandem.tokens.gguf import load_gguf_tokenizer
 
@@ -34,6 +35,8 @@ class ModelTokenizer:
     special_token_ids: frozenset[int] = frozenset()
     # raw bytes of every id for byte-level BPE (b"" for special ids); None otherwise
     id_bytes: tuple[bytes, ...] | None = field(default=None, repr=False)
+    # exact and ~10x cheaper for ASCII text on GPT-2-style byte-level BPE; None otherwise
+    ascii_encoder: AsciiByteLevelEncoder | None = field(default=None, repr=False)
 
     @property
     def vocab_size(self) -> int:
@@ -45,7 +48,11 @@ class ModelTokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`. Special tokens written in the text match whole; with
         `add_special_tokens` the BOS is prepended where the model asks for one."""
-        ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        ids: list[int]
+        if self.ascii_encoder is not None and text.isascii():
+            ids = self.ascii_encoder.encode(text)
+        else:
+            ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         if (
             add_special_tokens
             and self.add_bos_token
@@ -97,6 +104,7 @@ def _bundle(backend: Tokenizer, meta: dict[str, Any]) -> ModelTokenizer:
         add_bos_token=bool(meta.get("add_bos_token", False)),
         special_token_ids=special_ids,
         id_bytes=_byte_table(backend, special_ids),
+        ascii_encoder=AsciiByteLevelEncoder.build(backend),
     )
 
 

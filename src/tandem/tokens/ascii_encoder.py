@@ -1,0 +1,122 @@
+"""A word-cache encoder for ASCII text under GPT-2-style byte-level BPE (SmolLM2, GPT-2, ...).
+
+Why: `tokenizers` 0.2x spends most of a long prompt's encode in its regex pre-tokenizer, and
+grows faster than linearly with the text (docs/perf-frontend.md: ~3.5 µs per token at 6000
+tokens, more at 32000). For ASCII text the GPT-2 split pattern needs no Unicode tables, so the
+stdlib `re` splits it in C, and a word → ids cache replaces BPE for every word seen before; the
+ids of a prompt are then one `chain` over cached tuples, with no per-word Python frame.
+
+Exactness: the same added-token extraction (leftmost-longest), the same split pattern (its
+ASCII reading: `\\p{L}` = A-Za-z, `\\p{N}` = 0-9, `\\s` = the six ASCII White_Space chars) and the
+model's own BPE for a word not in the cache. `AsciiByteLevelEncoder.build` accepts only
+tokenizers of exactly that shape (no normalizer or post-processor, ByteLevel without prefix
+space, plain added tokens) and checks itself against the backend on a probe text; non-ASCII
+text always goes to the backend. Thread-safe: the cache is a dict filled under the GIL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from itertools import chain
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from tandem.tokens.byte_level import BYTE_TO_CHAR
+
+logger = logging.getLogger(__name__)
+
+MAX_CACHED_WORDS = 1 << 17
+_WS = " \\t\\n\\x0b\\x0c\\r"  # ASCII White_Space, as the backend's \s
+SPLIT_PATTERN = re.compile(
+    "'s|'t|'re|'ve|'m|'ll|'d"
+    f"| ?[A-Za-z]+| ?[0-9]+| ?[^{_WS}A-Za-z0-9]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"
+)
+_TO_BYTE_LEVEL = {b: BYTE_TO_CHAR[b] for b in range(128)}
+PROBE_TEXT = (
+    "Hello, world! It's 2026-11-24T00:05 and we've 3.14159 reasons; you'll see. "
+    "<|im_start|>user\nWhat's   up?\t\tTabs\r\n\n  spaces   <|im_end|>\n"
+    "def f(x):\n    return x**2  # comment\n\n\nfinal_line_123abc ABC'S 'd 'll\x0b\x0c\x01~`"
+)
+
+
+class _WordCache(dict[str, tuple[int, ...]]):
+    """word (ASCII, as split) → its BPE ids; a miss runs the model's BPE once."""
+
+    def __init__(self, backend: Tokenizer) -> None:
+        super().__init__()
+        self._model = backend.model
+
+    def __missing__(self, word: str) -> tuple[int, ...]:
+        ids = tuple(t.id for t in self._model.tokenize(word.translate(_TO_BYTE_LEVEL)))
+        if len(self) >= MAX_CACHED_WORDS:
+            self.clear()  # bounded; a cold cache only costs BPE calls
+        self[word] = ids
+        return ids
+
+
+class AsciiByteLevelEncoder:
+    """`encode(text)` equals `backend.encode(text, add_special_tokens=False).ids` for ASCII."""
+
+    def __init__(self, backend: Tokenizer, added: dict[str, int]) -> None:
+        self._cache = _WordCache(backend)
+        self._added = added
+        names = sorted(added, key=len, reverse=True)  # first alternative = longest match
+        self._added_pattern = re.compile("|".join(map(re.escape, names))) if names else None
+
+    @classmethod
+    def build(cls, backend: Tokenizer) -> AsciiByteLevelEncoder | None:
+        """The encoder for `backend`, or None when its shape is not the one this mirrors."""
+        config = json.loads(backend.to_str())
+        if not _is_plain_byte_level(config):
+            return None
+        added = {t["content"]: int(t["id"]) for t in config.get("added_tokens") or ()}
+        encoder = cls(backend, added)
+        if encoder.encode(PROBE_TEXT) != backend.encode(PROBE_TEXT, add_special_tokens=False).ids:
+            logger.warning("ASCII word-cache encoder disagrees with the tokenizer; not used")
+            return None
+        return encoder
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ASCII `text` (the caller checks `text.isascii()`)."""
+        lookup = self._cache.__getitem__
+        pattern = self._added_pattern
+        if pattern is None:
+            return list(chain.from_iterable(map(lookup, SPLIT_PATTERN.findall(text))))
+        out: list[int] = []
+        start = 0
+        for match in pattern.finditer(text):
+            if match.start() > start:
+                out.extend(chain.from_iterable(map(lookup, _split(text, start, match.start()))))
+            out.append(self._added[match.group()])
+            start = match.end()
+        if start < len(text):
+            out.extend(chain.from_iterable(map(lookup, _split(text, start, len(text)))))
+        return out
+
+
+def _split(text: str, start: int, end: int) -> list[str]:
+    return SPLIT_PATTERN.findall(text, start, end)  # type: ignore[arg-type]
+
+
+def _is_plain_byte_level(config: dict[str, Any]) -> bool:
+    pre = config.get("pre_tokenizer") or {}
+    model = config.get("model") or {}
+    added_plain = all(
+        not (t.get("lstrip") or t.get("rstrip") or t.get("single_word"))
+        for t in config.get("added_tokens") or ()
+    )
+    return (
+        config.get("normalizer") is None
+        and config.get("post_processor") is None
+        and config.get("truncation") is None
+        and config.get("padding") is None
+        and pre.get("type") == "ByteLevel"
+        and not pre.get("add_prefix_space")
+        and pre.get("use_regex", True)
+        and model.get("type") == "BPE"
+        and not model.get("dropout")
+        and added_plain
+    )

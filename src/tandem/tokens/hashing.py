@@ -71,19 +71,44 @@ def local_hashes(
 
     `mm_items` place images by absolute prompt position; `token_ids[0]` sits at absolute position
     `token_offset` (a continuation of a longer prompt)."""
+    return _hashes(token_ids, block_size, seed_for(lora_name, cache_salt), None, mm_items,
+                   token_offset, chain=False)  # fmt: skip
+
+
+def _hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    seed0: int,
+    parent_hash: int | None,
+    mm_items: Sequence[MmSpan],
+    token_offset: int,
+    *,
+    chain: bool,
+) -> list[int]:
+    """One pass over the prompt's LE u32 bytes: each block hashed from a zero-copy view and, with
+    `chain`, folded into the sequence hash at once (no intermediate list of local hashes)."""
     if block_size <= 0:
         raise ValueError(f"block_size={block_size} must be > 0")
     num_full = len(token_ids) // block_size
-    data = _u32_bytes(token_ids[: num_full * block_size])
+    extras = _mm_extras(mm_items, num_full, block_size, token_offset) if mm_items else None
+    data = memoryview(_u32_bytes(token_ids[: num_full * block_size]))
     width = block_size * 4
-    seed0 = seed_for(lora_name, cache_salt)
-    extras = _mm_extras(mm_items, num_full, block_size, token_offset) if mm_items else {}
-    out = []
-    for i in range(num_full):
-        block = data[i * width : (i + 1) * width]
-        if i in extras:
-            block += extras[i]
-        out.append(xxhash.xxh3_64_intdigest(block, seed=seed0 if i == 0 else HASH_SEED))
+    digest, pack = xxhash.xxh3_64_intdigest, _pair.pack
+    out: list[int] = []
+    append = out.append
+    prev = None if parent_hash is None else parent_hash & _U64_MASK
+    seed = seed0
+    for start in range(0, num_full * width, width):
+        block = data[start : start + width]
+        if extras is not None and (extra := extras.get(start // width)) is not None:
+            block = memoryview(bytes(block) + extra)
+        local = digest(block, seed=seed)
+        seed = HASH_SEED
+        if chain:
+            prev = local if prev is None else digest(pack(prev, local), seed=HASH_SEED)
+            append(prev)
+        else:
+            append(local)
     return out
 
 
@@ -122,17 +147,5 @@ def sequence_hashes(
     """
     if parent_hash is not None:  # a continuation: only a chain's first block carries the seed
         lora_name = cache_salt = None
-    locals_ = local_hashes(
-        token_ids,
-        block_size,
-        lora_name=lora_name,
-        cache_salt=cache_salt,
-        mm_items=mm_items,
-        token_offset=token_offset,
-    )
-    out: list[int] = []
-    prev = parent_hash
-    for h in locals_:
-        prev = h if prev is None else chain_hash(prev, h)
-        out.append(prev)
-    return out
+    seed0 = seed_for(lora_name, cache_salt)
+    return _hashes(token_ids, block_size, seed0, parent_hash, mm_items, token_offset, chain=True)

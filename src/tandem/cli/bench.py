@@ -24,6 +24,7 @@ T = TypeVar("T")
 
 SUBCOMMANDS = {
     "frontend": "frontend_compare",
+    "frontend-stages": "frontend_stages",
     "routers": "router_compare",
     "indexer": "indexer",
     "engine": "engine",

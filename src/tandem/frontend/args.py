@@ -126,6 +126,13 @@ def _add_http_args(parser: argparse.ArgumentParser) -> None:
             default=kind(_env(env, str(default))),
             help=f"{help_} (default {default}; env TANDEM_{env})",
         )
+    g.add_argument(
+        "--http-reuse-port",
+        action="store_true",
+        default=_env("HTTP_REUSE_PORT", "") not in ("", "0", "false"),
+        help="bind with SO_REUSEPORT so several frontend processes share the port; such a "
+        "frontend listens only once a model is ready (env TANDEM_HTTP_REUSE_PORT)",
+    )
 
 
 def _add_auth_args(parser: argparse.ArgumentParser) -> None:
@@ -176,7 +183,10 @@ def api_keys(flags: list[str], path: str | None, env: str) -> tuple[str, ...]:
 
 
 def http_config_from_args(ns: argparse.Namespace) -> HttpConfig:
-    return HttpConfig(**{name: getattr(ns, f"http_{name}") for name in _HTTP_FLAGS})
+    return HttpConfig(
+        **{name: getattr(ns, f"http_{name}") for name in _HTTP_FLAGS},
+        reuse_port=bool(getattr(ns, "http_reuse_port", False)),
+    )
 
 
 def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:

@@ -24,7 +24,9 @@ class HttpConfig:
     `body_timeout_s` from there to the end of its body, `idle_timeout_s` a keep-alive connection
     with no request; a peer past them gets 408 (idle: a plain close). `max_connections` is
     lowered at start to what RLIMIT_NOFILE leaves after a reserve for discovery, the event bus
-    and the request plane. `drain_grace_s`: on SIGTERM, how long in-flight responses may run."""
+    and the request plane. `drain_grace_s`: on SIGTERM, how long in-flight responses may run.
+    `reuse_port`: bind with SO_REUSEPORT, so several frontend processes share one port and the
+    kernel spreads new connections over them (`tandem serve --frontend-processes`)."""
 
     max_body_bytes: int = 8 << 20
     max_header_bytes: int = 64 << 10
@@ -34,6 +36,7 @@ class HttpConfig:
     idle_timeout_s: float = 30.0
     max_connections: int = 10_000
     drain_grace_s: float = 30.0
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         _check("max_body_bytes", self.max_body_bytes, 1024, ">= 1024")

@@ -97,6 +97,8 @@ class Acceptor:
         sock = socket.socket(family, kind, proto)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self._config.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind(addr)
             sock.listen(BACKLOG)
             sock.setblocking(False)

@@ -116,6 +116,8 @@ async def serve_frontend(
             name="frontend-request-stats",
         )
     try:
+        if config.http.reuse_port:  # a port shared with other frontends: join once able to serve
+            await _wait_for_a_model(registry, stop)
         host, port = await server.start(config.host, config.port)
         freeze_long_lived()
         logger.info("frontend listening on http://%s:%d", host, port)
@@ -136,6 +138,25 @@ async def serve_frontend(
         await aggregated.close()
         if pool is not None:
             await pool.close()
+
+
+REUSE_PORT_WAIT_S = 600.0
+
+
+async def _wait_for_a_model(registry: ModelRegistry, stop: asyncio.Event | None) -> None:
+    """With SO_REUSEPORT the kernel hands this process connections as soon as it listens; a
+    frontend that has not yet seen a model would answer them 404, so it listens only once one
+    is loaded (or `stop` is set, or REUSE_PORT_WAIT_S pass: then it listens anyway)."""
+    waits = [asyncio.ensure_future(registry.any_loaded.wait())]
+    if stop is not None:
+        waits.append(asyncio.ensure_future(stop.wait()))
+    done, pending = await asyncio.wait(
+        waits, timeout=REUSE_PORT_WAIT_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    for task in pending:
+        task.cancel()
+    if not done:
+        logger.warning("no model ready after %.0f s; listening anyway", REUSE_PORT_WAIT_S)
 
 
 def disagg_streamer(

@@ -112,6 +112,7 @@ class ModelRegistry:
         self._events, self._client, self._namespace = events, client, namespace
         self._by_model = InstancesByModel(instance_set, self._add)
         self.models: dict[str, ServedModel] = {}
+        self.any_loaded = asyncio.Event()  # set once some model's router and tokenizer are ready
 
     async def start(self) -> None:
         await self._by_model.start()
@@ -129,6 +130,13 @@ class ModelRegistry:
         model = ServedModel(card, router, view)
         self.models[card.name] = model
         model.start(self._config.tokenizer_cache_dir)
+        assert model._ready is not None
+
+        def on_ready(_: object) -> None:
+            if model.is_loaded:
+                self.any_loaded.set()
+
+        model._ready.add_done_callback(on_ready)
         logger.info("model %s appeared (engine %s)", card.name, card.engine)
 
     def live(self) -> list[ServedModel]:

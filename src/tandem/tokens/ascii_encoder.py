@@ -98,7 +98,7 @@ class AsciiByteLevelEncoder:
 
 
 def _split(text: str, start: int, end: int) -> list[str]:
-    return SPLIT_PATTERN.findall(text, start, end)  # type: ignore[arg-type]
+    return SPLIT_PATTERN.findall(text, start, end)
 
 
 def _is_plain_byte_level(config: dict[str, Any]) -> bool:

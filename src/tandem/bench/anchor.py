@@ -38,6 +38,8 @@ class AnchorConfig:
     num_workers: int = 1
     speedup: float = 10000.0
     router_mode: str = "round-robin"
+    # "SmolLM2-135M-Instruct" (8192-token context) or "smol-long" (same tokenizer, 131072)
+    model_name: str = "SmolLM2-135M-Instruct"
     setup_timeout_s: float = 900.0
     start_timeout_s: float = 120.0
 
@@ -64,7 +66,7 @@ class DynamoAnchor:
             **os.environ,
             "ANCHOR": str(self.run_dir),
             "VENV": str(install / "venv"),
-            "MODEL_DIR": str(install / "model" / "SmolLM2-135M-Instruct"),
+            "MODEL_DIR": str(install / "model" / self.config.model_name),
             "HTTP_PORT": str(self.port),
             "NUM_WORKERS": str(self.config.num_workers),
             "SPEEDUP": f"{self.config.speedup:g}",

@@ -1,10 +1,14 @@
 """`tandem bench frontend`: tandem's frontend vs Dynamo's, same load, one run.
 
 Both over near-instant mockers (tandem: `--speedup-ratio 0`; Dynamo 1.6.1: 10000, as 0 is not
-infinite there). For each system × concurrency × connection mode (fresh / reused) it sends
-`--num-requests` streamed requests (bounded by `--duration-s` per cell) after a warm-up, and
-records req/s, the frontend process's CPU-ms per request, TTFT and e2e p50/p99. Prints one
-side-by-side table with tandem/Dynamo ratios and writes everything to `--json`.
+infinite there). For each system × endpoint × ISL × concurrency × connection mode (fresh /
+reused) it sends `--num-requests` streamed requests (bounded by `--duration-s` per cell) after a
+warm-up, and records req/s, the frontend processes' CPU-ms per request, TTFT and e2e p50/p99 and
+the KV hit rate (cached prompt tokens / prompt tokens, from usage). Prompts longer than
+SmolLM2's 8192-token context run both sides on a 131072-token context (same tokenizer). With
+`--prefix-groups G` prompts share G long prefixes (7/8 of the ISL), so the hit rate shows the
+KV routing quality (use `--router kv --workers 2` or more). Prints one side-by-side table with
+tandem/Dynamo ratios and writes everything to `--json`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +26,7 @@ from tandem.bench.anchor import DEFAULT_ANCHOR_DIR, DEFAULT_INSTALL_DIR, AnchorC
 from tandem.bench.compare import cell_metrics, run_cell, write_report
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.stacks import LAYOUTS, RunningStack, dynamo_mocker_stack, tandem_mocker_stack
-from tandem.bench.workload import SyntheticConfig, synthetic_requests
+from tandem.bench.workload import RequestSpec, SyntheticConfig, synthetic_requests
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=1000, help="per cell")
     parser.add_argument("--duration-s", type=float, default=15.0, help="cap per cell")
     parser.add_argument("--warmup-requests", type=int, default=50)
-    parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
-    parser.add_argument("--isl", type=int, default=64)
+    parser.add_argument("--endpoint", default="chat", help="comma list of: chat,completions")
+    parser.add_argument("--isl", default="64", help="comma list of input lengths (tokens)")
+    parser.add_argument("--workers", type=int, default=1, help="mocker workers on each side")
+    parser.add_argument("--router", choices=("round_robin", "kv"), default="round_robin")
+    parser.add_argument("--prefix-groups", type=int, default=0, help="shared-prefix groups")
     parser.add_argument("--osl", type=int, default=32)
     parser.add_argument("--tandem-layout", choices=LAYOUTS, default="auto")
     parser.add_argument("--tandem-args", default="", help="extra flags for the tandem frontend")
@@ -55,11 +63,21 @@ def _csv(text: str, allowed: tuple[str, ...] | None = None) -> list[str]:
     return items
 
 
+LONG_CONTEXT = 131072
+SHORT_CONTEXT = 8192
+
+
 @contextlib.contextmanager
 def _stack(system: str, args: argparse.Namespace, work_dir: Path) -> Iterator[RunningStack]:
+    is_long = max(int(i) for i in _csv(args.isl)) + args.osl + 64 > SHORT_CONTEXT
     if system == "tandem":
         with tandem_mocker_stack(
-            work_dir / "tandem", layout=args.tandem_layout, extra_args=args.tandem_args
+            work_dir / "tandem",
+            layout=args.tandem_layout,
+            extra_args=args.tandem_args,
+            num_workers=args.workers,
+            router=args.router,
+            engine_args=f"--context-length {LONG_CONTEXT}" if is_long else "",
         ) as stack:
             yield stack
     else:
@@ -67,67 +85,98 @@ def _stack(system: str, args: argparse.Namespace, work_dir: Path) -> Iterator[Ru
             anchor_dir=args.anchor_dir,
             install_dir=args.anchor_install_dir,
             speedup=args.dynamo_speedup,
+            num_workers=args.workers,
+            router_mode="kv" if args.router == "kv" else "round-robin",
+            model_name="smol-long" if is_long else "SmolLM2-135M-Instruct",
         )
         with dynamo_mocker_stack(work_dir, config) as stack:
             yield stack
 
 
+def _workload(args: argparse.Namespace, isl: int, count: int) -> list[RequestSpec]:
+    if not args.prefix_groups:
+        return synthetic_requests(SyntheticConfig(isl=isl, osl=args.osl), count)
+    prefix = isl * 7 // 8
+    config = SyntheticConfig(
+        isl=isl,
+        osl=args.osl,
+        num_groups=args.prefix_groups,
+        prompts_per_group=max(count // args.prefix_groups, 1),
+        prefix_len=prefix,
+        suffix_len=isl - prefix,
+    )
+    return synthetic_requests(config, count)
+
+
 def measure_system(system: str, args: argparse.Namespace, work_dir: Path) -> list[dict[str, Any]]:
     cells = []
-    workload = synthetic_requests(SyntheticConfig(isl=args.isl, osl=args.osl), 1000)
     with _stack(system, args, work_dir) as stack:
-        logger.info("%s up at %s (frontend pid=%s)", system, stack.url, stack.frontend_pid)
-        warmup = LoadConfig(
-            url=stack.url,
-            model=stack.model,
-            endpoint=args.endpoint,
-            concurrency=8,
-            num_requests=args.warmup_requests,
-        )
-        run_cell(warmup, workload)
-        for concurrency in (int(c) for c in _csv(args.concurrency)):
-            for connections in _csv(args.connections, ("fresh", "reused")):
-                config = LoadConfig(
+        pids = (stack.frontend_pid, *stack.replica_pids)
+        logger.info("%s up at %s (frontend pids=%s)", system, stack.url, pids)
+        for endpoint in _csv(args.endpoint, ("chat", "completions")):
+            for isl in (int(i) for i in _csv(args.isl)):
+                workload = _workload(args, isl, max(args.num_requests, 200))
+                warmup = LoadConfig(
                     url=stack.url,
                     model=stack.model,
-                    endpoint=args.endpoint,
-                    concurrency=concurrency,
-                    num_requests=args.num_requests,
-                    duration_s=args.duration_s,
-                    fresh_connections=connections == "fresh",
-                    timeout_s=60.0,
-                    server_pids=(stack.frontend_pid,),
+                    endpoint=endpoint,
+                    concurrency=8,
+                    num_requests=args.warmup_requests,
+                    timeout_s=120.0,
                 )
-                summary = run_cell(config, workload)
-                cell = {
-                    "system": system,
-                    "concurrency": concurrency,
-                    "connections": connections,
-                    "cpu_scope": stack.cpu_scope,
-                    **cell_metrics(summary, stack.frontend_pid),
-                }
-                logger.info("%s", cell)
-                cells.append(cell)
+                run_cell(warmup, workload)
+                for concurrency in (int(c) for c in _csv(args.concurrency)):
+                    for connections in _csv(args.connections, ("fresh", "reused")):
+                        config = LoadConfig(
+                            url=stack.url,
+                            model=stack.model,
+                            endpoint=endpoint,
+                            concurrency=concurrency,
+                            num_requests=args.num_requests,
+                            duration_s=args.duration_s,
+                            fresh_connections=connections == "fresh",
+                            timeout_s=120.0,
+                            server_pids=pids,
+                        )
+                        summary = run_cell(config, workload)
+                        cell = {
+                            "system": system,
+                            "endpoint": endpoint,
+                            "isl": isl,
+                            "concurrency": concurrency,
+                            "connections": connections,
+                            "cpu_scope": stack.cpu_scope,
+                            "frontend_processes": len(pids),
+                            "load_avg_1m": os.getloadavg()[0],
+                            **cell_metrics(summary, stack.frontend_pid),
+                            "cpu_ms_per_req": summary.get("server_cpu_ms_per_request_total"),
+                        }
+                        logger.info("%s", cell)
+                        cells.append(cell)
     return cells
 
 
 def format_table(cells: list[dict[str, Any]]) -> str:
-    by_key = {(c["system"], c["concurrency"], c["connections"]): c for c in cells}
-    keys = sorted({(c["concurrency"], c["connections"]) for c in cells})
-    cols = ("req_per_s", "cpu_ms_per_req", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
-    head = f"{'conc':>4} {'conn':<6}" + "".join(f" {c:>27}" for c in cols)
-    lines = [head, f"{'':11}" + f" {'tandem / dynamo (ratio)':>27}" * len(cols)]
-    for conc, conn in keys:
-        t = by_key.get(("tandem", conc, conn), {})
-        d = by_key.get(("dynamo", conc, conn), {})
-        row = f"{conc:>4} {conn:<6}"
+    def key(c: dict[str, Any]) -> tuple[str, int, int, str]:
+        return (c.get("endpoint", "chat"), c.get("isl", 0), c["concurrency"], c["connections"])
+
+    by_key = {(c["system"], *key(c)): c for c in cells}
+    cols = ("req_per_s", "cpu_ms_per_req", "ttft_p50_ms", "cached_fraction", "e2e_p50_ms")
+    head = f"{'endpoint':<11} {'isl':>6} {'conc':>4} {'conn':<6}"
+    lines = [head + "".join(f" {c:>27}" for c in cols)]
+    lines.append(f"{'':30}" + f" {'tandem / dynamo (ratio)':>27}" * len(cols))
+    for k in sorted({key(c) for c in cells}):
+        t = by_key.get(("tandem", *k), {})
+        d = by_key.get(("dynamo", *k), {})
+        row = f"{k[0]:<11} {k[1]:>6} {k[2]:>4} {k[3]:<6}"
         for col in cols:
             tv, dv = t.get(col), d.get(col)
             ratio = f"{tv / dv:.2f}x" if tv is not None and dv else "-"
             row += f" {_num(tv):>9} / {_num(dv):>9} ({ratio:>5})"
-        lines.append(row)
-    scopes = {c["system"]: c["cpu_scope"] for c in cells}
-    lines.append(f"CPU measured on: {scopes}")
+        loads = [c["load_avg_1m"] for c in (t, d) if "load_avg_1m" in c]
+        lines.append(row + (f"  load {'/'.join(f'{x:.1f}' for x in loads)}" if loads else ""))
+    scopes = {c["system"]: (c["cpu_scope"], c.get("frontend_processes", 1)) for c in cells}
+    lines.append(f"CPU measured on (scope, frontend processes): {scopes}")
     return "\n".join(lines)
 
 

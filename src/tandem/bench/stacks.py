@@ -29,6 +29,8 @@ class RunningStack:
     frontend_pid: int
     # what the frontend pid's CPU includes: "frontend" or "frontend+engines" (all-in-one)
     cpu_scope: str
+    # further frontend processes (`tandem serve --frontend-processes N`): their CPU counts too
+    replica_pids: tuple[int, ...] = ()
 
 
 def has_split_commands() -> bool:
@@ -78,9 +80,44 @@ def tandem_mocker_stack(
             pid = stack.spawn("serve", argv)
         url = f"http://127.0.0.1:{port}"
         model = asyncio.run(wait_ready(url, timeout_s=ready_timeout_s, stack=stack))
+        replicas: tuple[int, ...] = ()
         if layout == "serve":  # engines in child processes leave the serve pid to the frontend
             scope = "frontend" if _has_children(pid) else "frontend+engines"
-        yield RunningStack(url=url, model=model, frontend_pid=pid, cpu_scope=scope)
+            replicas = _frontend_replicas(pid, port, expected=_frontend_processes(extra) - 1)
+        yield RunningStack(
+            url=url, model=model, frontend_pid=pid, cpu_scope=scope, replica_pids=replicas
+        )
+
+
+def _frontend_processes(argv: list[str]) -> int:
+    if "--frontend-processes" in argv[:-1]:
+        value = argv[argv.index("--frontend-processes") + 1]
+        return int(value) if value.isdigit() else 1
+    return 1
+
+
+def _frontend_replicas(
+    pid: int, port: int, expected: int, timeout_s: float = 60.0
+) -> tuple[int, ...]:
+    """PIDs of `tandem serve`'s frontend replicas, once `expected` of them are listening (a
+    replica listens after it has loaded the model, a moment after serve reports ready)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = []
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    listening = any(
+                        c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                        for c in child.net_connections("tcp")
+                    )
+                    if "--frontend-replica" in child.cmdline() and listening:
+                        found.append(child.pid)
+        if len(found) >= expected or time.monotonic() > deadline:
+            return tuple(found)
+        time.sleep(0.1)
 
 
 def _has_children(pid: int) -> bool:

@@ -3,9 +3,12 @@ from __future__ import annotations
 from tandem.bench import frontend_compare, router_compare
 
 
-def _cell(system, conc, conn, req_per_s, cpu):
+def _cell(system, conc, conn, req_per_s, cpu, isl=64):
     return {
         "system": system,
+        "endpoint": "chat",
+        "isl": isl,
+        "cached_fraction": 0.5,
         "concurrency": conc,
         "connections": conn,
         "cpu_scope": "frontend",
@@ -26,9 +29,17 @@ def test_frontend_table_pairs_systems_and_gives_ratios():
     ]
     table = frontend_compare.format_table(cells)
     lines = table.splitlines()
-    assert lines[2].split()[:2] == ["1", "reused"] and "-" in lines[2]  # no dynamo cell: no ratio
+    assert lines[2].split()[:4] == ["chat", "64", "1", "reused"] and "-" in lines[2]  # no dynamo
     assert "600.00 /    300.00 (2.00x)" in lines[3]
     assert "0.50 /      1.00 (0.50x)" in lines[3]
+
+
+def test_frontend_table_has_a_row_per_isl_and_the_hit_rate():
+    cells = [_cell(s, 16, "reused", 10.0, 1.0, isl) for s in ("tandem", "dynamo")
+             for isl in (64, 6000, 32000)]  # fmt: skip
+    lines = frontend_compare.format_table(cells).splitlines()
+    assert [line.split()[1] for line in lines[2:5]] == ["64", "6000", "32000"]
+    assert "cached_fraction" in lines[0] and "0.50 /      0.50 (1.00x)" in lines[2]
 
 
 def test_router_table_gain_is_baseline_over_mode():

@@ -2,7 +2,7 @@
 
 For each ISL it builds the bench's own prompts (`tandem bench frontend` sends the same: random
 token ids, as words for chat) and times, in this process, each stage a request passes through:
-JSON decode of the body (chat and completions), chat template, tokenization (the backend
+JSON decode of the body (chat and completions), the prompt-list type check, chat template, tokenization (the backend
 `tokenizers` encode and tandem's `ModelTokenizer.encode`), the completions id range check,
 block hashing, KV-router scoring, request-plane encode, and detokenizing the output. CPU time
 (process_time, best of `--repeat`), so a busy shared host inflates it less than wall time.
@@ -34,7 +34,7 @@ def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
 def measure(isl: int, repeat: int) -> dict[str, float]:
     from tandem.frontend.preprocess import check_prompt_ids
     from tandem.protocols.engine import PreprocessedRequest, StopConditions, encode
-    from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+    from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, prompt_inputs
     from tandem.router.config import RouterConfig
     from tandem.router.kv_router import KvRouter
     from tandem.router.source import StaticInstanceSet
@@ -65,9 +65,8 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
 
     stages: dict[str, Callable[[], Any]] = {
         "json decode (chat)": lambda: msgspec.json.decode(chat_body, type=ChatCompletionRequest),
-        "json decode (completions)": lambda: msgspec.json.decode(
-            comp_body, type=CompletionRequest
-        ),
+        "json decode (completions)": lambda: msgspec.json.decode(comp_body, type=CompletionRequest),
+        "prompt list check (completions)": lambda: prompt_inputs(ids),
         "chat template": lambda: template.render(chat.messages, add_generation_prompt=True),
         "tokenize: tokenizers backend": lambda: tok.backend.encode(text, add_special_tokens=False),
         "tokenize: ModelTokenizer.encode": lambda: tok.encode(text, add_special_tokens=False),

@@ -172,8 +172,8 @@ def prompt_inputs(prompt: str | list[Any]) -> list[str | list[int]]:
         return [prompt]
     if not prompt:
         raise InvalidRequest("prompt must not be empty", param="prompt")
-    if all(_is_token_id(t) for t in prompt):
-        return [list(prompt)]
+    if set(map(type, prompt)) == {int}:  # one list of ids; checked in C, no per-token frame
+        return [prompt]
     out: list[str | list[int]] = []
     for i, item in enumerate(prompt):
         is_ids = isinstance(item, list) and item and all(_is_token_id(t) for t in item)

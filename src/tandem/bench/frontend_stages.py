@@ -2,8 +2,9 @@
 
 For each ISL it builds the bench's own prompts (`tandem bench frontend` sends the same: random
 token ids, as words for chat) and times, in this process, each stage a request passes through:
-JSON decode of the body (chat and completions), the prompt-list type check, chat template, tokenization (the backend
-`tokenizers` encode and tandem's `ModelTokenizer.encode`), the completions id range check,
+JSON decode of the body (chat and completions), the prompt-list type check, chat template,
+tokenization (the backend `tokenizers` encode and tandem's `ModelTokenizer.encode`), the
+completions id range check,
 block hashing, KV-router scoring, request-plane encode, and detokenizing the output. CPU time
 (process_time, best of `--repeat`), so a busy shared host inflates it less than wall time.
 """

@@ -130,7 +130,10 @@ def fan_out(req: ChatCompletionRequest | CompletionRequest) -> int:
     """Engine requests this request asks for: prompts × n (best_of, once valid, equals n).
     Raises InvalidRequest on a bad n or a malformed prompt list."""
     _check_int("n", req.n, 1, MAX_N)
-    num_prompts = 1 if isinstance(req, ChatCompletionRequest) else len(prompt_inputs(req.prompt))
+    # one text or one list of token ids (preprocessing checks every id): no pass over the ids
+    single = isinstance(req, ChatCompletionRequest) or isinstance(req.prompt, str)
+    single = single or (bool(req.prompt) and type(req.prompt[0]) is int)
+    num_prompts = 1 if single else len(prompt_inputs(req.prompt))
     return num_prompts * req.n
 
 

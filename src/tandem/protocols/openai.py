@@ -130,10 +130,12 @@ def fan_out(req: ChatCompletionRequest | CompletionRequest) -> int:
     """Engine requests this request asks for: prompts × n (best_of, once valid, equals n).
     Raises InvalidRequest on a bad n or a malformed prompt list."""
     _check_int("n", req.n, 1, MAX_N)
+    if isinstance(req, ChatCompletionRequest):
+        return req.n
     # one text or one list of token ids (preprocessing checks every id): no pass over the ids
-    single = isinstance(req, ChatCompletionRequest) or isinstance(req.prompt, str)
-    single = single or (bool(req.prompt) and type(req.prompt[0]) is int)
-    num_prompts = 1 if single else len(prompt_inputs(req.prompt))
+    prompt = req.prompt
+    single = isinstance(prompt, str) or (bool(prompt) and type(prompt[0]) is int)
+    num_prompts = 1 if single else len(prompt_inputs(prompt))
     return num_prompts * req.n
 
 

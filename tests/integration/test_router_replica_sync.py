@@ -56,3 +56,35 @@ async def test_two_synced_routers_balance_load() -> None:
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_replica_that_restarts_catches_up_on_active_requests() -> None:
+    bus = MemoryEventBus()
+    card = ModelCard(name="m", context_length=4096, block_size=16, num_total_blocks=1000)
+    insts = StaticInstanceSet([backend_instance(i, card, address=f"h:{i}") for i in range(4)])
+
+    def router() -> KvRouter:
+        return KvRouter(RouterConfig(replica_sync=True, seed=7), instances=insts, events=bus)
+
+    a, b = router(), router()
+    await a.start()
+    await b.start()
+    b2 = None
+    try:
+        for i in range(3):
+            await a.route(req(f"a{i}", i))
+        a.on_first_token("a0")
+        await eventually(lambda: len(b.active) == 3, poll_s=0.002)
+        await b.close()  # b restarts: a new router with an empty view
+        b2 = router()
+        await b2.start()
+        await eventually(lambda: len(b2.active) == 3, poll_s=0.002)
+        for i in range(4):
+            assert b2.active.num_requests(f"w{i}") == a.active.num_requests(f"w{i}")
+            assert b2.active.num_prefill_tokens(f"w{i}") == a.active.num_prefill_tokens(f"w{i}")
+        b2.active.check_integrity()
+        assert len(a.active) == 3  # a's own view is unchanged by the hello
+    finally:
+        await a.close()
+        if b2 is not None:
+            await b2.close()

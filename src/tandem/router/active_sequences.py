@@ -61,6 +61,14 @@ class ActiveSequences:
         worker.num_prefill_tokens += num_prefill_tokens
         worker.num_requests += 1
 
+    def snapshot(self) -> list[tuple[str, str, tuple[int, ...], int, bool]]:
+        """(request_id, worker_id, block_hashes, num_prefill_tokens, is_prefilled) of every
+        entry, for a replica that joins late."""
+        return [
+            (rid, r.worker_id, r.block_hashes, r.num_prefill_tokens, r.is_prefilled)
+            for rid, r in self._requests.items()
+        ]
+
     def mark_prefilled(self, request_id: str) -> None:
         req = self._requests.get(request_id)
         if req is not None:

@@ -1,5 +1,10 @@
 """`ReplicaSync`: routers of several frontends share their active-request bookkeeping (add,
-prefill done, free) on `{ns}.router.sync`, so they do not all pick the same idle worker."""
+prefill done, free) on `{ns}.router.sync`, so they do not all pick the same idle worker.
+
+A router that starts (or restarts) says `hello`; every peer answers by announcing its own active
+requests again, so the newcomer's view of the in-flight load catches up instead of starting
+empty. The KV view needs no sync: each router follows the workers' KV events and asks a worker
+it meets for its whole block set."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ MAX_PENDING = 10_000
 class SyncMsg(msgspec.Struct, kw_only=True, omit_defaults=True):
     version: int = 1
     router_id: str
-    kind: Literal["add", "prefilled", "free"]
+    kind: Literal["add", "prefilled", "free", "hello"]
     request_id: str
     worker_id: str = ""
     block_hashes: list[int] = msgspec.field(default_factory=list)
@@ -58,6 +63,7 @@ class ReplicaSync:
         sub = await self._events.subscribe(self._subject)
         self._tasks.append(asyncio.create_task(self._receive(sub), name="router-sync-in"))
         self._tasks.append(asyncio.create_task(self._send(), name="router-sync-out"))
+        self.publish("hello", "")
 
     def publish(self, msg_kind: str, request_id: str, **fields: object) -> None:
         msg = SyncMsg(router_id=self.router_id, kind=msg_kind, request_id=request_id, **fields)  # type: ignore[arg-type]
@@ -87,6 +93,9 @@ class ReplicaSync:
         if msg.router_id == self.router_id:
             return
         rid = f"{msg.router_id}/{msg.request_id}"
+        if msg.kind == "hello":
+            self._announce_own()
+            return
         if msg.kind == "add":
             self._active.add(rid, msg.worker_id, msg.block_hashes, msg.num_prefill_tokens)
         elif msg.kind == "prefilled":
@@ -96,6 +105,17 @@ class ReplicaSync:
         self.num_applied += 1
         if self._on_change is not None:
             self._on_change()
+
+    def _announce_own(self) -> None:
+        """Publish this router's own active requests (peers' entries carry a `router/` prefix)
+        for a replica that just joined."""
+        for rid, worker_id, hashes, num_prefill, is_prefilled in self._active.snapshot():
+            if "/" in rid:
+                continue
+            self.publish("add", rid, worker_id=worker_id, block_hashes=list(hashes),
+                         num_prefill_tokens=num_prefill)  # fmt: skip
+            if is_prefilled:
+                self.publish("prefilled", rid)
 
     async def close(self) -> None:
         await cancel_and_wait(self._tasks)

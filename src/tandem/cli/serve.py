@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--frontend-processes",
-        default=_env("FRONTEND_PROCESSES", "1"),
+        default=_env("FRONTEND_PROCESSES", "auto"),
         metavar="N|auto",
         help="HTTP frontend processes sharing --port (SO_REUSEPORT; their routers share "
         "active requests by replica sync and each follows the workers' KV events); auto: one "
@@ -156,9 +156,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def frontend_processes_for(num_cpus: int) -> int:
-    """Frontend processes for a host with `num_cpus` cores: one per 4 cores, at most 8, and at
-    least 1. Measured in docs/perf-frontend.md: a frontend process saturates about one core on
-    long prompts, and the workers and the kernel's network stack need the rest."""
+    """Frontend processes for a host with `num_cpus` cores: one per 4 cores, at least 1, at most
+    8 (docs/perf-frontend.md): one process takes 2-3 CPU-ms per 6000-token chat request and
+    ~0.5 at 64 tokens, so one core's worth of frontend per 4 leaves the rest to the workers,
+    the clients' TCP on loopback and the kernel. A 2-core host gets 1."""
     return max(1, min(num_cpus // 4, 8))
 
 

@@ -146,8 +146,8 @@ REUSE_PORT_WAIT_S = 600.0
 async def _wait_for_a_model(registry: ModelRegistry, stop: asyncio.Event | None) -> None:
     """With SO_REUSEPORT the kernel hands this process connections as soon as it listens; a
     frontend that has not yet seen a model would answer them 404, so it listens only once one
-    is loaded (or `stop` is set, or REUSE_PORT_WAIT_S pass: then it listens anyway)."""
-    waits = [asyncio.ensure_future(registry.any_loaded.wait())]
+    has been prepared (or `stop` is set, or REUSE_PORT_WAIT_S pass: then it listens anyway)."""
+    waits = [asyncio.ensure_future(registry.any_prepared.wait())]
     if stop is not None:
         waits.append(asyncio.ensure_future(stop.wait()))
     done, pending = await asyncio.wait(

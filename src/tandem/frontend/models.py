@@ -112,7 +112,9 @@ class ModelRegistry:
         self._events, self._client, self._namespace = events, client, namespace
         self._by_model = InstancesByModel(instance_set, self._add)
         self.models: dict[str, ServedModel] = {}
-        self.any_loaded = asyncio.Event()  # set once some model's router and tokenizer are ready
+        # set once some model's preparation ended (loaded, or failed: its requests then get
+        # the load error rather than a 404 from a frontend that has not seen the model)
+        self.any_prepared = asyncio.Event()
 
     async def start(self) -> None:
         await self._by_model.start()
@@ -132,11 +134,7 @@ class ModelRegistry:
         model.start(self._config.tokenizer_cache_dir)
         assert model._ready is not None
 
-        def on_ready(_: object) -> None:
-            if model.is_loaded:
-                self.any_loaded.set()
-
-        model._ready.add_done_callback(on_ready)
+        model._ready.add_done_callback(lambda _: self.any_prepared.set())
         logger.info("model %s appeared (engine %s)", card.name, card.engine)
 
     def live(self) -> list[ServedModel]:

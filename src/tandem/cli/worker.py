@@ -79,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         help="seconds in-flight requests may finish after SIGTERM (env TANDEM_DRAIN_GRACE_S)",
     )
     group.add_argument(
+        "--embedding-only",
+        action="store_true",
+        default=_env("TANDEM_EMBEDDING_ONLY", "") not in ("", "0", "false"),
+        help="serve only /v1/embeddings (the `embed` endpoint; generation requests go to other "
+        "workers, or get a 400 naming the model); native and mocker engines "
+        "(env TANDEM_EMBEDDING_ONLY)",
+    )
+    group.add_argument(
         "--system-port",
         type=int,
         default=int(_env("TANDEM_SYSTEM_PORT", "0")),
@@ -113,7 +121,11 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
         endpoint = args.endpoint or "generate"
     ids = {"instance_id": args.instance_id} if args.instance_id else {}
     return WorkerConfig(
-        component=component, endpoint=endpoint, drain_grace_s=args.drain_grace_s, **ids
+        component=component,
+        endpoint=endpoint,
+        drain_grace_s=args.drain_grace_s,
+        embedding_only=args.embedding_only,
+        **ids,
     )
 
 

@@ -33,6 +33,9 @@ class EngineInfo:
     # images (DESIGN.md §10): embedding rows per image (0 = text only) and the placeholder token
     mm_num_tokens_per_image: int = 0
     mm_placeholder_token_id: int | None = None
+    # embeddings (an engine with `embed`): vector width and Matryoshka training (see ModelCard)
+    embedding_dim: int = 0
+    embedding_matryoshka: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +84,9 @@ class Engine(Protocol):
 
     # Optional: `take_step_samples() -> list[StepSample]` (tandem.protocols.scaling), the
     # steps run since the last call; the Worker publishes them for the planner.
+    # Optional: `async embed(inputs: list[list[int]]) -> numpy.ndarray`, one unit vector per
+    # input ([len(inputs), EngineInfo.embedding_dim] float32), KV retained for none of them;
+    # raises InvalidRequest for inputs it cannot take. The Worker serves it on `embed`.
 
     async def stop(self) -> None:
         """Stop the step loop; in-flight generate() streams end with finish_reason 'cancelled'

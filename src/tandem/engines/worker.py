@@ -1,13 +1,19 @@
 """`Worker`: hosts one `Engine` on the runtime (DESIGN.md §1, §8).
 
 It serves `{ns}.{component}.generate` (PreprocessedRequest in, EngineOutput stream out) and
-`{ns}.{component}.kv_state` (KvStateRequest → replayed or full KvEventBatches), registers one
+`{ns}.{component}.kv_state` (KvStateRequest → replayed or full KvEventBatches), when the engine
+can embed `{ns}.{component}.embed` (EmbedRequest → one EmbedResponse), registers one
 `Instance` (with a ModelCard from the engine's EngineInfo) in discovery, publishes the
 engine's KV events on `{ns}.{component}.kv_events` and its load on
 `{ns}.{component}.load_metrics`, and drains on `stop`.
 
 If the engine dies (`Engine.wait_failed` returns), the worker leaves discovery at once and
 sets `failed`; `tandem worker` then exits non-zero so whoever supervises it restarts it.
+
+An embedding-only worker (`embedding_only`) still registers its instance at the generate
+path (the frontend follows the workers of a component there) but its card lists only the
+"embed" task, and its `generate` endpoint refuses every request with PeerGone, so a router
+that picked it anyway routes the request again to a worker that generates.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
 from tandem.protocols import kv_events as kv
 from tandem.protocols import scaling
 from tandem.protocols.discovery import Instance, ModelCard
+from tandem.protocols.embedding import (
+    EMBED_ENDPOINT,
+    EmbedResponse,
+    decode_embed_request,
+)
 from tandem.protocols.engine import decode_request, encode
 from tandem.runtime import tracing
 from tandem.runtime.base import RequestContext
@@ -60,6 +71,7 @@ class WorkerConfig:
     metrics_period_s: float = 1.0  # load metrics at least this often
     metrics_min_interval_s: float = 0.05  # and at most once per this while busy
     stats_period_s: float = 0.5  # WorkerStats (lifecycle + engine steps) for the planner
+    embedding_only: bool = False  # serve only `embed` (the engine must be able to embed)
 
     def __post_init__(self) -> None:
         for name in ("component", "endpoint", "instance_id"):
@@ -73,7 +85,7 @@ class WorkerConfig:
         _check("stats_period_s", self.stats_period_s, 0.01, 3600)
 
 
-def model_card(info: EngineInfo) -> ModelCard:
+def model_card(info: EngineInfo, tasks: list[str] | None = None) -> ModelCard:
     return ModelCard(
         name=info.model_name,
         context_length=info.context_length,
@@ -86,6 +98,9 @@ def model_card(info: EngineInfo) -> ModelCard:
         engine=info.engine,
         mm_num_tokens_per_image=info.mm_num_tokens_per_image,
         mm_placeholder_token_id=info.mm_placeholder_token_id,
+        tasks=list(tasks or ["generate"]),
+        embedding_dim=info.embedding_dim,
+        embedding_matryoshka=info.embedding_matryoshka,
     )
 
 
@@ -125,9 +140,11 @@ class Worker:
         self.system_port: int | None = None
 
     async def start(self) -> Instance:
-        """Start the engine, the publishers and both endpoints, then register the instance."""
+        """Start the engine, the publishers and the endpoints, then register the instance.
+        Raises ValueError when `embedding_only` is set and the engine cannot embed."""
         await self._send_stats()  # "starting": the planner sees a slow engine load begin
         self.info = await self.engine.start()
+        tasks = self._tasks_of(self.info)
         self._load_changed.set()  # announce capacity right away
         events = self.engine.kv_events()
         self._tasks = [
@@ -140,19 +157,23 @@ class Worker:
         self.runtime.server.register(self.runtime.endpoint_path(comp, "kv_state"), self._kv_state)
         self.runtime.server.register(self.runtime.endpoint_path(comp, "metrics"), self._metrics)
         system = {"system_port": self.system_port} if self.system_port else {}
+        metadata: dict[str, Any] = {
+            "kv_state_endpoint": "kv_state",
+            "metrics_endpoint": "metrics",
+            **system,
+        }
+        if "embed" in tasks:
+            path = self.runtime.endpoint_path(comp, EMBED_ENDPOINT)
+            self.runtime.server.register(path, self._embed)
+            metadata["embed_endpoint"] = EMBED_ENDPOINT
         self._accepting = True
         self.instance = await self.runtime.serve_endpoint(
             comp,
             self.config.endpoint,
-            self._generate,
-            model=model_card(self.info),
+            self._generate if "generate" in tasks else self._refuse_generate,
+            model=model_card(self.info, tasks),
             # a disaggregated engine adds its role and transfer agent (tandem.disagg)
-            metadata={
-                "kv_state_endpoint": "kv_state",
-                "metrics_endpoint": "metrics",
-                **system,
-                **self._engine_metadata(),
-            },
+            metadata={**metadata, **self._engine_metadata()},
             instance_id=self.instance_id,
         )
         self.state = "ready"
@@ -166,6 +187,17 @@ class Worker:
             return "encode"
         mode = self._engine_metadata().get("disagg_mode") if self.info is not None else None
         return str(mode) if mode else "aggregated"
+
+    def _tasks_of(self, info: EngineInfo) -> list[str]:
+        can_embed = hasattr(self.engine, "embed") and info.embedding_dim > 0
+        if self.config.embedding_only:
+            if not can_embed:
+                raise ValueError(
+                    f"embedding_only=True but engine '{info.engine}' cannot embed; expected "
+                    "an engine with embeddings (native, mocker)"
+                )
+            return ["embed"]
+        return ["generate", "embed"] if can_embed else ["generate"]
 
     def _engine_metadata(self) -> dict[str, Any]:
         extra = getattr(self.engine, "instance_metadata", None)
@@ -285,6 +317,37 @@ class Worker:
             logger.debug("request_id=%s ended%s", request.request_id,
                          f" ({type(error).__name__})" if error is not None else "")  # fmt: skip
             log_scope.__exit__(None, None, None)
+
+    async def _refuse_generate(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+        raise PeerGone(
+            f"worker {self.instance_id} serves embeddings only (embedding_only); "
+            "route generation to another instance"
+        )
+        yield b""  # pragma: no cover - makes this an async generator like the others
+
+    async def _embed(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+        """One EmbedRequest in, one EmbedResponse out (the engine batches the inputs)."""
+        if not self._accepting:
+            raise PeerGone(f"worker {self.instance_id} is draining; retry on another instance")
+        try:
+            request = decode_embed_request(payload)
+        except msgspec.MsgspecError as exc:
+            raise InvalidRequest(f"bad EmbedRequest: {exc}") from exc
+        if request.deadline_s is not None and time.time() >= request.deadline_s:
+            raise DeadlineExceeded(f"request_id={request.request_id} arrived after its deadline")
+        assert self.info is not None
+        self._request_started()
+        try:
+            vectors = await self.engine.embed(request.inputs)  # type: ignore[attr-defined]
+        finally:
+            self._request_finished()
+        yield encode(
+            EmbedResponse(
+                dim=int(vectors.shape[1]),
+                data=vectors.astype("<f4", copy=False).tobytes(),
+                num_tokens=sum(len(ids) for ids in request.inputs),
+            )
+        )
 
     async def _kv_state(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
         try:

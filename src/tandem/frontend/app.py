@@ -23,6 +23,7 @@ import msgspec
 from tandem.errors import InvalidRequest, Overloaded, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend.auth import ApiKeys
+from tandem.frontend.embeddings import EmbeddingsEndpoint
 from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http_server import ClientDisconnected, HttpRequest, HttpResponse
 from tandem.frontend.metrics import FrontendMetrics
@@ -40,6 +41,7 @@ from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, fa
 from tandem.runtime import tracing
 from tandem.runtime.log_format import request_scope
 from tandem.runtime.metrics import CONTENT_TYPE
+from tandem.runtime.base import RequestClient
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,7 @@ class FrontendApp:
         api_keys: tuple[str, ...] = (),
         admin_api_keys: tuple[str, ...] = (),
         workers: WorkerScraper | None = None,
+        client: RequestClient | None = None,
     ) -> None:
         self.registry, self.streamer, self.metrics = registry, streamer, metrics
         self.workers = workers
@@ -113,6 +116,7 @@ class FrontendApp:
             ("GET", "/live"): self.live,
             ("GET", "/metrics"): self.prometheus,
             ("POST", "/v1/route/explain"): self.route_explain,
+            ("POST", "/v1/embeddings"): EmbeddingsEndpoint(self, client),
         }
         if workers is not None:
             self._routes[("GET", "/metrics/workers")] = self.worker_metrics
@@ -228,6 +232,7 @@ class FrontendApp:
         tally = _tally.get(None)  # None when a handler is called without __call__
         if tally is not None:
             tally.model, tally.request_type = model.name, "stream" if req.stream else "unary"
+        model.require_task("generate", "/v1/chat/completions" if fmt.chat else "/v1/completions")
         num_slots = self._admit(req)
         request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:

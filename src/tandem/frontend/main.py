@@ -90,6 +90,7 @@ async def serve_frontend(
         api_keys=config.api_keys,
         admin_api_keys=config.admin_api_keys,
         workers=WorkerScraper(runtime.discovery, runtime.client, runtime.namespace),
+        client=runtime.client,  # /v1/embeddings calls workers' `embed` endpoints
     )
     dashboard = Dashboard(
         registry=registry,

@@ -96,6 +96,24 @@ class ServedModel:
             )
         return self.tokenizer
 
+    def require_task(self, task: str, endpoint: str) -> ModelCard:
+        """The card of an instance that serves `task` ("generate", "embed"); raises
+        InvalidRequest naming the model when its instances serve only other tasks (an
+        embedding-only model asked to generate, or the reverse). With no instance at all it
+        returns the model's card: routing then answers 503."""
+        cards = [i.model for i in self.instances.instances.values() if i.model is not None]
+        for card in cards:
+            if task in card.tasks:
+                return card
+        if not cards:
+            return self.card
+        served = sorted({t for card in cards for t in card.tasks})
+        raise InvalidRequest(
+            f"model '{self.name}' does not serve {endpoint}; its workers serve: "
+            f"{', '.join(served)}",
+            param="model",
+        )
+
     async def close(self) -> None:
         if self._ready is not None and not self._ready.done():
             self._ready.cancel()

@@ -24,6 +24,13 @@ class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
     # prompt carries at each of those rows (its own embedding is never used)
     mm_num_tokens_per_image: int = 0
     mm_placeholder_token_id: int | None = None
+    # what the worker serves: "generate" (its `generate` endpoint) and/or "embed" (its `embed`
+    # endpoint, tandem.protocols.embedding); an embedding-only worker lists only "embed"
+    tasks: list[str] = msgspec.field(default_factory=lambda: ["generate"])
+    # embeddings: vector width (0 = none), and whether a prefix of a vector, renormalised, is
+    # itself a valid embedding (Matryoshka-trained), which `dimensions` needs
+    embedding_dim: int = 0
+    embedding_matryoshka: bool = False
 
 
 class Instance(msgspec.Struct, kw_only=True, omit_defaults=True):

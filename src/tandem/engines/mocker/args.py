@@ -39,6 +39,11 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
         8.0,
         "simulated in-process (EPD) encode time per image; it stalls the step loop",
     ),
+    "--embedding-dim": (
+        int,
+        576,
+        "width of the simulated embeddings (hash-seeded unit vectors); 0 = no embed endpoint",
+    ),
     "--perf-profile": (
         str,
         None,
@@ -88,5 +93,6 @@ def config_from_args(ns: argparse.Namespace) -> MockerConfig:
         kvbm=kvbm_config_from_args(ns),
         mm_num_tokens_per_image=ns.mm_num_tokens_per_image,
         mm_encode_ms_per_image=ns.mm_encode_ms_per_image,
+        embedding_dim=ns.embedding_dim,
         perf_profile=ns.perf_profile,
     )

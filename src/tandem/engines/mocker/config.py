@@ -58,6 +58,8 @@ class MockerConfig:
     mm_num_tokens_per_image: int = 0
     mm_placeholder_token_id: int = 16
     mm_encode_ms_per_image: float = 8.0
+    # embeddings: width of the hash-seeded unit vectors (`embedding.hashed_embedding`); 0 = none
+    embedding_dim: int = 576
     # step times from a measured engine profile (`tandem profile` JSON); None = polynomials
     perf_profile: str | None = None
 
@@ -67,6 +69,7 @@ class MockerConfig:
         _check("context_length", self.context_length, 1, 1 << 24)
         _check("num_blocks", self.num_blocks, 1, 1 << 26)
         _check("block_size", self.block_size, 1, 1 << 16)
+        _check("embedding_dim", self.embedding_dim, 0, 1 << 16)
         _check("max_num_seqs", self.max_num_seqs, 1, 1 << 20)
         _check("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 24)
         _check("speedup_ratio", self.speedup_ratio, 0, 1e9)

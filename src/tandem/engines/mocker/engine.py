@@ -23,10 +23,12 @@ from typing import Any
 
 from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
+from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.config import MockerConfig
+from tandem.engines.mocker.embedding import hashed_embedding
 from tandem.engines.mocker.scheduler import Scheduler, StepResult
 from tandem.engines.output_stream import OutputStream
-from tandem.errors import EngineError, InvalidRequest
+from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
@@ -77,6 +79,8 @@ class MockerEngine:
             mm_placeholder_token_id=c.mm_placeholder_token_id
             if c.mm_num_tokens_per_image
             else None,
+            embedding_dim=c.embedding_dim,
+            embedding_matryoshka=True,  # see tandem.engines.mocker.embedding
         )
 
     async def start(self) -> EngineInfo:
@@ -125,6 +129,31 @@ class MockerEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self.scheduler.abort(request_id)
+
+    async def embed(self, inputs: list[list[int]]) -> Any:
+        """[len(inputs), embedding_dim] hash-seeded unit vectors (`mocker.embedding`), after
+        the simulated prefill time of all their tokens (divided by the speedup ratio); no
+        block is used. Raises InvalidRequest / ContextLengthExceeded like the native engine."""
+        import numpy as np
+
+        c = self.config
+        if self._failure is not None:
+            raise EngineError(f"{self._failure}; this engine serves nothing more")
+        if self._task is None or c.embedding_dim == 0:
+            raise EngineError("mocker engine is not running or has --embedding-dim 0")
+        for i, ids in enumerate(inputs):
+            if not ids:
+                raise InvalidRequest(f"input[{i}] is empty; expected at least one token")
+            if len(ids) > c.context_length:
+                raise ContextLengthExceeded(
+                    f"input[{i}] has {len(ids)} tokens; context_length is {c.context_length}"
+                )
+            if any(not 0 <= t < c.vocab_size for t in ids):
+                raise InvalidRequest(f"input[{i}] has token ids outside [0, {c.vocab_size})")
+        if c.speedup_ratio > 0:
+            ms = perf_model.prefill_ms(sum(map(len, inputs)))
+            await self._sleep(ms / 1000.0 / c.speedup_ratio)
+        return np.stack([hashed_embedding(ids, c.embedding_dim) for ids in inputs])
 
     async def _encode_images(self, request: PreprocessedRequest) -> None:
         if self.config.mm_num_tokens_per_image == 0:

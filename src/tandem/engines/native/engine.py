@@ -24,18 +24,20 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.embedding import pooled_embeddings, token_groups
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import load_model_weights, load_quant_weights
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.quant_model import QuantLlamaModel
 from tandem.engines.output_stream import OutputStream
 from tandem.engines.vision import EmbeddingProvider, encoder_rows
-from tandem.errors import EngineError, InvalidRequest
+from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
@@ -145,6 +147,7 @@ class NativeEngine:
             eos_token_ids=list(core.model.config.eos_token_ids),
             tokenizer=tokenizer_spec(path),
             engine="native",
+            embedding_dim=core.model.config.hidden_size,
             **mm_card_fields(self.config, core.model.config.vocab_size),
         )
 
@@ -191,6 +194,33 @@ class NativeEngine:
                 del self._streams[request_id]
             if not finished:
                 self._submit("abort", request_id)
+
+    async def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """Mean-pooled, normalised embeddings [len(inputs), hidden] (`native.embedding`).
+        Inputs are batched into forwards of at most max_num_batched_tokens tokens (a longer
+        input alone), each run between generation steps; no KV block is used. Raises
+        InvalidRequest / ContextLengthExceeded for inputs it cannot take."""
+        if self._failure is not None:
+            raise EngineError(f"{self._failure}; this engine serves nothing more")
+        if self.core is None or self._thread is None or self._stopping:
+            raise EngineError("native engine is not running; call start() first")
+        vocab, limit = self.core.model.config.vocab_size, self.core.max_model_len
+        for i, ids in enumerate(inputs):
+            if not ids:
+                raise InvalidRequest(f"input[{i}] is empty; expected at least one token")
+            if len(ids) > limit:
+                raise ContextLengthExceeded(
+                    f"input[{i}] has {len(ids)} tokens; max_model_len is {limit}"
+                )
+            if any(not 0 <= t < vocab for t in ids):
+                raise InvalidRequest(f"input[{i}] has token ids outside [0, {vocab})")
+        parts = []
+        for group in token_groups(inputs, self.config.max_num_batched_tokens):
+            part = await asyncio.to_thread(
+                self.run_locked, lambda core, g=group: pooled_embeddings(core.model, g)
+            )
+            parts.append(part)
+        return torch.cat(parts).numpy()
 
     async def _mm_embeddings(self, request: PreprocessedRequest) -> list[torch.Tensor]:
         if self.embedding_provider is None:

@@ -98,6 +98,7 @@ class LlamaModel:
         pack = pack_weights and can_pack(dtype)
         self.layers = [self._layer(w, i, pack, q_scale, dtype) for i in range(config.num_layers)]
         self.embed = w["model.embed_tokens.weight"].to(dtype).contiguous()
+        self.final_norm = w["model.norm.weight"].clone()  # fp32; the head has it folded in
         head = w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
         screen = fast_bf16_available() if screen_head is None else screen_head
         self.head = OutputHead((head * w["model.norm.weight"]).to(dtype), pack=pack, screen=screen)

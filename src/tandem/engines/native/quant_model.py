@@ -77,6 +77,7 @@ class QuantLlamaModel(LlamaModel):
         self.embed = (embed if isinstance(embed, torch.Tensor) else dequantize(embed)).float()
         head = w["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
         norm = _dense(w["model.norm.weight"])
+        self.final_norm = norm  # embeddings apply it after pooling (native.embedding)
         self.head = QuantHead(QuantLinear(convert(head, "int8"), col_scale=norm))  # type: ignore[assignment]
 
     @staticmethod

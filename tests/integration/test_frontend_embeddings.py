@@ -69,8 +69,8 @@ async def test_string_list_and_token_inputs_give_deterministic_unit_vectors() ->
 async def test_base64_is_little_endian_float32_of_the_same_vector() -> None:
     async with _stack() as (s, client):
         floats = await client.embeddings.create(model=MODEL, input=["x y", "z"])
-        # the SDK decodes base64 itself when it asked for it by default; ask explicitly and
-        # also read the raw body to check the bytes OpenAI's format promises
+        # asked for explicitly, the SDK hands base64 back undecoded; the raw body's bytes are
+        # what OpenAI's format promises
         b64 = await client.embeddings.create(
             model=MODEL, input=["x y", "z"], encoding_format="base64"
         )

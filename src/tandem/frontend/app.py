@@ -32,6 +32,7 @@ from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat
+from tandem.frontend.responses import ResponsesEndpoint
 from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser
 from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.config import ImageConfig
@@ -107,6 +108,7 @@ class FrontendApp:
         self._timeout_s = request_timeout_s
         self._retry_after_s = retry_after_s
         self.num_inflight = 0  # engine requests admitted (a request counts its fan-out)
+        self.responses = ResponsesEndpoint(self)  # its store holds `previous_response_id`s
         self._routes: dict[tuple[str, str], Callable[[HttpRequest, HttpResponse], Awaitable[None]]]
         self._routes = {
             ("POST", "/v1/chat/completions"): self.chat_completions,
@@ -117,6 +119,7 @@ class FrontendApp:
             ("GET", "/metrics"): self.prometheus,
             ("POST", "/v1/route/explain"): self.route_explain,
             ("POST", "/v1/embeddings"): EmbeddingsEndpoint(self, client),
+            ("POST", "/v1/responses"): self.responses.create,
         }
         if workers is not None:
             self._routes[("GET", "/metrics/workers")] = self.worker_metrics
@@ -132,7 +135,9 @@ class FrontendApp:
 
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
         method = "GET" if request.method == "HEAD" else request.method  # HEAD works like GET
-        handler = self._routes.get((method, request.path))
+        handler = self._routes.get((method, request.path)) or self.responses.route(
+            method, request.path
+        )
         if handler is None and method == "GET" and request.path.startswith(WORKER_METRICS):
             handler = self._routes.get(("GET", WORKER_METRICS.rstrip("/")))
         endpoint = API_ENDPOINTS.get(request.path, "other" if handler is None else None)

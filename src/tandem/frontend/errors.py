@@ -39,7 +39,7 @@ def error_status(exc: ServingError) -> int:
 
 
 def error_body(exc: ServingError) -> bytes:
-    code: str | None = None
+    code: str | None = getattr(exc, "code", None)  # set by a handler (previous_response_not_found)
     if isinstance(exc, ModelNotFound):
         code = "model_not_found"
     elif isinstance(exc, ContextLengthExceeded):

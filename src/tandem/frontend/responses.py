@@ -1,0 +1,266 @@
+"""`/v1/responses` (OpenAI's Responses API, text) on top of the chat path.
+
+POST, per request:
+1. Decode; refuse fields OpenAI defines that tandem does not honour (400 naming the field,
+   `protocols/openai_responses.py`); check ranges.
+2. Build chat messages: `instructions` as a system message, then the conversation stored
+   under `previous_response_id` (400 `previous_response_not_found` when unknown or expired),
+   then the `input` items (developer → system).
+3. Run them as a chat completion: the same admission, preprocess (chat template, context
+   check), routing, migration and detokenization as `/v1/chat/completions`
+   (`FrontendApp._preprocess` / `_events`), one choice.
+4. Answer with a Response object (`response_events.ResponseBuilder`), or stream its events.
+5. With `store` (OpenAI's default: true) keep the object and the conversation in the
+   frontend's `ResponseStore` (bounded; see `response_store.py`) for `previous_response_id`,
+   `GET /v1/responses/{id}` and `DELETE /v1/responses/{id}`; `store: false` keeps nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from tandem.errors import InvalidRequest, ServingError
+from tandem.frontend import errors as http_errors
+from tandem.frontend.http_server import HttpRequest, HttpResponse
+from tandem.frontend.postprocess import ChoiceState
+from tandem.frontend.preprocess import Prepared
+from tandem.frontend.response_events import ResponseBuilder, new_response_id
+from tandem.frontend.response_store import ResponseStore
+from tandem.protocols.openai import ChatCompletionRequest
+from tandem.protocols.openai_responses import (
+    ResponsesRequest,
+    input_messages,
+    unsupported_fields,
+    validate_responses,
+)
+
+if TYPE_CHECKING:
+    from tandem.frontend.app import FrontendApp
+
+PREFIX = "/v1/responses/"
+_decoder = msgspec.json.Decoder(ResponsesRequest)
+_json = msgspec.json.Encoder()
+Event = tuple[ChoiceState, str, Any, str | None]
+
+
+class ResponsesEndpoint:
+    """The `/v1/responses` routes of one FrontendApp; safe for concurrent requests."""
+
+    def __init__(self, app: FrontendApp, store: ResponseStore | None = None) -> None:
+        self._app = app
+        self.store = store or ResponseStore()
+
+    def route(self, method: str, path: str) -> Any:
+        """The handler of `GET`/`DELETE /v1/responses/{id}`, or None."""
+        if not path.startswith(PREFIX) or "/" in path[len(PREFIX) :]:
+            return None
+        return {"GET": self.retrieve, "DELETE": self.delete}.get(method)
+
+    async def retrieve(self, http: HttpRequest, response: HttpResponse) -> None:
+        entry = self.store.get(http.path[len(PREFIX) :])
+        if entry is None:
+            raise _not_found(http.path[len(PREFIX) :])
+        await response.send(200, entry.body)
+
+    async def delete(self, http: HttpRequest, response: HttpResponse) -> None:
+        response_id = http.path[len(PREFIX) :]
+        if not self.store.delete(response_id):
+            raise _not_found(response_id)
+        body = {"id": response_id, "object": "response", "deleted": True}
+        await response.send(200, _json.encode(body))
+
+    async def create(self, http: HttpRequest, response: HttpResponse) -> None:
+        req = _decode(http.body)
+        history = self._history(req)
+        messages = [*history, *input_messages(req.input)]
+        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        chat = ChatCompletionRequest(
+            model=req.model,
+            messages=[*system, *messages],
+            max_tokens=req.max_output_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stream=req.stream,
+            user=req.user,
+        )
+        app = self._app
+        model = app.registry.get(req.model)
+        model.require_task("generate", "/v1/responses")
+        num_slots = app._admit(chat)
+        try:
+            await model.ready()
+            builder = ResponseBuilder(req, model.name, new_response_id())
+            prepared = await _as_input_errors(app._preprocess(http, chat, model, builder.id))
+            ok = await self._run(response, req, prepared, builder)
+        finally:
+            app.num_inflight -= num_slots
+        if req.store and ok:
+            self.store.put(
+                builder.id,
+                builder.body(),
+                [*messages, {"role": "assistant", "content": builder.text}],
+            )
+
+    def _history(self, req: ResponsesRequest) -> list[dict[str, Any]]:
+        """The stored conversation `previous_response_id` names ([] without one)."""
+        if req.previous_response_id is None:
+            return []
+        entry = self.store.get(req.previous_response_id)
+        if entry is None:
+            err = InvalidRequest(
+                f"Previous response with id '{req.previous_response_id}' not found "
+                "(never stored, stored with store=false, deleted, expired or evicted from this "
+                "frontend's bounded store); resend the conversation in input",
+                param="previous_response_id",
+            )
+            err.code = "previous_response_not_found"  # type: ignore[attr-defined]
+            raise err
+        return list(entry.messages)
+
+    async def _run(
+        self, response: HttpResponse, req: ResponsesRequest, prepared: Prepared, b: ResponseBuilder
+    ) -> bool:
+        """Answer the request; False when it failed after its stream had started (the error
+        went out as events)."""
+        app, labels = self._app, (prepared.model.name,)
+        metrics = app.metrics
+        metrics.inflight.set(labels, metrics.inflight.values.get(labels, 0) + 1)
+        metrics.arrived(prepared.model.name)
+        started, status = time.perf_counter(), "error"
+        state = ChoiceState(
+            0,
+            prepared.model.tokenizer,
+            [],
+            skip_special_tokens=prepared.skip_special_tokens,
+        )
+        try:
+            events = app._events(prepared, [state], keep_text=True)
+            async with aclosing(events):
+                if req.stream:
+                    await self._stream(response, prepared, state, events, b, started)
+                else:
+                    await self._collect(response, prepared, state, events, b, started)
+            status = "success"
+            app._record_tokens(labels, prepared, [state])
+            return True
+        except _AlreadySent:
+            return False
+        except asyncio.CancelledError:
+            status = "cancelled"
+            metrics.disconnects.inc(labels)
+            raise
+        finally:
+            metrics.inflight.set(labels, metrics.inflight.values.get(labels, 1) - 1)
+            metrics.requests.inc((prepared.model.name, "responses", status))
+            metrics.duration.observe(time.perf_counter() - started, labels)
+
+    async def _collect(
+        self,
+        response: HttpResponse,
+        prepared: Prepared,
+        state: ChoiceState,
+        events: AsyncGenerator[Event, None],
+        b: ResponseBuilder,
+        started: float,
+    ) -> None:
+        first = True
+        async for _ in events:
+            if first:
+                first = False
+                self._app.metrics.observe_ttft(time.perf_counter() - started, (b.model,))
+        b.text = "".join(state.text_parts)
+        b.finish(state.finish_reason, _usage(prepared, state))
+        await response.send(200, b.body())
+
+    async def _stream(
+        self,
+        response: HttpResponse,
+        prepared: Prepared,
+        state: ChoiceState,
+        events: AsyncGenerator[Event, None],
+        b: ResponseBuilder,
+        started: float,
+    ) -> None:
+        metrics, labels = self._app.metrics, (b.model,)
+        event = await anext(events, None)  # errors before this point get a real status
+        await response.start_stream()
+        await response.write(b.start_events())
+        last = 0.0
+        try:
+            while event is not None:
+                now = time.perf_counter()
+                if last == 0.0:
+                    metrics.observe_ttft(now - started, labels)
+                else:
+                    metrics.observe_itl(now - last, labels)
+                last = now
+                if event[1]:
+                    await response.write(b.delta_event(event[1]))
+                event = await anext(events, None)
+        except ServingError as exc:  # mid-stream: OpenAI's error event, then response.failed
+            await response.write(b.error_events(exc.error_type, exc.message, exc.param))
+            await response.end_stream()
+            raise _AlreadySent(exc) from exc
+        b.finish(state.finish_reason, _usage(prepared, state))
+        await response.write(b.end_events())
+        await response.end_stream()
+
+
+class _AlreadySent(ServingError):
+    """The error was written into the event stream; nothing more to send."""
+
+    def __init__(self, cause: ServingError) -> None:
+        super().__init__(cause.message, param=cause.param)
+
+
+def _decode(body: bytes) -> ResponsesRequest:
+    try:
+        raw = msgspec.json.decode(body)
+        req = _decoder.decode(body)
+    except http_errors.BODY_ERRORS as exc:
+        raise http_errors.decode_error(exc, body) from exc
+    if isinstance(raw, dict):
+        unsupported_fields(raw)
+    validate_responses(req)
+    return req
+
+
+async def _as_input_errors(preprocessing: Any) -> Prepared:
+    """Preprocessing names chat's fields; a client of /v1/responses sent `input` and
+    `max_output_tokens`."""
+    try:
+        return await preprocessing  # type: ignore[no-any-return]
+    except InvalidRequest as exc:
+        exc.param = {"messages": "input", "max_tokens": "max_output_tokens"}.get(
+            exc.param or "", exc.param
+        )
+        exc.message = exc.message.replace("max_tokens", "max_output_tokens")
+        exc.args = (exc.message,)
+        raise
+
+
+def _not_found(response_id: str) -> ServingError:
+    err = InvalidRequest(f"Response with id '{response_id}' not found", param="response_id")
+    err.status_code = 404
+    return err
+
+
+def _usage(prepared: Prepared, state: ChoiceState) -> dict[str, Any]:
+    num_in, num_out = sum(prepared.prompt_lens), state.num_tokens
+    return {
+        "input_tokens": num_in,
+        # cache_write_tokens counts OpenAI's explicit prompt-cache writes; tandem has none
+        "input_tokens_details": {
+            "cached_tokens": state.num_cached_tokens or 0,
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": num_out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": num_in + num_out,
+    }

@@ -18,6 +18,7 @@ from tests.support.smollm2 import smollm2_gguf
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.errors import EngineError
+from tandem.frontend.response_store import ResponseStoreConfig
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_request, encode
 from tandem.tokens.tokenizer import load_tokenizer
@@ -29,9 +30,9 @@ READY = {"model": MODEL, "input": "hi", "max_output_tokens": 1}
 
 
 @asynccontextmanager
-async def _stack() -> AsyncIterator[
-    tuple[FrontendStack, list[PreprocessedRequest], openai.AsyncOpenAI]
-]:
+async def _stack(
+    **config: Any,
+) -> AsyncIterator[tuple[FrontendStack, list[PreprocessedRequest], openai.AsyncOpenAI]]:
     async with AsyncExitStack() as exit_stack:
         s = FrontendStack(exit_stack)
         engine = MockerEngine(MockerConfig(speedup_ratio=0))
@@ -44,7 +45,7 @@ async def _stack() -> AsyncIterator[
 
         engine.generate = recording  # type: ignore[method-assign]
         await s.add_worker(engine)
-        await s.start_frontend(READY, ready_path=RESPONSES)
+        await s.start_frontend(READY, ready_path=RESPONSES, **config)
         seen.clear()
         client = openai.AsyncOpenAI(base_url=f"{s.base}/v1", api_key="none", max_retries=0)
         exit_stack.push_async_callback(client.close)
@@ -223,3 +224,21 @@ def _text(ids: list[int]) -> str:
     if _tokenizer is None:
         _tokenizer = load_tokenizer(f"gguf:{smollm2_gguf()}")
     return str(_tokenizer.decode(ids, skip_special_tokens=False))
+
+
+async def test_the_store_keeps_at_most_its_configured_entries() -> None:
+    store = ResponseStoreConfig(max_entries=2)
+    async with _stack(responses_store=store) as (_, _seen, client):
+        ids = [
+            (await client.responses.create(model=MODEL, input=t, max_output_tokens=1)).id
+            for t in ("a", "b", "c")
+        ]
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(ids[0])  # least recently used, evicted
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.responses.create(
+                model=MODEL, input="d", previous_response_id=ids[0], max_output_tokens=1
+            )
+        assert err.value.code == "previous_response_not_found"
+        for kept in ids[1:]:
+            assert (await client.responses.retrieve(kept)).id == kept

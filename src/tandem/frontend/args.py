@@ -7,6 +7,7 @@ import os
 
 from tandem.disagg.args import add_disagg_route_args, disagg_route_config_from_args
 from tandem.frontend.config import FrontendConfig, HttpConfig
+from tandem.frontend.response_store import add_response_store_args, response_store_config_from_args
 from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.args import add_image_args, image_config_from_args
 from tandem.router.args import add_router_args, router_config_from_args
@@ -75,6 +76,7 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
     _add_http_args(parser)
     _add_auth_args(parser)
     add_image_args(parser)
+    add_response_store_args(parser)
     add_router_args(parser)
     add_disagg_route_args(parser)
     if with_runtime:
@@ -205,6 +207,7 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         health_stale_s=ns.health_stale_s,
         disagg=disagg_route_config_from_args(ns),
         images=image_config_from_args(ns),
+        responses_store=response_store_config_from_args(ns),
         stall=StallConfig(
             first_token_timeout_s=ns.first_token_timeout_s, stall_timeout_s=ns.stall_timeout_s
         ),

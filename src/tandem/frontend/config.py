@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.disagg.config import DisaggRouteConfig
+from tandem.frontend.response_store import ResponseStoreConfig
 from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.config import ImageConfig
 from tandem.router.config import RouterConfig
@@ -86,6 +87,8 @@ class FrontendConfig:
     images: ImageConfig = field(default_factory=ImageConfig)
     # progress watchdog: stalled streams break like dead workers' (frontend/watchdog.py)
     stall: StallConfig = field(default_factory=StallConfig)
+    # the bounded store behind /v1/responses' previous_response_id (frontend/response_store.py)
+    responses_store: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -20,6 +20,7 @@ from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, freeze_long_lived
 from tandem.frontend.request_stats import RequestStatsCollector, publish_request_stats
+from tandem.frontend.response_store import ResponseStore
 from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.loader import ImageLoader
 from tandem.runtime.config import RuntimeConfig
@@ -103,6 +104,7 @@ async def serve_frontend(
     )
     app.add_route("GET", "/dashboard", dashboard.page)
     app.add_route("GET", "/dashboard/state", dashboard.state_endpoint)
+    app.responses.store = ResponseStore(config.responses_store)
     server = HttpServer(app, config=config.http)
     await registry.start()
     if pool is not None:

@@ -11,7 +11,9 @@ the client resends the conversation). Not thread-safe; one event loop.
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,6 +36,41 @@ class ResponseStoreConfig:
             raise ValueError(f"max_bytes={self.max_bytes} must be in [1, {1 << 40}]")
         if not 0 < self.ttl_s <= 30 * 86400:
             raise ValueError(f"ttl_s={self.ttl_s} must be in (0, {30 * 86400}]")
+
+
+def add_response_store_args(parser: argparse.ArgumentParser) -> None:
+    d = ResponseStoreConfig()
+    g = parser.add_argument_group("responses store (previous_response_id)")
+    env = os.environ.get
+    g.add_argument(
+        "--responses-store-max-entries",
+        type=int,
+        default=int(env("TANDEM_RESPONSES_STORE_MAX_ENTRIES", d.max_entries)),
+        help="responses kept for previous_response_id and GET /v1/responses/{id}, least "
+        "recently used dropped first (env TANDEM_RESPONSES_STORE_MAX_ENTRIES)",
+    )
+    g.add_argument(
+        "--responses-store-max-mb",
+        type=float,
+        default=float(env("TANDEM_RESPONSES_STORE_MAX_MB", d.max_bytes / (1 << 20))),
+        help="memory the stored responses and conversations may take, in MiB "
+        "(env TANDEM_RESPONSES_STORE_MAX_MB)",
+    )
+    g.add_argument(
+        "--responses-store-ttl-s",
+        type=float,
+        default=float(env("TANDEM_RESPONSES_STORE_TTL_S", d.ttl_s)),
+        help="a stored response is dropped this long after its last use "
+        "(env TANDEM_RESPONSES_STORE_TTL_S)",
+    )
+
+
+def response_store_config_from_args(ns: argparse.Namespace) -> ResponseStoreConfig:
+    return ResponseStoreConfig(
+        max_entries=ns.responses_store_max_entries,
+        max_bytes=int(ns.responses_store_max_mb * (1 << 20)),
+        ttl_s=ns.responses_store_ttl_s,
+    )
 
 
 class StoredResponse(NamedTuple):

@@ -3,9 +3,16 @@ integrity after every change."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from tandem.frontend.response_store import ResponseStore, ResponseStoreConfig
+from tandem.frontend.response_store import (
+    ResponseStore,
+    ResponseStoreConfig,
+    add_response_store_args,
+    response_store_config_from_args,
+)
 
 
 class Clock:
@@ -79,3 +86,15 @@ def test_replace_and_delete_keep_the_byte_count() -> None:
 def test_config_rejects_out_of_range_limits(kw: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(kw))):
         ResponseStoreConfig(**kw)
+
+
+def test_flags_set_the_limits() -> None:
+    parser = argparse.ArgumentParser()
+    add_response_store_args(parser)
+    ns = parser.parse_args(
+        ["--responses-store-max-entries", "7", "--responses-store-max-mb", "0.5",
+         "--responses-store-ttl-s", "60"]
+    )  # fmt: skip
+    config = response_store_config_from_args(ns)
+    assert config == ResponseStoreConfig(max_entries=7, max_bytes=512 << 10, ttl_s=60.0)
+    assert response_store_config_from_args(parser.parse_args([])) == ResponseStoreConfig()

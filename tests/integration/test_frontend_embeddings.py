@@ -16,6 +16,8 @@ import openai
 import pytest
 from tests.support.frontend_stack import CHAT, FrontendStack
 
+from tandem.disagg.config import DisaggWorkerConfig
+from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.embedding import hashed_embedding
 from tandem.engines.mocker.engine import MockerEngine
@@ -204,3 +206,17 @@ async def test_mixed_fleet_routes_generation_away_from_an_embedding_only_worker(
             status, out, _ = await s.post(CHAT, body)
             assert status == 200, out
         assert both.num_inflight == 0 and embed_only.num_inflight == 0
+
+
+async def test_a_disaggregated_decode_worker_embeds_too() -> None:
+    async with AsyncExitStack() as exit_stack:
+        s = FrontendStack(exit_stack)
+        engine = DisaggEngine(_mocker(), DisaggWorkerConfig(mode="decode"))
+        worker = Worker(engine, await s.runtime(), WorkerConfig())
+        await worker.start()
+        exit_stack.push_async_callback(worker.stop, 0)
+        assert worker.instance is not None and worker.instance.model is not None
+        assert worker.instance.model.tasks == ["generate", "embed"]
+        await s.start_frontend({"model": MODEL, "input": "ready"}, ready_path=EMBED)
+        status, out, _ = await s.post(EMBED, {"model": MODEL, "input": [[5, 6]]})
+        assert status == 200 and len(out["data"][0]["embedding"]) == DIM, out

@@ -24,6 +24,7 @@ from tandem.disagg.prefill import REGION, PrefillSide
 from tandem.disagg.transfer import RegionLayout, TransferAgent, TransferAgentConfig
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.handoff import KvHandoff
+from tandem.errors import InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
@@ -140,6 +141,14 @@ class DisaggEngine:
     def take_step_samples(self) -> list[StepSample]:
         take = getattr(self.engine, "take_step_samples", None)
         return take() if take is not None else []
+
+    async def embed(self, inputs: list[list[int]]) -> Any:
+        """Embeddings need no KV handoff: the wrapped engine's own (InvalidRequest when it
+        has none; its EngineInfo then says embedding_dim 0 and the worker offers none)."""
+        embed = getattr(self.engine, "embed", None)
+        if embed is None:
+            raise InvalidRequest("this worker's engine does not compute embeddings")
+        return await embed(inputs)
 
     async def stop(self) -> None:
         await self.engine.stop()

@@ -98,7 +98,11 @@ class EmbeddingsEndpoint:
             status = "success"
             metrics.input_tokens.inc(labels, result.num_tokens)
             metrics.input_len.observe(result.num_tokens, labels)
+            if metrics.interval is not None:  # the planner's view: a prompt, no output
+                metrics.interval.finished(model.name, isl=result.num_tokens, osl=0)
         finally:
+            if status == "error" and metrics.interval is not None:
+                metrics.interval.failed(model.name)
             app.num_inflight -= 1
             metrics.inflight.set(labels, metrics.inflight.values.get(labels, 1) - 1)
             metrics.requests.inc((model.name, "embeddings", status))

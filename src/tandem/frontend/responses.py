@@ -156,6 +156,8 @@ class ResponsesEndpoint:
             metrics.disconnects.inc(labels)
             raise
         finally:
+            if status == "error" and metrics.interval is not None:
+                metrics.interval.failed(prepared.model.name)
             metrics.inflight.set(labels, metrics.inflight.values.get(labels, 1) - 1)
             metrics.requests.inc((prepared.model.name, "responses", status))
             metrics.duration.observe(time.perf_counter() - started, labels)

@@ -220,3 +220,24 @@ async def test_a_disaggregated_decode_worker_embeds_too() -> None:
         await s.start_frontend({"model": MODEL, "input": "ready"}, ready_path=EMBED)
         status, out, _ = await s.post(EMBED, {"model": MODEL, "input": [[5, 6]]})
         assert status == 200 and len(out["data"][0]["embedding"]) == DIM, out
+
+
+async def test_an_embedding_in_flight_counts_as_load_on_its_worker() -> None:
+    async with _stack() as (s, client):
+        engine = s.workers[0].engine
+        release, entered = asyncio.Event(), asyncio.Event()
+        original = engine.embed  # type: ignore[attr-defined]
+
+        async def held(inputs):  # type: ignore[no-untyped-def]
+            entered.set()
+            await release.wait()
+            return await original(inputs)
+
+        engine.embed = held  # type: ignore[attr-defined]
+        call = asyncio.create_task(client.embeddings.create(model=MODEL, input=["a", "b"]))
+        await asyncio.wait_for(entered.wait(), 10)
+        assert await s.inflight_on_workers() == [1.0]  # the router counts it
+        assert s.workers[0].num_inflight == 1
+        release.set()
+        assert len((await call).data) == 2
+        assert await s.inflight_on_workers() == [0.0]

@@ -6,8 +6,8 @@
 3. Tokenize text inputs; check each input's token ids (vocabulary) and length (context),
    the request's total tokens, and `dimensions` (400 naming `input[i]` or the field).
 4. The model's router picks a worker among those that embed (load accounted like a prompt of
-   all the inputs' tokens; KV overlap is not weighed, embeddings keep no KV); the whole batch
-   goes in one `EmbedRequest`. A worker that refuses or is lost before answering costs a
+   all the inputs' tokens, with the policy's own cost: a KV router still credits prefix overlap,
+   which embeddings do not use); the whole batch goes in one `EmbedRequest`. A worker that refuses or is lost before answering costs a
    retry on another one (bounded by the number of instances).
 5. Vectors come back as one float32 matrix; `dimensions` keeps a prefix and renormalises (only
    on models whose card declares Matryoshka training, as OpenAI refuses `dimensions` for
@@ -134,7 +134,7 @@ class EmbeddingsEndpoint:
             model=model.name,
             token_ids=[t for ids in inputs for t in ids],
             stop=StopConditions(max_tokens=1),
-            routing=RoutingHints(worker_id=pin, overlap_weight=0.0),
+            routing=RoutingHints(worker_id=pin) if pin else None,
             deadline_s=deadline_s,
         )
         payload = encode(

@@ -7,8 +7,9 @@
    the request's total tokens, and `dimensions` (400 naming `input[i]` or the field).
 4. The model's router picks a worker among those that embed (load accounted like a prompt of
    all the inputs' tokens, with the policy's own cost: a KV router still credits prefix overlap,
-   which embeddings do not use); the whole batch goes in one `EmbedRequest`. A worker that refuses or is lost before answering costs a
-   retry on another one (bounded by the number of instances).
+   which embeddings do not use); the whole batch goes in one `EmbedRequest`. A worker that
+   refuses or is lost before answering costs a retry on another one (bounded by the number of
+   instances).
 5. Vectors come back as one float32 matrix; `dimensions` keeps a prefix and renormalises (only
    on models whose card declares Matryoshka training, as OpenAI refuses `dimensions` for
    text-embedding-ada-002); `encoding_format` float (JSON numbers) or base64 (the vector's

@@ -101,3 +101,19 @@ def test_other_input_items_are_400s_naming_where(items: list[Any], param: str) -
     with pytest.raises(InvalidRequest) as err:
         input_messages(items)
     assert err.value.param == param
+
+
+def test_every_field_the_sdk_sends_has_an_effect_or_a_rule() -> None:
+    """Walks the official SDK's request types: a field OpenAI adds fails this test until it is
+    honoured (a ResponsesRequest field) or refused (a rule)."""
+    from openai.types import embedding_create_params
+    from openai.types.responses import response_create_params
+
+    from tandem.protocols.openai_embedding import EmbeddingRequest
+    from tandem.protocols.openai_responses import _FIELD_RULES, ResponsesRequest
+
+    sdk = set(response_create_params.ResponseCreateParamsBase.__annotations__) | {"stream"}
+    handled = set(ResponsesRequest.__struct_fields__) | set(_FIELD_RULES)
+    assert sdk - handled == set()
+    embedding_sdk = set(embedding_create_params.EmbeddingCreateParams.__annotations__)
+    assert embedding_sdk - set(EmbeddingRequest.__struct_fields__) == set()

@@ -40,9 +40,9 @@ from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, fan_out
 from tandem.runtime import tracing
+from tandem.runtime.base import RequestClient
 from tandem.runtime.log_format import request_scope
 from tandem.runtime.metrics import CONTENT_TYPE
-from tandem.runtime.base import RequestClient
 
 logger = logging.getLogger(__name__)
 

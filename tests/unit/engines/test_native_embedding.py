@@ -101,3 +101,18 @@ def test_quantized_weights_pool_the_same_way() -> None:
     int8 = pooled_embeddings(QuantLlamaModel(TINY, WEIGHTS, weights_format="int8"), INPUTS)
     cosines = (fp32 * int8).sum(dim=1)
     assert bool((cosines > 0.99).all()), cosines
+
+
+async def test_each_forward_is_a_prefill_step_for_the_planner() -> None:
+    core = tiny_core(max_num_batched_tokens=8)
+    engine = NativeEngine(core.config, core=core)
+    await engine.start()
+    try:
+        engine.take_step_samples()
+        await engine.embed(INPUTS)
+        steps = engine.take_step_samples()
+        groups = token_groups(INPUTS, 8)
+        assert [s.num_prefill_tokens for s in steps] == [sum(map(len, g)) for g in groups]
+        assert all(s.num_decode_kv_tokens == 0 and s.wall_ms > 0 for s in steps)
+    finally:
+        await engine.stop()

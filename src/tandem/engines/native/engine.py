@@ -216,11 +216,22 @@ class NativeEngine:
                 raise InvalidRequest(f"input[{i}] has token ids outside [0, {vocab})")
         parts = []
         for group in token_groups(inputs, self.config.max_num_batched_tokens):
-            part = await asyncio.to_thread(
-                self.run_locked, lambda core, g=group: pooled_embeddings(core.model, g)
-            )
+            part = await asyncio.to_thread(self.run_locked, lambda core, g=group: self._embed(g))
             parts.append(part)
         return torch.cat(parts).numpy()
+
+    def _embed(self, inputs: list[list[int]]) -> torch.Tensor:
+        """One pooled forward, recorded as a prefill-only step for the planner (step lock held)."""
+        assert self.core is not None
+        started = time.perf_counter()
+        vectors = pooled_embeddings(self.core.model, inputs)
+        scheduler = self.core.scheduler
+        self._steps.append(StepSample(
+            wall_ms=(time.perf_counter() - started) * 1000.0,
+            num_prefill_tokens=sum(map(len, inputs)), num_decode_kv_tokens=0,
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+        ))  # fmt: skip
+        return vectors
 
     async def _mm_embeddings(self, request: PreprocessedRequest) -> list[torch.Tensor]:
         if self.embedding_provider is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -92,20 +92,22 @@ class ResponsesEndpoint:
         app = self._app
         model = app.registry.get(req.model)
         model.require_task("generate", "/v1/responses")
+
+        def save(b: ResponseBuilder) -> None:
+            """Store the finished response before the client can see it end, so a follow-up
+            naming it never races the store."""
+            if req.store:
+                turn = {"role": "assistant", "content": b.text}
+                self.store.put(b.id, b.body(), [*messages, turn])
+
         num_slots = app._admit(chat)
         try:
             await model.ready()
             builder = ResponseBuilder(req, model.name, new_response_id())
             prepared = await _as_input_errors(app._preprocess(http, chat, model, builder.id))
-            ok = await self._run(response, req, prepared, builder)
+            await self._run(response, req, prepared, builder, save)
         finally:
             app.num_inflight -= num_slots
-        if req.store and ok:
-            self.store.put(
-                builder.id,
-                builder.body(),
-                [*messages, {"role": "assistant", "content": builder.text}],
-            )
 
     def _history(self, req: ResponsesRequest) -> list[dict[str, Any]]:
         """The stored conversation `previous_response_id` names ([] without one)."""
@@ -124,10 +126,15 @@ class ResponsesEndpoint:
         return list(entry.messages)
 
     async def _run(
-        self, response: HttpResponse, req: ResponsesRequest, prepared: Prepared, b: ResponseBuilder
-    ) -> bool:
-        """Answer the request; False when it failed after its stream had started (the error
-        went out as events)."""
+        self,
+        response: HttpResponse,
+        req: ResponsesRequest,
+        prepared: Prepared,
+        b: ResponseBuilder,
+        save: Callable[[ResponseBuilder], None],
+    ) -> None:
+        """Answer the request (a failure after its stream started goes out as events);
+        `save(b)` runs once the response is complete, before its end is sent."""
         app, labels = self._app, (prepared.model.name,)
         metrics = app.metrics
         metrics.inflight.set(labels, metrics.inflight.values.get(labels, 0) + 1)
@@ -143,14 +150,13 @@ class ResponsesEndpoint:
             events = app._events(prepared, [state], keep_text=True)
             async with aclosing(events):
                 if req.stream:
-                    await self._stream(response, prepared, state, events, b, started)
+                    await self._stream(response, prepared, state, events, b, started, save)
                 else:
-                    await self._collect(response, prepared, state, events, b, started)
+                    await self._collect(response, prepared, state, events, b, started, save)
             status = "success"
             app._record_tokens(labels, prepared, [state])
-            return True
         except _AlreadySent:
-            return False
+            pass
         except asyncio.CancelledError:
             status = "cancelled"
             metrics.disconnects.inc(labels)
@@ -170,6 +176,7 @@ class ResponsesEndpoint:
         events: AsyncGenerator[Event, None],
         b: ResponseBuilder,
         started: float,
+        save: Callable[[ResponseBuilder], None],
     ) -> None:
         first = True
         async for _ in events:
@@ -178,6 +185,7 @@ class ResponsesEndpoint:
                 self._app.metrics.observe_ttft(time.perf_counter() - started, (b.model,))
         b.text = "".join(state.text_parts)
         b.finish(state.finish_reason, _usage(prepared, state))
+        save(b)
         await response.send(200, b.body())
 
     async def _stream(
@@ -188,6 +196,7 @@ class ResponsesEndpoint:
         events: AsyncGenerator[Event, None],
         b: ResponseBuilder,
         started: float,
+        save: Callable[[ResponseBuilder], None],
     ) -> None:
         metrics, labels = self._app.metrics, (b.model,)
         event = await anext(events, None)  # errors before this point get a real status
@@ -210,6 +219,7 @@ class ResponsesEndpoint:
             await response.end_stream()
             raise _AlreadySent(exc) from exc
         b.finish(state.finish_reason, _usage(prepared, state))
+        save(b)
         await response.write(b.end_events())
         await response.end_stream()
 

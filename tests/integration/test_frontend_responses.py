@@ -134,7 +134,7 @@ async def test_previous_response_id_continues_the_conversation_without_old_instr
 
 
 async def test_store_false_get_delete_and_unknown_ids() -> None:
-    async with _stack() as (_, _seen, client):
+    async with _stack() as (s, _seen, client):
         kept = await client.responses.create(model=MODEL, input="a", max_output_tokens=2)
         got = await client.responses.retrieve(kept.id)
         assert got.id == kept.id and got.output_text == kept.output_text
@@ -150,6 +150,9 @@ async def test_store_false_get_delete_and_unknown_ids() -> None:
             )
         assert err.value.code == "previous_response_not_found"
         assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]
+        status, err = await s.get(f"/v1/responses/{kept.id}?stream=true")
+        assert status == 400 and json.loads(err)["error"]["param"] == "stream", err
+        assert (await s.get(f"/v1/responses/{kept.id}?stream=false"))[0] == 200
         await client.responses.delete(kept.id)
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(kept.id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared
 from tandem.frontend.response_events import ResponseBuilder, new_response_id
 from tandem.frontend.response_store import ResponseStore
-from tandem.protocols.openai import ChatCompletionRequest
+from tandem.protocols.openai import ChatCompletionRequest, show_value
 from tandem.protocols.openai_responses import (
     ResponsesRequest,
     input_messages,
@@ -63,6 +64,13 @@ class ResponsesEndpoint:
         return {"GET": self.retrieve, "DELETE": self.delete}.get(method)
 
     async def retrieve(self, http: HttpRequest, response: HttpResponse) -> None:
+        for name, values in urllib.parse.parse_qs(http.query, keep_blank_values=True).items():
+            if not (name == "stream" and values == ["false"]):  # OpenAI: stream, include[], ...
+                raise InvalidRequest(
+                    f"query parameter {name}={show_value(values)} is not supported on "
+                    "GET /v1/responses/{id}; the stored response is returned whole, unstreamed",
+                    param=name,
+                )
         entry = self.store.get(http.path[len(PREFIX) :])
         if entry is None:
             raise _not_found(http.path[len(PREFIX) :])

@@ -35,12 +35,14 @@ def _mocker(**kw: object) -> MockerEngine:
 
 
 @asynccontextmanager
-async def _stack(num_workers: int = 1) -> AsyncIterator[tuple[FrontendStack, openai.AsyncOpenAI]]:
+async def _stack(
+    num_workers: int = 1, **config: object
+) -> AsyncIterator[tuple[FrontendStack, openai.AsyncOpenAI]]:
     async with AsyncExitStack() as exit_stack:
         s = FrontendStack(exit_stack)
         for _ in range(num_workers):
             await s.add_worker(_mocker())
-        await s.start_frontend({"model": MODEL, "input": "ready"}, ready_path=EMBED)
+        await s.start_frontend({"model": MODEL, "input": "ready"}, ready_path=EMBED, **config)
         client = openai.AsyncOpenAI(base_url=f"{s.base}/v1", api_key="none", max_retries=0)
         exit_stack.push_async_callback(client.close)
         yield s, client
@@ -222,8 +224,8 @@ async def test_a_disaggregated_decode_worker_embeds_too() -> None:
         assert status == 200 and len(out["data"][0]["embedding"]) == DIM, out
 
 
-async def test_an_embedding_in_flight_counts_as_load_on_its_worker() -> None:
-    async with _stack() as (s, client):
+async def test_an_embedding_in_flight_counts_as_load_and_takes_admission() -> None:
+    async with _stack(max_inflight_requests=1) as (s, client):
         engine = s.workers[0].engine
         release, entered = asyncio.Event(), asyncio.Event()
         original = engine.embed  # type: ignore[attr-defined]
@@ -238,6 +240,8 @@ async def test_an_embedding_in_flight_counts_as_load_on_its_worker() -> None:
         await asyncio.wait_for(entered.wait(), 10)
         assert await s.inflight_on_workers() == [1.0]  # the router counts it
         assert s.workers[0].num_inflight == 1
+        status, err, headers = await s.post(EMBED, {"model": MODEL, "input": "x"})
+        assert status == 503 and "retry-after" in {k.lower() for k in headers}, err
         release.set()
         assert len((await call).data) == 2
         assert await s.inflight_on_workers() == [0.0]

@@ -52,7 +52,9 @@ from tandem.protocols.openai_embedding import (
     embedding_inputs,
     validate_embedding,
 )
+from tandem.runtime import tracing
 from tandem.runtime.base import RequestClient
+from tandem.runtime.log_format import request_scope
 
 if TYPE_CHECKING:
     from tandem.frontend.app import FrontendApp
@@ -87,15 +89,17 @@ class EmbeddingsEndpoint:
         metrics.inflight.set(labels, metrics.inflight.values.get(labels, 0) + 1)
         metrics.arrived(model.name)
         started, status = time.perf_counter(), "error"
+        request_id = f"embd-{uuid.uuid4().hex}"
         try:
-            await model.ready()
-            card = model.require_task("embed", "/v1/embeddings")  # instances may have changed
-            dim = _dimensions(req, card, model.name)
-            inputs = [await _token_ids(model, t, p) for t, p in zip(texts, params, strict=True)]
-            _check_inputs(model, card, inputs, params)
-            result = await self._embed(http, model, inputs)
-            body = _body(req, model.name, result, dim)
-            await response.send(200, body)
+            with request_scope(request_id), _server_span(http, request_id, model.name):
+                await model.ready()
+                card = model.require_task("embed", "/v1/embeddings")  # instances may change
+                dim = _dimensions(req, card, model.name)
+                inputs = [await _token_ids(model, t, p) for t, p in zip(texts, params, strict=True)]
+                _check_inputs(model, card, inputs, params)
+                result = await self._embed(http, model, inputs, request_id)
+                body = _body(req, model.name, result, dim)
+                await response.send(200, body)
             status = "success"
             metrics.input_tokens.inc(labels, result.num_tokens)
             metrics.input_len.observe(result.num_tokens, labels)
@@ -122,11 +126,10 @@ class EmbeddingsEndpoint:
         app.num_inflight += 1
 
     async def _embed(
-        self, http: HttpRequest, model: ServedModel, inputs: list[list[int]]
+        self, http: HttpRequest, model: ServedModel, inputs: list[list[int]], request_id: str
     ) -> EmbedResponse:
         if self._client is None:
             raise NoWorkersAvailable("this frontend has no request-plane client for embeddings")
-        request_id = f"embd-{uuid.uuid4().hex}"
         deadline_s = time.time() + self._app._timeout_s
         pin = http.headers.get(PIN_HEADER)
         # the router sees one prompt of every input's tokens: its load is what it costs
@@ -185,6 +188,16 @@ class EmbeddingsEndpoint:
         if answer is None:
             raise PeerGone(f"embed stream from {address} ended without an answer")
         return decode_embed_response(answer)
+
+
+def _server_span(http: HttpRequest, request_id: str, model: str) -> Any:
+    return tracing.span(
+        f"POST {http.path}",
+        parent=http.headers.get("traceparent"),
+        kind=tracing.SERVER,
+        request_id=request_id,
+        model=model,
+    )
 
 
 async def _token_ids(model: ServedModel, text: str | list[int], param: str) -> list[int]:

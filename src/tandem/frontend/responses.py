@@ -40,6 +40,8 @@ from tandem.protocols.openai_responses import (
     unsupported_fields,
     validate_responses,
 )
+from tandem.runtime import tracing
+from tandem.runtime.log_format import request_scope
 
 if TYPE_CHECKING:
     from tandem.frontend.app import FrontendApp
@@ -109,11 +111,15 @@ class ResponsesEndpoint:
                 self.store.put(b.id, b.body(), [*messages, turn])
 
         num_slots = app._admit(chat)
+        builder = ResponseBuilder(req, model.name, new_response_id())
         try:
-            await model.ready()
-            builder = ResponseBuilder(req, model.name, new_response_id())
-            prepared = await _as_input_errors(app._preprocess(http, chat, model, builder.id))
-            await self._run(response, req, prepared, builder, save)
+            with request_scope(builder.id), _server_span(http, builder.id, model.name):
+                await model.ready()
+                with tracing.span("preprocess"):
+                    prepared = await _as_input_errors(
+                        app._preprocess(http, chat, model, builder.id)
+                    )
+                await self._run(response, req, prepared, builder, save)
         finally:
             app.num_inflight -= num_slots
 
@@ -263,6 +269,18 @@ async def _as_input_errors(preprocessing: Any) -> Prepared:
         exc.message = exc.message.replace("max_tokens", "max_output_tokens")
         exc.args = (exc.message,)
         raise
+
+
+def _server_span(http: HttpRequest, request_id: str, model: str) -> Any:
+    """The request's root span, as `/v1/chat/completions` opens it (a child of the client's
+    `traceparent`)."""
+    return tracing.span(
+        f"{http.method} {http.path}",
+        parent=http.headers.get("traceparent"),
+        kind=tracing.SERVER,
+        request_id=request_id,
+        model=model,
+    )
 
 
 def _not_found(response_id: str) -> ServingError:

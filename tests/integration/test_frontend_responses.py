@@ -167,7 +167,11 @@ async def test_store_false_get_delete_and_unknown_ids() -> None:
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"background": True}, "background"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
-        ({"text": {"format": {"type": "json_object"}}}, "text"),
+        ({"text": {"verbosity": "low"}}, "text"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "n", "schema": 5}}},
+            "text.format.schema",
+        ),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"max_output_tokens": 9000}, "max_output_tokens"),
         ({"temperature": 3}, "temperature"),

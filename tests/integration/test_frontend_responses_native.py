@@ -1,13 +1,15 @@
 """`/v1/responses` on the real SmolLM2 (native engine) behind a real frontend, through the
 official `openai` SDK: greedy output equals `/v1/chat/completions` for the same conversation
 (the Responses API runs on the chat path), `client.responses.stream(...)` and
-`get_final_response()` work, and `previous_response_id` carries the conversation."""
+`get_final_response()` work, `previous_response_id` carries the conversation, and
+`text.format` json_schema is enforced (`client.responses.parse`)."""
 
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
 import openai
+import pydantic
 import pytest
 from tests.support.frontend_stack import FrontendStack
 
@@ -16,6 +18,10 @@ from tandem.engines.native.engine import NativeEngine
 
 pytestmark = [pytest.mark.native, pytest.mark.timeout(240)]
 MODEL = "smollm2"
+
+
+class Capital(pydantic.BaseModel):
+    city: str
 
 
 async def test_responses_match_chat_stream_with_the_sdk_helper_and_continue() -> None:
@@ -64,4 +70,11 @@ async def test_responses_match_chat_stream_with_the_sdk_helper_and_continue() ->
         )  # fmt: skip
         assert follow.output_text == chat2.choices[0].message.content
         assert "Rome" in follow.output_text
+        # text.format json_schema is chat's structured output: the SDK's parse() validates it
+        parsed = await client.responses.parse(
+            model=MODEL, input="Name the capital of France as JSON.", text_format=Capital,
+            temperature=0, max_output_tokens=64,
+        )  # fmt: skip
+        assert parsed.status == "completed", parsed
+        assert isinstance(parsed.output_parsed, Capital) and parsed.output_parsed.city
         assert engine.core is not None and engine.core.block_manager.num_active_blocks == 0

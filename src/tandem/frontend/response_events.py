@@ -103,7 +103,7 @@ class ResponseBuilder:
             "service_tier": "default",
             "store": req.store,
             "temperature": 1.0 if req.temperature is None else req.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "tool_choice": req.tool_choice or "auto",
             "tools": [],
             "top_p": 1.0 if req.top_p is None else req.top_p,

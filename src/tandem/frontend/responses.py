@@ -18,6 +18,7 @@ POST, per request:
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Callable
@@ -37,6 +38,7 @@ from tandem.protocols.openai import ChatCompletionRequest, show_value
 from tandem.protocols.openai_responses import (
     ResponsesRequest,
     input_messages,
+    response_format,
     unsupported_fields,
     validate_responses,
 )
@@ -98,6 +100,7 @@ class ResponsesEndpoint:
             top_p=req.top_p,
             stream=req.stream,
             user=req.user,
+            response_format=response_format(req.text),  # structured outputs, as chat's
         )
         app = self._app
         model = app.registry.get(req.model)
@@ -117,7 +120,7 @@ class ResponsesEndpoint:
                 await model.ready()
                 with tracing.span("preprocess"):
                     prepared = await _as_input_errors(
-                        app._preprocess(http, chat, model, builder.id)
+                        app._preprocess(http, chat, model, builder.id), len(system), len(history)
                     )
                 await self._run(response, req, prepared, builder, save)
         finally:
@@ -257,18 +260,40 @@ def _decode(body: bytes) -> ResponsesRequest:
     return req
 
 
-async def _as_input_errors(preprocessing: Any) -> Prepared:
-    """Preprocessing names chat's fields; a client of /v1/responses sent `input` and
-    `max_output_tokens`."""
+async def _as_input_errors(preprocessing: Any, num_system: int, num_history: int) -> Prepared:
+    """Preprocessing names chat's fields; a client of /v1/responses sent `instructions`, the
+    conversation of `previous_response_id`, `input`, `max_output_tokens` and `text.format`
+    (chat's messages[k] is one of the first three, by position)."""
     try:
         return await preprocessing  # type: ignore[no-any-return]
     except InvalidRequest as exc:
-        exc.param = {"messages": "input", "max_tokens": "max_output_tokens"}.get(
-            exc.param or "", exc.param
-        )
-        exc.message = exc.message.replace("max_tokens", "max_output_tokens")
+
+        def rename(text: str) -> str:
+            def message(m: re.Match[str]) -> str:
+                k = int(m.group(1))
+                if k < num_system:
+                    return "instructions"
+                if k < num_system + num_history:
+                    return "previous_response_id"
+                return f"input[{k - num_system - num_history}]"
+
+            text = re.sub(r"messages\[(\d+)\]", message, text)
+            for chat, responses in _CHAT_NAMES:
+                text = text.replace(chat, responses)
+            return text
+
+        exc.param = rename(exc.param) if exc.param else exc.param
+        exc.message = rename(exc.message)
         exc.args = (exc.message,)
         raise
+
+
+_CHAT_NAMES = (
+    ("response_format.json_schema", "text.format"),
+    ("response_format", "text.format"),
+    ("max_tokens", "max_output_tokens"),
+    ("messages", "input"),
+)
 
 
 def _server_span(http: HttpRequest, request_id: str, model: str) -> Any:

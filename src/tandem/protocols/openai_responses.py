@@ -19,6 +19,7 @@ from tandem.protocols.openai import MAX_INT32, show_value
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text")
+TEXT_FORMATS = ("text", "json_object", "json_schema")
 MAX_METADATA_KEYS = 16  # OpenAI: up to 16 pairs, keys <= 64 characters, values <= 512
 
 
@@ -53,12 +54,27 @@ def _empty(value: Any) -> bool:
 
 
 def _text_format(value: Any) -> bool:
+    """`text` with a format tandem serves (text, json_object, json_schema; the schema itself
+    is checked where chat checks response_format) and no verbosity."""
     if value is None:
         return True
     if not isinstance(value, dict) or set(value) - {"format", "verbosity"}:
         return False
     fmt = value.get("format")
-    return (fmt is None or fmt == {"type": "text"}) and value.get("verbosity") is None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    return (fmt is None or kind in TEXT_FORMATS) and value.get("verbosity") is None
+
+
+def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` as chat's `response_format` (structured outputs: the engine's grammar
+    enforces it). Responses spells json_schema flat: {type, name, schema, strict}."""
+    fmt = (text or {}).get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+        return None
+    if fmt["type"] == "json_object":
+        return {"type": "json_object"}
+    spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": spec}
 
 
 # field -> (is this value one tandem honours, what is expected instead)
@@ -75,10 +91,7 @@ _FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_tool_calls": (_empty, "null (no tools on /v1/responses)"),
     "top_logprobs": (_null_or(0), "null or 0 (logprobs are served on /v1/chat/completions)"),
     "truncation": (_null_or("disabled"), '"disabled" (an input too long is a 400)'),
-    "text": (
-        _text_format,
-        '{"format": {"type": "text"}} (structured outputs are served on /v1/chat/completions)',
-    ),
+    "text": (_text_format, "a format of type text, json_object or json_schema; no verbosity"),
     "service_tier": (_null_or("auto", "default"), '"auto" or "default" (one tier)'),
     "prompt_cache_key": (_empty, "null (prefix caching is automatic: identical prefixes hit)"),
     "prompt_cache_retention": (_empty, "null (the prefix cache keeps what its memory holds)"),

@@ -25,7 +25,7 @@ from tandem.protocols.openai_responses import input_messages, unsupported_fields
         ("max_tool_calls", 3),
         ("top_logprobs", 2),
         ("truncation", "auto"),
-        ("text", {"format": {"type": "json_object"}}),
+        ("text", {"format": {"type": "grammar", "grammar": "x"}}),
         ("text", {"verbosity": "low"}),
         ("service_tier", "flex"),
         ("prompt_cache_key", "k"),
@@ -51,6 +51,8 @@ def test_an_unhonoured_value_is_a_400_naming_the_field(field: str, value: Any) -
         ("include", []),
         ("truncation", "disabled"),
         ("text", {"format": {"type": "text"}}),
+        ("text", {"format": {"type": "json_object"}}),
+        ("text", {"format": {"type": "json_schema", "name": "n", "schema": {}}}),
         ("service_tier", "auto"),
         ("top_logprobs", 0),
         ("stream_options", {"include_obfuscation": False}),
@@ -117,3 +119,17 @@ def test_every_field_the_sdk_sends_has_an_effect_or_a_rule() -> None:
     assert sdk - handled == set()
     embedding_sdk = set(embedding_create_params.EmbeddingCreateParams.__annotations__)
     assert embedding_sdk - set(EmbeddingRequest.__struct_fields__) == set()
+
+
+def test_text_format_maps_to_chats_response_format() -> None:
+    from tandem.protocols.openai_responses import response_format
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    text = {"format": {"type": "json_schema", "name": "n", "schema": schema, "strict": True}}
+    assert response_format(text) == {
+        "type": "json_schema",
+        "json_schema": {"name": "n", "schema": schema, "strict": True},
+    }
+    assert response_format({"format": {"type": "json_object"}}) == {"type": "json_object"}
+    assert response_format({"format": {"type": "text"}}) is None
+    assert response_format(None) is None

@@ -159,8 +159,12 @@ async def test_a_batch_is_one_worker_call_and_requests_spread_over_workers() -> 
         assert all(w.engine.embed_calls > 0 for w in s.workers)  # type: ignore[attr-defined]
         assert await s.inflight_on_workers() == [0.0, 0.0]
         _, text = await s.get("/metrics")
-        pattern = r'endpoint="embeddings",status="success"\} (\d+)'
+        pattern = (
+            r'endpoint="embeddings",request_type="unary",status="success",status_code="200"\} (\d+)'
+        )
         assert int(re.findall(pattern, text)[0]) == 7  # the readiness probe + these 6
+        assert 'tandem_frontend_inflight_requests{model="smollm2"} 0' in text
+        assert 'tandem_frontend_queued_requests{model="smollm2"} 0' in text
 
 
 async def test_embedding_only_and_generation_only_workers_refuse_the_other_task() -> None:

@@ -221,6 +221,11 @@ async def test_an_error_mid_stream_is_an_error_event_then_response_failed() -> N
         assert "the engine broke" in events[-2]["message"]
         assert events[-1]["response"]["status"] == "failed"
         assert "[DONE]" not in text
+        _, metrics = await s.get("/metrics")
+        failed = 'endpoint="responses",request_type="stream",status="error",status_code="200"} 1'
+        assert failed in metrics
+        assert 'tandem_frontend_inflight_requests{model="smollm2"} 0' in metrics
+        assert 'tandem_frontend_queued_requests{model="smollm2"} 0' in metrics
 
 
 _tokenizer = None

@@ -58,6 +58,8 @@ API_ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/models": "models",
     "/v1/route/explain": "route_explain",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
 }
 WORKER_METRICS = "/metrics/workers/"  # + a worker id: that worker's metrics alone
 CLIENT_CLOSED = 499  # the status_code label of a request whose client went away (nginx's)
@@ -167,6 +169,16 @@ class FrontendApp:
                 self.metrics.counted(
                     tally.model, endpoint, tally.request_type, tally.status, tally.status_code
                 )
+
+    def count_as(self, model: str, *, stream: bool, failed: bool = False) -> None:
+        """Label the running request's tandem_frontend_requests_total sample (for handlers in
+        other modules: /v1/embeddings, /v1/responses); `failed` for an error already written
+        into a started stream."""
+        tally = _tally.get(None)
+        if tally is not None:
+            tally.model, tally.request_type = model, "stream" if stream else "unary"
+            if failed:
+                tally.status = "error"
 
     async def _send_error(self, response: HttpResponse, exc: ServingError) -> None:
         body = http_errors.error_body(exc)

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import time
@@ -35,6 +36,7 @@ from tandem.errors import (
     PeerGone,
 )
 from tandem.frontend import errors as http_errors
+from tandem.frontend.http_message import ClientDisconnected
 from tandem.frontend.http_server import HttpRequest, HttpResponse
 from tandem.frontend.models import ServedModel
 from tandem.protocols.discovery import ModelCard
@@ -83,12 +85,11 @@ class EmbeddingsEndpoint:
         app = self._app
         model = app.registry.get(req.model)
         card = model.require_task("embed", "/v1/embeddings")
+        app.count_as(model.name, stream=False)
         self._admit()
-        labels = (model.name,)
         metrics = app.metrics
-        metrics.inflight.set(labels, metrics.inflight.values.get(labels, 0) + 1)
         metrics.arrived(model.name)
-        started, status = time.perf_counter(), "error"
+        started, failed = time.perf_counter(), True
         request_id = f"embd-{uuid.uuid4().hex}"
         try:
             with request_scope(request_id), _server_span(http, request_id, model.name):
@@ -100,18 +101,19 @@ class EmbeddingsEndpoint:
                 result = await self._embed(http, model, inputs, request_id)
                 body = _body(req, model.name, result, dim)
                 await response.send(200, body)
-            status = "success"
-            metrics.input_tokens.inc(labels, result.num_tokens)
-            metrics.input_len.observe(result.num_tokens, labels)
+            failed = False
+            metrics.input_len.labels(model.name).observe(result.num_tokens)
+            metrics.input_tokens.labels(model.name).inc(result.num_tokens)
             if metrics.interval is not None:  # the planner's view: a prompt, no output
                 metrics.interval.finished(model.name, isl=result.num_tokens, osl=0)
+        except (asyncio.CancelledError, ClientDisconnected):
+            metrics.disconnects.labels(model.name).inc()
+            raise
         finally:
-            if status == "error" and metrics.interval is not None:
-                metrics.interval.failed(model.name)
             app.num_inflight -= 1
-            metrics.inflight.set(labels, metrics.inflight.values.get(labels, 1) - 1)
-            metrics.requests.inc((model.name, "embeddings", status))
-            metrics.duration.observe(time.perf_counter() - started, labels)
+            # no first token: an embedding leaves the queued gauge when it is done
+            seconds = time.perf_counter() - started
+            metrics.left(model.name, seconds, had_first_token=False, failed=failed)
 
     def _admit(self) -> None:
         """One in-flight slot: the request is one engine call, however many inputs."""

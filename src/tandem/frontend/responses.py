@@ -29,7 +29,9 @@ import msgspec
 
 from tandem.errors import InvalidRequest, ServingError
 from tandem.frontend import errors as http_errors
+from tandem.frontend.http_message import ClientDisconnected
 from tandem.frontend.http_server import HttpRequest, HttpResponse
+from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared
 from tandem.frontend.response_events import ResponseBuilder, new_response_id
@@ -105,6 +107,7 @@ class ResponsesEndpoint:
         app = self._app
         model = app.registry.get(req.model)
         model.require_task("generate", "/v1/responses")
+        app.count_as(model.name, stream=req.stream)
 
         def save(b: ResponseBuilder) -> None:
             """Store the finished response before the client can see it end, so a follow-up
@@ -152,11 +155,10 @@ class ResponsesEndpoint:
     ) -> None:
         """Answer the request (a failure after its stream started goes out as events);
         `save(b)` runs once the response is complete, before its end is sent."""
-        app, labels = self._app, (prepared.model.name,)
+        app, name = self._app, prepared.model.name
         metrics = app.metrics
-        metrics.inflight.set(labels, metrics.inflight.values.get(labels, 0) + 1)
-        metrics.arrived(prepared.model.name)
-        started, status = time.perf_counter(), "error"
+        metrics.arrived(name)
+        timer, failed = _TokenTimer(metrics, name), True
         state = ChoiceState(
             0,
             prepared.model.tokenizer,
@@ -167,23 +169,20 @@ class ResponsesEndpoint:
             events = app._events(prepared, [state], keep_text=True)
             async with aclosing(events):
                 if req.stream:
-                    await self._stream(response, prepared, state, events, b, started, save)
+                    await self._stream(response, prepared, state, events, b, timer, save)
                 else:
-                    await self._collect(response, prepared, state, events, b, started, save)
-            status = "success"
-            app._record_tokens(labels, prepared, [state])
+                    await self._collect(response, prepared, state, events, b, timer, save)
+            failed = False
+            num_in, num_cached = sum(prepared.prompt_lens), state.num_cached_tokens or 0
+            metrics.finished(name, num_in=num_in, num_out=state.num_tokens, num_cached=num_cached)
         except _AlreadySent:
-            pass
-        except asyncio.CancelledError:
-            status = "cancelled"
-            metrics.disconnects.inc(labels)
+            app.count_as(name, stream=True, failed=True)
+        except (asyncio.CancelledError, ClientDisconnected):
+            metrics.disconnects.labels(name).inc()
             raise
         finally:
-            if status == "error" and metrics.interval is not None:
-                metrics.interval.failed(prepared.model.name)
-            metrics.inflight.set(labels, metrics.inflight.values.get(labels, 1) - 1)
-            metrics.requests.inc((prepared.model.name, "responses", status))
-            metrics.duration.observe(time.perf_counter() - started, labels)
+            seconds = time.perf_counter() - timer.started
+            metrics.left(name, seconds, had_first_token=timer.last > 0.0, failed=failed)
 
     async def _collect(
         self,
@@ -192,14 +191,12 @@ class ResponsesEndpoint:
         state: ChoiceState,
         events: AsyncGenerator[Event, None],
         b: ResponseBuilder,
-        started: float,
+        timer: _TokenTimer,
         save: Callable[[ResponseBuilder], None],
     ) -> None:
-        first = True
         async for _ in events:
-            if first:
-                first = False
-                self._app.metrics.observe_ttft(time.perf_counter() - started, (b.model,))
+            if timer.last == 0.0:
+                timer.token()  # unary: the first token only (no inter-token latency)
         b.text = "".join(state.text_parts)
         b.finish(state.finish_reason, _usage(prepared, state))
         save(b)
@@ -212,22 +209,15 @@ class ResponsesEndpoint:
         state: ChoiceState,
         events: AsyncGenerator[Event, None],
         b: ResponseBuilder,
-        started: float,
+        timer: _TokenTimer,
         save: Callable[[ResponseBuilder], None],
     ) -> None:
-        metrics, labels = self._app.metrics, (b.model,)
         event = await anext(events, None)  # errors before this point get a real status
         await response.start_stream()
         await response.write(b.start_events())
-        last = 0.0
         try:
             while event is not None:
-                now = time.perf_counter()
-                if last == 0.0:
-                    metrics.observe_ttft(now - started, labels)
-                else:
-                    metrics.observe_itl(now - last, labels)
-                last = now
+                timer.token()
                 if event[1]:
                     await response.write(b.delta_event(event[1]))
                 event = await anext(events, None)
@@ -239,6 +229,26 @@ class ResponsesEndpoint:
         save(b)
         await response.write(b.end_events())
         await response.end_stream()
+
+
+class _TokenTimer:
+    """TTFT on the first token chunk, ITL between the later ones (as chat measures them)."""
+
+    __slots__ = ("_metrics", "_model", "last", "started")
+
+    def __init__(self, metrics: FrontendMetrics, model: str) -> None:
+        self._metrics, self._model = metrics, model
+        self.started = time.perf_counter()
+        self.last = 0.0
+
+    def token(self) -> None:
+        now = time.perf_counter()
+        if self.last == 0.0:
+            self._metrics.first_token(self._model, now - self.started)
+            tracing.since_current("first_token")
+        else:
+            self._metrics.observe_itl(self._model, now - self.last)
+        self.last = now
 
 
 class _AlreadySent(ServingError):

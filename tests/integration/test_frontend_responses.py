@@ -18,6 +18,7 @@ from tests.support.smollm2 import smollm2_gguf
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.errors import EngineError
+from tandem.frontend.config import HttpConfig
 from tandem.frontend.response_store import ResponseStoreConfig
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_request, encode
@@ -254,3 +255,11 @@ async def test_the_store_keeps_at_most_its_configured_entries() -> None:
         assert err.value.code == "previous_response_not_found"
         for kept in ids[1:]:
             assert (await client.responses.retrieve(kept)).id == kept
+
+
+async def test_a_replica_on_a_shared_port_says_why_a_previous_response_is_unknown() -> None:
+    async with _stack(http=HttpConfig(reuse_port=True)) as (s, _seen, _):
+        body = {"model": MODEL, "input": "x", "previous_response_id": "resp_elsewhere"}
+        status, err, _ = await s.post(RESPONSES, body)
+        assert status == 400 and err["error"]["code"] == "previous_response_not_found"
+        assert "--frontend-processes 1" in err["error"]["message"]

@@ -105,6 +105,7 @@ async def serve_frontend(
     app.add_route("GET", "/dashboard", dashboard.page)
     app.add_route("GET", "/dashboard/state", dashboard.state_endpoint)
     app.responses.store = ResponseStore(config.responses_store)
+    app.responses.shared_port = config.http.reuse_port
     server = HttpServer(app, config=config.http)
     await registry.start()
     if pool is not None:

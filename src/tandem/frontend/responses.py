@@ -62,6 +62,8 @@ class ResponsesEndpoint:
     def __init__(self, app: FrontendApp, store: ResponseStore | None = None) -> None:
         self._app = app
         self.store = store or ResponseStore()
+        # several frontend processes share the port (SO_REUSEPORT): each has its own store
+        self.shared_port = False
 
     def route(self, method: str, path: str) -> Any:
         """The handler of `GET`/`DELETE /v1/responses/{id}`, or None."""
@@ -138,7 +140,14 @@ class ResponsesEndpoint:
             err = InvalidRequest(
                 f"Previous response with id '{req.previous_response_id}' not found "
                 "(never stored, stored with store=false, deleted, expired or evicted from this "
-                "frontend's bounded store); resend the conversation in input",
+                "frontend's bounded store); resend the conversation in input"
+                + (
+                    "; this frontend is one of several processes on its port "
+                    "(tandem serve --frontend-processes N) and each keeps its own store: run "
+                    "--frontend-processes 1 to use previous_response_id"
+                    if self.shared_port
+                    else ""
+                ),
                 param="previous_response_id",
             )
             err.code = "previous_response_not_found"  # type: ignore[attr-defined]

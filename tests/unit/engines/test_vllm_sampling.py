@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tandem.cli.serve import worker_specs
+from tandem.cli.serve import build_parser, worker_specs
 from tandem.engines.vllm.config import VllmWorkerConfig, cpu_shares
 from tandem.engines.vllm.sampling import _schema, structured_outputs
 from tandem.errors import InvalidRequest
@@ -61,23 +61,22 @@ def test_vllm_cpus_must_be_core_ids() -> None:
         VllmWorkerConfig(cpus="all")
 
 
-def _serve_args(**kw: object) -> argparse.Namespace:
-    base = dict(engine="vllm", log_level="INFO", workers=1, prefill_workers=0, decode_workers=0,
-                encode_workers=0, encoder_args="", disagg_prefill_component="prefill")  # fmt: skip
-    return argparse.Namespace(**{**base, **kw})
+def _serve_args(*argv: str) -> argparse.Namespace:
+    args, _ = build_parser().parse_known_args(["--engine", "vllm", *argv])
+    return args
 
 
 def test_serve_gives_each_vllm_worker_its_own_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.delenv("TANDEM_VLLM_CPUS", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    specs = worker_specs(_serve_args(prefill_workers=1, decode_workers=1), [])
+    specs = worker_specs(_serve_args("--prefill-workers", "1", "--decode-workers", "1"), [])
     cpus = [s.argv[s.argv.index("--vllm-cpus") + 1] for s in specs]
     assert cpus == ["0,1", "2,3"]
     assert all("--vllm-cpus" not in s.argv for s in worker_specs(_serve_args(), []))  # one
-    chosen = worker_specs(_serve_args(workers=2), ["--vllm-cpus", "0"])
+    chosen = worker_specs(_serve_args("--workers", "2"), ["--vllm-cpus", "0"])
     assert all(s.argv.count("--vllm-cpus") == 1 for s in chosen)  # the user's, unchanged
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")
-    assert all("--vllm-cpus" not in s.argv for s in worker_specs(_serve_args(workers=2), []))
-    mocker = worker_specs(_serve_args(engine="mocker", workers=2), [])
+    assert all("--vllm-cpus" not in s.argv for s in worker_specs(_serve_args("--workers", "2"), []))
+    mocker = worker_specs(_serve_args("--workers", "2", "--engine", "mocker"), [])
     assert all("--vllm-cpus" not in s.argv for s in mocker)

@@ -67,7 +67,7 @@ prometheus:
 	    $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
 
 # the vLLM e2e tests (marker `vllm`) run vLLM from .venv-vllm; `make test` skips them while
-# .venv-vllm is absent (vLLM 1P1D over NIXL is not working yet: see docs/architecture.md)
+# .venv-vllm is absent
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
 

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import psutil
@@ -33,6 +36,20 @@ from tests.support.vllm_env import (
     convert_smollm2,
     require_vllm_venv,
 )
+from tokenizers import Tokenizer
+
+from tandem import errors
+from tandem.protocols.engine import (
+    EngineOutput,
+    PreprocessedRequest,
+    SamplingParams,
+    StopConditions,
+    StructuredOutput,
+    decode_output,
+    encode,
+)
+from tandem.runtime.discovery.file import open_record
+from tandem.runtime.tcp import TcpRequestClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(600)]
 MODEL = "smollm2"
@@ -43,14 +60,17 @@ PROMPTS = [
     "def add(a, b):",
 ]
 GREEDY_TOKENS = 24
-DISAGG_TOKENS = 8
+MIN_REMOTE_PROMPT = 6  # 1P1D: the prompts above have 5, 8, 5 and 7 tokens
 START_TIMEOUT_S = 480
 ADMIN_KEY = "admin-vllm-e2e"  # /v1/route/explain is an admin route
 
 
 class Stack:
-    def __init__(self, proc: TandemProcess, base_url: str, ids: set[str]) -> None:
+    def __init__(
+        self, proc: TandemProcess, base_url: str, ids: set[str], run_dir: Path | None = None
+    ) -> None:
         self.proc, self.base_url, self.instance_ids = proc, base_url, ids
+        self.run_dir = run_dir
         self.client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
         self.greedy: dict[str, str] = {}
 
@@ -92,7 +112,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, hf_dir: Path) -> Iterator[St
     try:
         base = f"http://127.0.0.1:{port}"
         ids = wait_instances(base, lambda i: len(i) == 2, timeout_s=START_TIMEOUT_S, proc=proc)
-        stack = Stack(proc, base, ids)
+        stack = Stack(proc, base, ids, tmp / "run")
         yield stack
     finally:
         proc.stop(grace_s=30)
@@ -132,8 +152,6 @@ def _explain(stack: Stack, prompt: str) -> dict:
         headers={"Authorization": f"Bearer {ADMIN_KEY}"},
     )
     assert status == 200, body
-    import json
-
     return json.loads(body)
 
 
@@ -167,6 +185,68 @@ def test_vllm_prometheus_metrics_are_served_by_each_worker(stack: Stack) -> None
     for url in urls:
         body = urllib.request.urlopen(url, timeout=5).read().decode()
         assert "vllm:num_requests_running" in body and "vllm:kv_cache_usage_perc" in body
+
+
+def _generate(stack: Stack, request: PreprocessedRequest) -> list[EngineOutput]:
+    """`request` straight to a vLLM worker over the request plane (with the stack's cluster
+    secret), as the frontend would send it."""
+    assert stack.run_dir is not None
+    secret = (stack.run_dir / "cluster-secret").read_text().strip()
+    records = [
+        open_record(p.read_bytes(), None) for p in (stack.run_dir / "discovery").glob("*.json")
+    ]
+    address = min(
+        r.instance.address for r in records if r.instance.path == "tandem.backend.generate"
+    )
+
+    async def call() -> list[EngineOutput]:
+        client = TcpRequestClient(secret=secret)
+        try:
+            stream = client.stream(
+                address, "tandem.backend.generate", encode(request), request_id=request.request_id
+            )
+            return [decode_output(p) async for p in stream]
+        finally:
+            await client.close()
+
+    return asyncio.run(asyncio.wait_for(call(), 120))
+
+
+def _request(
+    token_ids: list[int], max_tokens: int, *, ignore_eos: bool = True, **sampling: Any
+) -> PreprocessedRequest:
+    return PreprocessedRequest(
+        request_id=f"sampling-{uuid.uuid4().hex}", model=MODEL, token_ids=token_ids,
+        sampling=SamplingParams(temperature=0, **sampling), eos_token_ids=[2],
+        stop=StopConditions(max_tokens=max_tokens, ignore_eos=ignore_eos),
+    )  # fmt: skip
+
+
+def test_penalties_logit_bias_and_structured_output_reach_vllm(stack: Stack, hf_dir: Path) -> None:
+    """The OpenAI-surface sampling fields (SamplingParams of the request plane) on the real
+    vLLM: logit_bias -100 removes the greedy token, a json constraint makes parseable JSON,
+    values vLLM refuses are an InvalidRequest naming them."""
+    tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    prompt = tokenizer.encode("The capital of France is").ids
+    greedy = [t for o in _generate(stack, _request(prompt, 3)) for t in o.token_ids]
+    assert len(greedy) == 3
+    biased = _generate(stack, _request(prompt, 3, logit_bias={greedy[0]: -100.0}))
+    tokens = [t for o in biased for t in o.token_ids]
+    assert len(tokens) == 3 and greedy[0] not in tokens
+    penalized = _generate(stack, _request(prompt, 12, repetition_penalty=1.8))
+    assert [t for o in penalized for t in o.token_ids][:1] == greedy[:1]  # nothing to repeat yet
+
+    chat = tokenizer.encode("Describe a cat as a JSON object with a name and an age: ").ids
+    json_object = StructuredOutput(kind="json")
+    outs = _generate(stack, _request(chat, 120, ignore_eos=False, structured=json_object))
+    text = tokenizer.decode([t for o in outs for t in o.token_ids], skip_special_tokens=True)
+    assert outs[-1].finish_reason == "stop", text
+    assert isinstance(json.loads(text), dict), text
+
+    with pytest.raises(errors.InvalidRequest, match="repetition_penalty"):
+        _generate(stack, _request(prompt, 2, repetition_penalty=0.0))
+    with pytest.raises(errors.InvalidRequest, match="json_schema"):
+        _generate(stack, _request(prompt, 2, structured=StructuredOutput(kind="json_schema")))
 
 
 def _running(stack: Stack) -> float:
@@ -264,16 +344,13 @@ def test_greedy_output_equals_vllms_own_openai_server(
             server.wait(10)
 
 
-def _metric_sum(url: str, name: str) -> float:
+def _metric_sum(url: str, name: str, label: str = "") -> float:
+    """Sum of the metric's samples whose labels contain `label`."""
     body = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", body, re.M))
+    pattern = rf"^{name}(?:{{([^}}]*)}})? ([0-9.e+-]+)$"
+    return sum(float(v) for labels, v in re.findall(pattern, body, re.M) if label in labels)
 
 
-@pytest.mark.xfail(
-    reason="1P1D passed before rebasing onto main at 22:45 (2 prompts, greedy equal, NIXL bytes "
-    "moved); after the rebase the decode leg finishes with 0 tokens: not yet diagnosed",
-    strict=False,
-)
 def test_one_prefill_one_decode_gives_the_aggregated_greedy_tokens(
     stack: Stack, hf_dir: Path, tmp_path: Path
 ) -> None:
@@ -282,7 +359,9 @@ def test_one_prefill_one_decode_gives_the_aggregated_greedy_tokens(
     python = require_vllm_venv()
     port = free_port()
     args = ["-m", "tandem.cli", "serve", "--engine", "vllm", "--prefill-workers", "1"]
-    args += ["--decode-workers", "1", "--disagg-min-prefill-tokens", "1"]
+    # conditional disaggregation: prompts of 6+ tokens are prefilled remotely, shorter ones
+    # on the decode worker itself (a kv_consumer vLLM still prefills what it is given)
+    args += ["--decode-workers", "1", "--disagg-min-prefill-tokens", str(MIN_REMOTE_PROMPT)]
     args += ["--port", str(port), "--run-dir", str(tmp_path / "run")]
     args += ["--model", str(hf_dir), "--served-model-name", MODEL, *ENGINE_FLAGS]
     popen = _start(args, tmp_path / "serve.log", python)
@@ -291,19 +370,28 @@ def test_one_prefill_one_decode_gives_the_aggregated_greedy_tokens(
         base = f"http://127.0.0.1:{port}"
         proc.wait_log(r"tandem serve ready", timeout_s=START_TIMEOUT_S)
         disagg = Stack(proc, base, set())
-        # decode after a NIXL pull is slow on a busy 2-core host: two prompts, 8 tokens each
-        for prompt in PROMPTS[:2]:
+        num_remote = num_local = 0
+        for prompt in PROMPTS:
             out = disagg.client.completions.create(
-                model=MODEL, prompt=prompt, max_tokens=DISAGG_TOKENS, temperature=0,
+                model=MODEL, prompt=prompt, max_tokens=GREEDY_TOKENS, temperature=0,
                 extra_body={"ignore_eos": True},
             )  # fmt: skip
-            assert out.usage.completion_tokens == DISAGG_TOKENS
-            text = out.choices[0].text
-            assert text and stack.greedy[prompt].startswith(text), (prompt, text)
-        # the KV really moved: the decode worker pulled it over NIXL, nothing failed
+            assert out.usage.completion_tokens == GREEDY_TOKENS
+            assert out.choices[0].text == stack.greedy[prompt], prompt
+            if out.usage.prompt_tokens >= MIN_REMOTE_PROMPT:
+                num_remote += out.usage.prompt_tokens
+            else:
+                num_local += out.usage.prompt_tokens
+        assert num_remote and num_local
+        # the KV really moved: the decode worker pulled every remote prompt's tokens over NIXL
+        # and computed only the local ones (vLLM counts prompt tokens by where their KV came
+        # from)
         (decode_url,) = disagg.metrics_urls("decode")
         assert _metric_sum(decode_url, "vllm:nixl_bytes_transferred_sum") > 0
         assert _metric_sum(decode_url, "vllm:nixl_num_failed_transfers_total") == 0
+        by_source = "vllm:prompt_tokens_by_source_total"
+        assert _metric_sum(decode_url, by_source, 'source="local_compute"') == num_local
+        assert _metric_sum(decode_url, by_source, 'source="external_kv_transfer"') == num_remote
     finally:
         proc.stop(grace_s=30)
 

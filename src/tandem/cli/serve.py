@@ -184,23 +184,36 @@ def worker_specs(args: argparse.Namespace, passthrough: list[str]) -> list[Worke
     if encoders:
         common.append("--mm-remote-encode")
     if not args.decode_workers:
-        return [
-            *encoders,
-            *(WorkerSpec(name=f"worker{i}", argv=list(common)) for i in range(args.workers)),
-        ]
-    prefill = args.disagg_prefill_component
-    return [
-        *encoders,
-        *(
-            WorkerSpec(name=f"prefill{i}", argv=[*common, "--disagg-mode", "prefill"],
-                       component=prefill)
-            for i in range(args.prefill_workers)
-        ),
-        *(
-            WorkerSpec(name=f"decode{i}", argv=[*common, "--disagg-mode", "decode"])
-            for i in range(args.decode_workers)
-        ),
-    ]  # fmt: skip
+        specs = [WorkerSpec(name=f"worker{i}", argv=list(common)) for i in range(args.workers)]
+    else:
+        prefill = args.disagg_prefill_component
+        specs = [
+            *(
+                WorkerSpec(name=f"prefill{i}", argv=[*common, "--disagg-mode", "prefill"],
+                           component=prefill)
+                for i in range(args.prefill_workers)
+            ),
+            *(
+                WorkerSpec(name=f"decode{i}", argv=[*common, "--disagg-mode", "decode"])
+                for i in range(args.decode_workers)
+            ),
+        ]  # fmt: skip
+    if args.engine == "vllm":
+        _share_cpus(specs, passthrough)
+    return [*encoders, *specs]
+
+
+def _share_cpus(specs: list[WorkerSpec], passthrough: list[str]) -> None:
+    """Several vLLM workers on this host: each its own cores (`--vllm-cpus`), unless the
+    user chose (the flag, or VLLM_CPU_OMP_THREADS_BIND)."""
+    from tandem.engines.vllm.config import cpu_shares
+
+    chosen = any(a.split("=")[0] == "--vllm-cpus" for a in passthrough)
+    user_env = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or os.environ.get("TANDEM_VLLM_CPUS")
+    if len(specs) < 2 or chosen or user_env:
+        return
+    for spec, cpus in zip(specs, cpu_shares(len(specs)), strict=True):
+        spec.argv.extend(["--vllm-cpus", cpus])
 
 
 def _encoder_specs(args: argparse.Namespace) -> list[WorkerSpec]:

@@ -55,6 +55,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not publish vLLM's KV events (the router then cannot route by KV overlap)",
     )
+    group.add_argument(
+        "--vllm-cpus",
+        default=os.environ.get("TANDEM_VLLM_CPUS") or None,
+        help="CPU cores vLLM's compute threads are bound to, one thread each (e.g. '0' or "
+        "'2-3'; sets VLLM_CPU_OMP_THREADS_BIND). Default: VLLM_CPU_OMP_THREADS_BIND, else all "
+        "cores. `tandem serve` gives each of several vLLM workers its own share "
+        "(env TANDEM_VLLM_CPUS)",
+    )
     taken = set(parser._option_string_actions)
     dests: dict[str, Any] = {}  # dest -> vLLM's default
     for action in _vllm_parser()._actions:
@@ -90,4 +98,5 @@ def config_from_args(ns: argparse.Namespace) -> VllmWorkerConfig:
         metrics_host=ns.metrics_host,
         metrics_port=None if ns.metrics_port < 0 else ns.metrics_port,
         disagg_mode=getattr(ns, "disagg_mode", "none") or "none",
+        cpus=ns.vllm_cpus,
     )

@@ -78,6 +78,8 @@ class VllmEngine:
         self._reaper = Reaper()  # before vLLM edits this process's environment
         for key, value in CPU_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
+        if self.config.cpus is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpus
         try:
             # on this loop's thread, blocking it: AsyncLLM binds its sockets to the running
             # loop (built in another thread it would never see an output). The worker has
@@ -135,8 +137,13 @@ class VllmEngine:
             # each worker its own NIXL handshake port, on loopback
             os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())
             os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+            role = "kv_producer" if self.config.disagg_mode == "prefill" else "kv_consumer"
             kwargs["kv_transfer_config"] = KVTransferConfig(
-                kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device="cpu"
+                kv_connector="NixlConnector",
+                # vLLM's connector, its NIXL agent without a spinning progress thread
+                kv_connector_module_path="tandem.engines.vllm.nixl_connector",
+                kv_role=role,
+                kv_buffer_device="cpu",
             )
         args = AsyncEngineArgs(**kwargs)
         return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.snapshot)])
@@ -225,8 +232,10 @@ class VllmEngine:
         request_id = request.request_id
         if request_id in self._running:
             raise InvalidRequest(f"request_id={request_id} is already running on this engine")
-        params = sampling_params(request, max_logprobs=self._max_logprobs)
         prefill_only = self.config.disagg_mode == "prefill"
+        params = sampling_params(
+            request, max_logprobs=self._max_logprobs, constrain=not prefill_only
+        )
         params.extra_args = handoff_args(request, self.config.disagg_mode)
         if prefill_only:
             params.max_tokens, params.min_tokens = 1, 0
@@ -256,12 +265,13 @@ class VllmEngine:
                     await self.llm.abort(request_id)
 
     async def _guarded(self, stream: Any, request_id: str) -> AsyncIterator[Any]:
+        from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
         try:
             async for out in stream:
                 yield out
-        except ValueError as exc:  # vLLM's request validation
+        except (ValueError, VLLMClientError) as exc:  # vLLM's request validation
             raise InvalidRequest(f"vLLM refused request_id={request_id}: {exc}") from exc
         except (EngineDeadError, EngineGenerateError) as exc:
             if self._stopping:

@@ -3,18 +3,30 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tandem.errors import InvalidRequest
-from tandem.protocols.engine import EngineOutput, FinishReason, PreprocessedRequest, TopLogprob
+from tandem.protocols.engine import (
+    EngineOutput,
+    FinishReason,
+    PreprocessedRequest,
+    StructuredOutput,
+    TopLogprob,
+)
 
 _FINISH: dict[str, FinishReason] = {
     "stop": "stop", "length": "length", "abort": "cancelled", "repetition": "stop",
 }  # fmt: skip
 
 
-def sampling_params(request: PreprocessedRequest, *, max_logprobs: int) -> Any:
+def sampling_params(
+    request: PreprocessedRequest, *, max_logprobs: int, constrain: bool = True
+) -> Any:
+    """vLLM's SamplingParams for the request; `constrain=False` leaves out its structured
+    output (a prefill worker's one token is thrown away: no grammar to compile for it)."""
     from vllm import SamplingParams
+    from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind
 
     if request.lora_name is not None:
@@ -30,21 +42,83 @@ def sampling_params(request: PreprocessedRequest, *, max_logprobs: int) -> Any:
     stop_ids = list(stop.stop_token_ids)
     if not stop.ignore_eos:  # eos ids the frontend resolved (vLLM also stops on the model's)
         stop_ids += [t for t in request.eos_token_ids if t not in stop_ids]
-    return SamplingParams(
-        n=1,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k if s.top_k > 0 else 0,
-        seed=s.seed,
-        max_tokens=stop.max_tokens,
-        min_tokens=stop.min_tokens,
-        stop_token_ids=stop_ids,
-        ignore_eos=stop.ignore_eos,
-        logprobs=s.logprobs,
-        detokenize=False,
-        skip_special_tokens=False,
-        output_kind=RequestOutputKind.DELTA,
-    )
+    try:
+        return SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else 0,
+            seed=s.seed,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty,
+            logit_bias=dict(s.logit_bias) if s.logit_bias else None,
+            structured_outputs=None if constrain is False else structured_outputs(s.structured),
+            max_tokens=stop.max_tokens,
+            min_tokens=stop.min_tokens,
+            stop_token_ids=stop_ids,
+            ignore_eos=stop.ignore_eos,
+            logprobs=s.logprobs,
+            detokenize=False,
+            skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+    except (ValueError, VLLMClientError) as exc:  # vLLM's range checks of the values
+        raise InvalidRequest(f"request_id={request.request_id}: {exc}") from exc
+
+
+def structured_outputs(constraint: StructuredOutput | None) -> Any:
+    """tandem's constraint as vLLM's `StructuredOutputsParams` (vLLM's grammar backend, auto:
+    xgrammar, or llguidance where xgrammar cannot)."""
+    if constraint is None:
+        return None
+    spec = constraint.spec or ""
+    if constraint.kind != "json" and not spec:
+        raise InvalidRequest(
+            f"structured output kind {constraint.kind!r} without a spec; expected the "
+            f"{_SPEC_NAMES[constraint.kind]} as text"
+        )
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if constraint.kind == "json":
+        return StructuredOutputsParams(json_object=True)
+    if constraint.kind == "json_schema":
+        return StructuredOutputsParams(json=_schema(spec, strict=constraint.strict))
+    if constraint.kind == "regex":
+        return StructuredOutputsParams(regex=spec)
+    return StructuredOutputsParams(grammar=spec)  # Lark: vLLM reads it as such
+
+
+_SPEC_NAMES = {
+    "json_schema": "JSON Schema",
+    "regex": "regular expression",
+    "grammar": "Lark grammar",
+}
+
+
+def _schema(spec: str, *, strict: bool) -> dict[str, Any]:
+    """The schema with `additionalProperties` explicit on every object that leaves it open:
+    false when strict (only the named properties), true otherwise (JSON Schema's own default;
+    vLLM's xgrammar backend would otherwise close them)."""
+    try:
+        schema = json.loads(spec)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"json_schema is not valid JSON: {exc}") from exc
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"json_schema must be a JSON object; got {type(schema).__name__}")
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" or "properties" in node:
+                node.setdefault("additionalProperties", not strict)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
 
 
 # vLLM's kv_transfer_params travel in tandem's disagg_params under this key (DESIGN.md §4)

@@ -29,7 +29,7 @@ from tandem.frontend.http_server import ClientDisconnected, HttpRequest, HttpRes
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, ServedModel
-from tandem.frontend.postprocess import ChoiceState
+from tandem.frontend.postprocess import ChoiceState, best_candidates
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat
 from tandem.frontend.responses import ResponsesEndpoint
@@ -38,7 +38,12 @@ from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
-from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, fan_out
+from tandem.protocols.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    fan_out,
+    num_candidates,
+)
 from tandem.runtime import tracing
 from tandem.runtime.base import RequestClient
 from tandem.runtime.log_format import request_scope
@@ -281,12 +286,14 @@ class FrontendApp:
         num = fan_out(req)
         cap = min(self._max_fanout, self._max_inflight)
         if num > cap:
-            prompts = "1 prompt" if num == req.n else f"{num // req.n} prompts"
+            per_prompt = num_candidates(req)
+            what = f"best_of={per_prompt}" if req.best_of is not None else f"n={req.n}"
+            prompts = "1 prompt" if num == per_prompt else f"{num // per_prompt} prompts"
             raise InvalidRequest(
-                f"request fans out to {num} engine requests ({prompts} × n={req.n}); "
+                f"request fans out to {num} engine requests ({prompts} × {what}); "
                 f"at most {cap} per request (--max-fanout {self._max_fanout}, "
                 f"--max-inflight-requests {self._max_inflight}); split it or lower n",
-                param="n" if num == req.n else "prompt",
+                param=what.split("=")[0] if num == per_prompt else "prompt",
             )
         if self.num_inflight + num > self._max_inflight:
             raise Overloaded(
@@ -436,7 +443,14 @@ class FrontendApp:
             if timer.last == 0.0:
                 timer.token()  # unary: the first token only (no inter-token latency)
                 tracing.since_current("first_token")
-        body = fmt.full_response(states, _usage(prepared, states), parsers)
+        choices = states
+        if prepared.best_of is not None:  # usage still counts every candidate (as OpenAI bills)
+            keep = prepared.num_top_logprobs is not None
+            position = {id(s): i for i, s in enumerate(states)}
+            choices = best_candidates(states, prepared.best_of, prepared.n, keep_logprobs=keep)
+            if parsers is not None:  # each chosen candidate keeps its own parser
+                parsers = [parsers[position[id(s)]] for s in choices]
+        body = fmt.full_response(choices, _usage(prepared, states), parsers)
         await response.send(200, body)
 
     # ------------------------------------------------------------------ engine streams

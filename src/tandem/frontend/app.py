@@ -272,6 +272,13 @@ class FrontendApp:
                 await model.ready()
                 with tracing.span("preprocess"):
                     prepared = await self._preprocess(http, req, model, request_id)
+                if req.user is not None or req.safety_identifier is not None:
+                    logger.debug(
+                        "request_id=%s user=%s safety_identifier=%s",
+                        request_id,
+                        req.user,
+                        req.safety_identifier,
+                    )
                 fmt.bind(request_id, model.name)
                 await self._run_tracked(response, req, prepared, fmt)
         finally:

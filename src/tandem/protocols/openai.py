@@ -96,6 +96,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     audio: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
     modalities: Any = None
     prediction: Any = None
     reasoning_effort: Any = None
@@ -134,6 +137,13 @@ UNSUPPORTED_CHAT = {
     "audio": Unsupported((None,), "audio output is not offered; models here produce text"),
     "modalities": Unsupported((None, ["text"]), "only text output is offered"),
     "prediction": Unsupported((None,), "predicted outputs are not offered"),
+    "moderation": Unsupported((None,), "moderation is not offered"),
+    "prompt_cache_options": Unsupported(
+        (None, {}), "the prefix cache is automatic: no explicit breakpoints or TTLs"
+    ),
+    "prompt_cache_retention": Unsupported(
+        (None, "in_memory"), "cached prefixes live in memory until evicted (no 24h retention)"
+    ),
     "reasoning_effort": Unsupported((None,), "the model is not a reasoning model"),
     "verbosity": Unsupported((None,), "the model has no verbosity control"),
     "web_search_options": Unsupported((None,), "web search is not offered"),

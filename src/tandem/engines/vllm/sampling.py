@@ -27,6 +27,12 @@ def sampling_params(request: PreprocessedRequest, *, max_logprobs: int) -> Any:
         raise InvalidRequest(
             f"top_logprobs={s.logprobs} exceeds this vLLM worker's max_logprobs={max_logprobs}"
         )
+    if s.structured is not None:  # until guided decoding is mapped: refused, never dropped
+        raise InvalidRequest(
+            f"structured output (kind {s.structured.kind!r}) is not mapped for the vLLM worker "
+            "yet; send the request without response_format/tool_choice",
+            param="response_format",
+        )
     stop_ids = list(stop.stop_token_ids)
     if not stop.ignore_eos:  # eos ids the frontend resolved (vLLM also stops on the model's)
         stop_ids += [t for t in request.eos_token_ids if t not in stop_ids]
@@ -41,6 +47,12 @@ def sampling_params(request: PreprocessedRequest, *, max_logprobs: int) -> Any:
         stop_token_ids=stop_ids,
         ignore_eos=stop.ignore_eos,
         logprobs=s.logprobs,
+        # tokens a migration carried into the prompt count as prompt here (vLLM's penalties
+        # see only what it generated), unlike the native engine (num_generated_tokens)
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        logit_bias=dict(s.logit_bias) if s.logit_bias else None,
         detokenize=False,
         skip_special_tokens=False,
         output_kind=RequestOutputKind.DELTA,

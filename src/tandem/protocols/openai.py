@@ -9,6 +9,7 @@ built as plain dicts by the frontend and encoded with msgspec.json.
 from __future__ import annotations
 
 import math
+import re
 import reprlib
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ def show_value(value: Any) -> str:
 
 
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")  # ASCII digits only ("²".isdigit() is True)
 MAX_IDENTIFIER_CHARS = 512  # user, safety_identifier, prompt_cache_key
 
 
@@ -246,7 +248,7 @@ def logit_bias(req: _SamplingFields) -> dict[int, float] | None:
     _check(len(bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias", bias, expected)
     out: dict[int, float] = {}
     for key, value in bias.items():
-        _check(key.isdigit() and len(key) <= 10, "logit_bias", key, "token ids as keys")
+        _check(_TOKEN_ID_KEY.fullmatch(key) is not None, "logit_bias", key, "token ids as keys")
         _check(-100.0 <= value <= 100.0, f"logit_bias[{key}]", value, "a number in [-100, 100]")
         out[int(key)] = value
     return out

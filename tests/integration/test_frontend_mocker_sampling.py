@@ -51,3 +51,23 @@ async def test_sampling_fields_arrive_at_the_engine() -> None:
             assert sp.repetition_penalty == 1.2
             assert sp.logit_bias == {17: -100.0, 42: 3.0}
             assert (stop.max_tokens, stop.min_tokens, stop.stop_token_ids) == (6, 2, [99])
+
+
+async def test_echo_puts_each_prompt_in_front_of_its_choices_streaming_or_not() -> None:
+    async with AsyncExitStack() as exit_stack:
+        s = FrontendStack(exit_stack)
+        engine = MockerEngine(MockerConfig(num_blocks=256, block_size=16, speedup_ratio=0))
+        await s.add_worker(engine)
+        ready = {"model": MODEL, "prompt": "a", "max_tokens": 1}
+        await s.start_frontend(ready, ready_path="/v1/completions")
+        client = openai.AsyncOpenAI(base_url=f"{s.base}/v1", api_key="x", max_retries=0)
+        prompts = ["Hello there", "Bye now"]
+        resp = await client.completions.create(
+            model=MODEL, prompt=prompts, max_tokens=3, n=2, echo=True
+        )
+        assert [c.text.startswith(prompts[c.index // 2]) for c in resp.choices] == [True] * 4
+        stream = await client.completions.create(
+            model=MODEL, prompt="Hello there", max_tokens=3, echo=True, stream=True
+        )
+        text = "".join([c.choices[0].text async for c in stream if c.choices])
+        assert text.startswith("Hello there") and len(text) > len("Hello there")

@@ -70,7 +70,6 @@ CHAT_REFUSED = {
     "web_search_options": {},
 }
 COMPLETION_REFUSED = {
-    "echo": True,
     "suffix": " and then",
 }
 
@@ -190,13 +189,16 @@ async def _completion_effects(client: Client, caplog: pytest.LogCaptureFixture) 
     chunks = [c async for c in stream]
     assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy
     assert chunks[-1].usage.completion_tokens == 12
+    echoed = await _text(client, echo=True)
+    assert echoed.choices[0].text == PROMPT + greedy  # echo
+    await _refused(_text(client, echo=True, logprobs=1), "echo")  # no prompt logprobs
     with caplog.at_level(logging.DEBUG, logger="tandem.frontend.app"):
         await _text(client, user="bob-2")
     assert "user=bob-2" in caplog.text
     return {
         "model", "prompt", "logit_bias", "frequency_penalty", "presence_penalty", "logprobs",
         "max_tokens", "n", "temperature", "seed", "top_p", "best_of", "stop", "stream",
-        "stream_options", "user",
+        "stream_options", "user", "echo",
     }  # fmt: skip
 
 

@@ -419,6 +419,10 @@ class FrontendApp:
                 )
                 for i in range(len(prepared.requests))
             ]
+            if prepared.echo_texts is not None:  # choices of prompt p: p*k .. p*k+k-1
+                per_prompt = len(states) // len(prepared.echo_texts)
+                for state in states:
+                    state.prefix = prepared.echo_texts[state.index // per_prompt]
             events = self._events(prepared, states, keep_text=not req.stream)
             parsers = _tool_parsers(prepared)
             async with aclosing(events):

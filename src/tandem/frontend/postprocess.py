@@ -65,6 +65,7 @@ class ChoiceState:
         "index",
         "num_cached_tokens",
         "num_tokens",
+        "prefix",
         "sum_logprob",
         "text_parts",
     )
@@ -89,6 +90,7 @@ class ChoiceState:
             StopStringMatcher(stops, include_in_output=include_stop_str) if stops else None
         )
         self.num_tokens = 0
+        self.prefix = ""  # text put in front of the choice's first delta (echo)
         self.sum_logprob = 0.0  # of every token with a logprob (best_of ranks by the mean)
         self.num_cached_tokens: int | None = None
         self.finish_reason: str | None = None
@@ -113,6 +115,8 @@ class ChoiceState:
                 text += self._matcher.flush()
         if self.finish_reason is None and out.finish_reason is not None:
             self.finish_reason = _FINISH.get(out.finish_reason, out.finish_reason)
+        if self.prefix:
+            text, self.prefix = self.prefix + text, ""
         self.delta_text = text
         self.delta_logprobs = self._logprobs(out) if out.logprobs is not None else None
         if out.logprobs is not None:

@@ -61,6 +61,8 @@ class Prepared:
     # mean token logprob are returned (None: every request is a choice)
     best_of: int | None = None
     n: int = 1
+    # echo (completions): prompt p's text, put in front of each of its choices
+    echo_texts: list[str] | None = None
     include_stop_str: bool = False
     skip_special_tokens: bool = True
     num_top_logprobs: int | None = None
@@ -166,6 +168,7 @@ async def preprocess_completion(
         num_top_logprobs=req.logprobs,
         best_of=_best_of(req),
         n=req.n,
+        echo_texts=_echo_texts(model, prompt_inputs(req.prompt)) if req.echo else None,
     )
 
 
@@ -215,6 +218,14 @@ def _check_stop_ids(model: ServedModel, ids: list[int]) -> None:
                 f"stop_token_ids[{i}]={t} is invalid; expected a token id in [0, {vocab})",
                 param=f"stop_token_ids[{i}]",
             )
+
+
+def _echo_texts(model: ServedModel, prompts: list[str | list[int]]) -> list[str]:
+    """Each prompt as text (token-id prompts decoded, special tokens kept, as vLLM echoes)."""
+    if all(isinstance(p, str) for p in prompts):
+        return [p for p in prompts if isinstance(p, str)]
+    tok = model.require_tokenizer("echo of a token-id prompt")
+    return [p if isinstance(p, str) else tok.decode(p, skip_special_tokens=False) for p in prompts]
 
 
 def _best_of(req: ChatCompletionRequest | CompletionRequest) -> int | None:

@@ -153,7 +153,6 @@ UNSUPPORTED_CHAT = {
 UNSUPPORTED_COMPLETION = {
     **_SHARED_UNSUPPORTED,
     "suffix": Unsupported((None, ""), "insertion (text after the completion) is not offered"),
-    "echo": Unsupported((False,), "echoing the prompt is not offered"),
 }
 
 
@@ -298,6 +297,12 @@ def validate_chat(req: ChatCompletionRequest) -> None:
 def validate_completion(req: CompletionRequest) -> None:
     check_unsupported(req, UNSUPPORTED_COMPLETION)
     validate_sampling(req)
+    if req.echo and req.logprobs is not None:
+        raise InvalidRequest(
+            "echo=true with logprobs is not supported by this engine: prompt tokens get no "
+            "logprobs; accepted: echo without logprobs, or logprobs without echo",
+            param="echo",
+        )
     if req.logprobs is not None:
         _check(
             0 <= req.logprobs <= MAX_TOP_LOGPROBS,

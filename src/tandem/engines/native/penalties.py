@@ -14,6 +14,10 @@ arrive at the end of the prompt; `Sequence.output_start` says where the output b
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
+
+import numpy as np
 import torch
 
 from tandem.engines.native.sequence import Sequence
@@ -31,48 +35,46 @@ def has_penalties(params: SamplingParams) -> bool:
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """Apply every row's logit_bias and penalties to `logits` [len(seqs), vocab] in place.
-    Rows that use none are left untouched (their neutral values are exact no-ops)."""
+    Rows that use none are left untouched (their neutral values are exact no-ops). Only the
+    (row, token) cells that occur are touched, so the cost grows with the tokens seen, not
+    with batch × vocab."""
     params = [s.sampling for s in seqs]
     if any(p.logit_bias for p in params):
         _apply_logit_bias(logits, params)
     if any(p.repetition_penalty != 1.0 for p in params):
-        seen = _token_counts(logits, [s.token_ids for s in seqs]) > 0
-        rep = _column(logits, [p.repetition_penalty for p in params])
-        scaled = torch.where(logits > 0, logits / rep, logits * rep)
-        logits.copy_(torch.where(seen, scaled, logits))
+        rows, cols, _ = _occurrences(logits, [s.token_ids for s in seqs])
+        rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype)[rows]
+        seen = logits[rows, cols]
+        logits[rows, cols] = torch.where(seen > 0, seen / rep, seen * rep)
     if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
-        counts = _token_counts(logits, [s.token_ids[s.output_start :] for s in seqs])
-        freq = _column(logits, [p.frequency_penalty for p in params])
-        pres = _column(logits, [p.presence_penalty for p in params])
-        logits -= freq * counts + pres * (counts > 0).to(logits.dtype)
+        rows, cols, counts = _occurrences(logits, [s.token_ids[s.output_start :] for s in seqs])
+        freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype)[rows]
+        pres = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype)[rows]
+        logits[rows, cols] -= freq * counts + pres
 
 
 def _apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    for i, p in enumerate(params):
-        if p.logit_bias:
-            rows += [i] * len(p.logit_bias)
-            cols += p.logit_bias.keys()
-            vals += p.logit_bias.values()
-    index = (torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long))
-    logits.index_put_(index, torch.tensor(vals, dtype=logits.dtype), accumulate=True)
+    biases = [p.logit_bias or {} for p in params]
+    lengths = torch.tensor([len(b) for b in biases], dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(biases)), lengths)
+    cols = _long_tensor(itertools.chain.from_iterable(b.keys() for b in biases))
+    vals = np.fromiter(itertools.chain.from_iterable(b.values() for b in biases), np.float64)
+    logits.index_put_((rows, cols), torch.from_numpy(vals).to(logits.dtype), accumulate=True)
 
 
-def _token_counts(logits: torch.Tensor, token_lists: list[list[int]]) -> torch.Tensor:
-    """[batch, vocab] occurrence counts of each row's tokens: one scatter_add over a padded
-    [batch, max_len] id tensor (padding goes to an extra column that is dropped)."""
-    batch, vocab = logits.shape
-    width = max((len(t) for t in token_lists), default=0)
-    ids = torch.full((batch, max(width, 1)), vocab, dtype=torch.long)
-    for i, tokens in enumerate(token_lists):
-        if tokens:
-            ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-    counts = torch.zeros(batch, vocab + 1, dtype=logits.dtype)
-    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=logits.dtype))
-    return counts[:, :vocab]
+def _occurrences(
+    logits: torch.Tensor, token_lists: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct (row, token) pairs of each row's tokens and how often each occurs: one
+    `torch.unique` over `row * vocab + token` keys for the whole batch."""
+    vocab = logits.shape[1]
+    lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.long)
+    flat = _long_tensor(itertools.chain.from_iterable(token_lists))
+    row_of = torch.repeat_interleave(torch.arange(len(token_lists)), lengths)
+    keys, counts = torch.unique(row_of * vocab + flat, return_counts=True)
+    return keys // vocab, keys % vocab, counts.to(logits.dtype)
 
 
-def _column(logits: torch.Tensor, values: list[float]) -> torch.Tensor:
-    return torch.tensor(values, dtype=logits.dtype).unsqueeze(1)
+def _long_tensor(values: Iterable[int]) -> torch.Tensor:
+    # numpy reads a Python iterable of ints ~5x faster than torch.tensor(list) does
+    return torch.from_numpy(np.fromiter(values, dtype=np.int64))

@@ -210,6 +210,9 @@ def validate_sampling(req: _SamplingFields) -> None:
     if req.seed is not None:
         _check_int("seed", req.seed, MIN_SEED, MAX_SEED, "an integer in [-2**63, 2**64 - 1]")
     _check_int("min_tokens", req.min_tokens, 0, MAX_INT32)
+    if req.stream_options is not None:  # as OpenAI and vLLM: it would be silently unused
+        expected = "unset unless stream is true"
+        _check(req.stream, "stream_options", msgspec.to_builtins(req.stream_options), expected)
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(req, name)
         if value is not None:

@@ -8,7 +8,7 @@ from tandem.frontend import errors as http_errors
 from tandem.frontend.models import ServedModel
 from tandem.frontend.preprocess import preprocess_chat, preprocess_completion, resolve_max_tokens
 from tandem.protocols.discovery import ModelCard
-from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, StreamOptions
 from tandem.router.source import StaticInstanceSet
 from tandem.tokens.chat_template import ChatTemplate
 
@@ -161,6 +161,7 @@ async def _pre_completion(model, **kw):
         ({"n": 2, "best_of": 1}, "best_of", "[n=2, 128]"),
         ({"n": 1, "best_of": 2, "stream": True}, "best_of", "best_of=n=1 when streaming"),
         ({"presence_penalty": 2.5}, "presence_penalty", "[-2, 2]"),
+        ({"stream_options": StreamOptions(include_usage=True)}, "stream_options", "unless stream"),
         ({"frequency_penalty": -3}, "frequency_penalty", "[-2, 2]"),
         ({"repetition_penalty": 0}, "repetition_penalty", "> 0"),
         ({"logit_bias": {"x": 1}}, "logit_bias", "token ids as keys"),

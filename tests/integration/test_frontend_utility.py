@@ -137,6 +137,18 @@ async def test_openapi_is_generated_for_every_route_and_real_bodies_validate() -
             assert status == 200, got
             schema = op["responses"]["200"]["content"]["application/json"]["schema"]
             _validator(doc, schema).validate(got)
+        for path, body in [
+            (CHAT, {**CHAT_BODY, "logprobs": True, "top_logprobs": 1}),
+            (COMPLETIONS, {"model": MODEL, "prompt": "a", "max_tokens": 2, "logprobs": 1}),
+        ]:
+            stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            status, events, _ = await _request(s, "POST", path, stream_body)
+            assert status == 200 and events.endswith("data: [DONE]\n\n")
+            chunk_schema = doc["paths"][path]["post"]["responses"]["200"]["content"]
+            validator = _validator(doc, chunk_schema["text/event-stream"]["x-sse-data"])
+            chunks = [e.removeprefix("data: ") for e in events.split("\n\n") if e]
+            for chunk in chunks[:-1]:
+                validator.validate(json.loads(chunk))
         status, err, _ = await _request(s, "POST", COMPLETIONS, {"model": MODEL, "prompt": 5})
         assert status == 400
         error_schema = doc["paths"]["/v1/completions"]["post"]["responses"]["default"]

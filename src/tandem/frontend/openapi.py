@@ -25,7 +25,9 @@ class RouteDoc(NamedTuple):
     request: type | None = None  # JSON request body
     response: type | None = None  # 200 JSON body
     content_type: str = "application/json"  # of the 200 body
-    streams: bool = False  # "stream": true answers text/event-stream of the same objects
+    # "stream": true answers text/event-stream: `data: <this type as JSON>` events, then
+    # `data: [DONE]` (OpenAPI 3.1 cannot type an event stream: the x-sse-data extension does)
+    stream_chunk: type | None = None
 
 
 ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
@@ -33,13 +35,13 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
         "Create a chat completion (OpenAI)",
         ChatCompletionRequest,
         t.ChatCompletionResponse,
-        streams=True,
+        stream_chunk=t.ChatCompletionChunk,
     ),
     ("POST", "/v1/completions"): RouteDoc(
         "Create a text completion (OpenAI legacy)",
         CompletionRequest,
         t.CompletionResponse,
-        streams=True,
+        stream_chunk=t.CompletionChunk,
     ),
     ("GET", "/v1/models"): RouteDoc("List the served models", None, t.ModelList),
     ("GET", "/v1/models/{model}"): RouteDoc("One served model; 404 if not served", None, t.Model),
@@ -65,7 +67,7 @@ def build_openapi(routes: Iterable[tuple[str, str]], version: str) -> dict[str, 
     docs = {r: ROUTE_DOCS.get(r, RouteDoc("(undocumented)")) for r in routes}
     types: list[Any] = [t.ErrorResponse]
     for doc in docs.values():
-        types += [x for x in (doc.request, doc.response) if x is not None]
+        types += [x for x in (doc.request, doc.response, doc.stream_chunk) if x is not None]
     types = list(dict.fromkeys(types))
     refs, components = msgspec.json.schema_components(types, ref_template=REF)
     ref_of = dict(zip(types, refs, strict=True))
@@ -86,8 +88,11 @@ def _operation(method: str, path: str, doc: RouteDoc, ref_of: dict[Any, Any]) ->
     content: dict[str, Any] = {doc.content_type: {"schema": body}}
     if doc.content_type != "application/json":
         content = {doc.content_type: {"schema": {"type": "string"}}}
-    if doc.streams:  # SSE: `data: <chunk JSON>` events, then `data: [DONE]`
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+    if doc.stream_chunk is not None:
+        content["text/event-stream"] = {
+            "schema": {"type": "string"},
+            "x-sse-data": ref_of[doc.stream_chunk],
+        }
     error = {"application/json": {"schema": ref_of[t.ErrorResponse]}}
     op: dict[str, Any] = {
         "summary": doc.summary,

@@ -113,6 +113,40 @@ class CompletionResponse(_Body):
     usage: Usage
 
 
+class ChatDelta(_Body):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Body):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(_Body):
+    """One `data:` event of a streamed chat completion (the last may carry only usage)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunk(_Body):
+    """One `data:` event of a streamed text completion (the last may carry only usage)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     """vLLM's /tokenize: `prompt` (text) or `messages` (rendered with the chat template)."""
 

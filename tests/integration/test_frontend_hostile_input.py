@@ -98,6 +98,18 @@ BAD_INPUTS: list[tuple[str, Any, str | None, str]] = [
     (CHAT, _chat(logit_bias={"49152": 1}), "logit_bias", "[0, 49152)"),
     (CHAT, _chat(presence_penalty=2.5), "presence_penalty", "[-2, 2]"),
     (CHAT, _chat(audio={"voice": "alloy"}), "audio", "not supported"),
+    (
+        CHAT,
+        _chat(stream=True, stream_options={"include_obfuscation": True}),
+        "stream_options.include_obfuscation",
+        "not supported",
+    ),
+    (
+        COMPLETIONS,
+        _completion(stream_options={"include_usage": True}),
+        "stream_options",
+        "unless stream is true",
+    ),
     (COMPLETIONS, _completion(prompt=""), "prompt", "no tokens"),
     (CHAT, _chat(chat_template_kwargs={"messages": []}), "chat_template_kwargs.messages", ""),
     (CHAT, _chat(chat_template_kwargs={"add_generation_prompt": 0}), None, "reserved"),

@@ -37,20 +37,21 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """Apply every row's logit_bias and penalties to `logits` [len(seqs), vocab] in place.
     Rows that use none are left untouched (their neutral values are exact no-ops). Only the
     (row, token) cells that occur are touched, so the cost grows with the tokens seen, not
-    with batch × vocab."""
+    with batch × vocab. `logits` must be contiguous (the head's output is)."""
     params = [s.sampling for s in seqs]
     if any(p.logit_bias for p in params):
         _apply_logit_bias(logits, params)
+    flat = logits.view(-1)  # cell (row, token) is flat[row * vocab + token]
     if any(p.repetition_penalty != 1.0 for p in params):
-        rows, cols, _ = _occurrences(logits, [s.token_ids for s in seqs])
+        cells, rows, _ = _occurrences(logits, [s.token_ids for s in seqs])
         rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype)[rows]
-        seen = logits[rows, cols]
-        logits[rows, cols] = torch.where(seen > 0, seen / rep, seen * rep)
+        seen = flat.index_select(0, cells)
+        flat.index_copy_(0, cells, torch.where(seen > 0, seen / rep, seen * rep))
     if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
-        rows, cols, counts = _occurrences(logits, [s.token_ids[s.output_start :] for s in seqs])
+        cells, rows, counts = _occurrences(logits, [s.token_ids[s.output_start :] for s in seqs])
         freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype)[rows]
         pres = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype)[rows]
-        logits[rows, cols] -= freq * counts + pres
+        flat.index_add_(0, cells, -(freq * counts + pres))
 
 
 def _apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
@@ -65,14 +66,14 @@ def _apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> Non
 def _occurrences(
     logits: torch.Tensor, token_lists: list[list[int]]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The distinct (row, token) pairs of each row's tokens and how often each occurs: one
-    `torch.unique` over `row * vocab + token` keys for the whole batch."""
+    """The distinct cells (`row * vocab + token`, flat indices into `logits`) of each row's
+    tokens, their rows, and how often each occurs: one `torch.unique` over the whole batch."""
     vocab = logits.shape[1]
     lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.long)
-    flat = _long_tensor(itertools.chain.from_iterable(token_lists))
+    tokens = _long_tensor(itertools.chain.from_iterable(token_lists))
     row_of = torch.repeat_interleave(torch.arange(len(token_lists)), lengths)
-    keys, counts = torch.unique(row_of * vocab + flat, return_counts=True)
-    return keys // vocab, keys % vocab, counts.to(logits.dtype)
+    cells, counts = torch.unique(row_of * vocab + tokens, return_counts=True)
+    return cells, cells // vocab, counts.to(logits.dtype)
 
 
 def _long_tensor(values: Iterable[int]) -> torch.Tensor:

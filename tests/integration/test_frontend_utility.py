@@ -153,3 +153,23 @@ async def test_openapi_is_generated_for_every_route_and_real_bodies_validate() -
         assert status == 400
         error_schema = doc["paths"]["/v1/completions"]["post"]["responses"]["default"]
         _validator(doc, error_schema["content"]["application/json"]["schema"]).validate(err)
+
+
+async def test_an_x_request_id_already_in_flight_is_refused() -> None:
+    async with AsyncExitStack() as exit_stack:
+        s = FrontendStack(exit_stack)
+        config = MockerConfig(num_blocks=256, block_size=16, speedup_ratio=1.0)
+        await s.add_worker(MockerEngine(config))
+        await s.start_frontend(CHAT_BODY)
+        assert s.http is not None
+        headers = {"X-Request-ID": "dup-1"}
+        long = {**CHAT_BODY, "max_tokens": 400, "stream": True, "ignore_eos": True}
+        async with s.http.post(f"{s.base}{CHAT}", json=long, headers=headers) as held:
+            assert held.status == 200
+            await held.content.readline()  # in flight now
+            status, err, _ = await _request(s, "POST", CHAT, CHAT_BODY, headers)
+            assert status == 400 and err["error"]["param"] == "X-Request-ID"
+            assert "already in flight" in err["error"]["message"]
+            await held.read()
+        status, _, _ = await _request(s, "POST", CHAT, CHAT_BODY, headers)
+        assert status == 200  # the id is free again once its request ended

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from tandem import __version__
-from tandem.errors import InvalidRequest, ModelNotFound, Overloaded, ServingError
+from tandem.errors import InvalidRequest, Overloaded, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend import utility
 from tandem.frontend.auth import ApiKeys
@@ -38,7 +38,7 @@ from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_com
 from tandem.frontend.response import ResponseFormat
 from tandem.frontend.responses import ResponsesEndpoint
 from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser
-from tandem.frontend.utility import client_request_id, model_body
+from tandem.frontend.utility import client_request_id
 from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
@@ -218,13 +218,7 @@ class FrontendApp:
     async def get_model(self, request: HttpRequest, response: HttpResponse) -> None:
         """GET /v1/models/{model}: one served model (ids may contain '/'); 404 otherwise."""
         name = urllib.parse.unquote(request.path.removeprefix(_MODEL_PREFIX))
-        live = {m.name: m for m in self.registry.live()}
-        if name not in live:
-            served = ", ".join(sorted(live)) or "none"
-            raise ModelNotFound(
-                f"model '{name}' does not exist; served models: {served}", param="model"
-            )
-        await response.send(200, _json.encode(model_body(live[name])))
+        await response.send(200, utility.served_model(self.registry, name))
 
     async def tokenize(self, request: HttpRequest, response: HttpResponse) -> None:
         await response.send(200, await utility.tokenize(self.registry, request.body))

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from tandem.errors import InvalidRequest
+from tandem.errors import InvalidRequest, ModelNotFound
 from tandem.frontend import errors as http_errors
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.multimodal.prompt import image_parts
@@ -47,8 +47,17 @@ def client_request_id(headers: dict[str, str]) -> str | None:
     return value
 
 
-def model_body(model: ServedModel) -> Model:
-    return Model(id=model.name, created=model.created, owned_by="tandem")
+def served_model(registry: ModelRegistry, name: str) -> bytes:
+    """GET /v1/models/{model}'s body; ModelNotFound (404) unless `name` has live workers
+    (the models /v1/models lists)."""
+    live = {m.name: m for m in registry.live()}
+    if name not in live:
+        served = ", ".join(sorted(live)) or "none"
+        raise ModelNotFound(
+            f"model '{name}' does not exist; served models: {served}", param="model"
+        )
+    model = live[name]
+    return _json.encode(Model(id=model.name, created=model.created, owned_by="tandem"))
 
 
 async def _model_for(registry: ModelRegistry, name: str | None) -> ServedModel:

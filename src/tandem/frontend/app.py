@@ -151,6 +151,7 @@ class FrontendApp:
     ) -> None:
         """Serve `handler` at `method path` too (behind the same API-key check)."""
         self._routes[(method, path)] = handler
+        self._openapi = None  # /openapi.json lists it from now on
 
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
         method = "GET" if request.method == "HEAD" else request.method  # HEAD works like GET

@@ -58,6 +58,10 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
         "The router's choice for a chat or completions body, explained (nothing is routed)"
     ),
     ("GET", "/openapi.json"): RouteDoc("This document"),
+    ("GET", "/dashboard"): RouteDoc(
+        "Live page of the frontend's view of its workers", content_type="text/html"
+    ),
+    ("GET", "/dashboard/state"): RouteDoc("The dashboard's JSON source, polled by the page"),
 }
 
 

@@ -53,9 +53,21 @@ class Usage(_Body):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class ToolCallFunction(_Body):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
     role: Literal["assistant"]
     content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatTopLogprob(_Body):
@@ -113,9 +125,24 @@ class CompletionResponse(_Body):
     usage: Usage
 
 
+class ToolCallFunctionDelta(_Body):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Body):
+    """A streamed piece of tool call `index`: the first carries id, type and name."""
+
+    index: int
+    function: ToolCallFunctionDelta
+    id: str | None = None
+    type: Literal["function"] | None = None
+
+
 class ChatDelta(_Body):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Body):

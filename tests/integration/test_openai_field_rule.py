@@ -14,6 +14,7 @@ SDK adds fails here until it is given a rule.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import typing
 from collections.abc import Awaitable, Callable
@@ -50,10 +51,6 @@ COMPLETION_FIELDS = (
     "max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix",
     "temperature", "top_p", "user",
 )  # fmt: skip
-# structured outputs and tool calling: their rule is proven by that feature's own tests
-COVERED_BY_TOOLS_TESTS = {
-    "function_call", "functions", "parallel_tool_calls", "response_format", "tool_choice", "tools",
-}  # fmt: skip
 # field -> a value OpenAI defines that tandem does not offer (each must be a 400 naming it)
 CHAT_REFUSED = {
     "audio": {"voice": "alloy", "format": "wav"},
@@ -157,6 +154,45 @@ async def _chat_effects(client: Client, caplog: pytest.LogCaptureFixture) -> set
     }  # fmt: skip
 
 
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The current time in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+async def _tool_effects(client: Client) -> set[str]:
+    """Structured outputs and tool calls, in brief (tests/e2e/test_serve_structured.py has
+    them in depth)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "num", "schema": schema}}
+    out = _content(await _chat(client, response_format=fmt, max_tokens=24))
+    assert isinstance(json.loads(out)["n"], int), out  # response_format
+    forced = {"tools": [TOOL], "parallel_tool_calls": False, "max_tokens": 48}
+    named = {"type": "function", "function": {"name": "get_time"}}
+    resp = await _chat(client, **forced, tool_choice=named)
+    calls = resp.choices[0].message.tool_calls
+    assert calls is not None and len(calls) == 1 and calls[0].function.name == "get_time"
+    assert "city" in json.loads(calls[0].function.arguments)  # tools, tool_choice, parallel
+    for legacy in ("functions", "function_call"):
+        value = [TOOL["function"]] if legacy == "functions" else "auto"
+        with pytest.raises(openai.BadRequestError) as info:
+            await _chat(client, **{legacy: value})
+        assert isinstance(info.value.body, dict) and info.value.body["param"] == legacy
+        assert "not supported" in info.value.body["message"]
+    return {
+        "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
+        "function_call",
+    }  # fmt: skip
+
+
 async def _completion_effects(client: Client, caplog: pytest.LogCaptureFixture) -> set[str]:
     base = await _text(client)
     greedy = base.choices[0].text
@@ -218,5 +254,6 @@ async def test_every_openai_field_has_its_effect_or_a_400_naming_it(
             await _refused(_text(client, **{field: value}), field)
         chat_done = await _chat_effects(client, caplog) | set(CHAT_REFUSED)
         text_done = await _completion_effects(client, caplog) | set(COMPLETION_REFUSED)
-        assert set(CHAT_FIELDS) - COVERED_BY_TOOLS_TESTS - chat_done == set()
+        chat_done |= await _tool_effects(client)
+        assert set(CHAT_FIELDS) - chat_done == set()
         assert set(COMPLETION_FIELDS) - text_done == set()

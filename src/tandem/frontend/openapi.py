@@ -54,6 +54,10 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ("GET", "/health"): RouteDoc("200 when every served model has workers, else 503"),
     ("GET", "/live"): RouteDoc("200 while the frontend's event loop answers"),
     ("GET", "/metrics"): RouteDoc("Prometheus metrics", content_type="text/plain; version=0.0.4"),
+    ("GET", "/metrics/workers"): RouteDoc(
+        "Every worker's metrics merged (GET /metrics/workers/{worker_id}: one worker's)",
+        content_type="text/plain; version=0.0.4",
+    ),
     ("POST", "/v1/route/explain"): RouteDoc(
         "The router's choice for a chat or completions body, explained (nothing is routed)"
     ),

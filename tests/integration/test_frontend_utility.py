@@ -116,13 +116,17 @@ async def test_openapi_is_generated_for_every_route_and_real_bodies_validate() -
         # without a RouteDoc (a route added without documenting it) shows as undocumented
         assert "(undocumented)" not in json.dumps(doc)
         app_routes = {("POST", "/v1/chat/completions"), ("GET", "/v1/models/{model}")}
-        for method, path in app_routes | {("POST", "/tokenize"), ("GET", "/openapi.json")}:
+        others = {("POST", "/tokenize"), ("GET", "/openapi.json"), ("POST", "/v1/embeddings")}
+        others |= {("POST", "/v1/responses"), ("DELETE", "/v1/responses/{response_id}")}
+        for method, path in app_routes | others:
             assert method.lower() in doc["paths"][path], path
         samples = [
             ("POST", "/v1/chat/completions", {**CHAT_BODY, "logprobs": True, "top_logprobs": 2}),
             ("POST", "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2}),
             ("POST", "/tokenize", {"model": MODEL, "prompt": "a b"}),
             ("POST", "/detokenize", {"model": MODEL, "tokens": [1, 2]}),
+            ("POST", "/v1/embeddings", {"model": MODEL, "input": ["a", "b"]}),
+            ("POST", "/v1/embeddings", {"model": MODEL, "input": "a", "encoding_format": "base64"}),
             ("GET", "/v1/models", None),
             ("GET", f"/v1/models/{MODEL}", None),
         ]

@@ -15,6 +15,8 @@ import msgspec
 
 from tandem.protocols import openai_types as t
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+from tandem.protocols.openai_embedding import EmbeddingRequest
+from tandem.protocols.openai_responses import ResponsesRequest
 
 TITLE = "tandem"
 REF = "#/components/schemas/{name}"
@@ -43,6 +45,15 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
         t.CompletionResponse,
         stream_chunk=t.CompletionChunk,
     ),
+    ("POST", "/v1/embeddings"): RouteDoc(
+        "Create embeddings (OpenAI)", EmbeddingRequest, t.EmbeddingResponse
+    ),
+    # the Response object is built by tandem.frontend.response_events (a generic body here)
+    ("POST", "/v1/responses"): RouteDoc(
+        "Create a response (OpenAI Responses API)", ResponsesRequest
+    ),
+    ("GET", "/v1/responses/{response_id}"): RouteDoc("A stored response; 404 if not stored"),
+    ("DELETE", "/v1/responses/{response_id}"): RouteDoc("Delete a stored response"),
     ("GET", "/v1/models"): RouteDoc("List the served models", None, t.ModelList),
     ("GET", "/v1/models/{model}"): RouteDoc("One served model; 404 if not served", None, t.Model),
     ("POST", "/tokenize"): RouteDoc(
@@ -69,9 +80,13 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
 }
 
 
+# routes the app serves outside its table (tandem.frontend.responses.ResponsesEndpoint.route)
+PATTERN_ROUTES = (("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"))
+
+
 def build_openapi(routes: Iterable[tuple[str, str]], version: str) -> dict[str, Any]:
     """The OpenAPI 3.1 document for `routes` (method, path)."""
-    routes = sorted(routes, key=lambda r: (r[1], r[0]))
+    routes = sorted({*routes, *PATTERN_ROUTES}, key=lambda r: (r[1], r[0]))
     docs = {r: ROUTE_DOCS.get(r, RouteDoc("(undocumented)")) for r in routes}
     types: list[Any] = [t.ErrorResponse]
     for doc in docs.values():
@@ -110,10 +125,11 @@ def _operation(method: str, path: str, doc: RouteDoc, ref_of: dict[Any, Any]) ->
             "default": {"description": "OpenAI error object", "content": error},
         },
     }
-    if "{model}" in path:
-        op["parameters"] = [
-            {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
-        ]
+    for name in ("model", "response_id"):
+        if "{" + name + "}" in path:
+            op["parameters"] = [
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            ]
     if doc.request is not None:
         op["requestBody"] = {
             "required": True,

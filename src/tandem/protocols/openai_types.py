@@ -201,3 +201,21 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
 class DetokenizeResponse(_Body):
     prompt: str
+
+
+class Embedding(_Body):
+    index: int
+    embedding: list[float] | str  # floats, or base64 of little-endian float32
+    object: Literal["embedding"] = "embedding"
+
+
+class EmbeddingUsage(_Body):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(_Body):
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+    object: Literal["list"] = "list"

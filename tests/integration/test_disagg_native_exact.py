@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.disagg_stack import start_stack
+from support.smollm2 import smollm2_gguf
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import NativeEngine, build_core
@@ -24,6 +25,7 @@ from tandem.protocols.engine import (
     SamplingParams,
     StopConditions,
 )
+from tandem.tokens.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(120)
 CONFIG = NativeConfig(num_blocks=96, block_size=16, max_num_batched_tokens=2048, num_threads=2)
@@ -111,3 +113,34 @@ async def _wait_no_blocks(engine) -> None:
         await asyncio.sleep(0.01)
     assert engine.load().num_active_blocks == 0
     engine.engine.core.block_manager.check_integrity()
+
+
+@pytest.mark.parametrize("flow", ["prefill-first", "decode-first"])
+async def test_penalties_count_the_prefills_token_as_output(model, flow) -> None:
+    """The decode worker's frequency/presence penalties count the token the prefill worker
+    generated (num_generated_tokens), so disaggregated output equals aggregated output."""
+    tok = load_tokenizer(f"gguf:{smollm2_gguf()}")
+    prompt = tok.encode("Write the word cat twenty times: cat cat cat cat")
+    penalised = SamplingParams(temperature=0.0, frequency_penalty=0.6, presence_penalty=0.6)
+
+    def req(rid: str) -> PreprocessedRequest:
+        stop = StopConditions(max_tokens=12, ignore_eos=True)
+        return PreprocessedRequest(
+            request_id=rid, model="smollm2", token_ids=prompt, sampling=penalised, stop=stop
+        )
+
+    engine = engine_of(model)
+    await engine.start()
+    expected: list[int] = []
+    async for o in engine.generate(req("agg")):
+        expected += o.token_ids
+    await engine.stop()
+    async with AsyncExitStack() as stack:
+        s = await start_stack(
+            stack,
+            lambda: engine_of(model),
+            worker=DisaggWorkerConfig(mode="decode", backends=("tcp",), on_transfer_failure="fail"),
+            route=DisaggRouteConfig(enabled=True, flow=flow),
+        )
+        tokens, reason = await s.generate(req("pd"))
+        assert reason == "length" and tokens == expected

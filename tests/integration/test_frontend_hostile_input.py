@@ -93,7 +93,23 @@ BAD_INPUTS: list[tuple[str, Any, str | None, str]] = [
     (COMPLETIONS, _completion(stop_token_ids=[49152]), "stop_token_ids[0]", "[0, 49152)"),
     (COMPLETIONS, _completion(max_tokens=BIG), "max_tokens", "[1, 2147483647]"),
     (CHAT, _chat(max_completion_tokens=BIG), "max_completion_tokens", "[1, 2147483647]"),
-    (COMPLETIONS, _completion(n=3, best_of=5), "best_of", "equal to n=3"),
+    (COMPLETIONS, _completion(n=3, best_of=2), "best_of", "[n=3, 128]"),
+    (COMPLETIONS, _completion(logit_bias={"²": 1}), "logit_bias", "token ids as keys"),
+    (CHAT, _chat(logit_bias={"49152": 1}), "logit_bias", "[0, 49152)"),
+    (CHAT, _chat(presence_penalty=2.5), "presence_penalty", "[-2, 2]"),
+    (CHAT, _chat(audio={"voice": "alloy"}), "audio", "not supported"),
+    (
+        CHAT,
+        _chat(stream=True, stream_options={"include_obfuscation": True}),
+        "stream_options.include_obfuscation",
+        "not supported",
+    ),
+    (
+        COMPLETIONS,
+        _completion(stream_options={"include_usage": True}),
+        "stream_options",
+        "unless stream is true",
+    ),
     (COMPLETIONS, _completion(prompt=""), "prompt", "no tokens"),
     (CHAT, _chat(chat_template_kwargs={"messages": []}), "chat_template_kwargs.messages", ""),
     (CHAT, _chat(chat_template_kwargs={"add_generation_prompt": 0}), None, "reserved"),
@@ -174,11 +190,15 @@ INT_FIELDS = [
     "max_tokens", "max_completion_tokens", "n", "seed", "top_k", "min_tokens", "logprobs",
     "top_logprobs", "best_of",
 ]  # fmt: skip
-FLOAT_FIELDS = ["temperature", "top_p"]
+FLOAT_FIELDS = [
+    "temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+]  # fmt: skip
 OTHER_FIELDS = [
     "stop", "stop_token_ids", "stream", "stream_options", "ignore_eos", "echo", "user",
     "skip_special_tokens", "include_stop_str_in_output", "add_generation_prompt",
-    "chat_template_kwargs", "tools", "model", "messages", "prompt",
+    "chat_template_kwargs", "tools", "model", "messages", "prompt", "logit_bias", "suffix",
+    "audio", "store", "metadata", "service_tier", "modalities", "prediction", "reasoning_effort",
+    "safety_identifier", "prompt_cache_key",
 ]  # fmt: skip
 HOSTILE_INTS = [
     0, 1, 2, 3, -1, -2, 7, 128, 129, 255, 256, 49151, 49152, 2**31 - 1, 2**31, 2**32,

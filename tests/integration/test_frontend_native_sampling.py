@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 from tests.support.frontend_stack import CHAT, COMPLETIONS, FrontendStack
+from tests.support.smollm2 import smollm2_gguf
 
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import NativeEngine
+from tandem.tokens.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.native, pytest.mark.timeout(120)]
 MODEL = "smollm2"
@@ -40,3 +42,35 @@ async def test_a_tiny_temperature_samples_greedily_and_the_engine_keeps_serving(
         assert status == 200 and after["usage"]["completion_tokens"] == 4, after
         assert await s.instance_ids(MODEL) == [worker.instance_id]
         assert not worker.failed.is_set()
+
+
+def _repeats(tokens: list[str]) -> int:
+    return len(tokens) - len(set(tokens))
+
+
+async def test_bias_and_penalties_push_greedy_output_the_way_they_should() -> None:
+    tok = load_tokenizer(f"gguf:{smollm2_gguf()}")
+    async with AsyncExitStack() as exit_stack:
+        s = FrontendStack(exit_stack)
+        config = NativeConfig(num_blocks=128, max_num_batched_tokens=256, num_threads=1)
+        await s.add_worker(NativeEngine(config))
+        body = {"model": MODEL, "prompt": "Write the word cat twenty times: cat cat cat cat"}
+        body |= {"max_tokens": 16, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+        await s.start_frontend({**body, "max_tokens": 1}, ready_path=COMPLETIONS)
+
+        async def tokens(**kw: Any) -> list[str]:
+            status, resp, _ = await s.post(COMPLETIONS, {**body, **kw})
+            assert status == 200, resp
+            return list(resp["choices"][0]["logprobs"]["tokens"])
+
+        greedy = await tokens()
+        first_id = tok.encode(greedy[0], add_special_tokens=False)[0]
+        assert tok.decode([first_id]) == greedy[0]
+        banned = await tokens(logit_bias={str(first_id): -100})
+        assert greedy[0] not in banned  # -100 removes the token greedy decoding would emit
+        forced = await tokens(logit_bias={"42": 100})
+        assert forced == [tok.decode([42], skip_special_tokens=False)] * 16  # +100 forces it
+        assert _repeats(greedy) > 8, greedy
+        for kw in ({"frequency_penalty": 1.5}, {"presence_penalty": 1.5}):
+            assert _repeats(await tokens(**kw)) < _repeats(greedy) // 2, kw
+        assert _repeats(await tokens(repetition_penalty=1.8)) < _repeats(greedy), greedy

@@ -296,6 +296,7 @@ def _decode_leg(
     return msgspec.structs.replace(
         without_image_bytes(pinned),
         token_ids=pinned.token_ids + first_tokens,
+        num_generated_tokens=pinned.num_generated_tokens + n,
         stop=stop,
         sampling=continued_sampling(pinned.sampling, n),
         disagg_params=params,

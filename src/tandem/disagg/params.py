@@ -60,7 +60,11 @@ def after_first_tokens(request: PreprocessedRequest, tokens: list[int]) -> Prepr
     )
     sampling = continued_sampling(request.sampling, n)
     return msgspec.structs.replace(
-        request, token_ids=request.token_ids + tokens, stop=stop, sampling=sampling
+        request,
+        token_ids=request.token_ids + tokens,
+        num_generated_tokens=request.num_generated_tokens + n,
+        stop=stop,
+        sampling=sampling,
     )
 
 

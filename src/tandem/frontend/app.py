@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
@@ -20,8 +21,10 @@ from typing import Any
 
 import msgspec
 
+from tandem import __version__
 from tandem.errors import InvalidRequest, Overloaded, ServingError
 from tandem.frontend import errors as http_errors
+from tandem.frontend import utility
 from tandem.frontend.auth import ApiKeys
 from tandem.frontend.embeddings import EmbeddingsEndpoint
 from tandem.frontend.health import HealthMonitor
@@ -29,16 +32,23 @@ from tandem.frontend.http_server import ClientDisconnected, HttpRequest, HttpRes
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, ServedModel
-from tandem.frontend.postprocess import ChoiceState
+from tandem.frontend.openapi import build_openapi
+from tandem.frontend.postprocess import ChoiceState, best_candidates
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat
 from tandem.frontend.responses import ResponsesEndpoint
 from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser
+from tandem.frontend.utility import client_request_id
 from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
-from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, fan_out
+from tandem.protocols.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    fan_out,
+    num_candidates,
+)
 from tandem.runtime import tracing
 from tandem.runtime.base import RequestClient
 from tandem.runtime.log_format import request_scope
@@ -50,6 +60,7 @@ _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _json = msgspec.json.Encoder()
 PIN_HEADER = "x-worker-instance-id"
+_MODEL_PREFIX = "/v1/models/"
 # (state, delta_text, delta_logprobs, finish_reason) of one processed engine chunk
 Event = tuple[ChoiceState, str, Any, str | None]
 # the `endpoint` label of tandem_frontend_requests_total; probes, scrapes and pages are not counted
@@ -122,9 +133,15 @@ class FrontendApp:
             ("POST", "/v1/route/explain"): self.route_explain,
             ("POST", "/v1/embeddings"): EmbeddingsEndpoint(self, client),
             ("POST", "/v1/responses"): self.responses.create,
+            ("GET", "/v1/models/{model}"): self.get_model,
+            ("POST", "/tokenize"): self.tokenize,
+            ("POST", "/detokenize"): self.detokenize,
+            ("GET", "/openapi.json"): self.openapi,
         }
         if workers is not None:
             self._routes[("GET", "/metrics/workers")] = self.worker_metrics
+        self._client_request_ids: set[str] = set()  # X-Request-IDs of requests in flight
+        self._openapi: bytes | None = None
 
     def add_route(
         self,
@@ -134,10 +151,11 @@ class FrontendApp:
     ) -> None:
         """Serve `handler` at `method path` too (behind the same API-key check)."""
         self._routes[(method, path)] = handler
+        self._openapi = None  # /openapi.json lists it from now on
 
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
         method = "GET" if request.method == "HEAD" else request.method  # HEAD works like GET
-        handler = self._routes.get((method, request.path)) or self.responses.route(
+        handler = self._routes.get((method, _route_path(request.path))) or self.responses.route(
             method, request.path
         )
         if handler is None and method == "GET" and request.path.startswith(WORKER_METRICS):
@@ -146,8 +164,10 @@ class FrontendApp:
         tally = _Tally()
         token = _tally.set(tally)
         try:
+            if (client_id := client_request_id(request.headers)) is not None:
+                response.extra_headers.append(("x-request-id", client_id))
             if handler is None:
-                raise _not_found(request, {path for _, path in self._routes})
+                raise _not_found(request, {_route_path(path) for _, path in self._routes})
             self._auth.check(request)
             await handler(request, response)
         except ServingError as exc:
@@ -195,6 +215,23 @@ class FrontendApp:
             for m in self.registry.live()
         ]
         await response.send(200, _json.encode({"object": "list", "data": data}))
+
+    async def get_model(self, request: HttpRequest, response: HttpResponse) -> None:
+        """GET /v1/models/{model}: one served model (ids may contain '/'); 404 otherwise."""
+        name = urllib.parse.unquote(request.path.removeprefix(_MODEL_PREFIX))
+        await response.send(200, utility.served_model(self.registry, name))
+
+    async def tokenize(self, request: HttpRequest, response: HttpResponse) -> None:
+        await response.send(200, await utility.tokenize(self.registry, request.body))
+
+    async def detokenize(self, request: HttpRequest, response: HttpResponse) -> None:
+        await response.send(200, await utility.detokenize(self.registry, request.body))
+
+    async def openapi(self, request: HttpRequest, response: HttpResponse) -> None:
+        """GET /openapi.json: generated from the route table and the request/response types."""
+        if self._openapi is None:
+            self._openapi = _json.encode(build_openapi(self._routes, __version__))
+        await response.send(200, self._openapi)
 
     async def health(self, request: HttpRequest, response: HttpResponse) -> None:
         """200 when every served model can serve now; else 503 naming what is missing."""
@@ -250,8 +287,16 @@ class FrontendApp:
         if tally is not None:
             tally.model, tally.request_type = model.name, "stream" if req.stream else "unary"
         model.require_task("generate", "/v1/chat/completions" if fmt.chat else "/v1/completions")
+        client_id = client_request_id(http.headers)
+        if client_id is not None and client_id in self._client_request_ids:
+            raise InvalidRequest(
+                f"X-Request-ID={client_id!r} is already in flight; expected a unique id",
+                param="X-Request-ID",
+            )
         num_slots = self._admit(req)
-        request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if client_id is not None:
+            self._client_request_ids.add(client_id)
+        request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{client_id or uuid.uuid4().hex}"
         try:
             with (
                 request_scope(request_id),
@@ -267,10 +312,19 @@ class FrontendApp:
                 await model.ready()
                 with tracing.span("preprocess"):
                     prepared = await self._preprocess(http, req, model, request_id)
+                if req.user is not None or req.safety_identifier is not None:
+                    logger.debug(
+                        "request_id=%s user=%s safety_identifier=%s",
+                        request_id,
+                        req.user,
+                        req.safety_identifier,
+                    )
                 fmt.bind(request_id, model.name)
                 await self._run_tracked(response, req, prepared, fmt)
         finally:
             self.num_inflight -= num_slots
+            if client_id is not None:
+                self._client_request_ids.discard(client_id)
 
     def _admit(self, req: ChatCompletionRequest | CompletionRequest) -> int:
         """Take one in-flight slot per engine request `req` fans out to (prompts × n) and
@@ -281,12 +335,14 @@ class FrontendApp:
         num = fan_out(req)
         cap = min(self._max_fanout, self._max_inflight)
         if num > cap:
-            prompts = "1 prompt" if num == req.n else f"{num // req.n} prompts"
+            per_prompt = num_candidates(req)
+            what = f"best_of={per_prompt}" if req.best_of is not None else f"n={req.n}"
+            prompts = "1 prompt" if num == per_prompt else f"{num // per_prompt} prompts"
             raise InvalidRequest(
-                f"request fans out to {num} engine requests ({prompts} × n={req.n}); "
+                f"request fans out to {num} engine requests ({prompts} × {what}); "
                 f"at most {cap} per request (--max-fanout {self._max_fanout}, "
                 f"--max-inflight-requests {self._max_inflight}); split it or lower n",
-                param="n" if num == req.n else "prompt",
+                param=what.split("=")[0] if num == per_prompt else "prompt",
             )
         if self.num_inflight + num > self._max_inflight:
             raise Overloaded(
@@ -358,6 +414,10 @@ class FrontendApp:
                 )
                 for i in range(len(prepared.requests))
             ]
+            if prepared.echo_texts is not None:  # choices of prompt p: p*k .. p*k+k-1
+                per_prompt = len(states) // len(prepared.echo_texts)
+                for state in states:
+                    state.prefix = prepared.echo_texts[state.index // per_prompt]
             events = self._events(prepared, states, keep_text=not req.stream)
             parsers = _tool_parsers(prepared)
             async with aclosing(events):
@@ -436,7 +496,14 @@ class FrontendApp:
             if timer.last == 0.0:
                 timer.token()  # unary: the first token only (no inter-token latency)
                 tracing.since_current("first_token")
-        body = fmt.full_response(states, _usage(prepared, states), parsers)
+        choices = states
+        if prepared.best_of is not None:  # usage still counts every candidate (as OpenAI bills)
+            keep = prepared.num_top_logprobs is not None
+            position = {id(s): i for i, s in enumerate(states)}
+            choices = best_candidates(states, prepared.best_of, prepared.n, keep_logprobs=keep)
+            if parsers is not None:  # each chosen candidate keeps its own parser
+                parsers = [parsers[position[id(s)]] for s in choices]
+        body = fmt.full_response(choices, _usage(prepared, states), parsers)
         await response.send(200, body)
 
     # ------------------------------------------------------------------ engine streams
@@ -521,6 +588,13 @@ def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
         return decoder.decode(body)
     except http_errors.BODY_ERRORS as exc:
         raise http_errors.decode_error(exc, body) from exc
+
+
+def _route_path(path: str) -> str:
+    """The route table's key for `path`: model ids fill `/v1/models/{model}`."""
+    if path.startswith(_MODEL_PREFIX) and len(path) > len(_MODEL_PREFIX):
+        return "/v1/models/{model}"
+    return path
 
 
 def _not_found(request: HttpRequest, paths: set[str]) -> ServingError:

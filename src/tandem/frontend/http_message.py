@@ -90,6 +90,7 @@ class HttpResponse:
         "_conn",
         "_head_only",
         "_keep_alive",
+        "extra_headers",
         "finished",
         "is_event_stream",
         "is_http_11",
@@ -107,12 +108,15 @@ class HttpResponse:
         self.is_event_stream = False
         self.started = False
         self.finished = False
+        # sent with whatever head this response writes (e.g. the echoed X-Request-ID)
+        self.extra_headers: list[tuple[str, str]] = []
 
     def _head(self, status: int, content_type: bytes, headers: list[tuple[str, str]]) -> bytes:
         reason = REASONS.get(status, b"Unknown")
         parts = [b"HTTP/1.1 %d %s\r\n%scontent-type: %s\r\n"]
         parts[0] %= (status, reason, date_header(), content_type)
         parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
+        parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in self.extra_headers)
         if self._conn.is_draining:
             self._keep_alive = False
         if not self._keep_alive:

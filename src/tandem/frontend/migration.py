@@ -223,6 +223,7 @@ def _continuation(
             request,
             request_id=f"{request.request_id}-m{attempt}",
             token_ids=request.token_ids + generated,
+            num_generated_tokens=request.num_generated_tokens + len(generated),
             stop=stop,
             sampling=continued_sampling(request.sampling, len(generated)),
         )

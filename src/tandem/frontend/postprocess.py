@@ -65,6 +65,8 @@ class ChoiceState:
         "index",
         "num_cached_tokens",
         "num_tokens",
+        "prefix",
+        "sum_logprob",
         "text_parts",
     )
 
@@ -88,6 +90,8 @@ class ChoiceState:
             StopStringMatcher(stops, include_in_output=include_stop_str) if stops else None
         )
         self.num_tokens = 0
+        self.prefix = ""  # text put in front of the choice's first delta (echo)
+        self.sum_logprob = 0.0  # of every token with a logprob (best_of ranks by the mean)
         self.num_cached_tokens: int | None = None
         self.finish_reason: str | None = None
         self.delta_text = ""
@@ -111,8 +115,12 @@ class ChoiceState:
                 text += self._matcher.flush()
         if self.finish_reason is None and out.finish_reason is not None:
             self.finish_reason = _FINISH.get(out.finish_reason, out.finish_reason)
+        if self.prefix:
+            text, self.prefix = self.prefix + text, ""
         self.delta_text = text
         self.delta_logprobs = self._logprobs(out) if out.logprobs is not None else None
+        if out.logprobs is not None:
+            self.sum_logprob += sum(out.logprobs)
         if keep_text:
             if text:
                 self.text_parts.append(text)
@@ -142,3 +150,21 @@ class ChoiceState:
         if self._tok is None:
             return f"token_id:{token_id}"
         return self._tok.decode([token_id], skip_special_tokens=False)
+
+
+def best_candidates(
+    states: list[ChoiceState], best_of: int, n: int, *, keep_logprobs: bool
+) -> list[ChoiceState]:
+    """best_of (OpenAI): of each prompt's `best_of` candidates (states p*best_of ..), the `n`
+    with the highest mean logprob per token, best first, renumbered as choices p*n ..; their
+    logprobs dropped unless the client asked for them."""
+    chosen: list[ChoiceState] = []
+    for p in range(len(states) // best_of):
+        group = states[p * best_of : (p + 1) * best_of]
+        group.sort(key=lambda s: s.sum_logprob / max(s.num_tokens, 1), reverse=True)
+        for j, state in enumerate(group[:n]):
+            state.index = p * n + j
+            if not keep_logprobs:
+                state.all_logprobs = None
+            chosen.append(state)
+    return chosen

@@ -33,6 +33,8 @@ from tandem.protocols.engine import (
 from tandem.protocols.openai import (
     ChatCompletionRequest,
     CompletionRequest,
+    logit_bias,
+    num_candidates,
     prompt_inputs,
     show_value,
     stop_strings,
@@ -55,6 +57,12 @@ class Prepared:
     requests: list[PreprocessedRequest]
     prompt_lens: list[int]
     stop_strings: list[str] = field(default_factory=list)
+    # best_of: requests[i] are prompt p's candidates p*best_of .. ; the n with the highest
+    # mean token logprob are returned (None: every request is a choice)
+    best_of: int | None = None
+    n: int = 1
+    # echo (completions): prompt p's text, put in front of each of its choices
+    echo_texts: list[str] | None = None
     include_stop_str: bool = False
     skip_special_tokens: bool = True
     num_top_logprobs: int | None = None
@@ -103,7 +111,7 @@ async def preprocess_chat(
     base = _base_request(req, model, request_id, worker_id, deadline_s, top)
     base.mm_items = mm_items
     base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
-    requests = _fan_out(base, [ids], model, req.n, max_tokens, param, "messages")
+    requests = _fan_out(base, [ids], model, num_candidates(req), max_tokens, param, "messages")
     return Prepared(
         request_id=request_id,
         model=model,
@@ -115,6 +123,8 @@ async def preprocess_chat(
         num_top_logprobs=top,
         tool_parser=plan.parser if plan is not None and plan.tools else None,
         max_tool_calls=plan.max_calls if plan is not None else None,
+        best_of=_best_of(req),
+        n=req.n,
     )
 
 
@@ -145,7 +155,8 @@ async def preprocess_completion(
     base = _base_request(req, model, request_id, worker_id, deadline_s, req.logprobs)
     structured = response_format_output(req.response_format)
     base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
-    requests = _fan_out(base, prompts, model, req.n, req.max_tokens, "max_tokens", "prompt")
+    num = num_candidates(req)
+    requests = _fan_out(base, prompts, model, num, req.max_tokens, "max_tokens", "prompt")
     return Prepared(
         request_id=request_id,
         model=model,
@@ -155,6 +166,9 @@ async def preprocess_completion(
         include_stop_str=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         num_top_logprobs=req.logprobs,
+        best_of=_best_of(req),
+        n=req.n,
+        echo_texts=_echo_texts(model, prompt_inputs(req.prompt)) if req.echo else None,
     )
 
 
@@ -206,15 +220,45 @@ def _check_stop_ids(model: ServedModel, ids: list[int]) -> None:
             )
 
 
+def _echo_texts(model: ServedModel, prompts: list[str | list[int]]) -> list[str]:
+    """Each prompt as text (token-id prompts decoded, special tokens kept, as vLLM echoes)."""
+    if all(isinstance(p, str) for p in prompts):
+        return [p for p in prompts if isinstance(p, str)]
+    tok = model.require_tokenizer("echo of a token-id prompt")
+    return [p if isinstance(p, str) else tok.decode(p, skip_special_tokens=False) for p in prompts]
+
+
+def _best_of(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    return req.best_of if req.best_of is not None and req.best_of > req.n else None
+
+
+def _check_logit_bias(model: ServedModel, bias: dict[int, float] | None) -> None:
+    vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
+    for t in bias or {}:
+        if vocab is not None and t >= vocab:
+            raise InvalidRequest(
+                f"logit_bias token id {t} is out of range; expected a token id in [0, {vocab})",
+                param="logit_bias",
+            )
+
+
 def _base_request(req, model, request_id, worker_id, deadline_s, top) -> PreprocessedRequest:  # type: ignore[no-untyped-def]
     _check_stop_ids(model, req.stop_token_ids or [])
+    bias = logit_bias(req)
+    _check_logit_bias(model, bias)
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    if _best_of(req) is not None and top is None:
+        top = 0  # ranking the candidates needs each token's logprob
     sampling = SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=top_k,
         seed=req.seed,
         logprobs=top,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=bias,
     )
     stop = StopConditions(
         max_tokens=1,

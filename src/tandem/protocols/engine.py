@@ -108,6 +108,10 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     request_id: str
     model: str
     token_ids: list[int]
+    # how many trailing tokens of token_ids this request generated before (a prefill
+    # worker's first token, a lost worker's output before a migration): penalties count
+    # them as output, not prompt
+    num_generated_tokens: int = 0
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     stop: StopConditions
     eos_token_ids: list[int] = msgspec.field(default_factory=list)

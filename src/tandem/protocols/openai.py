@@ -8,8 +8,10 @@ built as plain dicts by the frontend and encoded with msgspec.json.
 
 from __future__ import annotations
 
+import math
+import re
 import reprlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -33,9 +35,16 @@ def show_value(value: Any) -> str:
     return _show.repr(value)
 
 
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")  # ASCII digits only ("²".isdigit() is True)
+MAX_IDENTIFIER_CHARS = 512  # user, safety_identifier, prompt_cache_key
+
+
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    # OpenAI: pad stream deltas with random characters (side-channel hardening); not offered
+    include_obfuscation: bool = False
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -55,7 +64,22 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # OpenAI end-user identifiers: logged with the request id (tandem's equivalent of
+    # abuse monitoring); prompt_cache_key: a cache hint, honoured by prefix caching and
+    # KV-aware routing, which need no key
     user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM extension
+    # token id (as a string, JSON object keys are strings) -> bias in [-100, 100]
+    logit_bias: dict[str, float] | None = None
+    # OpenAI fields tandem does not offer: any value other than their `UNSUPPORTED`
+    # accepted ones is a 400 naming the field (typed Any so the 400 says why, not "wrong type")
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -73,6 +97,15 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
+    audio: Any = None
+    moderation: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -81,6 +114,69 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     logprobs: int | None = None
     echo: bool = False
     response_format: dict[str, Any] | None = None  # as vLLM takes it on completions
+    suffix: Any = None
+
+
+class Unsupported(NamedTuple):
+    """An OpenAI-defined field tandem cannot honour: the values that ask for nothing
+    tandem lacks (defaults, "off") and why the others are refused."""
+
+    accepted: tuple[Any, ...]
+    why: str
+
+
+_SHARED_UNSUPPORTED = {
+    "store": Unsupported((None, False), "tandem does not store completions"),
+    "metadata": Unsupported(
+        (None, {}), "metadata attaches to stored completions (store: true), not offered here"
+    ),
+    "service_tier": Unsupported(
+        (None, "auto", "default"), "tandem has one service tier (flex, priority, scale: no)"
+    ),
+}
+UNSUPPORTED_CHAT = {
+    **_SHARED_UNSUPPORTED,
+    "audio": Unsupported((None,), "audio output is not offered; models here produce text"),
+    "modalities": Unsupported((None, ["text"]), "only text output is offered"),
+    "prediction": Unsupported((None,), "predicted outputs are not offered"),
+    "moderation": Unsupported((None,), "moderation is not offered"),
+    "prompt_cache_options": Unsupported(
+        (None, {}), "the prefix cache is automatic: no explicit breakpoints or TTLs"
+    ),
+    "prompt_cache_retention": Unsupported(
+        (None, "in_memory"), "cached prefixes live in memory until evicted (no 24h retention)"
+    ),
+    "reasoning_effort": Unsupported((None,), "the model is not a reasoning model"),
+    "verbosity": Unsupported((None,), "the model has no verbosity control"),
+    "web_search_options": Unsupported((None,), "web search is not offered"),
+}
+UNSUPPORTED_COMPLETION = {
+    **_SHARED_UNSUPPORTED,
+    "suffix": Unsupported((None, ""), "insertion (text after the completion) is not offered"),
+}
+
+
+def check_unsupported(req: msgspec.Struct, table: dict[str, Unsupported]) -> None:
+    """Raise InvalidRequest naming the first field whose value asks for something this
+    server does not offer."""
+    for name, rule in table.items():
+        value = getattr(req, name)
+        if not any(value == ok and type(value) is type(ok) for ok in rule.accepted):
+            accepted = " or ".join(
+                "unset" if v is None else msgspec.json.encode(v).decode() for v in rule.accepted
+            )
+            raise InvalidRequest(
+                f"{name}={show_value(value)} is not supported by this model/engine: "
+                f"{rule.why}; accepted: {accepted}",
+                param=name,
+            )
+    options = getattr(req, "stream_options", None)
+    if options is not None and options.include_obfuscation:
+        raise InvalidRequest(
+            "stream_options.include_obfuscation=true is not supported by this server: stream "
+            "deltas are not padded; accepted: false or unset",
+            param="stream_options.include_obfuscation",
+        )
 
 
 def _check(ok: bool, param: str, value: Any, expected: str) -> None:
@@ -99,8 +195,9 @@ def validate_sampling(req: _SamplingFields) -> None:
     _check(bool(req.model), "model", req.model, "a non-empty model name")
     _check_int("n", req.n, 1, MAX_N)
     if req.best_of is not None:
-        best_of = f"unset or equal to n={req.n} (picking the best n of more is not supported)"
-        _check(req.best_of == req.n, "best_of", req.best_of, best_of)
+        _check_int("best_of", req.best_of, req.n, MAX_N, f"an integer in [n={req.n}, {MAX_N}]")
+        streamed = req.stream and req.best_of > req.n
+        _check(not streamed, "best_of", req.best_of, f"best_of=n={req.n} when streaming")
     if req.max_tokens is not None:
         _check_int("max_tokens", req.max_tokens, 1, MAX_INT32)
     if req.temperature is not None:
@@ -113,6 +210,22 @@ def validate_sampling(req: _SamplingFields) -> None:
     if req.seed is not None:
         _check_int("seed", req.seed, MIN_SEED, MAX_SEED, "an integer in [-2**63, 2**64 - 1]")
     _check_int("min_tokens", req.min_tokens, 0, MAX_INT32)
+    if req.stream_options is not None:  # as OpenAI and vLLM: it would be silently unused
+        expected = "unset unless stream is true"
+        _check(req.stream, "stream_options", msgspec.to_builtins(req.stream_options), expected)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            _check(-2.0 <= value <= 2.0, name, value, "a number in [-2, 2]")
+    if req.repetition_penalty is not None:
+        r = req.repetition_penalty
+        _check(0.0 < r < math.inf, "repetition_penalty", r, "a finite number > 0 (1 = off)")
+    logit_bias(req)
+    for name in ("user", "safety_identifier", "prompt_cache_key"):
+        value = getattr(req, name)
+        if value is not None:
+            expected = f"a string of at most {MAX_IDENTIFIER_CHARS} characters"
+            _check(len(value) <= MAX_IDENTIFIER_CHARS, name, value, expected)
     if req.stop_token_ids is not None:
         ids = req.stop_token_ids
         expected = f"at most {MAX_STOP_TOKEN_IDS} token ids"
@@ -126,17 +239,41 @@ def validate_sampling(req: _SamplingFields) -> None:
         _check(bool(s), "stop", req.stop, "non-empty stop strings")
 
 
+def logit_bias(req: _SamplingFields) -> dict[int, float] | None:
+    """The request's logit_bias with integer token ids; raises InvalidRequest on a key that
+    is not a token id, a bias outside [-100, 100] or more than 300 entries (OpenAI's
+    limits). Ids are checked against the vocabulary where the tokenizer is known."""
+    if not req.logit_bias:
+        return None
+    bias = req.logit_bias
+    expected = f"at most {MAX_LOGIT_BIAS_ENTRIES} entries"
+    _check(len(bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias", bias, expected)
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        _check(_TOKEN_ID_KEY.fullmatch(key) is not None, "logit_bias", key, "token ids as keys")
+        _check(-100.0 <= value <= 100.0, f"logit_bias[{key}]", value, "a number in [-100, 100]")
+        out[int(key)] = value
+    return out
+
+
+def num_candidates(req: _SamplingFields) -> int:
+    """Completions generated per prompt: best_of (the best n of them are returned) or n."""
+    return req.n if req.best_of is None else max(req.best_of, req.n)
+
+
 def fan_out(req: ChatCompletionRequest | CompletionRequest) -> int:
-    """Engine requests this request asks for: prompts × n (best_of, once valid, equals n).
-    Raises InvalidRequest on a bad n or a malformed prompt list."""
+    """Engine requests this request asks for: prompts × best_of (or n).
+    Raises InvalidRequest on a bad n or best_of or a malformed prompt list."""
     _check_int("n", req.n, 1, MAX_N)
+    if req.best_of is not None:
+        _check_int("best_of", req.best_of, req.n, MAX_N, f"an integer in [n={req.n}, {MAX_N}]")
     if isinstance(req, ChatCompletionRequest):
-        return req.n
+        return num_candidates(req)
     # one text or one list of token ids (preprocessing checks every id): no pass over the ids
     prompt = req.prompt
     single = isinstance(prompt, str) or (bool(prompt) and type(prompt[0]) is int)
     num_prompts = 1 if single else len(prompt_inputs(prompt))
-    return num_prompts * req.n
+    return num_prompts * num_candidates(req)
 
 
 def stop_strings(req: _SamplingFields) -> list[str]:
@@ -146,6 +283,7 @@ def stop_strings(req: _SamplingFields) -> list[str]:
 
 
 def validate_chat(req: ChatCompletionRequest) -> None:
+    check_unsupported(req, UNSUPPORTED_CHAT)
     validate_sampling(req)
     if req.max_completion_tokens is not None:
         _check_int("max_completion_tokens", req.max_completion_tokens, 1, MAX_INT32)
@@ -160,7 +298,14 @@ def validate_chat(req: ChatCompletionRequest) -> None:
 
 
 def validate_completion(req: CompletionRequest) -> None:
+    check_unsupported(req, UNSUPPORTED_COMPLETION)
     validate_sampling(req)
+    if req.echo and req.logprobs is not None:
+        raise InvalidRequest(
+            "echo=true with logprobs is not supported by this engine: prompt tokens get no "
+            "logprobs; accepted: echo without logprobs, or logprobs without echo",
+            param="echo",
+        )
     if req.logprobs is not None:
         _check(
             0 <= req.logprobs <= MAX_TOP_LOGPROBS,
@@ -168,7 +313,6 @@ def validate_completion(req: CompletionRequest) -> None:
             req.logprobs,
             f"an integer in [0, {MAX_TOP_LOGPROBS}]",
         )
-    _check(not req.echo, "echo", req.echo, "false (echo is not supported)")
 
 
 def prompt_inputs(prompt: str | list[Any]) -> list[str | list[int]]:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tandem.errors import EngineError
-from tandem.frontend.postprocess import ChoiceState, StopStringMatcher
+from tandem.frontend.postprocess import ChoiceState, StopStringMatcher, best_candidates
 from tandem.protocols.engine import EngineOutput
 
 
@@ -72,3 +72,25 @@ def test_choice_state_maps_finish_and_engine_error(smollm2) -> None:
     assert (state.delta_text, state.finish_reason, state.num_cached_tokens) == ("hi", "length", 3)
     with pytest.raises(EngineError, match="boom"):
         ChoiceState(0, smollm2, []).process(EngineOutput(finish_reason="error", error="boom"))
+
+
+def _candidate(index: int, logprobs: list[float]) -> ChoiceState:
+    state = ChoiceState(index, None, [])
+    out = EngineOutput(token_ids=list(range(len(logprobs))), logprobs=logprobs)
+    state.process(out, keep_text=True)
+    return state
+
+
+def test_best_of_keeps_the_highest_mean_logprob_per_prompt_renumbered() -> None:
+    states = [
+        _candidate(0, [-1.0, -1.0]),  # prompt 0: mean -1
+        _candidate(1, [-0.1, -3.0, -0.1, -0.1]),  # mean -0.825: best, though its sum is lower
+        _candidate(2, [-2.0]),
+        _candidate(3, [-0.5]),  # prompt 1: best
+        _candidate(4, [-0.7]),
+        _candidate(5, [-0.6]),
+    ]
+    chosen = best_candidates(states, best_of=3, n=2, keep_logprobs=False)
+    got = [(s.index, round(s.sum_logprob, 6)) for s in chosen]
+    assert got == [(0, -3.3), (1, -2.0), (2, -0.5), (3, -0.6)]
+    assert all(s.all_logprobs is None for s in chosen)  # the client did not ask for them

@@ -8,7 +8,7 @@ from tandem.frontend import errors as http_errors
 from tandem.frontend.models import ServedModel
 from tandem.frontend.preprocess import preprocess_chat, preprocess_completion, resolve_max_tokens
 from tandem.protocols.discovery import ModelCard
-from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, StreamOptions
 from tandem.router.source import StaticInstanceSet
 from tandem.tokens.chat_template import ChatTemplate
 
@@ -158,7 +158,16 @@ async def _pre_completion(model, **kw):
         ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "a token id >= 0"),
         ({"stop_token_ids": [49152]}, "stop_token_ids[0]", "[0, 49152)"),
         ({"stop_token_ids": list(range(1025))}, "stop_token_ids", "at most 1024"),
-        ({"n": 2, "best_of": 3}, "best_of", "equal to n=2"),
+        ({"n": 2, "best_of": 1}, "best_of", "[n=2, 128]"),
+        ({"n": 1, "best_of": 2, "stream": True}, "best_of", "best_of=n=1 when streaming"),
+        ({"presence_penalty": 2.5}, "presence_penalty", "[-2, 2]"),
+        ({"stream_options": StreamOptions(include_usage=True)}, "stream_options", "unless stream"),
+        ({"frequency_penalty": -3}, "frequency_penalty", "[-2, 2]"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "> 0"),
+        ({"logit_bias": {"x": 1}}, "logit_bias", "token ids as keys"),
+        ({"logit_bias": {"5": 101}}, "logit_bias[5]", "[-100, 100]"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", "at most 300"),
+        ({"logit_bias": {"49152": 1}}, "logit_bias", "[0, 49152)"),
         ({"prompt": [[1, True]]}, "prompt[0]", "token ids"),
     ],
 )
@@ -207,3 +216,24 @@ async def test_a_prompt_without_tokens_is_refused_before_routing(model) -> None:
     with pytest.raises(InvalidRequest) as info:
         await _pre_completion(model, prompt=["a", ""])
     assert info.value.param == "prompt[1]"
+
+
+async def test_penalties_and_logit_bias_reach_the_engine_request(model) -> None:
+    prepared = await _pre_completion(
+        model,
+        presence_penalty=0.5,
+        frequency_penalty=-1,
+        repetition_penalty=1.3,
+        logit_bias={"7": -100, "9": 2.5},
+    )
+    sampling = prepared.requests[0].sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.0)
+    assert sampling.repetition_penalty == 1.3
+    assert sampling.logit_bias == {7: -100.0, 9: 2.5}
+
+
+async def test_best_of_fans_out_candidates_with_logprobs_for_ranking(model) -> None:
+    prepared = await _pre_completion(model, n=2, best_of=3, seed=1)
+    assert len(prepared.requests) == 3 and (prepared.best_of, prepared.n) == (3, 2)
+    assert all(r.sampling.logprobs == 0 for r in prepared.requests)
+    assert prepared.num_top_logprobs is None  # the client did not ask: stripped later

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
@@ -29,11 +29,22 @@ from tandem.engines.mocker.embedding import hashed_embedding
 from tandem.engines.mocker.scheduler import Scheduler, StepResult
 from tandem.engines.output_stream import OutputStream
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.engine import (
+    EngineOutput,
+    PreprocessedRequest,
+    SamplingParams,
+    StopConditions,
+)
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
+
+
+class ReceivedSampling(NamedTuple):
+    request_id: str
+    sampling: SamplingParams
+    stop: StopConditions
 
 
 class MockerEngine:
@@ -61,6 +72,9 @@ class MockerEngine:
         self.embedding_provider: Any = None
         self._encode_debt_s = 0.0
         self._steps: deque[StepSample] = deque(maxlen=4096)  # oldest dropped if nobody reads
+        # the mocker's tokens are synthetic, so sampling fields cannot change them; it
+        # records what arrived (of the last 1024 requests) so tests can see every field travel
+        self.received: deque[ReceivedSampling] = deque(maxlen=1024)
 
     @property
     def info(self) -> EngineInfo:
@@ -105,6 +119,7 @@ class MockerEngine:
         if self._task is None:
             raise EngineError("mocker engine is not running; call start() first")
         request_id = request.request_id
+        self.received.append(ReceivedSampling(request_id, request.sampling, request.stop))
         if request.sampling.structured is not None:  # never a 200 that ignores the schema
             raise InvalidRequest(
                 f"request_id={request_id} asks for structured output "

@@ -1,5 +1,7 @@
-"""Next-token choice per sequence: greedy, temperature, top_k, top_p, seeded sampling,
-min_tokens (stop ids masked), and logprobs of the model's distribution.
+"""Next-token choice per sequence: logit_bias and penalties (batched, tandem.engines.native.
+penalties), min_tokens (stop ids masked), greedy, temperature, top_k, top_p, seeded sampling,
+and logprobs of the processed distribution (after bias, penalties and masks, before
+temperature).
 
 A temperature below `MIN_TEMPERATURE` is greedy: dividing fp32 logits by it overflows to
 inf (1e-38 does) and the distribution it stands for is the argmax anyway."""
@@ -10,11 +12,15 @@ import math
 
 import torch
 
+from tandem.engines.native.penalties import apply_penalties, has_penalties
 from tandem.engines.native.sequence import Sequence
 from tandem.errors import InvalidRequest
 from tandem.protocols.engine import SamplingParams, TopLogprob
 
 MIN_TEMPERATURE = 1e-5  # below it, sampling is greedy (logits / T would overflow)
+MAX_PENALTY = 2.0  # presence/frequency penalties lie in [-2, 2] (OpenAI)
+MAX_LOGIT_BIAS = 100.0  # each bias lies in [-100, 100] (OpenAI)
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit on logit_bias entries
 
 
 def is_greedy(params: SamplingParams) -> bool:
@@ -36,6 +42,39 @@ def check_sampling(params: SamplingParams, vocab_size: int) -> None:
         raise InvalidRequest(
             f"logprobs={params.logprobs} is invalid; expected an integer in [0, {vocab_size}]"
         )
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+            raise InvalidRequest(
+                f"{name}={value} is invalid; expected a number in [-2, 2]", param=name
+            )
+    r = params.repetition_penalty
+    if not (math.isfinite(r) and r > 0):
+        raise InvalidRequest(
+            f"repetition_penalty={r} is invalid; expected a finite number > 0 (1 = off)",
+            param="repetition_penalty",
+        )
+    if params.logit_bias:
+        _check_logit_bias(params.logit_bias, vocab_size)
+
+
+def _check_logit_bias(bias: dict[int, float], vocab_size: int) -> None:
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequest(
+            f"logit_bias has {len(bias)} entries; expected at most {MAX_LOGIT_BIAS_ENTRIES}",
+            param="logit_bias",
+        )
+    for token_id, value in bias.items():
+        if not 0 <= token_id < vocab_size:
+            raise InvalidRequest(
+                f"logit_bias token id {token_id} is out of range; expected [0, {vocab_size})",
+                param="logit_bias",
+            )
+        if not (math.isfinite(value) and -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS):
+            raise InvalidRequest(
+                f"logit_bias[{token_id}]={value} is invalid; expected a number in [-100, 100]",
+                param="logit_bias",
+            )
 
 
 class SamplingError(RuntimeError):
@@ -52,6 +91,8 @@ class Sampler:
         """One token per row of `logits` [len(seqs), vocab] (fp32); fills the sequences'
         pending logprobs when they asked for them. Raises SamplingError when a row has no
         finite distribution (the engine then fails this step's requests)."""
+        if any(has_penalties(s.sampling) for s in seqs):
+            apply_penalties(logits, seqs)
         self._mask_min_tokens(logits, seqs)
         if all(is_greedy(s.sampling) for s in seqs):
             tokens = logits.max(dim=-1).indices.tolist()  # faster than argmax on CPU
@@ -64,10 +105,12 @@ class Sampler:
     @staticmethod
     def is_plain_greedy(seqs: list[Sequence]) -> bool:
         """True when every row is the argmax of unmasked logits (no temperature, no
-        logprobs, no stop ids banned by min_tokens): the head may pick tokens itself."""
+        logprobs, no bias or penalties, no stop ids banned by min_tokens): the head may pick
+        tokens itself."""
         return all(
             is_greedy(s.sampling)
             and s.sampling.logprobs is None
+            and not has_penalties(s.sampling)
             and s.num_output_tokens >= s.stop.min_tokens
             for s in seqs
         )

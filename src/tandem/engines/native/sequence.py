@@ -28,6 +28,8 @@ class Sequence:
         self.request_id = request.request_id
         self.token_ids: list[int] = list(request.token_ids)
         self.num_prompt_tokens = len(request.token_ids)
+        # where the output begins for penalties (tokens generated before a handoff count)
+        self.output_start = max(self.num_prompt_tokens - request.num_generated_tokens, 0)
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens: int | None = None  # prefix-cache hits on first schedule
         self.sampling = request.sampling

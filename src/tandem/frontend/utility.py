@@ -1,0 +1,141 @@
+"""Utility routes: /tokenize and /detokenize (vLLM's shapes), GET /v1/models/{id}, and the
+X-Request-ID header's validation."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import msgspec
+
+from tandem.errors import InvalidRequest, ModelNotFound
+from tandem.frontend import errors as http_errors
+from tandem.frontend.models import ModelRegistry, ServedModel
+from tandem.multimodal.prompt import image_parts
+from tandem.protocols.openai import show_value
+from tandem.protocols.openai_types import (
+    MAX_TOKENIZE_IDS,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    Model,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+
+REQUEST_ID_HEADER = "x-request-id"
+MAX_REQUEST_ID_CHARS = 128
+_REQUEST_ID = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
+_tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
+_detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+_json = msgspec.json.Encoder()
+_THREAD_TOKENIZE_CHARS = 16_384
+
+
+def client_request_id(headers: dict[str, str]) -> str | None:
+    """The client's X-Request-ID, or None; raises InvalidRequest for one that is too long or
+    not printable ASCII (it lands in logs, ids and a response header)."""
+    value = headers.get(REQUEST_ID_HEADER)
+    if value is None:
+        return None
+    if len(value) > MAX_REQUEST_ID_CHARS or not _REQUEST_ID.fullmatch(value):
+        raise InvalidRequest(
+            f"X-Request-ID={show_value(value)} is invalid; expected 1 to "
+            f"{MAX_REQUEST_ID_CHARS} printable ASCII characters without spaces",
+            param="X-Request-ID",
+        )
+    return value
+
+
+def served_model(registry: ModelRegistry, name: str) -> bytes:
+    """GET /v1/models/{model}'s body; ModelNotFound (404) unless `name` has live workers
+    (the models /v1/models lists)."""
+    live = {m.name: m for m in registry.live()}
+    if name not in live:
+        served = ", ".join(sorted(live)) or "none"
+        raise ModelNotFound(
+            f"model '{name}' does not exist; served models: {served}", param="model"
+        )
+    model = live[name]
+    return _json.encode(Model(id=model.name, created=model.created, owned_by="tandem"))
+
+
+async def _model_for(registry: ModelRegistry, name: str | None) -> ServedModel:
+    if name is None:
+        live = registry.live()
+        if len(live) != 1:
+            served = ", ".join(sorted(m.name for m in live)) or "none"
+            raise InvalidRequest(f"model is required; served models: {served}", param="model")
+        name = live[0].name
+    model = registry.get(name)
+    await model.ready()
+    return model
+
+
+async def tokenize(registry: ModelRegistry, body: bytes) -> bytes:
+    """POST /tokenize: the token ids of a prompt, or of messages rendered by the model's
+    chat template (what /v1/chat/completions would send to the engine for text messages)."""
+    req = _decode(_tokenize_decoder, body)
+    if (req.prompt is None) == (req.messages is None):
+        raise InvalidRequest("expected exactly one of prompt and messages", param="prompt")
+    model = await _model_for(registry, req.model)
+    tok = model.require_tokenizer("/tokenize")
+    if req.messages is not None:
+        if image_parts(req.messages):
+            raise InvalidRequest(
+                "/tokenize takes text messages only; image parts expand to placeholder tokens "
+                "only when /v1/chat/completions loads the image",
+                param="messages",
+            )
+        assert model.chat_template is not None
+        text = model.chat_template.render(
+            req.messages,
+            add_generation_prompt=req.add_generation_prompt,
+            template_kwargs=req.chat_template_kwargs,
+        )
+        special = bool(req.add_special_tokens)
+    else:
+        assert req.prompt is not None
+        text = req.prompt
+        special = req.add_special_tokens is not False
+    if len(text) > _THREAD_TOKENIZE_CHARS:  # long texts are tokenized off the event loop
+        ids = await asyncio.to_thread(tok.encode, text, add_special_tokens=special)
+    else:
+        ids = tok.encode(text, add_special_tokens=special)
+    strs = [tok.decode([t], skip_special_tokens=False) for t in ids]
+    return _json.encode(
+        TokenizeResponse(
+            count=len(ids),
+            max_model_len=model.card.context_length,
+            tokens=ids,
+            token_strs=strs if req.return_token_strs else None,
+        )
+    )
+
+
+async def detokenize(registry: ModelRegistry, body: bytes) -> bytes:
+    """POST /detokenize: the text of token ids (special tokens kept, as vLLM does)."""
+    req = _decode(_detokenize_decoder, body)
+    model = await _model_for(registry, req.model)
+    tok = model.require_tokenizer("/detokenize")
+    if len(req.tokens) > MAX_TOKENIZE_IDS:
+        raise InvalidRequest(
+            f"tokens has {len(req.tokens)} ids; expected at most {MAX_TOKENIZE_IDS}",
+            param="tokens",
+        )
+    vocab = tok.vocab_size
+    for i, t in enumerate(req.tokens):
+        if not 0 <= t < vocab:
+            raise InvalidRequest(
+                f"tokens[{i}]={t} is out of range; expected a token id in [0, {vocab})",
+                param=f"tokens[{i}]",
+            )
+    text = tok.decode(req.tokens, skip_special_tokens=False)
+    return _json.encode(DetokenizeResponse(prompt=text))
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
+    try:
+        return decoder.decode(body)
+    except http_errors.BODY_ERRORS as exc:
+        raise http_errors.decode_error(exc, body) from exc

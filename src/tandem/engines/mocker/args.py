@@ -70,6 +70,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         raw = os.environ.get(env)
         value = type_(raw) if raw is not None else default
         group.add_argument(flag, type=type_, default=value, help=f"{help_} (env {env})")
+    env = _env_name("--kv-events-token-ids")
+    group.add_argument(
+        "--kv-events-token-ids",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get(env, "").lower() in ("1", "true", "yes"),
+        help="KV events carry each stored block's token ids (routers need only the block "
+        f"hashes; off by default, as in Dynamo's mocker) (env {env})",
+    )
     add_kvbm_args(parser)
 
 
@@ -95,4 +103,5 @@ def config_from_args(ns: argparse.Namespace) -> MockerConfig:
         mm_encode_ms_per_image=ns.mm_encode_ms_per_image,
         embedding_dim=ns.embedding_dim,
         perf_profile=ns.perf_profile,
+        kv_events_token_ids=ns.kv_events_token_ids,
     )

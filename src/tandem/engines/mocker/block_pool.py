@@ -7,6 +7,10 @@ blocks are found by their chained sequence hash. The pool records the KV events 
 duplicate and stays uncached, with no event), `BlockRemoved` when an evictable block is
 reused. With `record_evictions` (simulated kvbm tiers behind the pool) each evicted block's
 hash and metadata is also kept until `take_evicted()`. Synchronous and not thread-safe.
+
+`keep_token_ids=False` keeps no tokens: `BlockStored` events, snapshots and evicted blocks
+then carry no token ids (no consumer of the mocker's events needs them: routers key on the
+block hashes), which saves copying every prompt token for long prompts.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ class EvictedBlock(NamedTuple):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, keep_token_ids: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be > 0")
         self.num_blocks = num_blocks
@@ -45,7 +49,7 @@ class BlockPool:
         # token ids of every block, allocated up front like a real engine's KV pool: the
         # prefix cache filling up costs no memory (a tuple of Python ints per block was
         # ~2.3 KB at block_size 64, tens of MB over a long soak)
-        self._tokens = array("q", bytes(8 * num_blocks * block_size))
+        self._tokens = array("q", bytes(8 * num_blocks * block_size)) if keep_token_ids else None
         self._free: deque[int] = deque(range(num_blocks))
         self._cached: dict[int, int] = {}  # block_hash -> block id
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
@@ -73,8 +77,14 @@ class BlockPool:
     def usage(self) -> float:
         return self._num_active / self.num_blocks
 
+    @property
+    def keeps_token_ids(self) -> bool:
+        return self._tokens is not None
+
     def block_tokens(self, block_id: int) -> list[int]:
-        """The token ids of a cached block."""
+        """The token ids of a cached block ([] without `keep_token_ids`)."""
+        if self._tokens is None:
+            return []
         start = block_id * self.block_size
         return self._tokens[start : start + self.block_size].tolist()
 
@@ -107,32 +117,35 @@ class BlockPool:
         cached blocks if needed; None (nothing changes) if fewer than `num` are available."""
         if num > self.num_allocatable_blocks:
             return None
-        out: list[int] = []
-        removed: list[int] = []
-        for _ in range(num):
-            if self._free:
-                block_id = self._free.popleft()
-            else:
-                block_id, _ = self._evictable.popitem(last=False)
-                block = self._blocks[block_id]
-                assert block.block_hash is not None
-                removed.append(block.block_hash)
+        blocks, free = self._blocks, self._free
+        take = min(num, len(free))
+        out = [free.popleft() for _ in range(take)]
+        for block_id in out:
+            blocks[block_id].ref_count = 1
+        if take < num:
+            removed: list[int] = []
+            evictable, cached = self._evictable, self._cached
+            for _ in range(num - take):
+                block_id, _ = evictable.popitem(last=False)
+                block = blocks[block_id]
+                h = block.block_hash
+                assert h is not None
+                removed.append(h)
                 if self.record_evictions:
                     self._evicted.append(
                         EvictedBlock(
-                            block.block_hash,
+                            h,
                             block.parent_hash,
                             tuple(self.block_tokens(block_id)),
                             block.lora_name,
                         )
                     )
-                del self._cached[block.block_hash]
-                self._blocks[block_id] = _Block()
-            self._blocks[block_id].ref_count = 1
-            out.append(block_id)
-        self._num_active += num
-        if removed:
+                del cached[h]
+                block.block_hash = block.parent_hash = block.lora_name = None
+                block.ref_count = 1
+                out.append(block_id)
             self._events.append(BlockRemoved(block_hashes=removed))
+        self._num_active += num
         return out
 
     def cache_full_blocks(
@@ -146,34 +159,40 @@ class BlockPool:
         """Mark newly computed full blocks as cached. `token_ids` holds their tokens
         (len = len(block_ids) × block_size); `parent_hash` is the hash before the first one.
         Emits one BlockStored per run of newly cached consecutive blocks."""
-        size = self.block_size
-        run: list[int] = []
-        run_parent = parent_hash
-        run_start = 0
+        size, blocks, cached, tokens = self.block_size, self._blocks, self._cached, self._tokens
+        run_start, run_parent = 0, parent_hash  # the current run: block_hashes[run_start:i]
         prev = parent_hash
         for i, (block_id, h) in enumerate(zip(block_ids, block_hashes, strict=True)):
-            block = self._blocks[block_id]
+            block = blocks[block_id]
             assert block.ref_count > 0 and block.block_hash is None, "caching a bad block"
-            if h in self._cached:  # computed twice concurrently: keep the first copy only
-                self._flush_run(run, run_parent, token_ids[run_start * size : i * size], lora_name)
-                run, run_parent, run_start = [], h, i + 1
+            if h in cached:  # computed twice concurrently: keep the first copy only
+                self._flush_run(block_hashes, run_start, i, run_parent, token_ids, lora_name)
+                run_start, run_parent = i + 1, h
             else:
                 block.block_hash, block.parent_hash, block.lora_name = h, prev, lora_name
-                start = block_id * size
-                self._tokens[start : start + size] = array(
-                    "q", token_ids[i * size : (i + 1) * size]
-                )
-                self._cached[h] = block_id
-                run.append(h)
+                cached[h] = block_id
+                if tokens is not None:
+                    start = block_id * size
+                    tokens[start : start + size] = array("q", token_ids[i * size : (i + 1) * size])
             prev = h
-        end = run_start + len(run)
-        self._flush_run(run, run_parent, token_ids[run_start * size : end * size], lora_name)
+        self._flush_run(
+            block_hashes, run_start, len(block_hashes), run_parent, token_ids, lora_name
+        )
 
     def _flush_run(
-        self, run: list[int], parent: int | None, tokens: Sequence[int], lora: str | None
+        self,
+        block_hashes: Sequence[int],
+        start: int,
+        end: int,
+        parent: int | None,
+        token_ids: Sequence[int],
+        lora: str | None,
     ) -> None:
-        if run:
-            self._flush_run_into(self._events, run, parent, list(tokens), lora)
+        """One BlockStored for `block_hashes[start:end]` (nothing if empty)."""
+        if end > start:
+            size = self.block_size
+            tokens = list(token_ids[start * size : end * size]) if self._tokens is not None else []
+            self._flush_run_into(self._events, list(block_hashes[start:end]), parent, tokens, lora)
 
     def release(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block. Released in reverse, so a sequence's tail

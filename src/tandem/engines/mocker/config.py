@@ -62,6 +62,10 @@ class MockerConfig:
     embedding_dim: int = 576
     # step times from a measured engine profile (`tandem profile` JSON); None = polynomials
     perf_profile: str | None = None
+    # KV events (and snapshots, simulated tier events) carry each stored block's token ids;
+    # off by default: routers key on the block hashes, and copying every prompt token into
+    # the pool and the events was most of the mocker's CPU for long prompts
+    kv_events_token_ids: bool = False
 
     def __post_init__(self) -> None:
         if not self.model_name:

@@ -49,7 +49,9 @@ class StepResult:
 class Scheduler:
     def __init__(self, config: MockerConfig) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_blocks, config.block_size)
+        self.pool = BlockPool(
+            config.num_blocks, config.block_size, keep_token_ids=config.kv_events_token_ids
+        )
         self.perf = perf_model.make_perf_model(config.perf_profile)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []

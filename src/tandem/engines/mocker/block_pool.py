@@ -122,28 +122,23 @@ class BlockPool:
         out = [free.popleft() for _ in range(take)]
         for block_id in out:
             blocks[block_id].ref_count = 1
-        if take < num:
-            removed: list[int] = []
-            evictable, cached = self._evictable, self._cached
-            for _ in range(num - take):
-                block_id, _ = evictable.popitem(last=False)
-                block = blocks[block_id]
-                h = block.block_hash
-                assert h is not None
-                removed.append(h)
-                if self.record_evictions:
-                    self._evicted.append(
-                        EvictedBlock(
-                            h,
-                            block.parent_hash,
-                            tuple(self.block_tokens(block_id)),
-                            block.lora_name,
-                        )
-                    )
+        if take < num:  # evict the least recently used cached blocks, oldest first
+            popitem, cached = self._evictable.popitem, self._cached
+            evicted = [popitem(last=False)[0] for _ in range(num - take)]
+            victims = [blocks[block_id] for block_id in evicted]
+            # evictable blocks are cached, so hashed (check_integrity holds it)
+            removed: list[int] = [block.block_hash for block in victims]  # type: ignore[misc]
+            if self.record_evictions:
+                self._evicted += [
+                    EvictedBlock(h, b.parent_hash, tuple(self.block_tokens(i)), b.lora_name)
+                    for h, b, i in zip(removed, victims, evicted, strict=True)
+                ]
+            for h in removed:
                 del cached[h]
-                block.block_hash = block.parent_hash = block.lora_name = None
+            for block in victims:  # parent/lora are read only while a block is cached
+                block.block_hash = None
                 block.ref_count = 1
-                out.append(block_id)
+            out += evicted
             self._events.append(BlockRemoved(block_hashes=removed))
         self._num_active += num
         return out

@@ -3,6 +3,8 @@ greedy pseudo-answer depends on the images, not only on the placeholder tokens."
 
 from __future__ import annotations
 
+import msgspec
+
 from tandem.engines.mocker.admission import make_sequence
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.sequence import request_seed
@@ -32,3 +34,26 @@ def test_block_hashes_match_the_router_view_when_extended_in_steps() -> None:
 def test_greedy_answer_depends_on_the_image() -> None:
     assert request_seed(_request(1)) != request_seed(_request(2))
     assert request_seed(_request(1)) == request_seed(_request(1))
+
+
+def _greedy(tokens: list[int], mm_hashes: tuple[int, ...] = ()) -> PreprocessedRequest:
+    items = [MmItem(mm_hash=h, offset=0, num_tokens=1) for h in mm_hashes]
+    return PreprocessedRequest(
+        request_id="x", model="m", token_ids=tokens, sampling=SamplingParams(temperature=0.0),
+        stop=StopConditions(max_tokens=4), mm_items=items,
+    )  # fmt: skip
+
+
+def test_greedy_seed_is_the_prompt_not_the_request() -> None:
+    seed = request_seed(_greedy([1, 2, 3]))
+    assert seed == request_seed(msgspec.structs.replace(_greedy([1, 2, 3]), request_id="y"))
+    assert seed != request_seed(_greedy([1, 2, 4]))
+    assert seed != request_seed(_greedy([1, 2, 3, 0]))
+    # an image hash never reads as a prompt id, nor the other way round
+    assert request_seed(_greedy([1, 2], (3,))) != request_seed(_greedy([1, 2, 3]))
+    assert request_seed(_greedy([1, 2], ((1 << 63) + 3,))) != request_seed(_greedy([1, 2, 3]))
+    assert request_seed(_greedy([1], (2, 3))) != request_seed(_greedy([1, 2], (3,)))
+    # ids beyond int64 still seed (by their repr), deterministically
+    big = [1 << 70, 5]
+    assert request_seed(_greedy(big)) == request_seed(_greedy(list(big)))
+    assert request_seed(_greedy(big)) != request_seed(_greedy([1 << 71, 5]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 import xxhash
@@ -29,11 +30,20 @@ def request_seed(request: PreprocessedRequest) -> int:
     if request.sampling.seed is not None:
         return request.sampling.seed & _M64
     if request.sampling.temperature == 0:  # images are part of the prompt: their hashes too
-        mm_hashes = [item.mm_hash for item in request.mm_items]
-        return xxhash.xxh3_64_intdigest(
-            repr((request.token_ids, mm_hashes) if mm_hashes else request.token_ids).encode()
-        )
+        return xxhash.xxh3_64_intdigest(_prompt_bytes(request))
     return xxhash.xxh3_64_intdigest(request.request_id.encode())
+
+
+def _prompt_bytes(request: PreprocessedRequest) -> bytes:
+    """The prompt's ids, then its images' hashes, as int64s: one C pass (a `repr` of the id
+    list cost ~2-5 ms at 32 000 tokens); ids beyond int64 fall back to their repr."""
+    try:
+        data = array("q", request.token_ids)
+        data += array("q", [(item.mm_hash & _M64) - (1 << 63) for item in request.mm_items])
+    except OverflowError:
+        return repr([request.token_ids, [item.mm_hash for item in request.mm_items]]).encode()
+    data.append(len(request.mm_items))  # ids and image hashes never read as each other
+    return data.tobytes()
 
 
 @dataclass(slots=True, eq=False, kw_only=True)

@@ -25,6 +25,7 @@ T = TypeVar("T")
 SUBCOMMANDS = {
     "frontend": "frontend_compare",
     "frontend-stages": "frontend_stages",
+    "mocker-path": "mocker_path",
     "routers": "router_compare",
     "indexer": "indexer",
     "engine": "engine",

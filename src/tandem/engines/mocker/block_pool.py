@@ -192,16 +192,19 @@ class BlockPool:
     def release(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block. Released in reverse, so a sequence's tail
         blocks are the first evicted and its shared prefix stays cached longest."""
+        blocks, free, evictable = self._blocks, self._free, self._evictable
+        unused = 0
         for block_id in reversed(block_ids):
-            block = self._blocks[block_id]
+            block = blocks[block_id]
             assert block.ref_count > 0, f"double free of block {block_id}"
             block.ref_count -= 1
-            if block.ref_count == 0:
-                self._num_active -= 1
+            if not block.ref_count:
+                unused += 1
                 if block.block_hash is None:
-                    self._free.append(block_id)
+                    free.append(block_id)
                 else:
-                    self._evictable[block_id] = None
+                    evictable[block_id] = None
+        self._num_active -= unused
 
     def take_evicted(self) -> list[EvictedBlock]:
         """Blocks evicted since the last call (with `record_evictions`), oldest first."""

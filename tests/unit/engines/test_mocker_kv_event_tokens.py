@@ -113,3 +113,6 @@ def test_flag_and_env_turn_token_ids_on(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("TANDEM_KV_EVENTS_TOKEN_IDS", "1")
     assert parse().kv_events_token_ids is True
     assert parse("--no-kv-events-token-ids").kv_events_token_ids is False
+    monkeypatch.setenv("TANDEM_KV_EVENTS_TOKEN_IDS", "maybe")
+    with pytest.raises(ValueError, match="TANDEM_KV_EVENTS_TOKEN_IDS='maybe' is not a boolean"):
+        parse()

@@ -63,6 +63,15 @@ def _env_name(flag: str) -> str:
     return "TANDEM_" + flag.lstrip("-").replace("-", "_").upper()
 
 
+def _env_flag(env: str) -> bool:
+    raw = os.environ.get(env, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{env}={os.environ[env]!r} is not a boolean; expected 1/0, true/false")
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("mocker engine")
     for flag, (type_, default, help_) in _FLAGS.items():
@@ -74,9 +83,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kv-events-token-ids",
         action=argparse.BooleanOptionalAction,
-        default=os.environ.get(env, "").lower() in ("1", "true", "yes"),
-        help="KV events carry each stored block's token ids (routers need only the block "
-        f"hashes; off by default, as in Dynamo's mocker) (env {env})",
+        default=_env_flag(env),
+        help="KV events (and kv_state snapshots) carry each stored block's token ids; off by "
+        f"default: routers key on the block hashes (env {env})",
     )
     add_kvbm_args(parser)
 

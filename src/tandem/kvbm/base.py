@@ -18,7 +18,8 @@ GIB = 1 << 30
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockMeta:
-    """What a KV event needs to describe a block: the router re-hashes `token_ids`."""
+    """What a KV event needs to describe a block: its hash and parent (which the router keys on)
+    and, for consumers that re-hash (opt-in on the mocker: --kv-events-token-ids), its token ids."""
 
     block_size: int
     token_ids: tuple[int, ...] = ()

@@ -53,10 +53,8 @@ def main(argv: list[str]) -> int:
     return run_load_command(argv)
 
 
-def run_load_command(argv: list[str]) -> int:
-    from tandem.bench.args import add_load_arguments, load_config, workload
-    from tandem.bench.loadgen import run_load
-    from tandem.bench.report import format_summary, result_record, summarize, write_json
+def build_load_parser() -> argparse.ArgumentParser:
+    from tandem.bench.args import add_load_arguments
 
     parser = argparse.ArgumentParser(
         prog="tandem bench",
@@ -64,7 +62,16 @@ def run_load_command(argv: list[str]) -> int:
         + ", ".join(sorted(SUBCOMMANDS)),
     )
     add_load_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_load_command(argv: list[str]) -> int:
+    from tandem.bench.args import load_config, workload
+    from tandem.bench.loadgen import run_load
+    from tandem.bench.report import format_summary, result_record, summarize, write_json
+    from tandem.cli.config import parse_args
+
+    args = parse_args(build_load_parser(), argv)
     config = load_config(args)
     specs = workload(args)
     run = _run(run_load(config, specs))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
+from tandem.cli.config import parse_args
 from tandem.cli.process import (
     add_log_format_arg,
     add_tracing_args,
@@ -17,9 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tandem.frontend.args import add_frontend_args
 
     add_frontend_args(parser)
-    parser.add_argument(
-        "--log-level", default=os.environ.get("TANDEM_LOG_LEVEL", "INFO"), help="logging level"
-    )
+    parser.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(parser)
     add_tracing_args(parser, "tandem-frontend")
 
@@ -37,4 +35,4 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tandem frontend", description=__doc__)
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(parse_args(parser, argv))

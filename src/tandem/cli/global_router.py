@@ -9,7 +9,6 @@ default the grid's middle) and its ISL/context to a pool; `priority` ranges can 
 from __future__ import annotations
 
 import argparse
-import os
 
 from tandem.cli.process import add_log_format_arg, configure_logging
 
@@ -18,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="global router JSON (pools and grids)")
     parser.add_argument("--host", help="overrides the config's host")
     parser.add_argument("--port", type=int, help="overrides the config's port")
-    parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    parser.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(parser)
 
 

@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from tandem.cli.config import parse_args
+
 COMMANDS = {
     "serve": "all-in-one on one host: frontend + N workers",
     "frontend": "OpenAI HTTP frontend (discovers workers)",
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(argv[1:]) or 0)
     parser = argparse.ArgumentParser(prog=f"tandem {argv[0]}", description=COMMANDS[argv[0]])
     module.add_arguments(parser)
-    args = parser.parse_args(argv[1:])
+    args = parse_args(parser, argv[1:])
     return int(module.run(args) or 0)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 
 from tandem.cli.process import add_log_format_arg, configure_logging, run_async
 from tandem.planner.args import add_planner_args
@@ -19,7 +18,7 @@ from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_planner_args(parser)
-    parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    parser.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(parser)
     add_runtime_args(parser)
 

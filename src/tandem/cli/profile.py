@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     from tandem.cli.worker import _engine_from_argv
     from tandem.engines.base import add_engine_args, engine_names
 
-    engine = _engine_from_argv(argv)
+    engine = _engine_from_argv(argv, "profile")
     parser = argparse.ArgumentParser(prog="tandem profile", description=__doc__)
     if engine not in engine_names():
         parser.error(f"unknown engine '{engine}'; expected one of: {', '.join(engine_names())}")
@@ -39,20 +38,21 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                    help="decode batch sizes")  # fmt: skip
     g.add_argument("--context", type=_ints, default=_ints("128,512,2048"),
                    help="decode context lengths (tokens per sequence)")  # fmt: skip
-    g.add_argument("--decode-steps", type=int, default=8)
-    g.add_argument("--repeats", type=int, default=2)
-    g.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    g.add_argument("--decode-steps", type=int, default=8, help="decode steps timed per point")
+    g.add_argument("--repeats", type=int, default=2, help="measurements per point (median)")
+    g.add_argument("--log-level", default="INFO", help="logging level")
     add_engine_args(engine, parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tandem.cli.config import parse_args
     from tandem.engines.base import make_engine
     from tandem.engines.profile import ProfileFile
     from tandem.planner.profiler import profile_engine
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
+    args = parse_args(build_parser(argv), argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
     )

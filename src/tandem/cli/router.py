@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 from typing import TYPE_CHECKING
 
 from tandem.cli.process import (
@@ -33,25 +32,18 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_router_args(parser)
-    parser.set_defaults(router=os.environ.get("TANDEM_ROUTER") or "kv")
+    parser.set_defaults(router="kv")
     parser.add_argument(
-        "--worker-component",
-        default=os.environ.get("TANDEM_WORKER_COMPONENT") or "backend",
-        help="component of the workers routed to (env TANDEM_WORKER_COMPONENT)",
+        "--worker-component", default="backend", help="component of the workers routed to"
     )
     parser.add_argument(
         "--system-port",
         type=int,
-        default=int(os.environ.get("TANDEM_SYSTEM_PORT") or "0"),
-        help="serve the router's /metrics, /health and /live over HTTP on this port (0: off) "
-        "(env TANDEM_SYSTEM_PORT)",
+        default=0,
+        help="serve the router's /metrics, /health and /live over HTTP on this port (0: off)",
     )
-    parser.add_argument(
-        "--system-host",
-        default=os.environ.get("TANDEM_SYSTEM_HOST") or "127.0.0.1",
-        help="bind address of --system-port (env TANDEM_SYSTEM_HOST)",
-    )
-    parser.add_argument("--log-level", default=os.environ.get("TANDEM_LOG_LEVEL") or "INFO")
+    parser.add_argument("--system-host", default="127.0.0.1", help="bind address of --system-port")
+    parser.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(parser)
     add_tracing_args(parser, "tandem-router")
     add_runtime_args(parser)

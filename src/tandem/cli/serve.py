@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 
+from tandem.cli.config import parse_known_args
 from tandem.cli.process import (
     add_log_format_arg,
     add_tracing_args,
@@ -27,10 +28,6 @@ from tandem.cli.process import (
 from tandem.cli.supervisor import WorkerGroup, WorkerSpec, make_run_dir, remove_stale_run_dirs
 
 logger = logging.getLogger(__name__)
-
-
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"TANDEM_{name}") or default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,78 +42,75 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("serve")
     g.add_argument(
         "--engine",
-        default=_env("ENGINE", "native"),
+        default="native",
         help="engine of every worker: native (SmolLM2 on torch), mocker, or vllm (runs in "
-        "the .venv-vllm virtualenv, `make venv-vllm`) (env TANDEM_ENGINE)",
+        "the .venv-vllm virtualenv, `make venv-vllm`)",
     )
     g.add_argument(
         "--workers",
         type=int,
-        default=int(_env("WORKERS", "1")),
+        default=1,
         metavar="N",
-        help="number of aggregated worker processes (env TANDEM_WORKERS)",
+        help="number of aggregated worker processes",
     )
     g.add_argument(
         "--prefill-workers",
         type=int,
-        default=int(_env("PREFILL_WORKERS", "0")),
+        default=0,
         metavar="P",
         help="disaggregated: P prefill worker processes (component 'prefill'); with "
-        "--decode-workers this enables --disagg on the frontend (env TANDEM_PREFILL_WORKERS)",
+        "--decode-workers this enables --disagg on the frontend",
     )
     g.add_argument(
         "--decode-workers",
         type=int,
-        default=int(_env("DECODE_WORKERS", "0")),
+        default=0,
         metavar="D",
-        help="disaggregated: D decode worker processes (component 'backend'), replacing "
-        "--workers (env TANDEM_DECODE_WORKERS)",
+        help="disaggregated: D decode worker processes (component 'backend'), replacing --workers",
     )
     g.add_argument(
         "--encode-workers",
         type=int,
-        default=int(_env("ENCODE_WORKERS", "0")),
+        default=0,
         metavar="E",
         help="multimodal: E encode worker processes (`tandem worker --engine encoder`, component "
         "'encoder'); the other workers then get image embeddings from them (E/PD, E/P/D). "
-        "0: each worker encodes its own images (EPD) (env TANDEM_ENCODE_WORKERS)",
+        "0: each worker encodes its own images (EPD)",
     )
     g.add_argument(
         "--encoder-args",
-        default=_env("ENCODER_ARGS", ""),
-        help="flags for the encode workers only, one string (default with --engine mocker: "
-        "'--mm-encoder sim'); unknown serve flags do not go to them (env TANDEM_ENCODER_ARGS)",
+        default="",
+        help="flags for the encode workers only, one string (empty with --engine mocker: "
+        "'--mm-encoder sim'); unknown serve flags do not go to them",
     )
     g.add_argument(
         "--frontend-processes",
-        default=_env("FRONTEND_PROCESSES", "auto"),
+        default="auto",
         metavar="N|auto",
         help="HTTP frontend processes sharing --port (SO_REUSEPORT; their routers share "
         "active requests by replica sync and each follows the workers' KV events); auto: one "
-        "per 4 cores, at most 8 (docs/perf-frontend.md) (env TANDEM_FRONTEND_PROCESSES)",
+        "per 4 cores, at most 8 (docs/perf-frontend.md)",
     )
     g.add_argument("--frontend-replica", action="store_true", help=argparse.SUPPRESS)
-    g.add_argument("--namespace", default=_env("NAMESPACE", "tandem"))
+    g.add_argument("--namespace", default="tandem", help="namespace of every endpoint path")
     g.add_argument(
         "--run-dir",
-        default=os.environ.get("TANDEM_RUN_DIR"),
         help="where discovery records live (default: a fresh temporary directory)",
     )
     g.add_argument(
         "--worker-ready-timeout-s",
         type=float,
-        default=float(_env("WORKER_READY_TIMEOUT_S", "600")),
+        default=600.0,
         help="give up if the workers are not registered by then",
     )
-    g.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
+    g.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(g)
     add_tracing_args(g, "tandem-frontend")  # the workers' spans are service tandem-worker
     g.add_argument(
         "--planner",
         action="store_true",
-        default=_env("PLANNER", "") == "1",
         help="workers are started and drained by an embedded planner (local connector) "
-        "between the pools' min and max, instead of a fixed --workers count (env TANDEM_PLANNER=1)",
+        "between the pools' min and max, instead of a fixed --workers count",
     )
     add_frontend_args(parser, with_runtime=False)
     from tandem.planner.args import add_planner_args
@@ -379,7 +373,8 @@ async def serve_with_planner(
     args.connector = "local"
     args.worker_args = shlex.join(["--engine", args.engine, *_observability_argv(args),
                                    *passthrough])  # fmt: skip
-    args.worker_drain_grace_s = float(_env("DRAIN_GRACE_S", "60"))
+    # the workers' own --drain-grace-s variable (they inherit it); 60 s unless set
+    args.worker_drain_grace_s = float(os.environ.get("TANDEM_DRAIN_GRACE_S") or 60)
     args.worker_log_dir = None
     args.worker_guard_run_dir = run_dir  # the workers die with serve, as without --planner
     try:
@@ -398,7 +393,7 @@ async def serve_with_planner(
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, passthrough = build_parser().parse_known_args(argv)
+    args, passthrough = parse_known_args(build_parser(), argv)
     args.argv = argv  # frontend replicas get the same command line
     _validate(args)
     if any(a == "--system-port" or a.startswith("--system-port=") for a in passthrough):

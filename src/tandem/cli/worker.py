@@ -1,7 +1,8 @@
 """`tandem worker --engine mocker [engine flags] [runtime flags]`: one worker process.
 
-`--engine` is read first (flag, then TANDEM_ENGINE, default mocker) so that engine's own flags
-can be declared. Runs until SIGTERM/SIGINT, then unregisters and drains (DESIGN.md §1).
+`--engine` is read first (flag, then TANDEM_ENGINE, then the config file, default mocker) so
+that engine's own flags can be declared. Runs until SIGTERM/SIGINT, then unregisters and
+drains (DESIGN.md §1).
 If the engine dies, the worker leaves discovery and the process exits with status 1
 (`EXIT_ENGINE_FAILED`) so that its supervisor restarts it.
 """
@@ -14,6 +15,7 @@ import logging
 import os
 import sys
 
+from tandem.cli.config import ConfigError, early_value, parse_args
 from tandem.cli.process import (
     add_log_format_arg,
     add_tracing_args,
@@ -35,14 +37,11 @@ logger = logging.getLogger(__name__)
 EXIT_ENGINE_FAILED = 1
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name) or default
-
-
-def _engine_from_argv(argv: list[str]) -> str:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--engine", default=_env("TANDEM_ENGINE", "mocker"))
-    return str(pre.parse_known_args(argv)[0].engine)
+def _engine_from_argv(argv: list[str], command: str = "worker") -> str:
+    try:
+        return early_value(argv, "--engine", command, "mocker", os.environ)
+    except ConfigError as exc:
+        raise SystemExit(f"tandem {command}: error: {exc}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
@@ -51,32 +50,29 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     if engine not in engine_names():
         parser.error(f"unknown engine '{engine}'; expected one of: {', '.join(engine_names())}")
     group = parser.add_argument_group("worker")
-    group.add_argument(
-        "--engine", default=engine, help=f"one of: {', '.join(engine_names())} (env TANDEM_ENGINE)"
-    )
+    group.add_argument("--engine", default=engine, help=f"one of: {', '.join(engine_names())}")
     group.add_argument(
         "--component",
-        default=_env("TANDEM_COMPONENT", ""),
-        help="component name in namespace.component.endpoint (default: 'prefill' with "
-        "--disagg-mode prefill, else 'backend'; env TANDEM_COMPONENT)",
+        default="",
+        help="component name in namespace.component.endpoint (empty: 'prefill' with "
+        "--disagg-mode prefill, else 'backend')",
     )
     group.add_argument(
         "--endpoint",
-        default=_env("TANDEM_ENDPOINT", ""),
-        help="endpoint served (default: 'encode' for --engine encoder, else 'generate'; "
-        "env TANDEM_ENDPOINT)",
+        default="",
+        help="endpoint served (empty: 'encode' for --engine encoder, else 'generate')",
     )
     group.add_argument(
         "--instance-id",
-        default=_env("TANDEM_INSTANCE_ID", ""),
-        help="instance id to register under (default: a fresh random id; a planner's "
-        "connector names its workers up front; env TANDEM_INSTANCE_ID)",
+        default="",
+        help="instance id to register under (empty: a fresh random id; a planner's "
+        "connector names its workers up front)",
     )
     group.add_argument(
         "--drain-grace-s",
         type=float,
-        default=float(_env("TANDEM_DRAIN_GRACE_S", "10")),
-        help="seconds in-flight requests may finish after SIGTERM (env TANDEM_DRAIN_GRACE_S)",
+        default=10.0,
+        help="seconds in-flight requests may finish after SIGTERM",
     )
     group.add_argument(
         "--embedding-only",
@@ -89,21 +85,16 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     group.add_argument(
         "--system-port",
         type=int,
-        default=int(_env("TANDEM_SYSTEM_PORT", "0")),
+        default=0,
         help="serve /metrics, /health and /live over HTTP on this port (0: off; the frontend "
-        "still reaches the metrics over the request plane at /metrics/workers) "
-        "(env TANDEM_SYSTEM_PORT)",
+        "still reaches the metrics over the request plane at /metrics/workers)",
     )
     group.add_argument(
         "--system-host",
-        default=_env("TANDEM_SYSTEM_HOST", "127.0.0.1"),
-        help="bind address of --system-port (env TANDEM_SYSTEM_HOST)",
+        default="127.0.0.1",
+        help="bind address of --system-port",
     )
-    group.add_argument(
-        "--log-level",
-        default=_env("TANDEM_LOG_LEVEL", "INFO"),
-        help="logging level (env TANDEM_LOG_LEVEL)",
-    )
+    group.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(group)
     add_tracing_args(group, "tandem-worker")
     add_engine_args(engine, parser)
@@ -208,4 +199,4 @@ def main(argv: list[str] | None = None) -> int:
         prog="tandem worker", description="a worker hosting one engine"
     )
     add_arguments(parser, argv)
-    return run(parser.parse_args(argv))
+    return run(parse_args(parser, argv))

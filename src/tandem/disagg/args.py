@@ -1,10 +1,9 @@
 """Disaggregation flags: the worker's role (`tandem worker`) and the frontend's split
-(`tandem frontend` / `tandem serve`). Flags first, `TANDEM_*` env vars as fallbacks."""
+(`tandem frontend` / `tandem serve`). Env and config-file values: `tandem.cli.config`."""
 
 from __future__ import annotations
 
 import argparse
-import os
 
 from tandem.disagg.config import (
     DISAGG_MODES,
@@ -17,22 +16,18 @@ from tandem.disagg.config import (
 from tandem.disagg.transfer.base import BACKEND_NAMES
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"TANDEM_{name}") or default
-
-
 def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("disaggregation (worker)")
     g.add_argument(
         "--disagg-mode",
         choices=DISAGG_MODES,
-        default=_env("DISAGG_MODE", "none"),
+        default="none",
         help="prefill: compute prompts and hand their KV over (component 'prefill'); "
-        "decode: receive KV and decode (component 'backend') (env TANDEM_DISAGG_MODE)",
+        "decode: receive KV and decode (component 'backend')",
     )
     g.add_argument(
         "--disagg-transfer-backends",
-        default=_env("DISAGG_TRANSFER_BACKENDS", "auto"),
+        default="auto",
         help="KV transfer backends, fastest preferred first (any of "
         f"{', '.join(BACKEND_NAMES)}); the missing optional ones are skipped. 'auto': all "
         f"of them, with {', '.join(LAZY_BACKENDS)} started only when a peer on another "
@@ -41,17 +36,17 @@ def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--disagg-pin-ttl-s",
         type=float,
-        default=float(_env("DISAGG_PIN_TTL_S", "30")),
+        default=30.0,
         help="a prefill releases pinned KV blocks no decode claimed after this",
     )
     g.add_argument(
         "--disagg-transfer-timeout-s",
         type=float,
-        default=float(_env("DISAGG_TRANSFER_TIMEOUT_S", "10")),
+        default=10.0,
         help="the most a decode waits for its KV before --disagg-on-transfer-failure",
     )
     g.add_argument("--disagg-on-transfer-failure", choices=FAILURE_POLICIES,
-                   default=_env("DISAGG_ON_TRANSFER_FAILURE", "local"),
+                   default="local",
                    help="local: prefill on the decode worker; fail: end it with an error",
                    )  # fmt: skip
 
@@ -78,34 +73,34 @@ def add_disagg_route_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--disagg",
         action=argparse.BooleanOptionalAction,
-        default=_env("DISAGG", "0") not in ("0", "false", ""),
+        default=False,
         help="send prompts to prefill workers (component --disagg-prefill-component) "
-        "and decode on the backend workers (env TANDEM_DISAGG)",
+        "and decode on the backend workers",
     )
     g.add_argument(
         "--disagg-flow",
         choices=FLOWS,
-        default=_env("DISAGG_FLOW", "prefill-first"),
+        default="prefill-first",
         help="prefill-first: prefill, then decode pulls the KV; decode-first: decode "
         "allocates a rendezvous, prefill pushes into it",
     )
     g.add_argument(
         "--disagg-min-prefill-tokens",
         type=int,
-        default=int(_env("DISAGG_MIN_PREFILL_TOKENS", "0")),
+        default=0,
         help="prefill remotely only when the decode worker lacks at least this many "
         "prompt tokens in its cache (shorter prompts stay on the decode worker)",
     )
     g.add_argument(
         "--disagg-min-uncached-ratio",
         type=float,
-        default=float(_env("DISAGG_MIN_UNCACHED_RATIO", "0")),
+        default=0.0,
         help="... and at least this share of the prompt (mostly cached prompts stay)",
     )
     g.add_argument(
         "--disagg-max-prefill-queue",
         type=int,
-        default=int(_env("DISAGG_MAX_PREFILL_QUEUE", "0")),
+        default=0,
         help="a prefill worker with this many prefills in flight or waiting is busy; when "
         "all are (or all are over the --busy-* thresholds), the decode worker prefills "
         "itself (0 = only the --busy-* thresholds)",
@@ -113,12 +108,15 @@ def add_disagg_route_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--decode-fallback",
         action=argparse.BooleanOptionalAction,
-        default=_env("DECODE_FALLBACK", "0") not in ("0", "false", ""),
+        default=False,
         help="with no prefill worker, serve aggregated on the decode workers instead "
         "of answering 503",
     )
-    g.add_argument("--disagg-prefill-component", default=_env("DISAGG_PREFILL_COMPONENT",
-                   "prefill"), help="component the prefill workers register")  # fmt: skip
+    g.add_argument(
+        "--disagg-prefill-component",
+        default="prefill",
+        help="component the prefill workers register",
+    )
 
 
 def disagg_route_config_from_args(ns: argparse.Namespace) -> DisaggRouteConfig:

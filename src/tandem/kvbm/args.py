@@ -1,4 +1,4 @@
-"""kvbm flags → `KvbmConfig`. Flags first, `TANDEM_KVBM_*` environment variables as fallbacks.
+"""kvbm flags → `KvbmConfig` (env TANDEM_KVBM_* and config-file values: `tandem.cli.config`).
 
 An engine that supports tiers calls `add_kvbm_args(parser)` in its own `add_args` and
 `kvbm_config_from_args(args)` in its `config_from_args`; None means "no tiers configured".
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -34,27 +33,15 @@ _FLAGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
 )
 
 
-def _env_default(flag: str, kind: Callable[[str], Any]) -> Any:
-    value = os.environ.get("TANDEM_KVBM_" + flag.upper().replace("-", "_"))
-    return None if value in (None, "") else kind(value)
-
-
 def add_kvbm_args(parser: argparse.ArgumentParser) -> None:
-    """Add `--kvbm-*` flags; each defaults to `TANDEM_KVBM_<NAME>` when set, else the config's."""
+    """Add `--kvbm-*` flags; unset (None) ones keep KvbmConfig's defaults."""
     group = parser.add_argument_group("kv block manager (host and disk tiers)")
     for flag, _, kind, help_text in _FLAGS:
-        env = "TANDEM_KVBM_" + flag.upper().replace("-", "_")
-        group.add_argument(
-            f"--kvbm-{flag}",
-            type=kind,
-            default=_env_default(flag, kind),
-            help=f"{help_text} ({env})",
-        )
+        group.add_argument(f"--kvbm-{flag}", type=kind, default=None, help=help_text)
     group.add_argument(
         "--kvbm-no-direct-io",
         action="store_true",
-        default=_env_default("no-direct-io", lambda v: v.lower() in ("1", "true", "yes")),
-        help="buffered disk I/O instead of O_DIRECT (TANDEM_KVBM_NO_DIRECT_IO)",
+        help="buffered disk I/O instead of O_DIRECT",
     )
 
 

@@ -1,10 +1,9 @@
-"""Encode-worker flags (`tandem worker --engine encoder ...`). Flags first, `TANDEM_*` env vars as
-fallbacks (e.g. TANDEM_MM_ENCODER_BATCH_IMAGES), then defaults."""
+"""Encode-worker flags (`tandem worker --engine encoder ...`); env (e.g.
+TANDEM_MM_ENCODER_BATCH_IMAGES) and config-file values: `tandem.cli.config`."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -34,17 +33,10 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
 }  # fmt: skip
 
 
-def _env_name(flag: str) -> str:
-    return "TANDEM_" + flag.lstrip("-").replace("-", "_").upper()
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("encoder engine")
     for flag, (type_, default, help_) in _FLAGS.items():
-        env = _env_name(flag)
-        raw = os.environ.get(env)
-        value = type_(raw) if raw is not None else default
-        group.add_argument(flag, type=type_, default=value, help=f"{help_} (env {env})")
+        group.add_argument(flag, type=type_, default=default, help=help_)
 
 
 def config_from_args(ns: argparse.Namespace) -> EncodeWorkerConfig:

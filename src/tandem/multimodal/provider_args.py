@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from typing import Any
 
 from tandem.multimodal.embedding_cache import EmbeddingCache
@@ -15,48 +14,40 @@ from tandem.multimodal.remote_provider import CachingEmbeddingProvider, RemoteEn
 logger = logging.getLogger(__name__)
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name) or default
-
-
 def add_embedding_provider_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("image embeddings")
     group.add_argument(
         "--mm-remote-encode",
         action="store_true",
-        default=_env("TANDEM_MM_REMOTE_ENCODE", "") not in ("", "0", "false"),
+        default=False,
         help="get image embeddings from encode workers (`tandem worker --engine encoder`); a "
-        "failed encode or transfer falls back to this worker's encoder when it has one "
-        "(env TANDEM_MM_REMOTE_ENCODE)",
+        "failed encode or transfer falls back to this worker's encoder when it has one",
     )
     group.add_argument(
         "--no-mm-local-fallback",
         dest="mm_local_fallback",
         action="store_false",
-        default=_env("TANDEM_MM_LOCAL_FALLBACK", "1") not in ("0", "false"),
         help="with --mm-remote-encode: never encode on this worker; a failed remote encode "
-        "fails the request (503 when no encode worker answered) (env TANDEM_MM_LOCAL_FALLBACK=0)",
+        "fails the request (503 when no encode worker answered)",
     )
     group.add_argument(
         "--mm-embedding-cache-mb",
         type=float,
-        default=float(_env("TANDEM_MM_EMBEDDING_CACHE_MB", "256")),
-        help="LRU of image embeddings by mm_hash; a hit skips the encoder; 0 = off "
-        "(env TANDEM_MM_EMBEDDING_CACHE_MB)",
+        default=256.0,
+        help="LRU of image embeddings by mm_hash; a hit skips the encoder; 0 = off",
     )
     group.add_argument(
         "--mm-encode-timeout-s",
         type=float,
-        default=float(_env("TANDEM_MM_ENCODE_TIMEOUT_S", "10")),
+        default=10.0,
         help="bound on asking encode workers (failover included) and pulling the embeddings; "
-        "past it the request fails with 503 (env TANDEM_MM_ENCODE_TIMEOUT_S)",
+        "past it the request fails with 503",
     )
     group.add_argument(
         "--mm-receive-slots",
         type=int,
-        default=int(_env("TANDEM_MM_RECEIVE_SLOTS", "64")),
-        help="embeddings the pre-allocated receive pool holds at once "
-        "(env TANDEM_MM_RECEIVE_SLOTS)",
+        default=64,
+        help="embeddings the pre-allocated receive pool holds at once",
     )
 
 

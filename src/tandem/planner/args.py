@@ -1,18 +1,14 @@
-"""Planner flags (`tandem planner`, `tandem serve --planner`), `TANDEM_PLANNER_*` env fallbacks."""
+"""Planner flags (`tandem planner`, `tandem serve --planner`); env and config-file values:
+`tandem.cli.config` (the old TANDEM_PLANNER_* names are deprecated aliases there)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 
 from tandem.planner.config import MODES, PlannerConfig, PoolConfig
 from tandem.planner.connector.base import connector_names
 from tandem.planner.predictor import PREDICTORS
-
-
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"TANDEM_PLANNER_{name}") or default
 
 
 def parse_pool(text: str) -> PoolConfig:
@@ -37,7 +33,7 @@ def add_planner_args(parser: argparse.ArgumentParser, *, with_connector: bool = 
     g = parser.add_argument_group("planner")
     g.add_argument(
         "--mode",
-        default=_env("MODE", "load"),
+        default="load",
         choices=MODES,
         help="load: step-time regression; throughput: forecast × engine profile",
     )
@@ -49,35 +45,41 @@ def add_planner_args(parser: argparse.ArgumentParser, *, with_connector: bool = 
         metavar="SPEC",
         help="COMPONENT[:KIND[:MIN[:MAX]]] (repeatable; default backend:aggregated:1:8)",
     )
-    g.add_argument("--ttft-target-ms", type=float, default=float(_env("TTFT_TARGET_MS", "500")))
-    g.add_argument("--itl-target-ms", type=float, default=float(_env("ITL_TARGET_MS", "50")))
-    g.add_argument("--interval-s", type=float, default=float(_env("INTERVAL_S", "2")),
+    g.add_argument("--ttft-target-ms", type=float, default=500.0, help="TTFT target")
+    g.add_argument("--itl-target-ms", type=float, default=50.0, help="ITL target")
+    g.add_argument("--interval-s", type=float, default=2.0,
                    help="seconds between decisions")  # fmt: skip
-    g.add_argument("--cooldown-up-s", type=float, default=float(_env("COOLDOWN_UP_S", "5")))
-    g.add_argument("--cooldown-down-s", type=float, default=float(_env("COOLDOWN_DOWN_S", "15")))
-    g.add_argument("--ready-timeout-s", type=float, default=float(_env("READY_TIMEOUT_S", "60")),
+    g.add_argument("--cooldown-up-s", type=float, default=5.0,
+                   help="no new scale-up this long after one")  # fmt: skip
+    g.add_argument("--cooldown-down-s", type=float, default=15.0,
+                   help="no new scale-down this long after a change")  # fmt: skip
+    g.add_argument("--ready-timeout-s", type=float, default=60.0,
                    help="a new worker not ready by then is given up on")  # fmt: skip
-    g.add_argument("--drain-timeout-s", type=float, default=float(_env("DRAIN_TIMEOUT_S", "120")))
-    g.add_argument("--scale-down-margin", type=float, default=float(_env("MARGIN", "0.7")),
+    g.add_argument("--drain-timeout-s", type=float, default=120.0,
+                   help="a draining worker still listed after this is counted stuck")  # fmt: skip
+    g.add_argument("--scale-down-margin", type=float, default=0.7,
                    help="survivors must stay under target × this to scale down")  # fmt: skip
-    g.add_argument("--max-total-workers", type=int, default=int(_env("MAX_TOTAL_WORKERS", "0")),
+    g.add_argument("--max-total-workers", type=int, default=0,
                    help="budget over all pools (0 = the sum of their max)")  # fmt: skip
-    g.add_argument("--predictor", default=_env("PREDICTOR", "holt"), choices=PREDICTORS)
-    g.add_argument("--profile", default=os.environ.get("TANDEM_PLANNER_PROFILE"),
+    g.add_argument("--predictor", default="holt", choices=PREDICTORS,
+                   help="load forecaster (throughput mode)")  # fmt: skip
+    g.add_argument("--profile", default=None,
                    help="engine profile JSON from `tandem profile` (throughput mode)")  # fmt: skip
     if not with_connector:
         return
     choices = [n for n in connector_names() if n != "inprocess"]  # in-process: tests only
-    g.add_argument("--connector", default=_env("CONNECTOR", "local"), choices=choices)
+    g.add_argument("--connector", default="local", choices=choices,
+                   help="how workers are started and stopped")  # fmt: skip
     g.add_argument(
         "--worker-args",
-        default=_env("WORKER_ARGS", "--engine mocker"),
+        default="--engine mocker",
         help="flags of every worker the connector starts (one shell-quoted string)",
     )
     g.add_argument("--worker-drain-grace-s", type=float,
-                   default=float(_env("WORKER_DRAIN_GRACE_S", "60")),
+                   default=60.0,
                    help="how long a drained worker may finish its in-flight requests")  # fmt: skip
-    g.add_argument("--worker-log-dir", default=os.environ.get("TANDEM_PLANNER_WORKER_LOG_DIR"))
+    g.add_argument("--worker-log-dir", default=None,
+                   help="directory for the started workers' logs (none: this output)")  # fmt: skip
 
 
 def planner_config_from_args(ns: argparse.Namespace) -> PlannerConfig:

@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from tandem.cli.config import parse_args
 from tandem.engines.base import make_engine
 from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.config import MockerConfig
@@ -151,12 +152,12 @@ async def test_registry_builds_mocker_from_flags(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("TANDEM_NUM_BLOCKS", "128")
     parser = argparse.ArgumentParser()
     add_engine_args("mocker", parser)
-    ns = parser.parse_args(["--speedup-ratio", "0", "--block-size", "16", "--tokenizer", "none"])
+    ns = parse_args(parser, ["--speedup-ratio", "0", "--block-size", "16", "--tokenizer", "none"])
     engine = make_engine("mocker", ns)
     assert isinstance(engine, MockerEngine)
     cfg = engine.config
     assert (cfg.num_blocks, cfg.block_size, cfg.speedup_ratio, cfg.tokenizer) == (128, 16, 0, None)
-    default = make_engine("mocker", parser.parse_args([]))
+    default = make_engine("mocker", parse_args(parser, []))
     assert isinstance(default, MockerEngine)
     tokenizer = default.config.tokenizer
     assert tokenizer is not None and tokenizer.startswith("gguf:") and tokenizer.endswith(".gguf")

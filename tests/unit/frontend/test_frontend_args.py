@@ -1,4 +1,4 @@
-"""Frontend flags: API keys from flags, a file or TANDEM_API_KEY; HTTP limits with env fallbacks."""
+"""Frontend flags: API keys from flags (or TANDEM_API_KEY) and a file; HTTP limits with env."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tandem.cli.config import parse_args
 from tandem.frontend.args import add_frontend_args, frontend_config_from_args
 
 
 def _config(argv: list[str]) -> object:
     parser = argparse.ArgumentParser()
     add_frontend_args(parser)
-    return frontend_config_from_args(parser.parse_args(argv))
+    return frontend_config_from_args(parse_args(parser, argv))
 
 
 def test_api_keys_from_flags_file_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,6 +23,8 @@ def test_api_keys_from_flags_file_and_env(tmp_path: Path, monkeypatch: pytest.Mo
     keys = tmp_path / "keys"
     keys.write_text("file-1\nfile-2,file-3\n\n")
     assert _config(["--api-key-file", str(keys)]).api_keys == (  # type: ignore[attr-defined]
+        "env-1",
+        "env-2",
         "file-1",
         "file-2",
         "file-3",

@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from tandem.cli.config import parse_args
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args, with_block_bytes
 from tandem.kvbm.base import GIB, KvbmConfig
 
@@ -46,7 +47,7 @@ def test_invalid_config_names_the_field(kwargs: dict[str, object], message: str)
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_kvbm_args(parser)
-    return parser.parse_args(argv)
+    return parse_args(parser, argv)
 
 
 def test_flags_build_config(tmp_path: object) -> None:

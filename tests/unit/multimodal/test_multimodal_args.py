@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tandem.cli.config import parse_args
 from tandem.multimodal.args import add_image_args, image_config_from_args
 from tandem.multimodal.config import ImageConfig
 
@@ -14,7 +15,7 @@ from tandem.multimodal.config import ImageConfig
 def _parse(argv: list[str]) -> ImageConfig:
     parser = argparse.ArgumentParser()
     add_image_args(parser)
-    return image_config_from_args(parser.parse_args(argv))
+    return image_config_from_args(parse_args(parser, argv))
 
 
 def test_defaults_allow_data_urls_only() -> None:

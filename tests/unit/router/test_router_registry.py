@@ -6,6 +6,7 @@ import asyncio
 import pytest
 from tests.support.instances import backend_instance
 
+from tandem.cli.config import parse_args
 from tandem.errors import InvalidRequest, NoWorkersAvailable, Overloaded
 from tandem.protocols.discovery import Instance
 from tandem.protocols.engine import PreprocessedRequest, RoutingHints, StopConditions
@@ -111,7 +112,8 @@ def test_args_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TANDEM_KV_OVERLAP_WEIGHT", "2.5")
     p = argparse.ArgumentParser()
     add_router_args(p)
-    ns = p.parse_args(
+    ns = parse_args(
+        p,
         [
             "--router",
             "least_loaded",
@@ -120,7 +122,7 @@ def test_args_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
             "--no-kv-events",
             "--router-queue",
             "4",
-        ]
+        ],
     )
     cfg = router_config_from_args(ns)
     assert ns.router == "least_loaded"
@@ -130,17 +132,17 @@ def test_args_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
         False,
         4,
     )
-    assert router_config_from_args(p.parse_args([])).overlap_weight == 2.5
+    assert router_config_from_args(parse_args(p, [])).overlap_weight == 2.5
 
 
 def test_active_and_approx_ttls_have_their_own_flags() -> None:
     p = argparse.ArgumentParser()
     add_router_args(p)
-    cfg = router_config_from_args(p.parse_args(["--router-active-ttl-s", "30"]))
+    cfg = router_config_from_args(parse_args(p, ["--router-active-ttl-s", "30"]))
     assert (cfg.active_ttl_s, cfg.approx_ttl_s) == (30.0, 120.0)
-    cfg = router_config_from_args(p.parse_args(["--router-approx-ttl-s", "5"]))
+    cfg = router_config_from_args(parse_args(p, ["--router-approx-ttl-s", "5"]))
     assert (cfg.active_ttl_s, cfg.approx_ttl_s) == (600.0, 5.0)
-    cfg = router_config_from_args(p.parse_args(["--router-ttl-s", "7"]))  # the old name
+    cfg = router_config_from_args(parse_args(p, ["--router-ttl-s", "7"]))  # the old name
     assert (cfg.active_ttl_s, cfg.approx_ttl_s) == (600.0, 7.0)
 
 

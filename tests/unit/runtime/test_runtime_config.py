@@ -4,6 +4,7 @@ import argparse
 
 import pytest
 
+from tandem.cli.config import parse_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.registry import make_discovery, make_event_bus
@@ -31,11 +32,8 @@ def test_out_of_range_names_field_and_range() -> None:
 
 
 def test_flags_beat_env_which_beats_defaults() -> None:
-    parser = argparse.ArgumentParser()
-    add_runtime_args(parser)
-    ns = parser.parse_args(["--discovery", "file", "--lease-ttl-s", "3"])
     env = {"TANDEM_DISCOVERY": "etcd", "TANDEM_EVENTS": "nats", "TANDEM_NAMESPACE": "dev"}
-    cfg = runtime_config_from_args(ns, env)
+    cfg = runtime_config_from_args(_parse("--discovery", "file", "--lease-ttl-s", "3", env=env))
     assert (cfg.discovery, cfg.events, cfg.namespace, cfg.lease_ttl_s) == (
         "file",
         "nats",
@@ -48,9 +46,9 @@ def test_existing_host_flag_is_left_to_the_command() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="0.0.0.0")
     add_runtime_args(parser)
-    ns = parser.parse_args(["--host", "10.0.0.1"])
-    assert runtime_config_from_args(ns, {}).host == "127.0.0.1"
-    assert runtime_config_from_args(ns, {"TANDEM_HOST_IP": "10.1.1.1"}).host == "10.1.1.1"
+    ns = parse_args(parser, ["--host", "10.0.0.1"], {"TANDEM_HOST_IP": "10.1.1.1"})
+    assert ns.host == "10.0.0.1"
+    assert runtime_config_from_args(ns).host == "127.0.0.1"
 
 
 def test_registry_builds_memory_backends() -> None:
@@ -63,25 +61,23 @@ def test_registry_builds_memory_backends() -> None:
 SECRET = "0123456789abcdef0123456789abcdef"
 
 
-def _parse(*argv: str) -> argparse.Namespace:
+def _parse(*argv: str, env: dict[str, str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_runtime_args(parser)
-    return parser.parse_args(list(argv))
+    return parse_args(parser, list(argv), env or {})
 
 
 def test_cluster_secret_from_flag_file_or_env(tmp_path) -> None:
     path = tmp_path / "secret"
     path.write_text(SECRET + "\n")
     path.chmod(0o600)
-    assert runtime_config_from_args(_parse("--cluster-secret", SECRET), {}).cluster_secret == SECRET
-    from_file = runtime_config_from_args(_parse("--cluster-secret-file", str(path)), {})
+    assert runtime_config_from_args(_parse("--cluster-secret", SECRET)).cluster_secret == SECRET
+    from_file = runtime_config_from_args(_parse("--cluster-secret-file", str(path)))
     assert from_file.cluster_secret == SECRET
     env = {"TANDEM_CLUSTER_SECRET_FILE": str(path)}
-    assert runtime_config_from_args(_parse(), env).cluster_secret == SECRET
-    # a flag beats the env; no secret anywhere means no authentication
-    flag_wins = runtime_config_from_args(_parse("--cluster-secret", "f" * 32), env)
-    assert flag_wins.cluster_secret == "f" * 32
-    assert runtime_config_from_args(_parse(), {}).cluster_secret is None
+    assert runtime_config_from_args(_parse(env=env)).cluster_secret == SECRET
+    # no secret anywhere means no authentication
+    assert runtime_config_from_args(_parse()).cluster_secret is None
 
 
 def test_cluster_secret_never_printed_and_checked(tmp_path) -> None:
@@ -92,8 +88,11 @@ def test_cluster_secret_never_printed_and_checked(tmp_path) -> None:
     path.write_text(SECRET)
     path.chmod(0o644)
     with pytest.raises(ValueError, match=r"mode 644.*chmod 600"):
-        runtime_config_from_args(_parse("--cluster-secret-file", str(path)), {})
+        runtime_config_from_args(_parse("--cluster-secret-file", str(path)))
     with pytest.raises(ValueError, match="give the cluster secret one way"):
         runtime_config_from_args(
-            _parse("--cluster-secret", SECRET, "--cluster-secret-file", str(path)), {}
+            _parse("--cluster-secret", SECRET, "--cluster-secret-file", str(path))
         )
+    with pytest.raises(ValueError, match="give the cluster secret one way"):  # flag + env
+        env = {"TANDEM_CLUSTER_SECRET_FILE": str(path)}
+        runtime_config_from_args(_parse("--cluster-secret", SECRET, env=env))

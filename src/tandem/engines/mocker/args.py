@@ -1,12 +1,11 @@
 """Mocker flags (`tandem worker --engine mocker ...`, `tandem serve --engine mocker ...`).
 
-Flags first, `TANDEM_*` env vars as fallbacks (e.g. TANDEM_SPEEDUP_RATIO), then defaults.
+Env (e.g. TANDEM_SPEEDUP_RATIO) and config-file values: `tandem.cli.config`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -59,33 +58,16 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
 }
 
 
-def _env_name(flag: str) -> str:
-    return "TANDEM_" + flag.lstrip("-").replace("-", "_").upper()
-
-
-def _env_flag(env: str) -> bool:
-    raw = os.environ.get(env, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"{env}={os.environ[env]!r} is not a boolean; expected 1/0, true/false")
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("mocker engine")
     for flag, (type_, default, help_) in _FLAGS.items():
-        env = _env_name(flag)
-        raw = os.environ.get(env)
-        value = type_(raw) if raw is not None else default
-        group.add_argument(flag, type=type_, default=value, help=f"{help_} (env {env})")
-    env = _env_name("--kv-events-token-ids")
+        group.add_argument(flag, type=type_, default=default, help=help_)
     group.add_argument(
         "--kv-events-token-ids",
         action=argparse.BooleanOptionalAction,
-        default=_env_flag(env),
+        default=False,
         help="KV events (and kv_state snapshots) carry each stored block's token ids; off by "
-        f"default: routers key on the block hashes (env {env})",
+        "default: routers key on the block hashes (a non-boolean env value is an error)",
     )
     add_kvbm_args(parser)
 

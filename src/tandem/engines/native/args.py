@@ -1,22 +1,16 @@
 """Native engine flags (`tandem worker --engine native ...`, `tandem serve ...`).
 
-Flags first, `TANDEM_*` env vars as fallbacks (e.g. TANDEM_NUM_BLOCKS), then defaults.
+Env (e.g. TANDEM_NUM_BLOCKS) and config-file values: `tandem.cli.config`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
 from tandem.engines.native.config import DTYPES, WEIGHT_FORMATS, NativeConfig
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
-
-
-def _bool(raw: str) -> bool:
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
 
 # flag -> (type, default, help)
 _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
@@ -42,25 +36,12 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
 }
 
 
-def _env_name(flag: str) -> str:
-    return "TANDEM_" + flag.lstrip("-").replace("-", "_").upper()
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("native engine")
     for flag, (type_, default, help_) in _FLAGS.items():
-        env = _env_name(flag)
-        raw = os.environ.get(env)
-        value = type_(raw) if raw is not None else default
         extra = ["--num-gpu-blocks"] if flag == "--num-blocks" else []
-        group.add_argument(flag, *extra, type=type_, default=value, help=f"{help_} (env {env})")
-    env = "TANDEM_NO_PREFIX_CACHING"
-    group.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        default=_bool(os.environ.get(env, "0")),
-        help=f"disable prefix caching (env {env})",
-    )
+        group.add_argument(flag, *extra, type=type_, default=default, help=help_)
+    group.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     add_kvbm_args(parser)
 
 

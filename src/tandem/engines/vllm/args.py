@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import sys
 from typing import Any
 
@@ -41,13 +40,11 @@ def _vllm_parser() -> argparse.ArgumentParser:
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("vLLM engine (vLLM's own flags pass through)")
-    env = os.environ.get("TANDEM_METRICS_PORT")
     group.add_argument(
         "--metrics-port",
         type=int,
-        default=int(env) if env else 0,
-        help="serve vLLM's Prometheus metrics on this port (0 = a free one, -1 = off; "
-        "env TANDEM_METRICS_PORT)",
+        default=0,
+        help="serve vLLM's Prometheus metrics on this port (0 = a free one, -1 = off)",
     )
     group.add_argument("--metrics-host", default="127.0.0.1", help="address of --metrics-port")
     group.add_argument(

@@ -7,6 +7,11 @@ The frontend maps these to HTTP status codes and OpenAI error bodies in one plac
 from __future__ import annotations
 
 
+class StartupError(Exception):
+    """A process cannot start (a port that cannot be bound, a missing model file, a worker that
+    exited before it was ready). `tandem` prints the message as one line and exits 1."""
+
+
 class ServingError(Exception):
     """Base of every error tandem raises on purpose."""
 

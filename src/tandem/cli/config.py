@@ -199,6 +199,24 @@ def _flag_index(actions: Sequence[argparse.Action]) -> dict[str, argparse.Action
 def load_config_file(path: str, command: str) -> dict[str, Any]:
     """The flat key → value mapping `command` reads from the YAML file at `path`: the top-level
     flag keys, overridden by the command's own section. Raises ConfigError on a bad file."""
+    data = _read_yaml(path)
+    # a command's name with a mapping is its section (`router:` is also the flag `--router`)
+    values = {k: v for k, v in data.items() if not _is_section(k, v)}
+    values.update(config_section(path, command, data))
+    return values
+
+
+def config_section(path: str, command: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Only the `command:` section of the file (empty when it has none)."""
+    data = _read_yaml(path) if data is None else data
+    section: dict[str, Any] = {}
+    for key, value in data.items():
+        if _is_section(key, value) and _normalise(key) == command:
+            section.update(value)
+    return section
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
     import yaml
 
     try:
@@ -212,12 +230,7 @@ def load_config_file(path: str, command: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of flag names to values")
-    # a command's name with a mapping is its section (`router:` is also the flag `--router`)
-    values = {k: v for k, v in data.items() if not _is_section(k, v)}
-    for key, section in data.items():
-        if _is_section(key, section) and _normalise(key) == command:
-            values.update(section)
-    return values
+    return data
 
 
 def _is_section(key: object, value: object) -> bool:

@@ -9,6 +9,9 @@ import importlib
 import sys
 
 from tandem.cli.config import parse_args
+from tandem.errors import StartupError
+
+EXIT_STARTUP_FAILED = 1
 
 COMMANDS = {
     "serve": "all-in-one on one host: frontend + N workers",
@@ -36,12 +39,20 @@ def main(argv: list[str] | None = None) -> int:
             )
         parser.print_help()
         return 0 if argv else 2
-    module = importlib.import_module(f"tandem.cli.{argv[0].replace('-', '_')}")
+    try:
+        return _run_command(argv[0], argv[1:])
+    except StartupError as exc:  # one clear line, no traceback (issue 12: start-up truth)
+        print(f"tandem {argv[0]}: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_STARTUP_FAILED
+
+
+def _run_command(command: str, argv: list[str]) -> int:
+    module = importlib.import_module(f"tandem.cli.{command.replace('-', '_')}")
     if hasattr(module, "main"):
-        return int(module.main(argv[1:]) or 0)
-    parser = argparse.ArgumentParser(prog=f"tandem {argv[0]}", description=COMMANDS[argv[0]])
+        return int(module.main(argv) or 0)
+    parser = argparse.ArgumentParser(prog=f"tandem {command}", description=COMMANDS[command])
     module.add_arguments(parser)
-    args = parse_args(parser, argv[1:])
+    args = parse_args(parser, argv)
     return int(module.run(args) or 0)
 
 

@@ -26,6 +26,7 @@ from tandem.cli.process import (
     run_async,
 )
 from tandem.cli.supervisor import WorkerGroup, WorkerSpec, make_run_dir, remove_stale_run_dirs
+from tandem.errors import StartupError
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +217,8 @@ def _encoder_specs(args: argparse.Namespace) -> list[WorkerSpec]:
     extra = shlex.split(args.encoder_args)
     if args.engine == "mocker" and "--mm-encoder" not in extra:
         extra = ["--mm-encoder", "sim", *extra]
-    argv = ["--engine", "encoder", *_observability_argv(args), *extra]
+    config = getattr(args, "encoder_config_flags", [])  # shadows an inherited TANDEM_CONFIG
+    argv = ["--engine", "encoder", *_observability_argv(args), *config, *extra]
     return [
         WorkerSpec(name=f"encoder{i}", argv=list(argv), component="encoder", endpoint="encode")
         for i in range(args.encode_workers)
@@ -247,11 +249,16 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
         events="zmq",
         cluster_secret=_cluster_secret(run_dir),
     )
+    try:
+        frontend_config = frontend_config_from_args(args)
+    except ValueError as exc:
+        raise StartupError(f"bad configuration: {exc}") from exc
+    passthrough = [*_worker_config_flags(args, run_dir), *passthrough]
     stop = asyncio.Event()
     install_signal_handlers(stop)
     if args.frontend_replica:
         async with open_runtime(runtime_config) as runtime:
-            await serve_frontend(frontend_config_from_args(args), runtime, stop=stop)
+            await serve_frontend(frontend_config, runtime, stop=stop)
         return 0
     if args.planner:
         return await serve_with_planner(args, passthrough, runtime_config, stop, run_dir)
@@ -263,24 +270,21 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
     replicas: WorkerGroup | None = None
     try:
         async with open_runtime(runtime_config) as runtime:
-            await group.start()
             listening, bound = asyncio.Event(), []  # type: ignore[var-annotated]
             frontend = asyncio.create_task(
-                serve_frontend(
-                    frontend_config_from_args(args),
-                    runtime,
-                    stop=stop,
-                    ready=listening,
-                    bound=bound,
-                ),
+                serve_frontend(frontend_config, runtime, stop=stop, ready=listening, bound=bound),
                 name="frontend",
             )
             try:
-                if not await group.wait_ready(runtime, args.worker_ready_timeout_s, stop):
-                    stop.set()
-                    return 1
+                # the HTTP port first: a busy port stops the stack before any worker starts
+                await _wait_listening(listening, frontend, args.worker_ready_timeout_s)
+                await group.start()
+                failure = await group.wait_ready(runtime, args.worker_ready_timeout_s, stop)
+                if failure is not None:
+                    raise StartupError(failure)
+                if stop.is_set():
+                    return 0
                 if args.frontend_processes > 1:
-                    await _wait_listening(listening, frontend, args.worker_ready_timeout_s)
                     replicas = WorkerGroup(
                         runtime_config, replica_specs(args, run_dir, bound[0][1]),
                         run_dir=None if args.run_dir else run_dir,
@@ -327,10 +331,33 @@ async def _wait_listening(
     )
     waiter.cancel()
     if frontend in done:
-        frontend.result()
-        raise RuntimeError("frontend stopped before listening")
+        frontend.result()  # its StartupError (port in use)
+        raise StartupError("frontend stopped before listening")
     if not done:
-        raise TimeoutError(f"frontend not listening within {timeout_s:.0f} s")
+        raise StartupError(f"frontend not listening within {timeout_s:.0f} s")
+
+
+def _worker_config_flags(args: argparse.Namespace, run_dir: str) -> list[str]:
+    """`--config FILE` for the workers when serve reads a config file: its `worker:` section
+    alone (its top-level keys are serve's flags, unknown to a worker; the flag also shadows an
+    inherited TANDEM_CONFIG). Encode workers get an empty one (`args.encoder_config_flags`)."""
+    import yaml
+
+    from tandem.cli.config import CONFIG_ENV, config_section
+
+    args.encoder_config_flags = []
+    path = args.config or os.environ.get(CONFIG_ENV)
+    if not path:
+        return []
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    worker_path = os.path.join(run_dir, "worker-config.yaml")
+    encoder_path = os.path.join(run_dir, "encoder-config.yaml")
+    with open(worker_path, "w", encoding="utf-8") as f:
+        yaml.safe_dump({"worker": config_section(path, "worker")}, f)
+    with open(encoder_path, "w", encoding="utf-8") as f:
+        yaml.safe_dump({}, f)
+    args.encoder_config_flags = ["--config", encoder_path]
+    return ["--config", worker_path]
 
 
 def _cluster_secret(run_dir: str) -> str:

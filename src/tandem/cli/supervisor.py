@@ -143,9 +143,11 @@ class WorkerGroup:
     def _exited(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.returncode is not None]
 
-    async def wait_ready(self, runtime: Runtime, timeout_s: float, stop: asyncio.Event) -> bool:
-        """True once every spec's instance is registered; False (logged) if a worker exits
-        first, `stop` is set, or `timeout_s` passes."""
+    async def wait_ready(
+        self, runtime: Runtime, timeout_s: float, stop: asyncio.Event
+    ) -> str | None:
+        """None once every spec's instance is registered, or when `stop` is set first; else
+        the reason they are not: a worker exited first, or `timeout_s` passed."""
         wanted = Counter((s.component, s.endpoint) for s in self.specs if s.command == "worker")
         views = {key: runtime.instance_set(*key) for key in wanted}
         for view in views.values():
@@ -154,16 +156,17 @@ class WorkerGroup:
         try:
             while not stop.is_set():
                 if all(len(views[k].instances) >= n for k, n in wanted.items()):
-                    return True
+                    return None
                 if dead := self._exited():
-                    logger.error("worker(s) exited before registering: %s", ", ".join(dead))
-                    return False
+                    codes = ", ".join(f"{n} (exit code {self.procs[n].returncode})" for n in dead)
+                    return (
+                        f"worker(s) exited before they were ready: {codes}; see their error above"
+                    )
                 if time.monotonic() > deadline:
-                    logger.error("workers not registered within %.0f s", timeout_s)
-                    return False
+                    return f"workers not ready within --worker-ready-timeout-s {timeout_s:.0f}"
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.2)
-            return False
+            return None
         finally:
             for view in views.values():
                 await view.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -26,6 +27,7 @@ from tandem.cli.process import (
 from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
 from tandem.engines.base import Engine, add_engine_args, engine_names, make_engine
 from tandem.engines.worker import Worker, WorkerConfig
+from tandem.errors import StartupError
 from tandem.multimodal.provider_args import add_embedding_provider_args, attach_embedding_provider
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.lifecycle import install_signal_handlers
@@ -77,10 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     group.add_argument(
         "--embedding-only",
         action="store_true",
-        default=_env("TANDEM_EMBEDDING_ONLY", "") not in ("", "0", "false"),
         help="serve only /v1/embeddings (the `embed` endpoint; generation requests go to other "
-        "workers, or get a 400 naming the model); native and mocker engines "
-        "(env TANDEM_EMBEDDING_ONLY)",
+        "workers, or get a 400 naming the model); native and mocker engines",
     )
     group.add_argument(
         "--system-port",
@@ -135,18 +135,38 @@ def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) ->
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     """Run one worker until `stop` is set (default: SIGTERM/SIGINT), then drain; returns
     the exit status: 0, or EXIT_ENGINE_FAILED when the engine died first."""
-    runtime_config = runtime_config_from_args(args)
-    worker_config = worker_config_from_args(args)
-    engine = build_engine(args, runtime_config.cluster_secret)
+    try:
+        runtime_config = runtime_config_from_args(args)
+        worker_config = worker_config_from_args(args)
+        engine = build_engine(args, runtime_config.cluster_secret)
+    except (ValueError, OSError) as exc:
+        raise StartupError(f"bad configuration: {exc}") from exc
     if stop is None:
         stop = asyncio.Event()
         install_signal_handlers(stop)
-    async with open_runtime(runtime_config) as runtime:
-        if args.engine != "encoder":
-            await attach_embedding_provider(engine, runtime, args)
+    async with contextlib.AsyncExitStack() as resources:
+        try:
+            runtime = await resources.enter_async_context(open_runtime(runtime_config))
+        except (OSError, ValueError) as exc:  # a bind address not of this host, etcd down...
+            raise StartupError(f"cannot open the runtime: {exc}") from exc
         worker = Worker(engine, runtime, worker_config)
-        system = await _start_system_server(worker, args)
-        instance = await worker.start()
+        system: SystemServer | None = None
+        try:
+            if args.engine != "encoder":
+                await attach_embedding_provider(engine, runtime, args)
+            system = await _start_system_server(worker, args)
+            instance = await worker.start()
+        except Exception as exc:  # the start boundary: whatever stops it is the one line
+            logger.debug("worker start failed", exc_info=True)
+            with contextlib.suppress(Exception):
+                await worker.stop(0)
+            await runtime.shutdown(grace_s=0)
+            if system is not None:
+                await system.close()
+            if isinstance(exc, StartupError):
+                raise
+            reason = str(exc) or type(exc).__name__
+            raise StartupError(f"{args.engine} worker could not start: {reason}") from exc
         logger.info(
             "worker ready: instance_id=%s address=%s endpoint=%s engine=%s model=%s",
             instance.instance_id,
@@ -177,9 +197,15 @@ async def _start_system_server(worker: Worker, args: argparse.Namespace) -> Syst
     if not args.system_port:
         return None
     if not 0 < args.system_port < 65536:
-        raise SystemExit(f"--system-port={args.system_port}; expected 1..65535 or 0 (off)")
+        raise StartupError(f"--system-port={args.system_port}; expected 1..65535 or 0 (off)")
     server = SystemServer(metrics=worker.metrics.render, health=worker.health)
-    _, worker.system_port = await server.start(args.system_host, args.system_port)
+    try:
+        _, worker.system_port = await server.start(args.system_host, args.system_port)
+    except OSError as exc:
+        where = f"http://{args.system_host}:{args.system_port}"
+        raise StartupError(
+            f"cannot listen on --system-port {where}: {exc.strerror or exc}"
+        ) from exc
     return server
 
 

@@ -126,9 +126,8 @@ def _add_http_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--http-reuse-port",
         action="store_true",
-        default=_env("HTTP_REUSE_PORT", "") not in ("", "0", "false"),
         help="bind with SO_REUSEPORT so several frontend processes share the port; such a "
-        "frontend listens only once a model is ready (env TANDEM_HTTP_REUSE_PORT)",
+        "frontend listens only once a model is ready",
     )
 
 

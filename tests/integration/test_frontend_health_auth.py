@@ -40,7 +40,7 @@ class Cluster:
             open_runtime(RuntimeConfig(), discovery=self.discovery, events=self.events)
         )
 
-    async def add_worker(self, component: str = "backend") -> Worker:
+    async def add_worker(self, component: str = "backend", **metadata: Any) -> Worker:
         engine = MockerEngine(
             MockerConfig(
                 num_blocks=256,
@@ -50,7 +50,7 @@ class Cluster:
                 model_name=MODEL,
             )
         )
-        config = WorkerConfig(component=component, metrics_period_s=0.1)
+        config = WorkerConfig(component=component, metrics_period_s=0.1, metadata=metadata)
         worker = Worker(engine, await self.runtime(), config)
         await worker.start()
         self.stack.push_async_callback(worker.stop, 0)
@@ -136,6 +136,22 @@ async def test_disaggregated_model_needs_a_prefill_worker() -> None:
         await c.add_worker("prefill")
         status, body = await _wait_health(c, lambda status, body: status == 200)
         assert len(body["models"][MODEL]["prefill_workers"]) == 1
+
+
+async def test_remote_only_image_workers_need_an_encode_worker() -> None:
+    async with cluster() as c:
+        await c.add_worker(needs_encoder=True)  # E/PD: this worker cannot encode itself
+        await c.start_frontend()
+        status, body = await _wait_health(c, lambda status, body: MODEL in body["models"])
+        assert status == 503
+        assert any("no encode worker" in m for m in body["models"][MODEL]["missing"])
+
+        async def encode(payload: bytes, ctx: Any) -> AsyncIterator[bytes]:
+            yield b""
+
+        encoder = await (await c.runtime()).serve_endpoint("encoder", "encode", encode)
+        status, body = await _wait_health(c, lambda status, body: status == 200)
+        assert body["models"][MODEL]["encode_workers"] == [encoder.instance_id]
 
 
 async def test_head_works_where_get_does_and_live_answers() -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
+from typing import Any
 
 from tandem.cli.config import ConfigError, early_value, parse_args
 from tandem.cli.process import (
@@ -31,7 +33,7 @@ from tandem.errors import StartupError
 from tandem.multimodal.provider_args import add_embedding_provider_args, attach_embedding_provider
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.lifecycle import install_signal_handlers
-from tandem.runtime.runtime import open_runtime
+from tandem.runtime.runtime import Runtime, open_runtime
 from tandem.runtime.system_server import SystemServer
 
 logger = logging.getLogger(__name__)
@@ -132,6 +134,17 @@ def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) ->
     return DisaggEngine(engine, disagg, cluster_secret=cluster_secret)
 
 
+async def _attach_images(
+    engine: Engine, runtime: Runtime, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Give the engine its image embedding path; the instance metadata that says so: a worker
+    that can only encode remotely needs encode workers (E/PD), which /health then checks."""
+    if args.engine == "encoder":
+        return {}
+    provider = await attach_embedding_provider(engine, runtime, args)
+    return {"needs_encoder": True} if provider is not None and provider.local is None else {}
+
+
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     """Run one worker until `stop` is set (default: SIGTERM/SIGINT), then drain; returns
     the exit status: 0, or EXIT_ENGINE_FAILED when the engine died first."""
@@ -149,17 +162,18 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
             runtime = await resources.enter_async_context(open_runtime(runtime_config))
         except (OSError, ValueError) as exc:  # a bind address not of this host, etcd down...
             raise StartupError(f"cannot open the runtime: {exc}") from exc
-        worker = Worker(engine, runtime, worker_config)
+        worker: Worker | None = None
         system: SystemServer | None = None
         try:
-            if args.engine != "encoder":
-                await attach_embedding_provider(engine, runtime, args)
+            metadata = await _attach_images(engine, runtime, args)
+            worker = Worker(engine, runtime, dataclasses.replace(worker_config, metadata=metadata))
             system = await _start_system_server(worker, args)
             instance = await worker.start()
         except Exception as exc:  # the start boundary: whatever stops it is the one line
             logger.debug("worker start failed", exc_info=True)
-            with contextlib.suppress(Exception):
-                await worker.stop(0)
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    await worker.stop(0)
             await runtime.shutdown(grace_s=0)
             if system is not None:
                 await system.close()

@@ -72,6 +72,9 @@ class WorkerConfig:
     metrics_min_interval_s: float = 0.05  # and at most once per this while busy
     stats_period_s: float = 0.5  # WorkerStats (lifecycle + engine steps) for the planner
     embedding_only: bool = False  # serve only `embed` (the engine must be able to embed)
+    # extra instance metadata, e.g. {"needs_encoder": True} for a worker that only encodes
+    # images remotely (the frontend's /health then wants an encode worker)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("component", "endpoint", "instance_id"):
@@ -173,7 +176,7 @@ class Worker:
             self._generate if "generate" in tasks else self._refuse_generate,
             model=model_card(self.info, tasks),
             # a disaggregated engine adds its role and transfer agent (tandem.disagg)
-            metadata={**metadata, **self._engine_metadata()},
+            metadata={**metadata, **self._engine_metadata(), **self.config.metadata},
             instance_id=self.instance_id,
         )
         self.state = "ready"

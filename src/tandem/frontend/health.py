@@ -2,7 +2,8 @@
 
 `/live`: the process runs and its event loop answers (the lag of a periodic tick is shown).
 `/health`: ready only when discovery and the event bus are followed, and every model served
-has a complete topology (a disaggregated model needs prefill and decode workers) whose
+has a complete topology (a disaggregated model needs prefill and decode workers; a model whose
+workers encode images only remotely, E/PD, needs an encode worker) whose
 engines are all alive, its router and tokenizer loaded. A worker's engine counts as alive
 while its load metrics keep arriving on the event plane (a worker publishes them at least
 every second, busy or idle); a worker silent for `stale_s` (frozen, SIGSTOPped, engine loop
@@ -33,8 +34,8 @@ class HealthMonitor:
     """Follows worker liveness and the event loop's lag; `health()` and `live()` build the
     two reports. Call `start` once on the serving loop, `close` at shutdown; not thread-safe.
 
-    `workers` and `prefill` are InstanceSet-like (`instances`, `add_listener`, `is_healthy`,
-    `error`); `subjects` are the load-metrics subjects to follow on `events`."""
+    `workers`, `prefill` and `encoders` are InstanceSet-like (`instances`, `add_listener`,
+    `is_healthy`, `error`); `subjects` are the load-metrics subjects to follow on `events`."""
 
     def __init__(
         self,
@@ -45,9 +46,11 @@ class HealthMonitor:
         events: Any | None,
         subjects: list[str],
         stale_s: float,
+        encoders: Any | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._registry, self._workers, self._prefill = registry, workers, prefill
+        self._encoders = encoders
         self._events, self._subjects, self._stale_s, self._clock = events, subjects, stale_s, clock
         self._last_seen: dict[str, float] = {}  # worker_id -> last load metrics (or join) time
         self._tasks: list[asyncio.Task[None]] = []  # load-metrics subscriptions
@@ -185,6 +188,10 @@ class HealthMonitor:
                 missing.append("no decode worker (disaggregated: needs prefill and decode)")
         elif not decode:
             missing.append("no worker")
+        if self._needs_encoder(decode + status.get("prefill_workers", [])):
+            status["encode_workers"] = sorted(self._encoders.instances if self._encoders else [])
+            if not status["encode_workers"]:
+                missing.append("no encode worker (its workers encode images only remotely: E/PD)")
         now = self._clock()
         for worker_id in decode + status.get("prefill_workers", []):
             age = now - self._last_seen.get(worker_id, now)
@@ -202,6 +209,14 @@ class HealthMonitor:
         status["status"] = "ready" if not missing else "not_ready"
         status["missing"] = missing
         return status
+
+    def _needs_encoder(self, worker_ids: list[str]) -> bool:
+        for source in (self._workers, self._prefill):
+            for worker_id in worker_ids:
+                inst = source.instances.get(worker_id) if source is not None else None
+                if inst is not None and inst.metadata.get("needs_encoder"):
+                    return True
+        return False
 
 
 def _by_model(source: Any) -> dict[str, list[str]]:

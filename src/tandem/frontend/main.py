@@ -24,6 +24,7 @@ from tandem.frontend.request_stats import RequestStatsCollector, publish_request
 from tandem.frontend.response_store import ResponseStore
 from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.loader import ImageLoader
+from tandem.multimodal.remote_provider import ENCODER_COMPONENT, ENCODER_ENDPOINT
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import Runtime, open_runtime
 
@@ -65,10 +66,12 @@ async def serve_frontend(
         prefill = runtime.instance_set(config.disagg.prefill_component, config.worker_endpoint)
         streamer, pool = disagg_streamer(config, runtime, streamer, workers, prefill)
         metrics.watch_routers(pool.routers)
+    encoders = runtime.instance_set(ENCODER_COMPONENT, ENCODER_ENDPOINT)  # E/PD readiness
     health = HealthMonitor(
         registry=registry,
         workers=workers,
         prefill=prefill,
+        encoders=encoders,
         events=runtime.events,
         subjects=[
             f"{runtime.namespace}.{component}.load_metrics"
@@ -111,6 +114,7 @@ async def serve_frontend(
     await registry.start()
     if pool is not None:
         await pool.start()
+    await encoders.start()
     await health.start()
     stats_task = None
     if config.request_stats_interval_s:
@@ -143,6 +147,7 @@ async def serve_frontend(
         await server.stop(config.http.drain_grace_s if stop is not None and stop.is_set() else 0.0)
         await app.images.close()
         await health.close()
+        await encoders.close()
         await registry.close()
         await aggregated.close()
         if pool is not None:

@@ -143,7 +143,9 @@ def test_args_build_a_config(monkeypatch):
     monkeypatch.setenv("TANDEM_NUM_BLOCKS", "77")
     parser = argparse.ArgumentParser()
     add_args(parser)
-    config = config_from_args(parser.parse_args(["--block-size", "32", "--dtype", "float32"]))
+    from tandem.cli.config import parse_args
+
+    config = config_from_args(parse_args(parser, ["--block-size", "32", "--dtype", "float32"]))
     assert config == NativeConfig(block_size=32, num_blocks=77)
     with pytest.raises(ValueError, match="block_size=0"):
         NativeConfig(block_size=0)

@@ -254,6 +254,8 @@ def _help_suffix(action: argparse.Action) -> str:
         shown = "on" if default else "off"
     elif default is None or default == argparse.SUPPRESS or default in ([], ()):
         shown = "none"
+    elif default == "":
+        shown = "''"
     else:
         shown = str(default)
     return f" [default: {shown}; env {env_name(action)}]".replace("%", "%%")
@@ -342,7 +344,8 @@ def resolve_defaults(
                 f"(expected a flag name such as '{primary_flag(actions[0])[2:]}', or a section: "
                 f"{', '.join(sorted(SECTIONS))})"
             )
-        by_action[id(action)] = (raw, Source("config", f"{path}, key '{key}'"))
+        if raw is not None:  # `key:` / `key: null` leaves the flag at its default
+            by_action[id(action)] = (raw, Source("config", f"{path}, key '{key}'"))
     for action in actions:
         var = env_name(action)
         if env.get(var, "") != "":

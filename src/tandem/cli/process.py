@@ -16,13 +16,13 @@ T = TypeVar("T")
 
 
 def add_log_format_arg(parser: Any) -> None:
-    """`--log-format text|json` (env TANDEM_LOG_FORMAT) on a parser or argument group."""
+    """`--log-format text|json` on a parser or argument group."""
     parser.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
-        default=os.environ.get("TANDEM_LOG_FORMAT") or "text",
+        default="text",
         help="text lines, or one JSON object per line (ts, level, logger, message, request_id "
-        "on request-scoped lines) (env TANDEM_LOG_FORMAT; default text)",
+        "on request-scoped lines)",
     )
 
 
@@ -30,12 +30,11 @@ def add_tracing_args(parser: Any, service_name: str) -> None:
     """`--otlp-endpoint` and `--otlp-service-name` (OpenTelemetry traces; off by default)."""
     parser.add_argument(
         "--otlp-endpoint",
-        default=os.environ.get("TANDEM_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or "",
+        # OpenTelemetry's own variable as the default; TANDEM_OTLP_ENDPOINT (tandem.cli.config)
+        default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "",
         help="export OpenTelemetry spans of every request by OTLP http/protobuf to this base "
         "URL (e.g. http://127.0.0.1:4318; /v1/traces is appended); empty: tracing off, at no "
-        "cost (env TANDEM_OTLP_ENDPOINT, then OTEL_EXPORTER_OTLP_ENDPOINT)",
+        "cost (also OTEL_EXPORTER_OTLP_ENDPOINT, below TANDEM_OTLP_ENDPOINT)",
     )
     parser.add_argument(
         "--otlp-service-name",

@@ -26,7 +26,8 @@ USER tandem
 WORKDIR /home/tandem
 
 EXPOSE 8000
-# /live: the process runs and its event loop answers (readiness is /health)
+# /live: the process runs and its event loop answers (readiness is /health); set the port with
+# TANDEM_HTTP_PORT (not --http-port) so that the check follows it
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/live' % os.environ.get('TANDEM_HTTP_PORT', '8000'), timeout=2)" || exit 1
 ENTRYPOINT ["tandem"]

@@ -52,6 +52,18 @@ def test_frontend_on_a_busy_port_exits(tmp_path: Path) -> None:
     assert code != 0 and "tandem frontend: error: cannot listen on" in log, log
 
 
+def test_worker_on_a_busy_system_port_exits_before_ready(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        args = ["worker", "--engine", "mocker", "--system-port", str(port)]
+        code, log = _finish("worker-busy", args, tmp_path)
+    assert code != 0
+    assert f"tandem worker: error: cannot listen on --system-port http://127.0.0.1:{port}" in log
+    assert not re.search(r"\bready\b", log) and "Traceback" not in log, log
+
+
 def test_missing_model_file_exits_before_ready(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
     code, log = _finish("worker-nomodel", ["worker", "--engine", "native", "--model",

@@ -93,6 +93,9 @@ def test_every_container_parses_its_flags_and_the_config(
         assert grace > drain + 5, f"{name}: grace {grace}s leaves no room for a {drain}s drain"
         if args[0] == "worker":
             assert "TANDEM_HOST" in names, f"{name}: others must dial the pod IP"
+            assert container["ports"][0]["containerPort"] == ns.system_port, name
+            assert container["livenessProbe"]["httpGet"]["path"] == "/live", name
+            assert container["readinessProbe"]["httpGet"]["path"] == "/health", name
 
 
 def test_frontend_probes_and_drain(rendered: list[dict[str, Any]], tmp_path: Path) -> None:

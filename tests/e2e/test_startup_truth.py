@@ -30,17 +30,19 @@ def _finish(name: str, args: list[str], tmp_path: Path, timeout_s: float = 90) -
     return code, proc.log_path.read_text()
 
 
-def test_serve_on_a_busy_port_exits_before_ready(tmp_path: Path) -> None:
+@pytest.mark.parametrize("planner", [[], ["--planner"]], ids=["fixed", "planner"])
+def test_serve_on_a_busy_port_exits_before_ready(tmp_path: Path, planner: list[str]) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         args = ["serve", "--engine", "mocker", "--port", str(port), "--speedup-ratio", "0"]
-        code, log = _finish("serve-busy", args, tmp_path)
+        code, log = _finish("serve-busy", [*args, *planner], tmp_path)
     assert code != 0, log
     assert f"tandem serve: error: cannot listen on http://127.0.0.1:{port}: " in log, log
     assert "Address already in use" in log
     assert not re.search(r"\bready\b", log) and "Traceback" not in log, log
+    assert "started worker" not in log and "starting worker" not in log, log  # none started
 
 
 def test_frontend_on_a_busy_port_exits(tmp_path: Path) -> None:

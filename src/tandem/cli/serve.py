@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import sys
+from typing import TYPE_CHECKING
 
 from tandem.cli.config import parse_known_args
 from tandem.cli.process import (
@@ -27,6 +28,9 @@ from tandem.cli.process import (
 )
 from tandem.cli.supervisor import WorkerGroup, WorkerSpec, make_run_dir, remove_stale_run_dirs
 from tandem.errors import StartupError
+
+if TYPE_CHECKING:
+    from tandem.frontend.config import FrontendConfig
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +265,9 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
             await serve_frontend(frontend_config, runtime, stop=stop)
         return 0
     if args.planner:
-        return await serve_with_planner(args, passthrough, runtime_config, stop, run_dir)
+        return await serve_with_planner(
+            args, passthrough, runtime_config, frontend_config, stop, run_dir
+        )
     group = WorkerGroup(
         runtime_config,
         worker_specs(args, passthrough),
@@ -382,13 +388,13 @@ async def serve_with_planner(
     args: argparse.Namespace,
     passthrough: list[str],
     runtime_config: object,
+    frontend_config: FrontendConfig,
     stop: asyncio.Event,
     run_dir: str,
 ) -> int:
     """The frontend plus an embedded planner whose local connector owns every worker."""
     import shlex
 
-    from tandem.frontend.args import frontend_config_from_args
     from tandem.frontend.main import serve_frontend
     from tandem.planner.main import run_planner
     from tandem.runtime.runtime import open_runtime
@@ -406,9 +412,16 @@ async def serve_with_planner(
     args.worker_guard_run_dir = run_dir  # the workers die with serve, as without --planner
     try:
         async with open_runtime(runtime_config) as runtime:  # type: ignore[arg-type]
+            listening = asyncio.Event()
+            frontend = asyncio.create_task(
+                serve_frontend(frontend_config, runtime, stop=stop, ready=listening),
+                name="frontend",
+            )
+            # the HTTP port first: a busy port stops the stack before the planner starts workers
+            await _wait_listening(listening, frontend, args.worker_ready_timeout_s)
             planner = asyncio.create_task(run_planner(args, runtime, stop), name="planner")
             try:
-                await serve_frontend(frontend_config_from_args(args), runtime, stop=stop)
+                await frontend
             finally:
                 stop.set()
                 await planner

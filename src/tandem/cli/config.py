@@ -92,13 +92,15 @@ def primary_flag(action: argparse.Action) -> str:
 
 
 def configurable_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    """The parser's flags that take a value from env or config (not -h, not --config)."""
+    """The parser's flags that take a value from env or config (not -h, not --config, not
+    internal ones hidden from --help, such as serve's --frontend-replica)."""
     return [
         a
         for a in parser._actions
         if a.option_strings
         and not isinstance(a, _NO_VALUE)
         and a.dest != argparse.SUPPRESS
+        and a.help != argparse.SUPPRESS
         and CONFIG_FLAG not in a.option_strings
     ]
 
@@ -276,8 +278,6 @@ def annotate(parser: argparse.ArgumentParser) -> None:
             f"'{_command(parser)}:'); command line > env > this file > defaults [env {CONFIG_ENV}]",
         )
     for action in configurable_actions(parser):
-        if action.help == argparse.SUPPRESS:
-            continue
         help_ = (action.help or "").replace(" (default: %(default)s)", "")
         action.help = help_ + _help_suffix(action)
 

@@ -282,8 +282,10 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
                 name="frontend",
             )
             try:
-                # the HTTP port first: a busy port stops the stack before any worker starts
-                await _wait_listening(listening, frontend, args.worker_ready_timeout_s)
+                # the HTTP port first: a busy port stops the stack before any worker starts (a
+                # port shared by several frontends is bound once a model is ready: workers first)
+                if not frontend_config.http.reuse_port:
+                    await _wait_listening(listening, frontend, args.worker_ready_timeout_s)
                 await group.start()
                 failure = await group.wait_ready(runtime, args.worker_ready_timeout_s, stop)
                 if failure is not None:
@@ -291,6 +293,7 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
                 if stop.is_set():
                     return 0
                 if args.frontend_processes > 1:
+                    await _wait_listening(listening, frontend, args.worker_ready_timeout_s)
                     replicas = WorkerGroup(
                         runtime_config, replica_specs(args, run_dir, bound[0][1]),
                         run_dir=None if args.run_dir else run_dir,

@@ -99,6 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     group.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(group)
     add_tracing_args(group, "tandem-worker")
+    group.add_argument(
+        "--transfer-host",
+        default=None,
+        help="address the KV / image-embedding transfer agent of a prefill, decode or encode "
+        "worker listens on and peers dial (default: --host, the request-plane address; "
+        "set both to the pod/host IP for workers on different hosts)",
+    )
     add_engine_args(engine, parser)
     add_disagg_worker_args(parser)
     if engine != "encoder":
@@ -125,6 +132,7 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
 def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) -> Engine:
     """The engine `--engine` names, wrapped for its `--disagg-mode` role if any (its transfer
     agent authenticates peers with `cluster_secret`)."""
+    args.transfer_host = args.transfer_host or getattr(args, "runtime_host", None) or "127.0.0.1"
     disagg = disagg_worker_config_from_args(args)
     engine = make_engine(args.engine, args)
     if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector

@@ -39,6 +39,9 @@ class DisaggWorkerConfig:
     pin_ttl_s: float = 30.0
     transfer_timeout_s: float = 10.0
     on_transfer_failure: str = "local"
+    # where the KV transfer agent listens and what peers dial (`tandem worker` sets it to the
+    # worker's request-plane --host unless --transfer-host says otherwise)
+    transfer_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         _one_of("disagg mode", self.mode, DISAGG_MODES)

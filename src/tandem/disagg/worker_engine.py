@@ -66,6 +66,7 @@ class DisaggEngine:
             raise ValueError("DisaggEngine needs mode 'prefill' or 'decode'")
         self.engine, self.config = engine, config
         self._agent_config = agent_config or TransferAgentConfig(
+            host=config.transfer_host,
             backends=config.backends,
             lazy_backends=config.lazy_backends,
             default_ttl_s=config.pin_ttl_s,

@@ -51,6 +51,7 @@ def config_from_args(ns: argparse.Namespace) -> EncodeWorkerConfig:
         embedding_ttl_s=ns.mm_embedding_ttl_s,
         num_threads=ns.num_threads,
         transfer_backends=tuple(b for b in ns.mm_transfer_backends.split(",") if b),
+        transfer_host=getattr(ns, "transfer_host", None) or "127.0.0.1",
         sim=SimEncoderConfig(
             num_tokens_per_image=ns.mm_sim_num_tokens,
             hidden_size=ns.mm_sim_hidden_size,

@@ -51,6 +51,8 @@ class EncodeWorkerConfig:
     num_slots: int = 512
     embedding_ttl_s: float = 30.0
     transfer_backends: tuple[str, ...] = ("shm", "nixl", "tcp")
+    # where the embedding transfer agent listens and what peers dial
+    transfer_host: str = "127.0.0.1"
     # torch intra-op threads: 1 by default — bit-identical rows whatever the batch, and no
     # OpenMP barrier stalls beside other busy processes (13 ms/image on one core here)
     num_threads: int = 1
@@ -106,7 +108,11 @@ class EncoderEngine:
         slot_bytes = self.encoder.num_tokens_per_image * self.encoder.hidden_size * 4
         lazy = tuple(b for b in ("nixl", "mooncake") if b in self.config.transfer_backends)
         self.agent = TransferAgent(
-            TransferAgentConfig(backends=self.config.transfer_backends, lazy_backends=lazy)
+            TransferAgentConfig(
+                host=self.config.transfer_host,
+                backends=self.config.transfer_backends,
+                lazy_backends=lazy,
+            )
         )
         self.sender = EmbeddingSender(
             self.agent,

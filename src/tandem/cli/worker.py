@@ -135,6 +135,8 @@ def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) ->
     args.transfer_host = args.transfer_host or getattr(args, "runtime_host", None) or "127.0.0.1"
     disagg = disagg_worker_config_from_args(args)
     engine = make_engine(args.engine, args)
+    if args.engine == "encoder":  # its embedding transfer agent authenticates its peers
+        engine.cluster_secret = cluster_secret  # type: ignore[attr-defined]
     if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector
         return engine
     from tandem.disagg.worker_engine import DisaggEngine

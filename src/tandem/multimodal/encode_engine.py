@@ -91,8 +91,10 @@ class EncodeStats:
 class EncoderEngine:
     """Implements the `Engine` protocol for the encode worker; runs on the worker's loop."""
 
-    def __init__(self, config: EncodeWorkerConfig) -> None:
+    def __init__(self, config: EncodeWorkerConfig, *, cluster_secret: str | None = None) -> None:
         self.config = config
+        # authenticates the transfer agent's peers (decode workers pulling embeddings)
+        self.cluster_secret = cluster_secret
         self.encoder: Any = None
         self.agent: TransferAgent | None = None
         self.sender: EmbeddingSender | None = None
@@ -112,6 +114,7 @@ class EncoderEngine:
                 host=self.config.transfer_host,
                 backends=self.config.transfer_backends,
                 lazy_backends=lazy,
+                cluster_secret=self.cluster_secret,
             )
         )
         self.sender = EmbeddingSender(

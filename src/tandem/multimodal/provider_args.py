@@ -88,9 +88,15 @@ async def attach_embedding_provider(
     if ns.mm_remote_encode and not ns.mm_local_fallback:
         local = None
     if ns.mm_remote_encode:
-        from tandem.disagg.transfer import TransferAgent
+        from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
 
-        receiver = EmbeddingReceiver(TransferAgent(), num_slots=ns.mm_receive_slots)
+        agent = TransferAgent(
+            TransferAgentConfig(
+                host=getattr(ns, "transfer_host", None) or "127.0.0.1",
+                cluster_secret=runtime.config.cluster_secret,  # peers prove the secret
+            )
+        )
+        receiver = EmbeddingReceiver(agent, num_slots=ns.mm_receive_slots)
         remote = RemoteEncoderClient(runtime, receiver, timeout_s=ns.mm_encode_timeout_s)
         await remote.start()
     if remote is None and local is None:

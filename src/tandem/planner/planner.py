@@ -15,7 +15,9 @@ returns at most one kind of action per pool:
   adds (nothing is removed for it: the extra workers were someone's decision); the total
   budget caps adds over all pools.
 - otherwise the mode decides (load: ±1; throughput: toward the profiled replica count, adds
-  at once, removes one at a time), after the cooldown of that direction.
+  at once, removes one at a time), after the cooldown of that direction; a remove also needs
+  every verdict of the last `scale_down_stable_s` to have asked for it (one quiet interval
+  of Poisson arrivals is not a trend: draining on it re-adds the worker seconds later).
 Scale-down picks the victim with the fewest in-flight requests, then the least cached KV.
 Not thread-safe.
 """
@@ -63,6 +65,7 @@ class PoolState:
     num_external_changes: int = 0
     last_reason: str = ""
     calibration: load_mode.Calibration = field(default_factory=load_mode.Calibration)
+    down_since: float | None = None  # since when every verdict has said "remove one"
 
     @property
     def is_settling(self) -> bool:
@@ -182,6 +185,10 @@ class Planner:
             return self._adds(pool, now, count, f"below the floor of {pc.min_workers}")
         delta, reason = self._wanted_delta(pool, obs)
         pool.last_reason = reason
+        if delta >= 0:
+            pool.down_since = None
+        elif pool.down_since is None:
+            pool.down_since = now
         if delta > 0:
             if now - pool.last_action_s < cfg.cooldown_up_s:
                 return []
@@ -190,10 +197,14 @@ class Planner:
         if delta < 0 and n > pc.min_workers and obs.ready:
             if now - pool.last_action_s < cfg.cooldown_down_s:
                 return []
+            assert pool.down_since is not None
+            if now - pool.down_since < cfg.scale_down_stable_s:
+                return []
             victim = choose_victim(obs.ready)
             if victim is None:
                 return []
             pool.last_action_s = now
+            pool.down_since = None
             pool.removing[victim.worker_id] = now
             pool.known_ready.discard(victim.worker_id)
             return [ScaleAction("remove", pc.component, victim.worker_id, reason)]
@@ -203,6 +214,7 @@ class Planner:
         if count <= 0:
             return []
         pool.last_action_s = now
+        pool.down_since = None
         pool.num_requested_adds += count
         return [ScaleAction("add", pool.config.component, None, reason) for _ in range(count)]
 

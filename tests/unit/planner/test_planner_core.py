@@ -12,6 +12,7 @@ CFG = PlannerConfig(
     itl_target_ms=50.0,
     cooldown_up_s=5.0,
     cooldown_down_s=10.0,
+    scale_down_stable_s=0.0,  # its own test below
     ready_timeout_s=30.0,
 )
 
@@ -130,7 +131,7 @@ def test_measured_latency_over_the_prediction_calibrates_the_scale_down() -> Non
 
     cfg = PlannerConfig(
         pools=(PoolConfig(component="backend", min_workers=1, max_workers=4),),
-        ttft_target_ms=3000.0, itl_target_ms=50.0, cooldown_down_s=0.0,
+        ttft_target_ms=3000.0, itl_target_ms=50.0, cooldown_down_s=0.0, scale_down_stable_s=0.0,
         interval_s=1.0, stats_window_s=4.0,
     )  # fmt: skip
 
@@ -152,3 +153,18 @@ def test_measured_latency_over_the_prediction_calibrates_the_scale_down() -> Non
     # the same fleet measured as the model predicts: drained to one
     p = Planner(cfg)
     assert [a.kind for a in p.tick(0.0, obs(20.0))] == ["remove"]
+
+
+def test_scale_down_waits_for_a_stable_verdict() -> None:
+    """One quiet interval between busy ones is noise: the remove needs `scale_down_stable_s`
+    of verdicts that all asked for it."""
+    from dataclasses import replace
+
+    p = Planner(replace(CFG, scale_down_stable_s=3.0))
+    busy = {"kv": 200_000.0}  # ITL 26 ms each; one survivor would be at 46 > 35
+    assert p.tick(20.0, _obs("a", "b", **busy)) == []
+    assert p.tick(21.0, _obs("a", "b")) == []  # quiet: the window starts
+    assert p.tick(22.0, _obs("a", "b", **busy)) == []  # busy again: it restarts
+    assert p.tick(23.0, _obs("a", "b")) == []
+    assert p.tick(25.0, _obs("a", "b")) == []  # 2 s of quiet
+    assert [a.kind for a in p.tick(26.0, _obs("a", "b"))] == ["remove"]  # 3 s

@@ -11,8 +11,9 @@ For worker w with `q` waiting requests, uncached prompt length `isl` and `d` dec
 Both predictions model the engine's steps only; what the SLO counts is measured at the
 frontend (transport, the frontend's own work, uneven routing, a loaded host). A
 `Calibration` (the measured mean over the predicted fleet mean, smoothed by the planner, never
-below 1) multiplies every prediction, so a model that runs optimistic on a live fleet does not
-drain a worker the measured latency still needs.
+below 1) multiplies the survivors' predictions in the scale-down test, so a model that runs
+optimistic on a live fleet does not drain a worker the measured latency still needs (scale-up
+needs no such factor: it already answers to the measured means).
 
 Scale up by one when every worker's TTFT or every worker's ITL is over its target (or the
 frontends measured a mean TTFT/ITL over target in the last interval). Scale down by one when
@@ -116,22 +117,19 @@ def decide(
     pool for ITL only, an aggregated pool for both. `growth` (≥ 1: the forecast rate of the
     next interval over the current one) scales each worker's queue and prompt rate in the
     scale-up test, so a ramp is met before it crosses the target rather than after.
-    `calibration` multiplies every prediction (scale-up and scale-down alike)."""
+    `calibration` multiplies the survivors' predictions in the scale-down test (scale-up
+    already answers to the measured means directly)."""
     workers = pool.ready
     if not workers:
         return Verdict(0, "no ready workers")
     isl = _effective_isl(pool)
-    ttfts = [
-        _worker_ttft(model, w, isl, growth) * calibration.ttft if kind != "decode" else 0.0
-        for w in workers
-    ]
+    ttfts = [_worker_ttft(model, w, isl, growth) if kind != "decode" else 0.0 for w in workers]
     itls = [
         predict_itl_ms(
             model,
             prefill_tokens_per_s=w.prefill_tokens_per_s * growth,
             decode_kv=w.decode_kv_tokens * growth,
         )
-        * calibration.itl
         if kind != "prefill"
         else 0.0
         for w in workers

@@ -14,6 +14,7 @@ import aiohttp
 from tandem.engines.base import Engine
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
+from tandem.engines.profile import EngineProfile
 from tandem.frontend.config import FrontendConfig
 from tandem.planner.config import PlannerConfig
 from tandem.planner.connector.inprocess import InProcessConnector
@@ -63,7 +64,11 @@ class PlannerStack:
         self.base, self.http = await start_frontend_task(self.exit_stack, rt, cfg)
 
     async def start_planner(
-        self, config: PlannerConfig, engine_factory: Any = mocker_engine, connector: Any = None
+        self,
+        config: PlannerConfig,
+        engine_factory: Any = mocker_engine,
+        connector: Any = None,
+        profile: EngineProfile | None = None,
     ) -> PlannerService:
         """`connector(runtime)` builds the connector; default: in-process over `engine_factory`."""
         rt = await self.runtime()
@@ -72,7 +77,7 @@ class PlannerStack:
         else:
             self.connector = connector(rt)
         self.exit_stack.push_async_callback(self.connector.close)
-        self.service = PlannerService(rt, self.connector, config)
+        self.service = PlannerService(rt, self.connector, config, profile=profile)
         await self.service.start()
         self.exit_stack.push_async_callback(self.service.close)
         stop = asyncio.Event()
@@ -135,6 +140,7 @@ def planner_config(**overrides: Any) -> PlannerConfig:
         itl_target_ms=40.0,
         cooldown_up_s=0.5,
         cooldown_down_s=1.0,
+        scale_down_stable_s=1.0,
         ready_timeout_s=5.0,
         stats_window_s=3.0,
     )

@@ -478,6 +478,11 @@ def report(cfg: BenchConfig, times: list[float], runs: list[RunResult], profile_
         srow = sim_summary(sim, cfg.ttft_target_ms, cfg.itl_target_ms, live.duration_s, peak_ws)
         rows.append(srow)
     print(format_table(rows))
+    for run in runs:
+        failed = [r for r in run.results if not r.ok]
+        for r in failed[:5]:  # a failure is named, not just counted
+            at = r.start_s - min(x.start_s for x in run.results)
+            print(f"failed ({run.name}, sent at {at:.1f} s): status {r.status} {r.error}")
     if live is not None:
         lrow = rows[[r.name for r in runs].index("planner")]
         gap = timeline_gap(live.timeline, sim_timeline)

@@ -53,6 +53,8 @@ def add_planner_args(parser: argparse.ArgumentParser, *, with_connector: bool = 
                    help="no new scale-up this long after one")  # fmt: skip
     g.add_argument("--cooldown-down-s", type=float, default=15.0,
                    help="no new scale-down this long after a change")  # fmt: skip
+    g.add_argument("--scale-down-stable-s", type=float, default=5.0,
+                   help="scale down only after every decision this long said so")  # fmt: skip
     g.add_argument("--ready-timeout-s", type=float, default=60.0,
                    help="a new worker not ready by then is given up on")  # fmt: skip
     g.add_argument("--drain-timeout-s", type=float, default=120.0,
@@ -91,6 +93,7 @@ def planner_config_from_args(ns: argparse.Namespace) -> PlannerConfig:
         interval_s=ns.interval_s,
         cooldown_up_s=ns.cooldown_up_s,
         cooldown_down_s=ns.cooldown_down_s,
+        scale_down_stable_s=ns.scale_down_stable_s,
         ready_timeout_s=ns.ready_timeout_s,
         drain_timeout_s=ns.drain_timeout_s,
         scale_down_margin=ns.scale_down_margin,

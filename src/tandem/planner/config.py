@@ -47,6 +47,8 @@ class PlannerConfig:
     kv_fit_fraction: float = 0.9  # survivors' KV use after a scale-down stays under this
     cooldown_up_s: float = 5.0
     cooldown_down_s: float = 15.0
+    # a scale-down needs every verdict of this long to say so (one quiet interval is noise)
+    scale_down_stable_s: float = 5.0
     ready_timeout_s: float = 60.0  # a new worker not ready by then is given up on
     drain_timeout_s: float = 120.0  # a draining worker still listed by then is counted stuck
     max_total_workers: int = 0
@@ -73,6 +75,7 @@ class PlannerConfig:
         _check("kv_fit_fraction", self.kv_fit_fraction, 0.05, 1.0)
         _check("cooldown_up_s", self.cooldown_up_s, 0, 86400)
         _check("cooldown_down_s", self.cooldown_down_s, 0, 86400)
+        _check("scale_down_stable_s", self.scale_down_stable_s, 0, 86400)
         _check("ready_timeout_s", self.ready_timeout_s, 0.1, 86400)
         _check("drain_timeout_s", self.drain_timeout_s, 0.1, 86400)
         _check("max_total_workers", self.max_total_workers, 0, 1 << 20)

@@ -8,6 +8,13 @@ For worker w with `q` waiting requests, uncached prompt length `isl` and `d` dec
               (decode steps of c0 + c2·d ms share each second with c1·r ms of prefill;
               the mean step, hence the mean ITL, stretches by that share; ∞ when r saturates)
 
+Both predictions model the engine's steps only; what the SLO counts is measured at the
+frontend (transport, the frontend's own work, uneven routing, a loaded host). A
+`Calibration` (the measured mean over the predicted fleet mean, smoothed by the planner, never
+below 1) multiplies the survivors' predictions in the scale-down test, so a model that runs
+optimistic on a live fleet does not drain a worker the measured latency still needs (scale-up
+needs no such factor: it already answers to the measured means).
+
 Scale up by one when every worker's TTFT or every worker's ITL is over its target (or the
 frontends measured a mean TTFT/ITL over target in the last interval). Scale down by one when
 the frontends' measured means are under target × margin and the n−1 survivors, each taking
@@ -24,6 +31,14 @@ from tandem.planner.observation import PoolObservation, WorkerView
 from tandem.planner.regression import StepCoefficients
 
 DEFAULT_ISL = 512.0  # until a frontend has reported a finished request
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Measured over predicted latency (≥ 1): what the engine model leaves out."""
+
+    ttft: float = 1.0
+    itl: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,17 +85,40 @@ def _worker_ttft(model: StepCoefficients, w: WorkerView, isl: float, growth: flo
     )
 
 
+def fleet_means(
+    pool: PoolObservation, model: StepCoefficients
+) -> tuple[float | None, float | None]:
+    """The predicted TTFT and ITL of the pool as it is, averaged over its busy workers
+    (the frontends' measured means cover requests, and requests run on busy workers);
+    None where no worker is busy."""
+    busy = [w for w in pool.ready if w.num_inflight > 0 or w.decode_kv_tokens > 0]
+    if not busy:
+        return None, None
+    isl = _effective_isl(pool)
+    ttfts = [_worker_ttft(model, w, isl, 1.0) for w in busy]
+    itls = [
+        predict_itl_ms(
+            model, prefill_tokens_per_s=w.prefill_tokens_per_s, decode_kv=w.decode_kv_tokens
+        )
+        for w in busy
+    ]
+    return sum(ttfts) / len(ttfts), sum(itls) / len(itls)
+
+
 def decide(
     pool: PoolObservation,
     model: StepCoefficients,
     cfg: PlannerConfig,
     kind: str = "aggregated",
     growth: float = 1.0,
+    calibration: Calibration = Calibration(),
 ) -> Verdict:
     """`kind` picks the targets that apply: a prefill pool answers for TTFT only, a decode
     pool for ITL only, an aggregated pool for both. `growth` (≥ 1: the forecast rate of the
     next interval over the current one) scales each worker's queue and prompt rate in the
-    scale-up test, so a ramp is met before it crosses the target rather than after."""
+    scale-up test, so a ramp is met before it crosses the target rather than after.
+    `calibration` multiplies the survivors' predictions in the scale-down test (scale-up
+    already answers to the measured means directly)."""
     workers = pool.ready
     if not workers:
         return Verdict(0, "no ready workers")
@@ -110,11 +148,16 @@ def decide(
         return Verdict(0, f"measured mean TTFT {t.mean_ttft_ms:.0f} ms is over target × margin")
     if t is not None and t.mean_itl_ms is not None and t.mean_itl_ms > cfg.itl_target_ms * hot:
         return Verdict(0, f"measured mean ITL {t.mean_itl_ms:.1f} ms is over target × margin")
-    return _scale_down_verdict(workers, model, cfg, isl, kind)
+    return _scale_down_verdict(workers, model, cfg, isl, kind, calibration)
 
 
 def _scale_down_verdict(
-    workers: list[WorkerView], model: StepCoefficients, cfg: PlannerConfig, isl: float, kind: str
+    workers: list[WorkerView],
+    model: StepCoefficients,
+    cfg: PlannerConfig,
+    isl: float,
+    kind: str,
+    calibration: Calibration,
 ) -> Verdict:
     n = len(workers)
     if n < 2:
@@ -125,7 +168,9 @@ def _scale_down_verdict(
     prefill_rate = sum(w.prefill_tokens_per_s for w in workers) / survivors
     chunk = min(w.max_num_batched_tokens for w in workers)
     ttft = predict_ttft_ms(model, num_waiting=waiting, isl=isl, decode_kv=decode_kv, chunk=chunk)
+    ttft *= calibration.ttft
     itl = predict_itl_ms(model, prefill_tokens_per_s=prefill_rate, decode_kv=decode_kv)
+    itl *= calibration.itl
     if kind == "decode":
         ttft = 0.0
     elif kind == "prefill":

@@ -15,7 +15,9 @@ returns at most one kind of action per pool:
   adds (nothing is removed for it: the extra workers were someone's decision); the total
   budget caps adds over all pools.
 - otherwise the mode decides (load: ±1; throughput: toward the profiled replica count, adds
-  at once, removes one at a time), after the cooldown of that direction.
+  at once, removes one at a time), after the cooldown of that direction; a remove also needs
+  every verdict of the last `scale_down_stable_s` to have asked for it (one quiet interval
+  of Poisson arrivals is not a trend: draining on it re-adds the worker seconds later).
 Scale-down picks the victim with the fewest in-flight requests, then the least cached KV.
 Not thread-safe.
 """
@@ -31,13 +33,14 @@ from tandem.engines.profile import EngineProfile
 from tandem.planner import load_mode, throughput_mode
 from tandem.planner.config import PlannerConfig, PoolConfig
 from tandem.planner.observation import PoolObservation, PoolTraffic, WorkerView
-from tandem.planner.regression import StepTimeModel
+from tandem.planner.regression import StepCoefficients, StepTimeModel
 from tandem.planner.throughput_mode import TrafficForecaster
 from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
 
 ActionKind = Literal["add", "remove", "abandon"]
+MAX_CALIBRATION = 4.0  # a measured/predicted ratio beyond this is noise, not a bias
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,8 @@ class PoolState:
     num_stuck_drains: int = 0
     num_external_changes: int = 0
     last_reason: str = ""
+    calibration: load_mode.Calibration = field(default_factory=load_mode.Calibration)
+    down_since: float | None = None  # since when every verdict has said "remove one"
 
     @property
     def is_settling(self) -> bool:
@@ -180,6 +185,10 @@ class Planner:
             return self._adds(pool, now, count, f"below the floor of {pc.min_workers}")
         delta, reason = self._wanted_delta(pool, obs)
         pool.last_reason = reason
+        if delta >= 0:
+            pool.down_since = None
+        elif pool.down_since is None:
+            pool.down_since = now
         if delta > 0:
             if now - pool.last_action_s < cfg.cooldown_up_s:
                 return []
@@ -188,10 +197,14 @@ class Planner:
         if delta < 0 and n > pc.min_workers and obs.ready:
             if now - pool.last_action_s < cfg.cooldown_down_s:
                 return []
+            assert pool.down_since is not None
+            if now - pool.down_since < cfg.scale_down_stable_s:
+                return []
             victim = choose_victim(obs.ready)
             if victim is None:
                 return []
             pool.last_action_s = now
+            pool.down_since = None
             pool.removing[victim.worker_id] = now
             pool.known_ready.discard(victim.worker_id)
             return [ScaleAction("remove", pc.component, victim.worker_id, reason)]
@@ -201,6 +214,7 @@ class Planner:
         if count <= 0:
             return []
         pool.last_action_s = now
+        pool.down_since = None
         pool.num_requested_adds += count
         return [ScaleAction("add", pool.config.component, None, reason) for _ in range(count)]
 
@@ -208,7 +222,8 @@ class Planner:
         cfg, kind = self.config, pool.config.kind
         if cfg.mode == "load":
             model = self.models[pool.config.component].fit()
-            verdict = load_mode.decide(obs, model, cfg, kind, self._growth(obs))
+            self._calibrate(pool, obs, model)
+            verdict = load_mode.decide(obs, model, cfg, kind, self._growth(obs), pool.calibration)
             return verdict.delta, verdict.reason
         assert self.profile is not None
         forecast = self.forecaster.forecast()
@@ -221,6 +236,30 @@ class Planner:
             f"OSL {forecast.osl:.0f} hit {forecast.kv_hit_rate:.2f} → {wanted} replicas"
         )
         return wanted - len(obs.ready) - len(obs.starting), reason
+
+    def _calibrate(self, pool: PoolState, obs: PoolObservation, model: StepCoefficients) -> None:
+        """Fold this interval's measured / predicted fleet means into the pool's calibration
+        (an exponential average over about `stats_window_s`, each ratio within
+        [1, MAX_CALIBRATION]). Only the latency the pool answers for is calibrated: the
+        frontends measure whole requests, which a prefill pool's TTFT and a decode pool's
+        ITL stand for."""
+        t, kind = obs.traffic, pool.config.kind
+        if t is None:
+            return
+        ttft_pred, itl_pred = load_mode.fleet_means(obs, model)
+        alpha = min(self.config.interval_s / self.config.stats_window_s, 1.0)
+        c = pool.calibration
+
+        def fold(old: float, measured: float | None, predicted: float | None) -> float:
+            if measured is None or not predicted:
+                return old
+            ratio = min(max(measured / predicted, 1.0), MAX_CALIBRATION)
+            return old + alpha * (ratio - old)
+
+        pool.calibration = load_mode.Calibration(
+            ttft=fold(c.ttft, t.mean_ttft_ms, ttft_pred) if kind != "decode" else 1.0,
+            itl=fold(c.itl, t.mean_itl_ms, itl_pred) if kind != "prefill" else 1.0,
+        )
 
     def _growth(self, obs: PoolObservation) -> float:
         """Forecast rate over the current one, within [1, 2] (1 without traffic)."""

@@ -12,6 +12,7 @@ CFG = PlannerConfig(
     itl_target_ms=50.0,
     cooldown_up_s=5.0,
     cooldown_down_s=10.0,
+    scale_down_stable_s=0.0,  # its own test below
     ready_timeout_s=30.0,
 )
 
@@ -120,3 +121,50 @@ def test_victim_has_fewest_inflight_then_least_cache() -> None:
     ]
     assert (victim := choose_victim(ws)) is not None and victim.worker_id == "c"
     assert choose_victim([WorkerView(worker_id="x", is_managed=False)]) is None
+
+
+def test_measured_latency_over_the_prediction_calibrates_the_scale_down() -> None:
+    """Two workers whose model says one survivor fits (ITL 6 + 1e-4·2·140000 = 34 ms < 35),
+    while the frontends keep measuring ITL 1.5 × the model's: the calibration climbs
+    above 1 and the planner keeps both (uncalibrated it would drain one and re-add it)."""
+    from tandem.planner.observation import PoolTraffic
+
+    cfg = PlannerConfig(
+        pools=(PoolConfig(component="backend", min_workers=1, max_workers=4),),
+        ttft_target_ms=3000.0, itl_target_ms=50.0, cooldown_down_s=0.0, scale_down_stable_s=0.0,
+        interval_s=1.0, stats_window_s=4.0,
+    )  # fmt: skip
+
+    def obs(measured_itl: float) -> dict[str, PoolObservation]:
+        ready = [WorkerView(worker_id=i, num_inflight=3, decode_kv_tokens=140_000,
+                            num_total_blocks=100_000) for i in "ab"]  # fmt: skip
+        traffic = PoolTraffic(interval_s=1.0, num_arrivals=3, num_finished=3, mean_isl=10.0,
+                              mean_osl=10.0, mean_ttft_ms=50.0,
+                              mean_itl_ms=measured_itl)  # fmt: skip
+        return {"backend": PoolObservation(component="backend", ready=ready, traffic=traffic)}
+
+    # each worker predicts 6 + 14 = 20 ms; measured 30 ms (× 1.5), still under 35 (target × margin)
+    p = Planner(cfg)
+    actions: list[str] = []
+    for t in range(12):
+        actions += [a.kind for a in p.tick(float(t), obs(30.0))]
+    assert p.pools["backend"].calibration.itl > 1.4
+    assert actions == []
+    # the same fleet measured as the model predicts: drained to one
+    p = Planner(cfg)
+    assert [a.kind for a in p.tick(0.0, obs(20.0))] == ["remove"]
+
+
+def test_scale_down_waits_for_a_stable_verdict() -> None:
+    """One quiet interval between busy ones is noise: the remove needs `scale_down_stable_s`
+    of verdicts that all asked for it."""
+    from dataclasses import replace
+
+    p = Planner(replace(CFG, scale_down_stable_s=3.0))
+    busy = {"kv": 200_000.0}  # ITL 26 ms each; one survivor would be at 46 > 35
+    assert p.tick(20.0, _obs("a", "b", **busy)) == []
+    assert p.tick(21.0, _obs("a", "b")) == []  # quiet: the window starts
+    assert p.tick(22.0, _obs("a", "b", **busy)) == []  # busy again: it restarts
+    assert p.tick(23.0, _obs("a", "b")) == []
+    assert p.tick(25.0, _obs("a", "b")) == []  # 2 s of quiet
+    assert [a.kind for a in p.tick(26.0, _obs("a", "b"))] == ["remove"]  # 3 s

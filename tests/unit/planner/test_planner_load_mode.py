@@ -97,3 +97,22 @@ def test_scale_down_counts_the_prefill_the_survivors_inherit() -> None:
     assert load_mode.decide(_pool(*w, traffic=None), MODEL, CFG).delta == -1
     w = [WorkerView(worker_id=i, prefill_tokens_per_s=4000, num_total_blocks=100) for i in "ab"]
     assert load_mode.decide(_pool(*w, traffic=None), MODEL, CFG).delta == 0
+
+
+def test_calibration_scales_the_survivors_prediction() -> None:
+    # 12000 KV tokens each: one survivor at 34 ms < 35 uncalibrated; the frontends measure
+    # 1.2 × what the model predicts → 40.8 ms > 35: keep both
+    w = [WorkerView(worker_id=i, decode_kv_tokens=12_000, num_total_blocks=10_000) for i in "ab"]
+    assert load_mode.decide(_pool(*w), MODEL, CFG).delta == -1
+    biased = load_mode.Calibration(itl=1.2)
+    v = load_mode.decide(_pool(*w), MODEL, CFG, calibration=biased)
+    assert v.delta == 0 and "survivors' ITL" in v.reason
+
+
+def test_fleet_means_cover_the_busy_workers() -> None:
+    busy = WorkerView(worker_id="a", num_inflight=2, decode_kv_tokens=10_000)
+    idle = WorkerView(worker_id="b")
+    ttft, itl = load_mode.fleet_means(_pool(busy, idle), MODEL)
+    assert itl == pytest.approx(20.0)  # a alone: 10 + 0.001 · 10000
+    assert ttft == pytest.approx(10 + 0.1 * 1000 + 0.001 * 10_000)
+    assert load_mode.fleet_means(_pool(idle), MODEL) == (None, None)

@@ -9,6 +9,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# gcc: the native engine compiles its int8/int4 kernels for the CPU it runs on, on first use
+# (--weights int8|int4; fp32 needs none)
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
 WORKDIR /opt/tandem

@@ -63,6 +63,32 @@ def test_prefill_first_pairs_from_two_grids() -> None:
     assert decide(cfg, Targets(ttft_ms=2000, itl_ms=200), isl=5000, max_tokens=100).pool == "pf+df"
 
 
+def _mixed(cell: str = "disaggregated") -> GlobalRouterConfig:
+    raw = {
+        "pools": [{"name": "agg", "namespace": "agg", "url": "http://agg"},
+                  {"name": "pf", "namespace": "pd"}, {"name": "df", "namespace": "pd"}],
+        "aggregated": {"ttft_ms": [300, 2000, 9000], "itl_ms": [50],
+                       "pools": [[cell], ["agg"], ["agg"]]},
+        "prefill": {"isl": [8000], "ttft_ms": [3000], "pools": [["pf"]]},
+        "decode": {"context": [16000], "itl_ms": [300], "pools": [["df"]]},
+        "disaggregated": [{"prefill": "pf", "decode": "df", "url": "http://pd"}],
+    }  # fmt: skip
+    return GlobalRouterConfig(msgspec.convert(raw, GlobalRouterFile))
+
+
+def test_an_aggregated_cell_hands_over_to_the_prefill_first_pair() -> None:
+    cfg = _mixed()
+    d = decide(cfg, Targets(ttft_ms=200), isl=100, max_tokens=10)
+    assert (d.pool, d.url, d.retry_from) == ("pf+df", "http://pd", "pf")
+    assert cfg.faster_than(d.retry_from) == ["agg"]  # a dead pair walks on to `agg`
+    assert decide(cfg, Targets(), isl=100, max_tokens=10).pool == "agg"  # middle: 2000 ms
+    assert decide(cfg, Targets(ttft_ms=1000), isl=100, max_tokens=10).pool == "agg"
+    with pytest.raises(ValueError, match="unreachable: no 'aggregated' grid cell"):
+        _mixed(cell="agg")  # pair grids nobody reaches are an error, not silently ignored
+    with pytest.raises(ValueError, match="unknown pool 'disaggregated'"):
+        _config(aggregated={"ttft_ms": [1], "itl_ms": [1], "pools": [["disaggregated"]]})
+
+
 def test_config_errors_name_the_offender(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown pool 'nope'"):
         _config(priority=[{"min": 1, "max": 2, "pool": "nope"}])

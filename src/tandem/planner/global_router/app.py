@@ -2,7 +2,8 @@
 
 The response is streamed back as it arrives. Before the first byte reaches the client, a pool
 that fails (connection refused, 429 or 5xx: no workers, overloaded) hands the request to the
-next faster pool; after it, the client sees the pool's stream and its errors as they are.
+next faster pool (a prefill-first pair: the next pool with a frontend listed before its
+prefill pool); after it, the client sees the pool's stream and its errors as they are.
 Every response carries `x-tandem-pool`.
 """
 
@@ -90,10 +91,9 @@ class GlobalRouterApp:
         logger.debug("global router: %s", decision.reason)
         payload = json.dumps(body).encode()
         candidates = [(decision.pool, decision.url)]
-        if self.config.raw.retry_faster and decision.pool in self.config.pools:
-            candidates += [
-                (n, self.config.pools[n].url) for n in self.config.faster_than(decision.pool)
-            ]
+        if self.config.raw.retry_faster:  # a pair walks on from the pools before its prefill's
+            faster = self.config.faster_than(decision.retry_from)
+            candidates += [(n, self.config.pools[n].url) for n in faster]
         last_error = "no pool answered"
         for pool, url in candidates:
             response = await self._forward(request, pool, url, payload)

@@ -17,6 +17,9 @@ Aggregated: (TTFT target, ITL target). Prefill-first disaggregated: the prefill 
 (ISL, TTFT target), the decode pool from (context length, ITL target), and the pair's
 frontend (one that runs the prefill-first flow over those two pools) from `disaggregated`.
 A request without targets gets each grid's middle target (the middle bound of its axis).
+With both kinds configured, an aggregated cell holding "disaggregated" hands its requests
+to the prefill and decode grids (with the request's or the aggregated grid's targets); the
+other cells name aggregated pools.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import bisect
 from pathlib import Path
 
 import msgspec
+
+DISAGGREGATED = "disaggregated"  # an aggregated grid cell: use the prefill + decode grids
 
 
 class PoolSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -115,6 +120,13 @@ class GlobalRouterConfig:
             raise ValueError("'prefill' and 'decode' grids go together (prefill-first flow)")
         if self.aggregated is None and self.prefill is None:
             raise ValueError("expected an 'aggregated' grid or 'prefill' + 'decode' grids")
+        if (
+            self.aggregated is not None
+            and self.prefill is not None
+            and not any(n == DISAGGREGATED for row in self.aggregated.pools for n in row)
+        ):
+            raise ValueError(f"'prefill' + 'decode' grids are unreachable: no 'aggregated' "
+                             f"grid cell is '{DISAGGREGATED}'")  # fmt: skip
         self.pairs = {(p.prefill, p.decode): p.url for p in raw.disaggregated}
         for pair in self.pairs:
             self._known("disaggregated", *pair)
@@ -145,6 +157,8 @@ class GlobalRouterConfig:
         if len(pools) != len(rows) or any(len(r) != len(cols) for r in pools):
             raise ValueError(f"{name} grid pools must be {len(rows)} rows × {len(cols)} columns")
         for row in pools:
+            if name == "aggregated" and self.raw.prefill is not None:
+                row = [n for n in row if n != DISAGGREGATED]
             self._known(f"{name} grid", *row)
         return Grid(rows=rows, cols=cols, pools=pools)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.errors import InvalidRequest
-from tandem.planner.global_router.config import GlobalRouterConfig
+from tandem.planner.global_router.config import DISAGGREGATED, GlobalRouterConfig
 
 EXTENSION = "tandem"  # request field: {"ttft_target_ms": float, "itl_target_ms": float}
 
@@ -24,6 +24,7 @@ class Decision:
     pool: str  # the aggregated pool, or "prefill+decode"
     url: str
     reason: str
+    retry_from: str  # the pools listed before this one are the retry path (a pair: its prefill)
 
 
 def targets_from(body: dict[str, Any]) -> Targets:
@@ -53,13 +54,17 @@ def decide(cfg: GlobalRouterConfig, targets: Targets, isl: int, max_tokens: int)
         for rule in cfg.raw.priority:
             if rule.min <= targets.priority <= rule.max:
                 url = cfg.pools[rule.pool].url
-                return Decision(rule.pool, url, f"priority {targets.priority} → {rule.pool}")
+                reason = f"priority {targets.priority} → {rule.pool}"
+                return Decision(rule.pool, url, reason, rule.pool)
     if cfg.aggregated is not None:
         g = cfg.aggregated
         ttft = targets.ttft_ms if targets.ttft_ms is not None else g.middle(g.rows)
         itl = targets.itl_ms if targets.itl_ms is not None else g.middle(g.cols)
         pool = g.lookup(ttft, itl)
-        return Decision(pool, cfg.pools[pool].url, f"TTFT {ttft:g} ms, ITL {itl:g} ms → {pool}")
+        if pool != DISAGGREGATED:
+            reason = f"TTFT {ttft:g} ms, ITL {itl:g} ms → {pool}"
+            return Decision(pool, cfg.pools[pool].url, reason, pool)
+        targets = Targets(ttft, itl, targets.priority)  # the cell hands over to the pair grids
     assert cfg.prefill is not None and cfg.decode is not None
     p, d = cfg.prefill, cfg.decode
     ttft = targets.ttft_ms if targets.ttft_ms is not None else p.middle(p.cols)
@@ -68,4 +73,4 @@ def decide(cfg: GlobalRouterConfig, targets: Targets, isl: int, max_tokens: int)
     decode = d.lookup(isl + max_tokens, itl)
     return Decision(f"{prefill}+{decode}", cfg.pairs[(prefill, decode)],
                     f"ISL {isl}, TTFT {ttft:g} ms → {prefill}; context {isl + max_tokens}, "
-                    f"ITL {itl:g} ms → {decode}")  # fmt: skip
+                    f"ITL {itl:g} ms → {decode}", prefill)  # fmt: skip

@@ -50,7 +50,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         agg, agg_url = _serve("agg", "agg", tmp, "--workers", "1")
         procs.append(agg)
-        pd, pd_url = _serve("pd", "pd", tmp, "--prefill-workers", "1", "--decode-workers", "1")
+        pd, pd_url = _serve("pd", "pd", tmp, "--prefill-workers", "1", "--decode-workers", "1",
+                        "--disagg-flow", "prefill-first")  # fmt: skip
         procs.append(pd)
         port = free_port()
         config = {

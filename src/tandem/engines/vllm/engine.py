@@ -39,6 +39,7 @@ from tandem.engines.vllm.sampling import (
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class VllmEngine:
         if self.config.metrics_port is not None:
             self._metrics = start_metrics_server(self.config.metrics_host, self.config.metrics_port)
         self._info = self._make_info(vc)
+        self.snapshot.kv_capacity_tokens = self._info.num_total_blocks * self._info.block_size
         self._failed = asyncio.get_running_loop().create_future()
         self._watchdog = asyncio.create_task(self._watch(), name="vllm-watchdog")
         logger.info(
@@ -312,6 +314,11 @@ class VllmEngine:
             num_waiting=snap.num_waiting,
             num_running=snap.num_running,
         )
+
+    def take_step_samples(self) -> list[StepSample]:
+        """The vLLM iterations since the last call, for the planner (see
+        `SchedulerSnapshot.record_step` for which vLLM stats each field comes from)."""
+        return self.snapshot.take_steps()
 
     def instance_metadata(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"metrics_url": self._metrics.url} if self._metrics else {}

@@ -4,8 +4,11 @@ metrics served over HTTP by the worker (`--metrics-port`)."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +23,69 @@ class SchedulerSnapshot:
         self.kv_cache_usage = 0.0
         self.num_steps = 0
         self.on_change: Callable[[], None] | None = None
+        self.kv_capacity_tokens = 0  # num_gpu_blocks × block_size, set once the engine started
+        self.steps: deque[StepSample] = deque(maxlen=4096)  # for the planner; oldest dropped
+        self._last_ts: float | None = None  # previous record's IterationStats.iteration_timestamp
+        self._last_idle = True
+
+    def record_step(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        """Append one `StepSample` for a vLLM iteration (one `record` call).
+
+        Fields, from what vLLM 0.32 hands its stat loggers:
+        - wall_ms: `scheduler_stats.iteration_details.elapsed_ms` when vLLM measured it in the
+          engine core (only with the engine arg `enable_logging_iteration_details`); otherwise
+          the gap between this and the previous record's `iteration_stats.iteration_timestamp`
+          (the frontend's clock when it took the step's outputs; with a busy engine that gap
+          is one step), capped by the smallest time-to-first-token of this iteration (a
+          request prefilled here arrived before the step began), so a step after an idle
+          spell does not count the idle time. A step after idle with no first token in it
+          has no honest wall time and is not sampled.
+        - num_prefill_tokens: `iteration_details.num_ctx_tokens` when present, else
+          `iteration_stats.prompt_token_stats.computed` (uncached prompt tokens). vLLM counts
+          those when a request's prefill finishes, so a chunked prefill lands in its last step.
+        - num_decode_kv_tokens: vLLM reports no per-request context lengths to stat loggers;
+          approximated as `kv_cache_usage × num_gpu_blocks × block_size` (allocated KV, in
+          whole blocks, including any request still prefilling).
+        - num_running / num_waiting: `num_running_reqs`, `num_waiting_reqs +
+          num_skipped_waiting_reqs`.
+        """
+        if scheduler_stats is None or iteration_stats is None:
+            return
+        ts = float(iteration_stats.iteration_timestamp)
+        last_ts, last_idle = self._last_ts, self._last_idle
+        running = int(scheduler_stats.num_running_reqs)
+        waiting = int(scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs)
+        self._last_ts, self._last_idle = ts, running == 0 and waiting == 0
+        details = getattr(scheduler_stats, "iteration_details", None)
+        if details is not None and not details.is_dummy:
+            wall_ms: float | None = float(details.elapsed_ms)
+            prefill = int(details.num_ctx_tokens)
+        else:
+            prefill = int(iteration_stats.prompt_token_stats.computed)
+            bounds = list(iteration_stats.time_to_first_tokens_iter)
+            if last_ts is not None and not last_idle:
+                bounds.append(ts - last_ts)
+            wall_ms = min(bounds) * 1000.0 if bounds else None
+        if wall_ms is None or wall_ms < 0:
+            return
+        self.steps.append(
+            StepSample(
+                wall_ms=wall_ms,
+                num_prefill_tokens=prefill,
+                num_decode_kv_tokens=round(
+                    float(scheduler_stats.kv_cache_usage) * self.kv_capacity_tokens
+                ),
+                num_running=running,
+                num_waiting=waiting,
+            )
+        )
+
+    def take_steps(self) -> list[StepSample]:
+        """The steps recorded since the last call (deque ops are atomic)."""
+        out: list[StepSample] = []
+        while self.steps:
+            out.append(self.steps.popleft())
+        return out
 
 
 def stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
@@ -44,6 +110,7 @@ def stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
                 scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
             )
             snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
+            snapshot.record_step(scheduler_stats, iteration_stats)
             snapshot.num_steps += 1
             if snapshot.on_change is not None:
                 snapshot.on_change()

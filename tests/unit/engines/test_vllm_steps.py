@@ -59,6 +59,15 @@ def test_step_after_idle_without_first_token_is_not_sampled() -> None:
     assert abs(step.wall_ms - 20.0) < 1e-6 and step.num_waiting == 2
 
 
+def test_a_record_without_outputs_leaves_the_next_gap_unknown() -> None:
+    snap = snapshot()
+    snap.record_step(sched(2), it(1.0, ttfts=(0.01,)))
+    snap.record_step(sched(2), None)  # e.g. a chunked-prefill step: no IterationStats
+    snap.record_step(sched(2), it(9.0))  # the gap spans two steps (or more): not one step
+    snap.record_step(sched(2), it(9.005))
+    assert [round(s.wall_ms, 6) for s in snap.take_steps()] == [10.0, 5.0]
+
+
 def test_engine_core_iteration_details_win_when_vllm_measures_them() -> None:
     snap = snapshot()
     details = SimpleNamespace(elapsed_ms=7.5, num_ctx_tokens=33, is_dummy=False)
@@ -76,6 +85,9 @@ def test_buffer_is_bounded_and_missing_stats_record_nothing() -> None:
     snap.record_step(None, it(1.0))
     snap.record_step(sched(1), None)
     assert snap.take_steps() == []
+    details = SimpleNamespace(elapsed_ms=3.0, num_ctx_tokens=0, is_dummy=False)
+    snap.record_step(sched(1, details=details), None)  # engine-core timing needs no outputs
+    assert [s.wall_ms for s in snap.take_steps()] == [3.0]
     for i in range(5000):
         snap.record_step(sched(1), it(float(i), ttfts=(0.001,)))
     assert len(snap.take_steps()) == 4096

@@ -39,7 +39,8 @@ class SchedulerSnapshot:
           is one step), capped by the smallest time-to-first-token of this iteration (a
           request prefilled here arrived before the step began), so a step after an idle
           spell does not count the idle time. A step after idle with no first token in it
-          has no honest wall time and is not sampled.
+          has no honest wall time and is not sampled, nor is a step with no outputs (vLLM
+          builds no IterationStats for it), nor the step after one.
         - num_prefill_tokens: `iteration_details.num_ctx_tokens` when present, else
           `iteration_stats.prompt_token_stats.computed` (uncached prompt tokens). vLLM counts
           those when a request's prefill finishes, so a chunked prefill lands in its last step.
@@ -49,18 +50,19 @@ class SchedulerSnapshot:
         - num_running / num_waiting: `num_running_reqs`, `num_waiting_reqs +
           num_skipped_waiting_reqs`.
         """
-        if scheduler_stats is None or iteration_stats is None:
+        if scheduler_stats is None:
             return
-        ts = float(iteration_stats.iteration_timestamp)
         last_ts, last_idle = self._last_ts, self._last_idle
         running = int(scheduler_stats.num_running_reqs)
         waiting = int(scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs)
+        # a record without outputs has no IterationStats, so no timestamp: the next gap is unknown
+        ts = None if iteration_stats is None else float(iteration_stats.iteration_timestamp)
         self._last_ts, self._last_idle = ts, running == 0 and waiting == 0
         details = getattr(scheduler_stats, "iteration_details", None)
+        wall_ms: float | None = None
         if details is not None and not details.is_dummy:
-            wall_ms: float | None = float(details.elapsed_ms)
-            prefill = int(details.num_ctx_tokens)
-        else:
+            wall_ms, prefill = float(details.elapsed_ms), int(details.num_ctx_tokens)
+        elif iteration_stats is not None and ts is not None:
             prefill = int(iteration_stats.prompt_token_stats.computed)
             bounds = list(iteration_stats.time_to_first_tokens_iter)
             if last_ts is not None and not last_idle:

@@ -1,10 +1,11 @@
 """`tandem serve --engine vllm --workers 2 --router kv --migration-limit 3` on the real vLLM
 (issue 16): the OpenAI SDK through tandem; KV-aware routing fed by vLLM's own KV events
 (a repeated prefix goes to the worker that holds it, cached_tokens > 0); vLLM's Prometheus
-metrics from the worker; a client disconnect frees the request in vLLM; SIGKILL of a vLLM
-worker mid-stream with migration loses no request and leaves no EngineCore behind; then,
-with the stack stopped, greedy output equals vLLM's own OpenAI server on the same prompts,
-and a 1P1D stack (NixlConnector on CPU) gives the same greedy tokens as the aggregated one.
+metrics from the worker; engine step samples for the planner (issue 10); a client disconnect
+frees the request in vLLM; SIGKILL of a vLLM worker mid-stream with migration loses no
+request and leaves no EngineCore behind; then, with the stack stopped, greedy output equals
+vLLM's own OpenAI server on the same prompts, and a 1P1D stack (NixlConnector on CPU) gives
+the same greedy tokens as the aggregated one.
 
 One stack for the whole module (a vLLM engine takes 20+ s to start); tests run in order."""
 
@@ -27,6 +28,8 @@ from typing import Any
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tests.support.eventually import eventually
 from tests.support.services import free_port
 from tests.support.tandem_procs import REPO, TandemProcess, http_request, wait_instances
 from tests.support.vllm_env import (
@@ -185,6 +188,31 @@ def test_vllm_prometheus_metrics_are_served_by_each_worker(stack: Stack) -> None
     for url in urls:
         body = urllib.request.urlopen(url, timeout=5).read().decode()
         assert "vllm:num_requests_running" in body and "vllm:kv_cache_usage_perc" in body
+
+
+def _step_totals(stack: Stack) -> tuple[float, float]:
+    """(prefill tokens, steps) the vLLM workers reported in their planner WorkerStats, summed
+    over workers from the frontend's merged worker metrics."""
+    status, _, body = http_request(f"{stack.base_url}/metrics/workers", timeout_s=5)
+    assert status == 200, body
+    prefill = steps = 0.0
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "tandem_worker_step_prefill_tokens_total":
+                prefill += sample.value
+            elif sample.name == "tandem_worker_step_duration_seconds_count":
+                steps += sample.value
+    return prefill, steps
+
+
+def test_vllm_workers_report_engine_steps_for_the_planner(stack: Stack) -> None:
+    before = _step_totals(stack)
+    stack.client.completions.create(
+        model=MODEL, prompt="Count: one two three four five six", max_tokens=4, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    asyncio.run(eventually(lambda: _step_totals(stack)[0] > before[0], timeout_s=10, poll_s=0.2))
+    assert _step_totals(stack)[1] > before[1]
 
 
 def _generate(stack: Stack, request: PreprocessedRequest) -> list[EngineOutput]:

@@ -29,13 +29,13 @@ from tandem.frontend.auth import ApiKeys
 from tandem.frontend.embeddings import EmbeddingsEndpoint
 from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http_server import ClientDisconnected, HttpRequest, HttpResponse
-from tandem.frontend.metrics import FrontendMetrics
+from tandem.frontend.metrics import FrontendMetrics, TokenTimer
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.openapi import build_openapi
 from tandem.frontend.postprocess import ChoiceState, best_candidates
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
-from tandem.frontend.response import ResponseFormat
+from tandem.frontend.response import ResponseFormat, cached_tokens, usage
 from tandem.frontend.responses import ResponsesEndpoint
 from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser
 from tandem.frontend.utility import client_request_id
@@ -401,7 +401,7 @@ class FrontendApp:
     ) -> None:
         name = prepared.model.name
         self.metrics.arrived(name)
-        timer = _TokenTimer(self.metrics, name)
+        timer = TokenTimer(self.metrics, name)
         failed = True
         try:
             states = [
@@ -430,7 +430,7 @@ class FrontendApp:
                 name,
                 num_in=sum(prepared.prompt_lens),
                 num_out=sum(s.num_tokens for s in states),
-                num_cached=_cached_tokens(prepared, states),
+                num_cached=cached_tokens(prepared, states),
             )
         except (asyncio.CancelledError, ClientDisconnected):
             self.metrics.disconnects.labels(name).inc()
@@ -451,7 +451,7 @@ class FrontendApp:
         states: list[ChoiceState],
         events: AsyncGenerator[Event, None],
         fmt: ResponseFormat,
-        timer: _TokenTimer,
+        timer: TokenTimer,
         parsers: list[HermesToolParser] | None = None,
     ) -> None:
         opts = req.stream_options
@@ -463,22 +463,19 @@ class FrontendApp:
             await response.write(b"".join(fmt.role_chunk(s.index) for s in states))
         while event is not None:
             state, text, logprobs, finish = event
-            first = timer.last == 0.0
             timer.token()
-            if first:
-                tracing.since_current("first_token")
             calls = None
             if parsers is not None:  # tool-call markup becomes delta.tool_calls
                 parser = parsers[state.index]
                 text, calls = parser.feed(text, final=finish is not None)
                 finish = "tool_calls" if finish == "stop" and parser.calls else finish
             if text or finish is not None or logprobs or calls:
-                usage = _usage(prepared, states) if continuous else None
-                chunk = fmt.chunk(state.index, text, logprobs, finish, usage, calls)
+                running = usage(prepared, states) if continuous else None
+                chunk = fmt.chunk(state.index, text, logprobs, finish, running, calls)
                 await response.write(chunk)
             event = await anext(events, None)
         if include_usage:
-            await response.write(fmt.usage_chunk(_usage(prepared, states)))
+            await response.write(fmt.usage_chunk(usage(prepared, states)))
         await response.write(b"data: [DONE]\n\n")
         await response.end_stream()
 
@@ -489,13 +486,12 @@ class FrontendApp:
         states: list[ChoiceState],
         events: AsyncGenerator[Event, None],
         fmt: ResponseFormat,
-        timer: _TokenTimer,
+        timer: TokenTimer,
         parsers: list[HermesToolParser] | None = None,
     ) -> None:
         async for _ in events:
             if timer.last == 0.0:
                 timer.token()  # unary: the first token only (no inter-token latency)
-                tracing.since_current("first_token")
         choices = states
         if prepared.best_of is not None:  # usage still counts every candidate (as OpenAI bills)
             keep = prepared.num_top_logprobs is not None
@@ -503,7 +499,7 @@ class FrontendApp:
             choices = best_candidates(states, prepared.best_of, prepared.n, keep_logprobs=keep)
             if parsers is not None:  # each chosen candidate keeps its own parser
                 parsers = [parsers[position[id(s)]] for s in choices]
-        body = fmt.full_response(choices, _usage(prepared, states), parsers)
+        body = fmt.full_response(choices, usage(prepared, states), parsers)
         await response.send(200, body)
 
     # ------------------------------------------------------------------ engine streams
@@ -564,25 +560,6 @@ class FrontendApp:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class _TokenTimer:
-    """TTFT on the first token chunk of a request, ITL between the later ones."""
-
-    __slots__ = ("_metrics", "_model", "last", "started")
-
-    def __init__(self, metrics: FrontendMetrics, model: str) -> None:
-        self._metrics, self._model = metrics, model
-        self.started = time.perf_counter()
-        self.last = 0.0
-
-    def token(self) -> None:
-        now = time.perf_counter()
-        if self.last == 0.0:
-            self._metrics.first_token(self._model, now - self.started)
-        else:
-            self._metrics.observe_itl(self._model, now - self.last)
-        self.last = now
-
-
 def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
     try:
         return decoder.decode(body)
@@ -615,19 +592,3 @@ def _tool_parsers(prepared: Prepared) -> list[HermesToolParser] | None:
     return [
         make(prepared.tool_parser, max_calls=prepared.max_tool_calls) for _ in prepared.requests
     ]
-
-
-def _cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
-    n = len(states) // max(len(prepared.prompt_lens), 1)
-    return sum(states[p * n].num_cached_tokens or 0 for p in range(len(prepared.prompt_lens)))
-
-
-def _usage(prepared: Prepared, states: list[ChoiceState]) -> dict[str, Any]:
-    prompt = sum(prepared.prompt_lens)
-    completion = sum(s.num_tokens for s in states)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": _cached_tokens(prepared, states)},
-    }

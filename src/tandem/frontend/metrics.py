@@ -9,6 +9,7 @@ the routers' own metrics are read from the model registry at scrape time (`Route
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ from prometheus_client.metrics_core import Metric
 from tandem.frontend.request_stats import RequestStatsCollector
 from tandem.protocols.discovery import ModelCard
 from tandem.router.metrics import router_families, worker_component
+from tandem.runtime import tracing
 from tandem.runtime.metrics import LoopHistogram, render
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -255,3 +257,24 @@ def model_families(cards: Iterable[tuple[ModelCard, int]]) -> list[Metric]:
         workers.add_metric((card.name,), num_workers)
     out.append(workers)
     return out
+
+
+class TokenTimer:
+    """One request's TTFT (and its `first_token` span) on the first token chunk, ITL between
+    the later ones."""
+
+    __slots__ = ("_metrics", "_model", "last", "started")
+
+    def __init__(self, metrics: FrontendMetrics, model: str) -> None:
+        self._metrics, self._model = metrics, model
+        self.started = time.perf_counter()
+        self.last = 0.0
+
+    def token(self) -> None:
+        now = time.perf_counter()
+        if self.last == 0.0:
+            self._metrics.first_token(self._model, now - self.started)
+            tracing.since_current("first_token")
+        else:
+            self._metrics.observe_itl(self._model, now - self.last)
+        self.last = now

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from tandem.frontend.postprocess import ChoiceState
+from tandem.frontend.preprocess import Prepared
 from tandem.frontend.tool_parser import HermesToolParser
 
 _json = msgspec.json.Encoder()
@@ -139,4 +140,21 @@ def completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "token_logprobs": [e["logprob"] for e in entries],
         "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
         "text_offset": offsets,
+    }
+
+
+def cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
+    """Prompt tokens served from the prefix cache: each prompt's first choice reports them."""
+    n = len(states) // max(len(prepared.prompt_lens), 1)
+    return sum(states[p * n].num_cached_tokens or 0 for p in range(len(prepared.prompt_lens)))
+
+
+def usage(prepared: Prepared, states: list[ChoiceState]) -> dict[str, Any]:
+    prompt = sum(prepared.prompt_lens)
+    completion = sum(s.num_tokens for s in states)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(prepared, states)},
     }

@@ -31,7 +31,7 @@ from tandem.errors import InvalidRequest, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend.http_message import ClientDisconnected
 from tandem.frontend.http_server import HttpRequest, HttpResponse
-from tandem.frontend.metrics import FrontendMetrics
+from tandem.frontend.metrics import TokenTimer
 from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared
 from tandem.frontend.response_events import ResponseBuilder, new_response_id
@@ -167,7 +167,7 @@ class ResponsesEndpoint:
         app, name = self._app, prepared.model.name
         metrics = app.metrics
         metrics.arrived(name)
-        timer, failed = _TokenTimer(metrics, name), True
+        timer, failed = TokenTimer(metrics, name), True
         state = ChoiceState(
             0,
             prepared.model.tokenizer,
@@ -200,7 +200,7 @@ class ResponsesEndpoint:
         state: ChoiceState,
         events: AsyncGenerator[Event, None],
         b: ResponseBuilder,
-        timer: _TokenTimer,
+        timer: TokenTimer,
         save: Callable[[ResponseBuilder], None],
     ) -> None:
         async for _ in events:
@@ -218,7 +218,7 @@ class ResponsesEndpoint:
         state: ChoiceState,
         events: AsyncGenerator[Event, None],
         b: ResponseBuilder,
-        timer: _TokenTimer,
+        timer: TokenTimer,
         save: Callable[[ResponseBuilder], None],
     ) -> None:
         event = await anext(events, None)  # errors before this point get a real status
@@ -238,26 +238,6 @@ class ResponsesEndpoint:
         save(b)
         await response.write(b.end_events())
         await response.end_stream()
-
-
-class _TokenTimer:
-    """TTFT on the first token chunk, ITL between the later ones (as chat measures them)."""
-
-    __slots__ = ("_metrics", "_model", "last", "started")
-
-    def __init__(self, metrics: FrontendMetrics, model: str) -> None:
-        self._metrics, self._model = metrics, model
-        self.started = time.perf_counter()
-        self.last = 0.0
-
-    def token(self) -> None:
-        now = time.perf_counter()
-        if self.last == 0.0:
-            self._metrics.first_token(self._model, now - self.started)
-            tracing.since_current("first_token")
-        else:
-            self._metrics.observe_itl(self._model, now - self.last)
-        self.last = now
 
 
 class _AlreadySent(ServingError):

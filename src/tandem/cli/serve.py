@@ -299,6 +299,10 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
                         run_dir=None if args.run_dir else run_dir,
                     )  # fmt: skip
                     await replicas.start()
+                await _wait_listening(listening, frontend, args.worker_ready_timeout_s)
+                await _wait_healthy(bound[0], frontend, args.worker_ready_timeout_s, stop)
+                if stop.is_set():
+                    return 0
                 logger.info(
                     "tandem serve ready: %d %s worker(s) on http://%s:%d",
                     len(group.specs),
@@ -344,6 +348,37 @@ async def _wait_listening(
         raise StartupError("frontend stopped before listening")
     if not done:
         raise StartupError(f"frontend not listening within {timeout_s:.0f} s")
+
+
+async def _wait_healthy(
+    address: tuple[str, int], frontend: asyncio.Task[None], timeout_s: float, stop: asyncio.Event
+) -> None:
+    """Until the frontend's own /health says every model can serve (its tokenizer loaded, its
+    topology complete: the workers being registered is not enough), so "ready" is true."""
+    host, port = address
+    host = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+    body = b""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not stop.is_set() and not frontend.done():
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            async with asyncio.timeout(5.0):
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(b"GET /health HTTP/1.1\r\nHost: serve\r\nConnection: close\r\n\r\n")
+                reply = await reader.read()
+                writer.close()
+                head, _, body = reply.partition(b"\r\n\r\n")
+                if head.startswith(b"HTTP/1.1 200"):
+                    return
+        if loop.time() > deadline:
+            raise StartupError(
+                f"workers registered but the frontend is not ready within {timeout_s:.0f} s: "
+                f"/health says {body[:300].decode(errors='replace')}"
+            )
+        await asyncio.sleep(0.05)
+    if frontend.done():
+        frontend.result()
+        raise StartupError("frontend stopped before it was ready")
 
 
 def _worker_config_flags(args: argparse.Namespace, run_dir: str) -> list[str]:

@@ -5,11 +5,13 @@ migration) and with n > 1."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
 import pytest
 import torch
+from native_tiny import TINY
 from tests.support.smollm2 import smollm2_gguf
 
 from tandem.engines.native.config import NativeConfig
@@ -17,7 +19,6 @@ from tandem.engines.native.engine import NativeEngine
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import random_weights
 from tandem.engines.native.model import LlamaModel
-from tandem.engines.native.model_config import ModelConfig
 from tandem.engines.native.structured import GrammarMasks
 from tandem.errors import InvalidRequest
 from tandem.protocols.engine import (
@@ -32,20 +33,11 @@ from tandem.tokens.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 
-VOCAB = ModelConfig(
-    name="tiny-smollm2-vocab",
-    num_layers=1,
-    hidden_size=32,
-    intermediate_size=64,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=16,
-    vocab_size=49152,
-    rope_theta=10000.0,
-    context_length=512,
-    eos_token_ids=(2,),
-    tie_word_embeddings=True,
-)
+# native_tiny's shape, smaller, over SmolLM2's real vocabulary (the grammar needs its tokens)
+VOCAB = dataclasses.replace(
+    TINY, name="tiny-smollm2-vocab", num_layers=1, hidden_size=32, intermediate_size=64,
+    num_heads=2, num_kv_heads=1, vocab_size=49152,
+)  # fmt: skip
 WEIGHTS = random_weights(VOCAB, seed=0)
 SPEC = f"gguf:{smollm2_gguf()}"
 

@@ -112,6 +112,9 @@ class Worker:
 
     def __init__(self, engine: Engine, runtime: Runtime, config: WorkerConfig | None = None):
         self.engine = engine
+        # an engine that reads the prompt through prompt_array / num_prompt_tokens gets it as
+        # the wire's u32 buffer, not one int object per token (tandem.protocols.engine)
+        self._reads_token_bytes = bool(getattr(engine, "reads_token_bytes", False))
         self.runtime = runtime
         self.config = config or WorkerConfig()
         self.instance_id = self.config.instance_id
@@ -262,7 +265,7 @@ class Worker:
         if not self._accepting:
             raise PeerGone(f"worker {self.instance_id} is draining; retry on another instance")
         try:
-            request = decode_request(payload)
+            request = decode_request(payload, materialize=not self._reads_token_bytes)
         except msgspec.MsgspecError as exc:
             raise InvalidRequest(f"bad PreprocessedRequest: {exc}") from exc
         deadline = request.deadline_s  # the request plane enforces its own deadline too
@@ -276,7 +279,7 @@ class Worker:
             traceparent = getattr(ctx, "traceparent", None)
             spans = WorkerSpans(request, traceparent, self.instance_id, self.role)
         logger.debug("request_id=%s started (%d prompt tokens)", request.request_id,
-                     len(request.token_ids))  # fmt: skip
+                     request.num_prompt_tokens)  # fmt: skip
         stream = self.engine.generate(request)
         error: BaseException | None = None
         status, counted_prompt = "error", False
@@ -286,7 +289,7 @@ class Worker:
                     spans.output(out)
                 if not counted_prompt and out.num_cached_tokens is not None:
                     counted_prompt = True
-                    self.metrics.observe_prompt(len(request.token_ids), out.num_cached_tokens)
+                    self.metrics.observe_prompt(request.num_prompt_tokens, out.num_cached_tokens)
                 if out.finish_reason == "cancelled" and not ctx.cancelled.is_set():
                     why = f": {out.error}" if out.error else ""
                     raise PeerGone(

@@ -31,7 +31,7 @@ class WorkerSpans:
             worker_id=worker_id,
             role=role,
             model=request.model,
-            prompt_tokens=len(request.token_ids),
+            prompt_tokens=request.num_prompt_tokens,
         )
         has_kv = request.disagg_params is not None and role == "decode"
         self._prefill = None if has_kv else tracing.start("prefill", parent=self._root)

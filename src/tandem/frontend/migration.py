@@ -26,6 +26,7 @@ from tandem.protocols.engine import (
     continued_sampling,
     decode_output,
     encode,
+    encode_request,
 )
 from tandem.router.base import Router
 from tandem.runtime import tracing
@@ -85,7 +86,11 @@ class EngineStreamer:
                     stream = self._client.stream(
                         decision.address,
                         self._path,
-                        encode(current),
+                        encode_request(
+                            current,
+                            block_hashes=decision.block_hashes,
+                            hash_block_size=decision.block_size,
+                        ),
                         request_id=rid,
                         deadline_s=current.deadline_s,
                     )
@@ -223,6 +228,7 @@ def _continuation(
             request,
             request_id=f"{request.request_id}-m{attempt}",
             token_ids=request.token_ids + generated,
+            token_bytes=None,  # the cached u32 bytes were the shorter prompt's
             num_generated_tokens=request.num_generated_tokens + len(generated),
             stop=stop,
             sampling=continued_sampling(request.sampling, len(generated)),

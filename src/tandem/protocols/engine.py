@@ -1,16 +1,24 @@
 """Token-in/token-out wire types between frontend, router and workers (request plane).
 
-Version 1. Encoded with msgspec msgpack; unknown fields are ignored on decode so newer
-senders can talk to older receivers.
+Version 2. Encoded with msgspec msgpack; unknown fields are ignored on decode so newer
+senders can talk to older receivers. Version 2 adds, to `PreprocessedRequest`, the prompt as
+one little-endian u32 buffer (`token_bytes`, sent by `encode_request` with `token_ids` left
+empty) and the router's block hashes (`block_hashes`, `hash_block_size`). A version-1 list of
+`token_ids` is still read; a version-1 receiver given a version-2 request sees an empty
+prompt and refuses it ("token_ids is empty"), never a wrong one.
 """
 
 from __future__ import annotations
 
+import sys
+from array import array
 from typing import Any, Literal
 
 import msgspec
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+_IS_LE = sys.byteorder == "little"
+assert array("I").itemsize == 4, "token_bytes needs a 4-byte array('I')"
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -126,6 +134,26 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     annotations: list[str] = msgspec.field(default_factory=list)
     # images, in prompt order; their placeholder rows are already expanded in token_ids
     mm_items: list[MmItem] = msgspec.field(default_factory=list)
+    # token_ids as little-endian u32 (4 bytes per id). On the wire (`encode_request`) it replaces
+    # token_ids, which then travel empty. In memory it is a cache of token_ids' bytes, valid
+    # only while its length is 4 * len(token_ids) (`prompt_u32` checks; a request whose ids were
+    # extended or cut gets them recomputed)
+    token_bytes: bytes | None = None
+    # chained hashes (tandem.tokens.hashing, DESIGN.md §5) of the first len(block_hashes) full
+    # blocks of `hash_block_size` tokens of token_ids, lora_name/cache_salt seeded, mm_items
+    # mixed in: what the KV router computed to route it. A receiver with the same block size
+    # may use them instead of hashing the prompt again, after checking a sample
+    # (`tandem.tokens.hashing.hashes_match_sample`); a prefix of them stays valid when
+    # token_ids grow
+    block_hashes: list[int] | None = None
+    hash_block_size: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """len(token_ids), also while they are still in `token_bytes` (see decode_request)."""
+        if not self.token_ids and self.token_bytes:
+            return len(self.token_bytes) // 4
+        return len(self.token_ids)
 
 
 class TopLogprob(msgspec.Struct, array_like=True):
@@ -156,11 +184,90 @@ _output_decoder = msgspec.msgpack.Decoder(EngineOutput)
 
 
 def encode(msg: msgspec.Struct) -> bytes:
+    """msgpack of `msg`; a PreprocessedRequest goes out in its wire form (`encode_request`)."""
+    if type(msg) is PreprocessedRequest:
+        return encode_request(msg)
     return _encoder.encode(msg)
 
 
-def decode_request(data: bytes) -> PreprocessedRequest:
-    return _request_decoder.decode(data)
+def token_u32(token_ids: list[int]) -> bytes | None:
+    """`token_ids` as little-endian u32 bytes; None when an id does not fit in a u32."""
+    try:
+        data = array("I", token_ids)
+    except (OverflowError, TypeError):
+        return None
+    if not _IS_LE:
+        data.byteswap()
+    return data.tobytes()
+
+
+def prompt_u32(request: PreprocessedRequest) -> bytes | None:
+    """token_ids as little-endian u32 bytes (the cached `token_bytes` when still valid); None
+    when an id does not fit in a u32 (such a prompt travels as a list)."""
+    cached = request.token_bytes
+    if cached is not None and len(cached) == 4 * len(request.token_ids):
+        return cached
+    if not request.token_ids and cached is not None:  # decoded, not materialized
+        return cached
+    return token_u32(request.token_ids)
+
+
+def encode_request(
+    request: PreprocessedRequest,
+    *,
+    block_hashes: list[int] | None = None,
+    hash_block_size: int = 0,
+) -> bytes:
+    """The request-plane payload of `request`: token_ids as one u32 buffer (a msgpack bin, read
+    without building an int per id) and, when given, the router's block hashes."""
+    u32 = prompt_u32(request)
+    wire = request
+    if u32 is not None or block_hashes is not None:
+        wire = msgspec.structs.replace(
+            request,
+            token_ids=[] if u32 is not None else request.token_ids,
+            token_bytes=u32,
+            block_hashes=block_hashes if block_hashes is not None else request.block_hashes,
+            hash_block_size=hash_block_size
+            if block_hashes is not None
+            else request.hash_block_size,
+        )
+    return _encoder.encode(wire)
+
+
+def decode_request(data: bytes, *, materialize: bool = True) -> PreprocessedRequest:
+    """Decode a request-plane payload. A prompt sent as `token_bytes` is turned back into
+    `token_ids` unless `materialize` is False: then token_ids stay empty and the receiver reads
+    the prompt with `prompt_array` / `num_prompt_tokens` (an engine that never needs one int
+    object per prompt token, e.g. the mocker). Raises msgspec errors on a malformed payload or
+    a token_bytes length that is not a multiple of 4."""
+    request = _request_decoder.decode(data)
+    raw = request.token_bytes
+    if raw is not None and not request.token_ids:
+        if len(raw) % 4:
+            raise msgspec.ValidationError(
+                f"token_bytes has {len(raw)} bytes; expected 4 per token id (little-endian u32)"
+            )
+        if materialize:
+            request.token_ids = _u32_array(raw).tolist()
+    return request
+
+
+def prompt_array(request: PreprocessedRequest) -> array[int]:
+    """The prompt as an array('I') (from `token_bytes` without a per-id object when the ids
+    were not materialized). Raises OverflowError for an id outside u32."""
+    raw = request.token_bytes
+    if raw is not None and (not request.token_ids or len(raw) == 4 * len(request.token_ids)):
+        return _u32_array(raw)
+    return array("I", request.token_ids)
+
+
+def _u32_array(raw: bytes) -> array[int]:
+    out = array("I")
+    out.frombytes(raw)
+    if not _IS_LE:
+        out.byteswap()
+    return out
 
 
 def decode_output(data: bytes) -> EngineOutput:

@@ -19,6 +19,10 @@ class RouteDecision:
     overlap_blocks: int = 0  # prompt blocks the chosen worker already holds
     request_blocks: int = 0
     details: dict[str, Any] = field(default_factory=dict)
+    # the prompt's chained block hashes the KV router computed, and their block size (None, 0
+    # for a policy that hashes nothing); they travel with the request (encode_request)
+    block_hashes: list[int] | None = None
+    block_size: int = 0
 
 
 class Router(Protocol):

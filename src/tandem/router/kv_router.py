@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tandem.protocols.discovery import Instance
-from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.engine import PreprocessedRequest, prompt_array
 from tandem.protocols.kv_events import LoadMetrics
 from tandem.router.active_sequences import ActiveSequences
 from tandem.router.approx import ApproxCache
@@ -128,7 +128,7 @@ class KvRouter(PolicyRouter):
     # ------------------------------------------------------------ scoring
     def request_hashes(self, request: PreprocessedRequest) -> list[int]:
         return sequence_hashes(
-            request.token_ids,
+            prompt_array(request),  # its cached u32 bytes when preprocessing made them
             self.block_size,
             lora_name=request.lora_name,
             cache_salt=request.cache_salt,
@@ -251,6 +251,8 @@ class KvRouter(PolicyRouter):
             overlap_blocks=overlap,
             request_blocks=len(scored.block_hashes),
             details=details,
+            block_hashes=scored.block_hashes,
+            block_size=self.block_size,
         )
 
     def _decision_costs(self) -> Sequence[CandidateCost] | None:

@@ -35,7 +35,9 @@ class MmSpan(Protocol):
     def num_tokens(self) -> int: ...
 
 
-def _u32_bytes(token_ids: Sequence[int]) -> bytes:
+def _u32_bytes(token_ids: Sequence[int]) -> bytes | memoryview:
+    if _is_le and isinstance(token_ids, array) and token_ids.typecode == "I":
+        return memoryview(token_ids).cast("B")  # already LE u32: no copy
     arr = array("I", token_ids)
     if not _is_le:
         arr.byteswap()
@@ -149,3 +151,35 @@ def sequence_hashes(
         lora_name = cache_salt = None
     seed0 = seed_for(lora_name, cache_salt)
     return _hashes(token_ids, block_size, seed0, parent_hash, mm_items, token_offset, chain=True)
+
+
+def hashes_match_sample(
+    token_ids: Sequence[int],
+    block_hashes: Sequence[int],
+    block_size: int,
+    *,
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+    mm_items: Sequence[MmSpan] = (),
+) -> bool:
+    """Whether `block_hashes`, said to be `sequence_hashes(token_ids, block_size, ...)` of the
+    first len(block_hashes) full blocks, check out on a sample: block 0 (the seed: LoRA, salt),
+    the last block and the middle one, each recomputed from its tokens and its shipped parent.
+    O(3 blocks), not O(prompt); catches another block size, seed, hashing scheme or token list,
+    but not a forged chain that is right exactly at the sampled blocks."""
+    num = len(block_hashes)
+    if num == 0:
+        return True
+    if num * block_size > len(token_ids):
+        return False
+    for i in sorted({0, num // 2, num - 1}):
+        block = token_ids[i * block_size : (i + 1) * block_size]
+        if i == 0:
+            got = sequence_hashes(block, block_size, lora_name=lora_name, cache_salt=cache_salt,
+                                  mm_items=mm_items)  # fmt: skip
+        else:
+            got = sequence_hashes(block, block_size, parent_hash=block_hashes[i - 1],
+                                  mm_items=mm_items, token_offset=i * block_size)  # fmt: skip
+        if got != [block_hashes[i]]:
+            return False
+    return True

@@ -100,7 +100,7 @@ class MockerKvHandoff:
             held = sched.held.get(request.request_id)
             if held is not None and len(request.token_ids) > len(held.token_ids):
                 # decode-first: the prefill's first token(s), already sent, count as output
-                held.token_ids += request.token_ids[len(held.token_ids) :]
+                held.token_ids.extend(request.token_ids[len(held.token_ids) :])
             sched.resume(request.request_id, num_computed)
 
         return self.engine.generate(request, install=install)

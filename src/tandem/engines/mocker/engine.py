@@ -34,6 +34,7 @@ from tandem.protocols.engine import (
     PreprocessedRequest,
     SamplingParams,
     StopConditions,
+    prompt_array,
 )
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
@@ -49,6 +50,9 @@ class ReceivedSampling(NamedTuple):
 
 class MockerEngine:
     embeddings_as_arrays = True  # remote embeddings stay numpy: the mocker never imports torch
+    # the Worker may hand over requests whose prompt is still the wire's u32 buffer (empty
+    # token_ids): admission reads it with prompt_array, never an int object per token
+    reads_token_bytes = True
 
     def __init__(
         self,
@@ -127,6 +131,8 @@ class MockerEngine:
                 "and cannot enforce it; serve with --engine native"
             )
         if request.mm_items and install is None:
+            if not request.token_ids:  # an embedding provider reads the ids
+                request.token_ids = prompt_array(request).tolist()
             await self._encode_images(request)
         if install is None:
             self.scheduler.add_request(request)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import MutableSequence
 from dataclasses import dataclass, field
 
 import xxhash
 
-from tandem.protocols.engine import FinishReason, MmItem, PreprocessedRequest
+from tandem.protocols.engine import FinishReason, MmItem, PreprocessedRequest, prompt_array
 from tandem.tokens.hashing import sequence_hashes
 
 _M64 = (1 << 64) - 1
@@ -38,7 +39,7 @@ def _prompt_bytes(request: PreprocessedRequest) -> bytes:
     """The prompt's ids, then its images' hashes, as int64s: one C pass (a `repr` of the id
     list cost ~2-5 ms at 32 000 tokens); ids beyond int64 fall back to their repr."""
     try:
-        data = array("q", request.token_ids)
+        data = array("q", prompt_array(request))
         data += array("q", [(item.mm_hash & _M64) - (1 << 63) for item in request.mm_items])
     except OverflowError:
         return repr([request.token_ids, [item.mm_hash for item in request.mm_items]]).encode()
@@ -55,7 +56,7 @@ class Sequence:
     """
 
     request_id: str
-    token_ids: list[int]
+    token_ids: MutableSequence[int]  # an array('I') from admission
     num_prompt_tokens: int
     max_tokens: int
     min_tokens: int

@@ -45,6 +45,7 @@ from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import (
     ChatCompletionRequest,
+    CompletionIdsRequest,
     CompletionRequest,
     fan_out,
     num_candidates,
@@ -58,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_completion_ids_decoder = msgspec.json.Decoder(CompletionIdsRequest)
 _json = msgspec.json.Encoder()
 PIN_HEADER = "x-worker-instance-id"
 _MODEL_PREFIX = "/v1/models/"
@@ -272,7 +274,7 @@ class FrontendApp:
         await self._generate(request, response, req, ResponseFormat(chat=True))
 
     async def completions(self, request: HttpRequest, response: HttpResponse) -> None:
-        req = _decode(_completion_decoder, request.body)
+        req = decode_completion(request.body)
         await self._generate(request, response, req, ResponseFormat(chat=False))
 
     async def _generate(
@@ -565,6 +567,17 @@ def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
         return decoder.decode(body)
     except http_errors.BODY_ERRORS as exc:
         raise http_errors.decode_error(exc, body) from exc
+
+
+def decode_completion(body: bytes) -> CompletionRequest:
+    """A /v1/completions body; a prompt that is one list of token ids comes back as a
+    CompletionIdsRequest (ids checked while parsed, no Python pass over them). Raises
+    InvalidRequest exactly as decoding a plain CompletionRequest does."""
+    try:
+        return _completion_ids_decoder.decode(body)
+    except http_errors.BODY_ERRORS:  # text, a batch, or a bad body: the general decode
+        req: CompletionRequest = _decode(_completion_decoder, body)  # says what is wrong
+        return req
 
 
 def _route_path(path: str) -> str:

@@ -4,11 +4,14 @@ conditions, check the context length. Pure functions of (request, model); no I/O
 from __future__ import annotations
 
 import asyncio
+import sys
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from tandem.errors import ContextLengthExceeded, InvalidRequest
 from tandem.frontend.models import ServedModel
@@ -29,9 +32,11 @@ from tandem.protocols.engine import (
     StopConditions,
     StructuredOutput,
     encode,
+    token_u32,
 )
 from tandem.protocols.openai import (
     ChatCompletionRequest,
+    CompletionIdsRequest,
     CompletionRequest,
     logit_bias,
     num_candidates,
@@ -138,7 +143,11 @@ async def preprocess_completion(
 ) -> Prepared:
     validate_completion(req)
     prompts: list[list[int]] = []
-    for i, prompt in enumerate(prompt_inputs(req.prompt)):
+    u32: dict[int, bytes] = {}
+    if isinstance(req, CompletionIdsRequest) and req.prompt:  # ids already checked >= 0
+        u32[0] = _check_id_buffer(model, req.prompt)
+        prompts.append(req.prompt)
+    for i, prompt in enumerate(prompt_inputs(req.prompt) if not prompts else ()):
         if isinstance(prompt, str):
             tok = model.require_tokenizer("a text prompt")
             ids = await _encode(tok.encode, prompt, add_special_tokens=True)
@@ -156,7 +165,7 @@ async def preprocess_completion(
     structured = response_format_output(req.response_format)
     base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
     num = num_candidates(req)
-    requests = _fan_out(base, prompts, model, num, req.max_tokens, "max_tokens", "prompt")
+    requests = _fan_out(base, prompts, model, num, req.max_tokens, "max_tokens", "prompt", u32)
     return Prepared(
         request_id=request_id,
         model=model,
@@ -192,6 +201,18 @@ async def _encode(
     if len(text) > _THREAD_TOKENIZE_CHARS:
         return list(await asyncio.to_thread(encode, text, add_special_tokens=add_special_tokens))
     return list(encode(text, add_special_tokens=add_special_tokens))
+
+
+def _check_id_buffer(model: ServedModel, ids: list[int]) -> bytes:
+    """`ids` (ints in [0, 2^32), checked while parsed) as the LE u32 bytes the request plane
+    ships; raises InvalidRequest naming the first id >= the vocabulary size."""
+    data = array("I", ids)  # one C pass; its max() below reads the buffer, not the list
+    vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
+    if vocab is not None and data and int(np.frombuffer(data, dtype=np.uint32).max()) >= vocab:
+        check_prompt_ids(ids, vocab, 0)  # names the first offender
+    if sys.byteorder != "little":
+        data.byteswap()
+    return data.tobytes()
 
 
 def _check_ids(model: ServedModel, ids: list[int], index: int) -> None:
@@ -312,10 +333,14 @@ def _fan_out(
     max_tokens: int | None,
     param: str,
     prompt_param: str,
+    u32: dict[int, bytes] | None = None,
 ) -> list[PreprocessedRequest]:
+    """One request per prompt × choice; each carries its prompt's u32 bytes (`u32[p]` when the
+    caller made them already), so routing and the request plane convert the ids once."""
     out: list[PreprocessedRequest] = []
     multi = len(prompts) * n > 1
     for p, ids in enumerate(prompts):
+        token_bytes = (u32 or {}).get(p) or token_u32(ids)
         limit = resolve_max_tokens(
             len(ids), model.card.context_length, max_tokens, param, prompt_param
         )
@@ -334,7 +359,12 @@ def _fan_out(
             rid = f"{base.request_id}-{p * n + i}" if multi else base.request_id
             out.append(
                 msgspec.structs.replace(
-                    base, request_id=rid, token_ids=ids, stop=stop, sampling=sampling
+                    base,
+                    request_id=rid,
+                    token_ids=ids,
+                    token_bytes=token_bytes,
+                    stop=stop,
+                    sampling=sampling,
                 )
             )
     return out

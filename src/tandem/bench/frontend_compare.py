@@ -4,7 +4,10 @@ Both over near-instant mockers (tandem: `--speedup-ratio 0`; Dynamo 1.6.1: 10000
 infinite there). For each system × endpoint × ISL × concurrency × connection mode (fresh /
 reused) it sends `--num-requests` streamed requests (bounded by `--duration-s` per cell) after a
 warm-up, and records req/s, the frontend processes' CPU-ms per request, TTFT and e2e p50/p99 and
-the KV hit rate (cached prompt tokens / prompt tokens, from usage). Prompts longer than
+the KV hit rate (cached prompt tokens / prompt tokens, from usage). Each cell sends prompts no
+earlier cell sent (the same ones on both sides), so no cell measures a cache of prompts seen
+before (Dynamo's frontend CPU per request falls ~6x on prompts it has seen; `--reuse-prompts`
+replays one set per endpoint × ISL as before). Prompts longer than
 SmolLM2's 8192-token context run both sides on a 131072-token context (same tokenizer). With
 `--prefix-groups G` prompts share G long prefixes (7/8 of the ISL), so the hit rate shows the
 KV routing quality (use `--router kv --workers 2` or more). Prints one side-by-side table with
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import logging
 import os
 import tempfile
@@ -46,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router", choices=("round_robin", "kv"), default="round_robin")
     parser.add_argument("--prefix-groups", type=int, default=0, help="shared-prefix groups")
     parser.add_argument("--osl", type=int, default=32)
+    parser.add_argument(
+        "--reuse-prompts",
+        action="store_true",
+        help="every cell of an endpoint × ISL replays the same prompts (default: fresh prompts "
+        "per cell, so no cell measures a cache of prompts an earlier cell sent)",
+    )
     parser.add_argument("--tandem-layout", choices=LAYOUTS, default="auto")
     parser.add_argument("--tandem-args", default="", help="extra flags for the tandem frontend")
     parser.add_argument("--dynamo-speedup", type=float, default=10000.0)
@@ -93,11 +103,12 @@ def _stack(system: str, args: argparse.Namespace, work_dir: Path) -> Iterator[Ru
             yield stack
 
 
-def _workload(args: argparse.Namespace, isl: int, count: int) -> list[RequestSpec]:
+def _workload(args: argparse.Namespace, isl: int, count: int, seed: int) -> list[RequestSpec]:
     if not args.prefix_groups:
-        return synthetic_requests(SyntheticConfig(isl=isl, osl=args.osl), count)
+        return synthetic_requests(SyntheticConfig(isl=isl, osl=args.osl, seed=seed), count)
     prefix = isl * 7 // 8
     config = SyntheticConfig(
+        seed=seed,
         isl=isl,
         osl=args.osl,
         num_groups=args.prefix_groups,
@@ -113,9 +124,11 @@ def measure_system(system: str, args: argparse.Namespace, work_dir: Path) -> lis
     with _stack(system, args, work_dir) as stack:
         pids = (stack.frontend_pid, *stack.replica_pids)
         logger.info("%s up at %s (frontend pids=%s)", system, stack.url, pids)
+        seeds = itertools.count(1)  # workloads in the same order on both sides: same prompts
+        count = max(args.num_requests, 200)
         for endpoint in _csv(args.endpoint, ("chat", "completions")):
             for isl in (int(i) for i in _csv(args.isl)):
-                workload = _workload(args, isl, max(args.num_requests, 200))
+                shared = _workload(args, isl, count, next(seeds)) if args.reuse_prompts else []
                 warmup = LoadConfig(
                     url=stack.url,
                     model=stack.model,
@@ -124,9 +137,12 @@ def measure_system(system: str, args: argparse.Namespace, work_dir: Path) -> lis
                     num_requests=args.warmup_requests,
                     timeout_s=120.0,
                 )
-                run_cell(warmup, workload)
+                num_warmup = max(args.warmup_requests, 1)
+                run_cell(warmup, shared or _workload(args, isl, num_warmup, next(seeds)))
                 for concurrency in (int(c) for c in _csv(args.concurrency)):
                     for connections in _csv(args.connections, ("fresh", "reused")):
+                        # fresh prompts: no cell measures a cache of what an earlier one sent
+                        workload = shared or _workload(args, isl, count, next(seeds))
                         config = LoadConfig(
                             url=stack.url,
                             model=stack.model,

@@ -72,3 +72,42 @@ def test_router_table_gain_is_baseline_over_mode():
     lines = router_compare.format_table(rows).splitlines()
     assert lines[1].startswith("round_robin") and lines[1].endswith("1.00x")
     assert lines[2].startswith("kv") and lines[2].endswith("4.00x") and "62.0%" in lines[2]
+
+
+def test_every_cell_gets_fresh_prompts_and_both_systems_the_same(monkeypatch, tmp_path):
+    import argparse
+    import contextlib
+
+    from tandem.bench.stacks import RunningStack
+
+    sent: dict[str, list[tuple[int, ...]]] = {"tandem": [], "dynamo": []}
+    current: list[str] = []
+
+    @contextlib.contextmanager
+    def stack(system, args, work_dir):
+        current[:] = [system]
+        yield RunningStack(
+            url="http://127.0.0.1:1", model="m", frontend_pid=1, cpu_scope="frontend"
+        )
+
+    def run_cell(config, workload):
+        sent[current[0]].append(tuple(workload[0].token_ids[:8]))
+        summary = {"num_ok": 1, "num_errors": 0, "errors_by_status": {}, "req_per_s": 1.0,
+                   "output_tok_per_s": 1.0, "ttft_ms": {"p50": 1, "p99": 1},
+                   "e2e_ms": {"p50": 1, "p99": 1}, "itl_ms": {"p50": 1}}  # fmt: skip
+        return summary
+
+    monkeypatch.setattr(frontend_compare, "_stack", stack)
+    monkeypatch.setattr(frontend_compare, "run_cell", run_cell)
+    monkeypatch.setattr(frontend_compare, "cell_metrics", lambda summary, pid: {})
+    parser = argparse.ArgumentParser()
+    frontend_compare.add_arguments(parser)
+    args = parser.parse_args(["--isl", "64,128", "--concurrency", "1,16", "--connections",
+                              "reused", "--endpoint", "chat,completions"])  # fmt: skip
+    for system in sent:
+        frontend_compare.measure_system(system, args, tmp_path)
+    assert sent["tandem"] == sent["dynamo"]
+    assert len(sent["tandem"]) == 4 * 3 and len(set(sent["tandem"])) == 12  # warmups too
+    sent = {"tandem": []}
+    frontend_compare.measure_system("tandem", parser.parse_args(["--reuse-prompts"]), tmp_path)
+    assert len(sent["tandem"]) == 1 + 6 and len(set(sent["tandem"])) == 1

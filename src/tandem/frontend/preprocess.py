@@ -144,8 +144,9 @@ async def preprocess_completion(
     validate_completion(req)
     prompts: list[list[int]] = []
     u32: dict[int, bytes] = {}
-    if isinstance(req, CompletionIdsRequest) and req.prompt:  # ids already checked >= 0
-        u32[0] = _check_id_buffer(model, req.prompt)
+    if isinstance(req, CompletionIdsRequest) and req.prompt:  # ints, checked while parsed
+        if (token_bytes := _check_id_buffer(model, req.prompt)) is not None:
+            u32[0] = token_bytes
         prompts.append(req.prompt)
     for i, prompt in enumerate(prompt_inputs(req.prompt) if not prompts else ()):
         if isinstance(prompt, str):
@@ -203,13 +204,18 @@ async def _encode(
     return list(encode(text, add_special_tokens=add_special_tokens))
 
 
-def _check_id_buffer(model: ServedModel, ids: list[int]) -> bytes:
-    """`ids` (ints in [0, 2^32), checked while parsed) as the LE u32 bytes the request plane
-    ships; raises InvalidRequest naming the first id >= the vocabulary size."""
-    data = array("I", ids)  # one C pass; its max() below reads the buffer, not the list
+def _check_id_buffer(model: ServedModel, ids: list[int]) -> bytes | None:
+    """`ids` (ints) as the LE u32 bytes the request plane ships; raises InvalidRequest naming
+    the first id < 0 or >= the vocabulary size. None: an id >= 2^32 and no vocabulary known
+    (the ids then travel as a list)."""
     vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
-    if vocab is not None and data and int(np.frombuffer(data, dtype=np.uint32).max()) >= vocab:
+    try:
+        data = array("I", ids)  # one C pass; refuses what is not a u32
+    except OverflowError:
         check_prompt_ids(ids, vocab, 0)  # names the first offender
+        return None
+    if vocab is not None and data and int(np.frombuffer(data, dtype=np.uint32).max()) >= vocab:
+        check_prompt_ids(ids, vocab, 0)
     if sys.byteorder != "little":
         data.byteswap()
     return data.tobytes()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from typing import Annotated, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -117,16 +117,14 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     suffix: Any = None
 
 
-MAX_TOKEN_ID = 0xFFFFFFFF  # token ids travel as u32 (tandem.protocols.engine.token_bytes)
-
-
 class CompletionIdsRequest(CompletionRequest, kw_only=True):
-    """A CompletionRequest whose prompt is one list of token ids, each checked to be an int in
-    [0, 2^32) while the JSON is parsed (no Python pass over the ids afterwards). The frontend
-    tries this type first; a body it rejects is decoded as a plain CompletionRequest, whose
-    checks then produce the error (or accept the text / batch prompt)."""
+    """A CompletionRequest whose prompt is one list of token ids, each checked to be an int
+    while the JSON is parsed (no Python pass over the ids afterwards; the range is checked on
+    their u32 buffer). The frontend tries this type first; a body it rejects is decoded as a
+    plain CompletionRequest, whose checks then produce the error (or accept the text / batch
+    prompt)."""
 
-    prompt: list[Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]]
+    prompt: list[int]
 
 
 class Unsupported(NamedTuple):

@@ -1,7 +1,8 @@
 """`tandem bench mocker-path`: CPU per request of the mocker worker's path, in one process.
 
 What a `tandem worker --engine mocker --speedup-ratio 0` does with each request, minus the
-sockets: decode the `PreprocessedRequest` (msgpack), run it through a `MockerEngine` (admission,
+sockets: decode the `PreprocessedRequest` (msgpack; the prompt stays the wire's u32 buffer, as
+the Worker hands it to the mocker), run it through a `MockerEngine` (admission,
 block hashing, prefix-cache bookkeeping, pseudo-tokens, step loop and output streams), encode
 each output, and encode every KV event batch as the worker's publisher does (onto an in-process
 bus nobody subscribes to). `--concurrency` requests run at once; the bench's own prompts
@@ -22,7 +23,7 @@ from tandem.bench.workload import SyntheticConfig, synthetic_requests
 
 
 async def _round(
-    isl: int, num: int, concurrency: int, token_ids: bool, temperature: float
+    isl: int, num: int, concurrency: int, token_ids: bool, temperature: float, hashes: bool
 ) -> float:
     from tandem.engines.mocker.config import MockerConfig
     from tandem.engines.mocker.engine import MockerEngine
@@ -33,25 +34,31 @@ async def _round(
         StopConditions,
         decode_request,
         encode,
+        encode_request,
     )
     from tandem.runtime.events.memory import MemoryEventBus
+    from tandem.tokens.hashing import sequence_hashes
+
+    config = MockerConfig(
+        speedup_ratio=0, context_length=max(8192, 2 * isl), kv_events_token_ids=token_ids
+    )
+    size = config.block_size
 
     prompts = [s.token_ids for s in synthetic_requests(SyntheticConfig(isl=isl, osl=32), num)]
-    payloads = [
-        encode(
+    payloads = [  # the wire form a frontend sends (with a KV router's hashes: --block-hashes)
+        encode_request(
             PreprocessedRequest(
                 request_id=f"r{i}",
                 model="m",
                 token_ids=ids,
                 sampling=SamplingParams(temperature=temperature),
                 stop=StopConditions(max_tokens=32, ignore_eos=True),
-            )
+            ),
+            block_hashes=sequence_hashes(ids, size) if hashes else None,
+            hash_block_size=size if hashes else 0,
         )
         for i, ids in enumerate(prompts)
     ]
-    config = MockerConfig(
-        speedup_ratio=0, context_length=max(8192, 2 * isl), kv_events_token_ids=token_ids
-    )
     engine = MockerEngine(config)
     await engine.start()
     publisher = KvEventPublisher(MemoryEventBus(), "bench.kv_events", "w", buffer_size=4096)
@@ -65,7 +72,7 @@ async def _round(
 
     async def one(payload: bytes) -> None:
         async with gate:
-            async for out in engine.generate(decode_request(payload)):
+            async for out in engine.generate(decode_request(payload, materialize=False)):
                 encode(out)
 
     start = time.process_time()
@@ -85,6 +92,9 @@ def main(argv: list[str]) -> int:
         "--kv-events-token-ids", action="store_true", help="the mocker's opt-in token ids"
     )
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy requests")
+    parser.add_argument(
+        "--block-hashes", action="store_true", help="requests carry a KV router's block hashes"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.num_requests < 1 or args.concurrency < 1 or args.repeat < 1:
@@ -99,6 +109,7 @@ def main(argv: list[str]) -> int:
                     args.concurrency,
                     args.kv_events_token_ids,
                     args.temperature,
+                    args.block_hashes,
                 )
             )
             for _ in range(args.repeat)

@@ -2,10 +2,12 @@
 
 For each ISL it builds the bench's own prompts (`tandem bench frontend` sends the same: random
 token ids, as words for chat) and times, in this process, each stage a request passes through:
-JSON decode of the body (chat and completions), the prompt-list type check, chat template,
-tokenization (the backend `tokenizers` encode and tandem's `ModelTokenizer.encode`), the
-completions id range check,
-block hashing, KV-router scoring, request-plane encode, and detokenizing the output. CPU time
+JSON decode of the body (chat; completions general and ids fast path), the old path's
+prompt-list type check and id range loop beside the u32 conversion + range check that replaced
+them, chat template, tokenization (the backend `tokenizers` encode and tandem's
+`ModelTokenizer.encode`), block hashing, KV-router scoring, request-plane encode (version 1
+list of ints / version 2 u32 buffer) and the worker's decode of each, and detokenizing the
+output. CPU time
 (process_time, best of `--repeat`), so a busy shared host inflates it less than wall time.
 """
 
@@ -33,8 +35,15 @@ def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(isl: int, repeat: int) -> dict[str, float]:
-    from tandem.frontend.preprocess import check_prompt_ids
-    from tandem.protocols.engine import PreprocessedRequest, StopConditions, encode
+    from tandem.frontend.app import decode_completion
+    from tandem.frontend.preprocess import check_prompt_ids, prompt_id_bytes
+    from tandem.protocols.engine import (
+        PreprocessedRequest,
+        StopConditions,
+        decode_request,
+        encode,
+        token_u32,
+    )
     from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, prompt_inputs
     from tandem.router.config import RouterConfig
     from tandem.router.kv_router import KvRouter
@@ -56,6 +65,9 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
     request = PreprocessedRequest(
         request_id="r", model="m", token_ids=prompt, stop=StopConditions(max_tokens=32)
     )
+    request_v2 = msgspec.structs.replace(request, token_bytes=token_u32(prompt))
+    v1_payload = msgspec.msgpack.encode(request)  # version 1: a msgpack array of ints
+    v2_payload = encode(request)
     router = KvRouter(RouterConfig(), instances=StaticInstanceSet())
     outputs = prompt[:32]
 
@@ -67,14 +79,21 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
     stages: dict[str, Callable[[], Any]] = {
         "json decode (chat)": lambda: msgspec.json.decode(chat_body, type=ChatCompletionRequest),
         "json decode (completions)": lambda: msgspec.json.decode(comp_body, type=CompletionRequest),
-        "prompt list check (completions)": lambda: prompt_inputs(ids),
+        "json decode (completions, ids fast path)": lambda: decode_completion(comp_body),
+        "prompt list check (completions, old path)": lambda: prompt_inputs(ids),
         "chat template": lambda: template.render(chat.messages, add_generation_prompt=True),
         "tokenize: tokenizers backend": lambda: tok.backend.encode(text, add_special_tokens=False),
         "tokenize: ModelTokenizer.encode": lambda: tok.encode(text, add_special_tokens=False),
-        "prompt id check (completions)": lambda: check_prompt_ids(ids, tok.vocab_size, 0),
+        "prompt id check (completions, old path)": lambda: check_prompt_ids(ids, tok.vocab_size, 0),
+        "prompt ids -> u32 + range check (completions)": lambda: prompt_id_bytes(ids, 49152),
+        "prompt ids -> u32 (chat)": lambda: token_u32(prompt),
         "block hashes (block 16)": lambda: sequence_hashes(prompt, 16),
         "kv router score (empty index)": lambda: router.score(request, []),
-        "request-plane encode": lambda: encode(request),
+        "request-plane encode, v1 list of ints": lambda: msgspec.msgpack.encode(request),
+        "request-plane encode, v2 (u32 cached)": lambda: encode(request_v2),
+        "worker decode, v1 list of ints": lambda: decode_request(v1_payload),
+        "worker decode, v2 materialized": lambda: decode_request(v2_payload),
+        "worker decode, v2 buffer (mocker)": lambda: decode_request(v2_payload, materialize=False),
         "detokenize 32 output tokens": detokenize,
     }
     return {name: _cpu_ms(fn, repeat) for name, fn in stages.items()}

@@ -145,7 +145,8 @@ async def preprocess_completion(
     prompts: list[list[int]] = []
     u32: dict[int, bytes] = {}
     if isinstance(req, CompletionIdsRequest) and req.prompt:  # ints, checked while parsed
-        if (token_bytes := _check_id_buffer(model, req.prompt)) is not None:
+        vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
+        if (token_bytes := prompt_id_bytes(req.prompt, vocab)) is not None:
             u32[0] = token_bytes
         prompts.append(req.prompt)
     for i, prompt in enumerate(prompt_inputs(req.prompt) if not prompts else ()):
@@ -204,11 +205,10 @@ async def _encode(
     return list(encode(text, add_special_tokens=add_special_tokens))
 
 
-def _check_id_buffer(model: ServedModel, ids: list[int]) -> bytes | None:
+def prompt_id_bytes(ids: list[int], vocab: int | None) -> bytes | None:
     """`ids` (ints) as the LE u32 bytes the request plane ships; raises InvalidRequest naming
-    the first id < 0 or >= the vocabulary size. None: an id >= 2^32 and no vocabulary known
-    (the ids then travel as a list)."""
-    vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
+    the first id < 0 or >= `vocab`. None: an id >= 2^32 and no vocabulary known (the ids then
+    travel as a list)."""
     try:
         data = array("I", ids)  # one C pass; refuses what is not a u32
     except OverflowError:

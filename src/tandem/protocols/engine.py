@@ -243,7 +243,9 @@ def decode_request(data: bytes, *, materialize: bool = True) -> PreprocessedRequ
     a token_bytes length that is not a multiple of 4."""
     request = _request_decoder.decode(data)
     raw = request.token_bytes
-    if raw is not None and not request.token_ids:
+    if raw is not None and request.token_ids:  # both sent: the list is the prompt
+        request.token_bytes = None
+    elif raw is not None:
         if len(raw) % 4:
             raise msgspec.ValidationError(
                 f"token_bytes has {len(raw)} bytes; expected 4 per token id (little-endian u32)"

@@ -73,6 +73,13 @@ def test_a_stale_cached_buffer_is_not_sent() -> None:
     assert prompt_array(cut).tolist() == PROMPT[:5]
 
 
+def test_a_list_sent_beside_a_buffer_wins() -> None:
+    both = msgspec.msgpack.encode(_request([1, 2], token_bytes=token_u32([3, 4])))
+    for materialize in (True, False):
+        request = decode_request(both, materialize=materialize)
+        assert request.token_bytes is None and prompt_array(request).tolist() == [1, 2]
+
+
 def test_token_bytes_not_a_multiple_of_four_is_refused() -> None:
     bad = msgspec.msgpack.encode(_request([], token_bytes=b"\x01\x00\x00"))
     with pytest.raises(msgspec.ValidationError, match="token_bytes has 3 bytes"):

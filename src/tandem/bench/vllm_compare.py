@@ -260,7 +260,7 @@ def measure(systems: list[System], args: argparse.Namespace) -> list[dict[str, A
     warmup = synthetic_requests(SyntheticConfig(isl=args.isl, osl=args.osl, seed=WARMUP_SEED), 512)
     for system in systems:  # every batch shape of the run once (1 .. the largest concurrency)
         offset = 0
-        with _frozen([s for s in systems if s is not system]):
+        with _alone(system, systems):
             for conc in concurrencies:
                 n = max(conc, args.warmup_requests)
                 run_cell(LoadConfig(url=system.url, model=MODEL, concurrency=conc,
@@ -276,10 +276,18 @@ def measure(systems: list[System], args: argparse.Namespace) -> list[dict[str, A
             )
             order = systems if (rnd + concurrencies.index(conc)) % 2 == 0 else systems[::-1]
             for system in order:
-                with _frozen([s for s in systems if s is not system]):
-                    asyncio.run(wait_ready(system.url, timeout_s=60.0))  # resumed and serving
+                with _alone(system, systems):
                     cells.append(_cell(system, systems, conc, rnd, specs, all_pids, args))
     return cells
+
+
+@contextlib.contextmanager
+def _alone(system: System, systems: list[System]) -> Iterator[None]:
+    """The others frozen, and `system` serving again (after being frozen itself, a stack may
+    need a moment: Dynamo's frontend drops a worker whose discovery lease went stale)."""
+    with _frozen([s for s in systems if s is not system]):
+        asyncio.run(wait_ready(system.url, timeout_s=120.0))
+        yield
 
 
 @contextlib.contextmanager

@@ -283,8 +283,7 @@ def measure(systems: list[System], args: argparse.Namespace) -> list[dict[str, A
 
 @contextlib.contextmanager
 def _alone(system: System, systems: list[System]) -> Iterator[None]:
-    """The others frozen, and `system` serving again (after being frozen itself, a stack may
-    need a moment: Dynamo's frontend drops a worker whose discovery lease went stale)."""
+    """The other systems' engines frozen, and `system` serving."""
     with _frozen([s for s in systems if s is not system]):
         asyncio.run(wait_ready(system.url, timeout_s=120.0))
         yield
@@ -292,11 +291,13 @@ def _alone(system: System, systems: list[System]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _frozen(systems: list[System]) -> Iterator[None]:
-    """SIGSTOP every process of `systems` meanwhile (SIGCONT after, whatever happens): the
-    system measured has the machine to itself, as if alone, while the others keep their
-    memory and warm state. Idle stacks are not idle enough to leave running: timers, stat
-    loggers, health checks and spinning OpenMP threads took 5-8 % of a core."""
-    pids = [pid for system in systems for pid in system.roles]
+    """SIGSTOP the vLLM engine processes (EngineCore, Worker) of `systems` meanwhile, SIGCONT
+    after, whatever happens: idle engines were not idle (polling Workers; Dynamo's took 4 % of
+    a core) and must not take CPU from the system measured. Their hosts keep running: they
+    hold discovery leases (Dynamo's frontend deletes a worker whose lease went stale, for
+    good) and only check the engine's liveness locally (`AsyncLLM.check_health`)."""
+    pids = [pid for system in systems for pid, role in system.roles.items()
+            if role in ("engine_core", "model_worker")]  # fmt: skip
     stopped = []
     try:
         for pid in pids:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from tests.support.eventually import eventually
 
 from tandem.bench import vllm_compare
 from tandem.bench.vllm_compare import System
@@ -57,3 +60,29 @@ def test_roles_follow_vllm_process_titles_and_stack_commands():
         "worker_host"
     )
     assert role("dynamo", True, "python", "python -m dynamo.vllm --model m") == "worker_host"
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_frozen_stops_only_the_engine_processes_and_resumes_them():
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+             for _ in range(3)]  # fmt: skip
+    try:
+        engine_core, model_worker, host = (p.pid for p in procs)
+        other = System("vllm", roles={engine_core: "engine_core", model_worker: "model_worker",
+                                      host: "api_server"})  # fmt: skip
+        stopped = [engine_core, model_worker]
+        with vllm_compare._frozen([other]):
+            asyncio.run(eventually(lambda: all(_state(p) == "T" for p in stopped)))
+            assert _state(host) != "T"
+        asyncio.run(eventually(lambda: all(_state(p.pid) != "T" for p in procs)))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

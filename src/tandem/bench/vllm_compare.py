@@ -3,15 +3,18 @@ vLLM worker (`tandem serve --engine vllm`) and, with `--dynamo-python`, Dynamo's
 own vLLM worker (`python -m dynamo.vllm`): same model, engine flags and vLLM CPU settings.
 
 All stacks run at once (each ~3 GB) and take turns, so they meet the same machine: per round and
-concurrency each system runs one cell, in an order that flips every round (A B B A ...), on a
-prompt set of its own (same prompts for every system, never seen before by any engine: no
-prefix-cache hits across cells). A cell is `--num-requests` streamed completions of random
+concurrency each system runs one cell, in an order that flips every round (A B B A ...), while
+the other systems' vLLM engine processes are SIGSTOPped, on a prompt set of its own (same
+prompts for every system, never seen before by any engine: no prefix-cache hits across
+cells). A cell is `--num-requests` streamed completions of random
 `--isl`-token prompts with `--osl` output tokens (ignore_eos). Each cell also records the CPU
 time of every process of every stack (by role: API server / frontend / worker host /
 EngineCore / model Worker), so overhead shows where it is spent, and an idle stack is seen to
 be idle. Prints every cell, then per concurrency the median over rounds of the paired ratios
 against vLLM's server, and issue 16's targets: throughput overhead <= 5 % and TTFT p50
-overhead <= 5 ms; writes everything to `--json`.
+overhead <= 5 ms; writes everything to `--json`. TTFT at concurrency > 1 mostly measures how
+the arrivals fell into prefill steps (a request that misses a step waits a whole one); the
+per-request overhead shows at concurrency 1.
 """
 
 from __future__ import annotations

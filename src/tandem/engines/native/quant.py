@@ -1,6 +1,12 @@
 """Weight-only quantized linear layers: int4 (groups of 32 with a scale and a minimum, GGUF
 Q4_1's layout) and int8 (uint8 codes, groups of 32 with a scale and a minimum), run by the C
-kernels in `kernels/quant.c` (AVX2 + FMA where the compiler targets it, a scalar path else).
+kernels in `kernels/quant.c` (AVX-512 or AVX2 + FMA where the compiler targets it, a scalar
+path else).
+
+`Q4Weight` / `Q8Weight` hold a weight in source order (GGUF blocks, row-major): what is
+loaded, cached, fused (`cat_rows`) and converted. `pack` turns one into a `PackedWeight`,
+tiles of 32 output columns k-major, which is what the GEMM streams; `QuantLinear` packs at
+construction (a fraction of a second for the whole model).
 
 int8 is asymmetric so that both GGUF formats convert into it exactly (Q4_1: codes x 17,
 scale / 17; Q8_0: codes + 128, minimum -128 x scale): the SmolLM2 GGUF is Q4_1, and an int8
@@ -31,8 +37,16 @@ logger = logging.getLogger(__name__)
 GROUP = 32
 WEIGHT_FORMATS = ("fp32", "int8", "int4")
 _SOURCE = Path(__file__).with_name("kernels") / "quant.c"
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-_PORTABLE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")  # the scalar path, any x86-64/arm
+_COMMON = ("-O3", "-fopenmp", "-fPIC", "-shared")
+# builds: the machine's widest vectors (AVX-512 here), AVX2 + FMA, and the scalar path that
+# compiles for any x86-64 / arm (tests run all three; within one build every row count and
+# row position gives bit-identical rows, across builds only fp32 rounding differs)
+VARIANTS = {
+    "native": ("-march=native", *_COMMON),
+    "avx2": ("-mavx2", "-mfma", *_COMMON),
+    "portable": _COMMON,
+}
+TILE = 32  # output columns per packed tile (kernels/quant.c TN)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 
@@ -51,12 +65,15 @@ def _library_path(compiler: str, flags: tuple[str, ...]) -> Path:
     return _cache_dir() / f"tq-{key.hexdigest()[:16]}.so"
 
 
-def build(*, portable: bool | None = None) -> Path:
-    """Compile the kernels (idempotent); returns the shared library's path. `portable` (or
-    TANDEM_QUANT_PORTABLE=1) builds the scalar path without -march=native."""
-    if portable is None:
-        portable = os.environ.get("TANDEM_QUANT_PORTABLE", "0") == "1"
-    flags = _PORTABLE_FLAGS if portable else _FLAGS
+def build(variant: str | None = None) -> Path:
+    """Compile the kernels (idempotent); returns the shared library's path. `variant` is a
+    key of VARIANTS; default 'native', or 'portable' (the scalar path, no -march=native)
+    where TANDEM_QUANT_PORTABLE=1."""
+    if variant is None:
+        variant = "portable" if os.environ.get("TANDEM_QUANT_PORTABLE", "0") == "1" else "native"
+    if variant not in VARIANTS:
+        raise ValueError(f"kernel variant '{variant}'; expected one of {sorted(VARIANTS)}")
+    flags = VARIANTS[variant]
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise QuantKernelError(
@@ -87,9 +104,11 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.tq_gemm_q8.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
     lib.tq_dequant_q4.argtypes = [p, p, p, i64, i64, p, i32]
     lib.tq_dequant_q8.argtypes = [p, p, p, i64, i64, p, i32]
+    lib.tq_pack_q4.argtypes = [p, p, p, i64, i64, p, p, p]
+    lib.tq_pack_q8.argtypes = [p, p, p, i64, i64, p, p, p]
     for fn in (lib.tq_gemm_q4, lib.tq_gemm_q8):
         fn.restype = ctypes.c_int
-    lib.tq_has_avx2.restype = ctypes.c_int
+    lib.tq_isa.restype = ctypes.c_int
     return lib
 
 
@@ -99,7 +118,7 @@ def kernels() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             lib = load_library(build())
-            if not lib.tq_has_avx2():
+            if not lib.tq_isa():
                 logger.warning("int8/int4 kernels built without AVX2: the scalar path is slow")
             _lib = lib
         return _lib
@@ -138,6 +157,43 @@ class Q8Weight(NamedTuple):
 
 
 QWeight = Q4Weight | Q8Weight
+
+
+class PackedWeight(NamedTuple):
+    """A QWeight in the GEMM's layout: tiles of TILE output columns, k-major inside a tile
+    (`kernels/quant.c`); `bits` 4 or 8, `n` x `k` the logical shape."""
+
+    bits: int
+    n: int
+    k: int
+    qs: torch.Tensor  # uint8 [tiles, k, TILE * bits / 8]
+    d: torch.Tensor  # fp32 [tiles, k / 32, TILE]
+    m: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n, self.k
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m))
+
+
+def pack(w: QWeight, lib: ctypes.CDLL | None = None) -> PackedWeight:
+    """`w` in the GEMM's tiled layout (columns past n are zero weights)."""
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"input dimension {k} is not a multiple of the group size {GROUP}")
+    bits = 4 if isinstance(w, Q4Weight) else 8
+    tiles = -(-n // TILE)
+    qs = torch.empty(tiles, k, TILE * bits // 8, dtype=torch.uint8)
+    d = torch.empty(tiles, k // GROUP, TILE, dtype=torch.float32)
+    m = torch.empty_like(d)
+    src = [t.contiguous() for t in w]
+    lib = lib or kernels()
+    fn = lib.tq_pack_q4 if bits == 4 else lib.tq_pack_q8
+    fn(*(t.data_ptr() for t in src), n, k, qs.data_ptr(), d.data_ptr(), m.data_ptr())
+    return PackedWeight(bits, n, k, qs, d, m)
 
 
 def _groups(w: torch.Tensor) -> torch.Tensor:
@@ -241,25 +297,8 @@ def cat_rows(parts: list[QWeight]) -> QWeight:
     return Q8Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in first._fields))
 
 
-# From this many rows on, a product dequantizes the weight once into a scratch buffer and
-# runs the BLAS GEMM (prefill chunks, large batches): the kernel widens every group once per
-# 4 rows, which is compute-bound there, while the BLAS reuses each weight across the whole
-# tile. Measured crossover for a 3072 x 576 weight on 2 threads: between 16 and 32 rows.
-DEQUANT_MIN_ROWS = 32
-_scratch = threading.local()
-
-
-def _scratch_weight(w: QWeight) -> torch.Tensor:
-    """w dequantized into this thread's reusable buffer (valid until its next call)."""
-    n, k = w.shape
-    buf: torch.Tensor | None = getattr(_scratch, "buf", None)
-    if buf is None or buf.numel() < n * k:
-        buf = _scratch.buf = torch.empty(n * k, dtype=torch.float32)
-    return dequantize(w, torch.get_num_threads(), out=buf[: n * k].view(n, k))
-
-
 def matmul(
-    w: QWeight,
+    w: QWeight | PackedWeight,
     x: torch.Tensor,
     residual: torch.Tensor | None = None,
     *,
@@ -268,25 +307,23 @@ def matmul(
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """(alpha * x * col_scale) @ W^T (+ residual) in fp32 on `torch.get_num_threads()`
-    threads; `lib` picks a kernel build (default: this machine's)."""
+    threads; `lib` picks a kernel build (default: this machine's). Every row count goes
+    through the same kernel arithmetic: a row's result does not depend on its batch."""
+    lib = lib or kernels()
+    if not isinstance(w, PackedWeight):
+        w = pack(w, lib)
     x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
     rows, k = x.shape
-    n = w.shape[0]
-    if k != w.shape[1]:
-        raise ValueError(f"x has {k} columns; the weight expects {w.shape[1]}")
-    if rows >= DEQUANT_MIN_ROWS and lib is None:
-        xs = x * col_scale if col_scale is not None else x
-        dense = _scratch_weight(w).t()
-        if residual is None:
-            return torch.mm(xs, dense).mul_(alpha) if alpha != 1.0 else torch.mm(xs, dense)
-        return torch.addmm(residual.float(), xs, dense, alpha=alpha)
+    n = w.n
+    if k != w.k:
+        raise ValueError(f"x has {k} columns; the weight expects {w.k}")
     y = torch.empty(rows, n, dtype=torch.float32)
     res = 0
     if residual is not None:
         residual = residual.float().contiguous()
         res = residual.data_ptr()
     cs = 0 if col_scale is None else col_scale.data_ptr()
-    fn = (lib or kernels()).tq_gemm_q4 if isinstance(w, Q4Weight) else (lib or kernels()).tq_gemm_q8
+    fn = lib.tq_gemm_q4 if w.bits == 4 else lib.tq_gemm_q8
     rc = fn(
         x.data_ptr(), rows, k, alpha, cs, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n,
         y.data_ptr(), res, torch.get_num_threads(),
@@ -303,10 +340,9 @@ class QuantLinear:
     __slots__ = ("col_scale", "out_features", "weight")
 
     def __init__(self, weight: QWeight, col_scale: torch.Tensor | None = None) -> None:
-        self.weight = weight
+        self.weight = pack(weight)  # builds the kernels: fails at load, not at a request
         self.out_features = weight.shape[0]
         self.col_scale = None if col_scale is None else col_scale.float().contiguous()
-        kernels()  # fail at load time, not at the first request
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, *, alpha: float = 1.0
@@ -315,7 +351,7 @@ class QuantLinear:
 
     @property
     def in_features(self) -> int:
-        return self.weight.shape[1]
+        return self.weight.k
 
     @property
     def num_bytes(self) -> int:

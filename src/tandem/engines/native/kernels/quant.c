@@ -14,18 +14,22 @@
  *   q8: qs [T][K][32] bytes;  q4: qs [T][K][16] bytes, byte j = column j (low nibble) and
  *   column j+16 (high nibble);  d, m: [T][K/32][32] floats.
  *
- * Arithmetic, the same for every row whatever the row count M and wherever the row sits:
- *   w[k][n] = fma(d, q, m) in fp32 (exactly the GGUF value for Q4_1/Q8_0 blocks)
- *   acc[n]  = fma(w[k][n], x[k], acc[n])  for k = 0, 1, ..., K-1 in that order
- *   y[n]    = acc[n] (+ residual)
+ * Arithmetic, the same for every row whatever the row count M and wherever the row sits
+ * (w = d q + m is never formed; the codes are exact small integers in fp32):
+ *   xs[g]  = x[32g] + x[32g+1] + ... + x[32g+31]              (fp32, in that order)
+ *   p      = fma(q[k][n], x[k], p)  for the 32 k of group g, from p = 0
+ *   acc[n] = fma(d[g][n], p, acc[n]);  acc[n] = fma(m[g][n], xs[g], acc[n])   for g = 0, 1, ...
+ *   y[n]   = acc[n] (+ residual)
  * so a request's output is bit-identical alone or batched (batch invariance by
  * construction), and equals x @ dequantize(W)^T up to the order of the fp32 additions.
  * Activations stay fp32 (measured: int8 activations moved greedy tokens off fp32's).
  *
- * Up to MR_REG rows: each tile's codes are dequantized in registers and used by all rows
- * (the mat-vec streams the packed bytes). More rows: a tile is dequantized once into a
- * per-thread fp32 scratch [K][32] (L2) and a register-blocked micro-kernel (MR rows x 32
- * columns of accumulators, x broadcast) runs over the row blocks. Threads split the tiles.
+ * Up to MR rows (12 with AVX-512: 24 zmm of partial sums; 2 with AVX2): each tile's codes
+ * are widened in registers once per k and used by all rows (the mat-vec streams the packed
+ * bytes; one row takes two tiles at a time for more independent FMA chains). More rows: a
+ * tile's codes are widened once into a per-thread fp32 scratch [K][32] (L2) and the same
+ * micro-kernel runs over blocks of MR rows. The accumulators of a block live in L1 (touched
+ * once per group). Threads (OpenMP) split the tiles.
  * y = (alpha * x * cs) @ W^T (+ residual); cs is a per-column scale (an RMSNorm weight) or NULL.
  */
 #include <stdint.h>
@@ -41,8 +45,7 @@
 #if defined(__AVX512F__)
 #define ISA 512
 #define VW 16
-#define MR 12     /* rows per scratch micro-kernel block: 24 zmm accumulators */
-#define MR_REG 8  /* rows served by the in-register dequantization */
+#define MR 12 /* rows per micro-kernel block: 24 zmm of partial sums */
 typedef __m512 vec;
 #define VZERO() _mm512_setzero_ps()
 #define VLOAD(p) _mm512_load_ps(p)
@@ -55,8 +58,7 @@ typedef __m512 vec;
 #elif defined(__AVX2__) && defined(__FMA__)
 #define ISA 256
 #define VW 8
-#define MR 3
-#define MR_REG 2
+#define MR 2
 typedef __m256 vec;
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_load_ps(p)
@@ -121,7 +123,7 @@ void tq_pack_q8(const uint8_t *qs, const float *d, const float *m, int64_t N, in
     pack(8, qs, d, m, N, K, pq, pd, pm);
 }
 
-/* ------------------------------------------------------------------ dequantization */
+/* ------------------------------------------------------------------ micro-kernels */
 
 #if ISA
 /* the 32 codes of tile row k as floats, NV vectors in column order */
@@ -151,158 +153,129 @@ INLINE void codes(int kind, const uint8_t *q, int64_t k, vec c[NV]) {
     }
 }
 
-/* tile row k's weights: fma(code, d, m) */
-INLINE void weights(int kind, const uint8_t *q, int64_t k, const vec vd[NV], const vec vm[NV],
-                    vec w[NV]) {
-    codes(kind, q, k, w);
-    for (int v = 0; v < NV; v++) w[v] = VFMA(w[v], vd[v], vm[v]);
+/* one tile's codes into buf [K][TN] as floats (64-byte aligned) */
+static void codes_tile(int kind, const uint8_t *q, int64_t K, float *buf) {
+    for (int64_t k = 0; k < K; k++) {
+        vec c[NV];
+        codes(kind, q, k, c);
+        for (int v = 0; v < NV; v++) VSTORE(buf + k * TN + v * VW, c[v]);
+    }
 }
 
-/* one tile into buf [K][TN] (64-byte aligned) */
-static void dequant_tile(int kind, const uint8_t *q, const float *d, const float *m, int64_t K,
-                         float *buf) {
-    const int64_t G = K / GROUP;
-    for (int64_t g = 0; g < G; g++) {
-        vec vd[NV], vm[NV], w[NV];
+/* end of group g for R rows: acc = fma(d, p, acc); acc = fma(m, xs, acc); the
+ * accumulators live in L1 (acc [R][TN]) so that the registers hold MR rows of partials */
+INLINE void close_group(int R, float *acc, vec p[][NV], const float *d, const float *m,
+                        const float *xs, int64_t G, int64_t g) {
+    for (int r = 0; r < R; r++) {
+        const vec sb = VSET1(xs[r * G + g]);
         for (int v = 0; v < NV; v++) {
-            vd[v] = VLOADU(d + g * TN + v * VW);
-            vm[v] = VLOADU(m + g * TN + v * VW);
-        }
-        for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
-            weights(kind, q, k, vd, vm, w);
-            for (int v = 0; v < NV; v++) VSTORE(buf + k * TN + v * VW, w[v]);
+            vec a = VLOAD(acc + r * TN + v * VW);
+            a = VFMA(VLOADU(d + g * TN + v * VW), p[r][v], a);
+            VSTORE(acc + r * TN + v * VW, VFMA(VLOADU(m + g * TN + v * VW), sb, a));
         }
     }
 }
 
-/* y[r][0:nc] for R rows from their accumulators */
-INLINE void store_rows(int R, vec acc[][NV], float *y, int64_t ldy, const float *res, int nc) {
+/* y[r][0:nc] for R rows from their accumulators acc [R][TN] */
+INLINE void store_rows(int R, const float *acc, float *y, int64_t ldy, const float *res, int nc) {
     for (int r = 0; r < R; r++) {
         float *yr = y + r * ldy;
         const float *rr = res ? res + r * ldy : NULL;
         if (nc == TN) {
             for (int v = 0; v < NV; v++) {
-                vec o = acc[r][v];
+                vec o = VLOAD(acc + r * TN + v * VW);
                 if (rr) o = VADD(VLOADU(rr + v * VW), o);
                 VSTOREU(yr + v * VW, o);
             }
         } else {
-            float tmp[TN] __attribute__((aligned(64)));
-            for (int v = 0; v < NV; v++) VSTORE(tmp + v * VW, acc[r][v]);
-            for (int c = 0; c < nc; c++) yr[c] = rr ? rr[c] + tmp[c] : tmp[c];
+            for (int c = 0; c < nc; c++) yr[c] = rr ? rr[c] + acc[r * TN + c] : acc[r * TN + c];
         }
     }
 }
 
-/* R rows (R <= MR_REG) x one tile, weights dequantized in registers */
-INLINE void tile_reg(int R, int kind, const uint8_t *q, const float *d, const float *m,
-                     const float *x, int64_t K, float *y, int64_t ldy, const float *res, int nc) {
-    vec acc[MR_REG][NV];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
-    for (int64_t g = 0; g < K / GROUP; g++) {
-        vec vd[NV], vm[NV], w[NV];
-        for (int v = 0; v < NV; v++) {
-            vd[v] = VLOADU(d + g * TN + v * VW);
-            vm[v] = VLOADU(m + g * TN + v * VW);
-        }
+/* R rows x one tile; the codes come widened from registers (buf NULL) or from buf */
+INLINE void tile(int R, int kind, const float *buf, const uint8_t *q, const float *d,
+                 const float *m, const float *x, const float *xs, int64_t K, float *y,
+                 int64_t ldy, const float *res, int nc) {
+    const int64_t G = K / GROUP;
+    float acc[MR * TN] __attribute__((aligned(64)));
+    vec p[MR][NV];
+    memset(acc, 0, sizeof(float) * (size_t)(R * TN));
+    for (int64_t g = 0; g < G; g++) {
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < NV; v++) p[r][v] = VZERO();
         for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
-            weights(kind, q, k, vd, vm, w);
+            vec c[NV];
+            if (buf)
+                for (int v = 0; v < NV; v++) c[v] = VLOAD(buf + k * TN + v * VW);
+            else
+                codes(kind, q, k, c);
             for (int r = 0; r < R; r++) {
                 const vec xb = VSET1(x[r * K + k]);
-                for (int v = 0; v < NV; v++) acc[r][v] = VFMA(w[v], xb, acc[r][v]);
+                for (int v = 0; v < NV; v++) p[r][v] = VFMA(c[v], xb, p[r][v]);
             }
         }
+        close_group(R, acc, p, d, m, xs, G, g);
     }
     store_rows(R, acc, y, ldy, res, nc);
 }
 
-/* R rows (R <= MR) x one tile from the dequantized scratch */
-INLINE void tile_buf(int R, const float *buf, const float *x, int64_t K, float *y, int64_t ldy,
-                     const float *res, int nc) {
-    vec acc[MR][NV];
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
-    for (int64_t k = 0; k < K; k++) {
-        vec w[NV];
-        for (int v = 0; v < NV; v++) w[v] = VLOAD(buf + k * TN + v * VW);
-        for (int r = 0; r < R; r++) {
-            const vec xb = VSET1(x[r * K + k]);
-            for (int v = 0; v < NV; v++) acc[r][v] = VFMA(w[v], xb, acc[r][v]);
-        }
-    }
-    store_rows(R, acc, y, ldy, res, nc);
-}
-
-/* one row x two tiles (t, t+1): four independent accumulator chains instead of two, so the
- * mat-vec is not bound by the FMA latency; the arithmetic per column is tile_reg's */
-INLINE void tile_reg1x2(int kind, const uint8_t *q, const float *d, const float *m,
-                        int64_t tq, int64_t td, const float *x, int64_t K, float *y,
-                        const float *res, int nc) {
-    vec acc[2][NV];
-    for (int u = 0; u < 2; u++)
-        for (int v = 0; v < NV; v++) acc[u][v] = VZERO();
-    for (int64_t g = 0; g < K / GROUP; g++) {
-        vec vd[2][NV], vm[2][NV], w[2][NV];
+/* one row x two tiles (t, t+1): twice the independent FMA chains of `tile` for the
+ * mat-vec; the arithmetic per column is tile's */
+INLINE void tile1x2(int kind, const uint8_t *q, const float *d, const float *m, int64_t tq,
+                    int64_t td, const float *x, const float *xs, int64_t K, float *y,
+                    const float *res, int nc) {
+    const int64_t G = K / GROUP;
+    float acc[2 * TN] __attribute__((aligned(64))) = {0};
+    vec p[2][NV];
+    for (int64_t g = 0; g < G; g++) {
         for (int u = 0; u < 2; u++)
-            for (int v = 0; v < NV; v++) {
-                vd[u][v] = VLOADU(d + u * td + g * TN + v * VW);
-                vm[u][v] = VLOADU(m + u * td + g * TN + v * VW);
-            }
+            for (int v = 0; v < NV; v++) p[u][v] = VZERO();
         for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
             const vec xb = VSET1(x[k]);
             for (int u = 0; u < 2; u++) {
-                weights(kind, q + u * tq, k, vd[u], vm[u], w[u]);
-                for (int v = 0; v < NV; v++) acc[u][v] = VFMA(w[u][v], xb, acc[u][v]);
+                vec c[NV];
+                codes(kind, q + u * tq, k, c);
+                for (int v = 0; v < NV; v++) p[u][v] = VFMA(c[v], xb, p[u][v]);
             }
         }
+        for (int u = 0; u < 2; u++)
+            close_group(1, acc + u * TN, p + u, d + u * td, m + u * td, xs, G, g);
     }
     store_rows(1, acc, y, 0, res, TN);
-    store_rows(1, acc + 1, y + TN, 0, res ? res + TN : NULL, nc);
+    store_rows(1, acc + TN, y + TN, 0, res ? res + TN : NULL, nc);
 }
 
-#define CASES_REG(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+#define MR_REG MR /* up to MR rows widen the codes in registers; more go through buf */
 #if ISA == 512
-#define CASES_BUF(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
+#define CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
 #else
-#define CASES_BUF(X) X(1) X(2) X(3)
+#define CASES(X) X(1) X(2)
 #endif
 
-static void run_reg(int R, int kind, const uint8_t *q, const float *d, const float *m,
-                    const float *x, int64_t K, float *y, int64_t ldy, const float *res, int nc) {
+static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const float *d,
+                     const float *m, const float *x, const float *xs, int64_t K, float *y,
+                     int64_t ldy, const float *res, int nc) {
     switch (R) {
-#define X(n)                                                        \
-    case n:                                                         \
-        if (n <= MR_REG) {                                          \
-            if (kind == 4)                                          \
-                tile_reg(n, 4, q, d, m, x, K, y, ldy, res, nc);     \
-            else                                                    \
-                tile_reg(n, 8, q, d, m, x, K, y, ldy, res, nc);     \
-        }                                                           \
+#define X(n)                                                                   \
+    case n:                                                                    \
+        if (buf)                                                               \
+            tile(n, 0, buf, q, d, m, x, xs, K, y, ldy, res, nc);               \
+        else if (n <= MR_REG && kind == 4)                                     \
+            tile(n, 4, NULL, q, d, m, x, xs, K, y, ldy, res, nc);              \
+        else if (n <= MR_REG)                                                  \
+            tile(n, 8, NULL, q, d, m, x, xs, K, y, ldy, res, nc);              \
         break;
-        CASES_REG(X)
+        CASES(X)
 #undef X
     }
 }
 
-static void run_buf(int R, const float *buf, const float *x, int64_t K, float *y, int64_t ldy,
-                    const float *res, int nc) {
-    switch (R) {
-#define X(n)                                         \
-    case n:                                          \
-        tile_buf(n, buf, x, K, y, ldy, res, nc);     \
-        break;
-        CASES_BUF(X)
-#undef X
-    }
-}
+#else /* scalar: the same arithmetic, one column at a time */
+#define MR_REG 0
 
-#else /* scalar */
-
-static void dequant_tile(int kind, const uint8_t *q, const float *d, const float *m, int64_t K,
-                         float *buf) {
-    for (int64_t k = 0; k < K; k++) {
-        const float *dg = d + (k / GROUP) * TN, *mg = m + (k / GROUP) * TN;
+static void codes_tile(int kind, const uint8_t *q, int64_t K, float *buf) {
+    for (int64_t k = 0; k < K; k++)
         for (int c = 0; c < TN; c++) {
             int code;
             if (kind == 4) {
@@ -311,20 +284,30 @@ static void dequant_tile(int kind, const uint8_t *q, const float *d, const float
             } else {
                 code = q[k * 32 + c];
             }
-            buf[k * TN + c] = dg[c] * (float)code + mg[c];
+            buf[k * TN + c] = (float)code;
         }
-    }
 }
 
-static void run_buf(int R, const float *buf, const float *x, int64_t K, float *y, int64_t ldy,
-                    const float *res, int nc) {
-    float acc[MR][TN];
+static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const float *d,
+                     const float *m, const float *x, const float *xs, int64_t K, float *y,
+                     int64_t ldy, const float *res, int nc) {
+    (void)kind, (void)q;
+    const int64_t G = K / GROUP;
+    float acc[MR][TN], p[MR][TN];
     memset(acc, 0, sizeof acc);
-    for (int64_t k = 0; k < K; k++)
-        for (int r = 0; r < R; r++) {
-            const float xv = x[r * K + k];
-            for (int c = 0; c < TN; c++) acc[r][c] += buf[k * TN + c] * xv;
-        }
+    for (int64_t g = 0; g < G; g++) {
+        memset(p, 0, sizeof p);
+        for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++)
+            for (int r = 0; r < R; r++) {
+                const float xv = x[r * K + k];
+                for (int c = 0; c < TN; c++) p[r][c] += buf[k * TN + c] * xv;
+            }
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < TN; c++) {
+                acc[r][c] += d[g * TN + c] * p[r][c];
+                acc[r][c] += m[g * TN + c] * xs[r * G + g];
+            }
+    }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < nc; c++)
             y[r * ldy + c] = res ? res[r * ldy + c] + acc[r][c] : acc[r][c];
@@ -339,23 +322,26 @@ static int gemm(int kind, const float *x, int64_t M, int64_t K, float alpha, con
     if (K % GROUP || K <= 0 || M < 0 || N < 0) return -1;
     if (M == 0 || N == 0) return 0;
     const int64_t G = K / GROUP, T = (N + TN - 1) / TN, rb = kind == 4 ? TN / 2 : TN;
-    float *xf = NULL;
+    float *xf = malloc(sizeof(float) * (size_t)(M * G + ((alpha != 1.f || cs) ? M * K : 0)));
+    if (!xf) return -2;
+    float *xs = xf; /* [M][G]: each group's sum of x (times the group minimum) */
     if (alpha != 1.f || cs) {
-        xf = malloc(sizeof(float) * (size_t)(M * K));
-        if (!xf) return -2;
+        float *xa = xf + M * G;
         for (int64_t r = 0; r < M; r++)
             for (int64_t k = 0; k < K; k++)
-                xf[r * K + k] = alpha * (cs ? x[r * K + k] * cs[k] : x[r * K + k]);
-        x = xf;
+                xa[r * K + k] = alpha * (cs ? x[r * K + k] * cs[k] : x[r * K + k]);
+        x = xa;
     }
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t g = 0; g < G; g++) {
+            float s = 0.f;
+            for (int j = 0; j < GROUP; j++) s += x[r * K + g * GROUP + j];
+            xs[r * G + g] = s;
+        }
     if (nt < 1) nt = 1;
     if (nt > T) nt = (int)T;
     int failed = 0;
-#if ISA
     const int use_buf = M > MR_REG;
-#else
-    const int use_buf = 1;
-#endif
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *buf = NULL;
@@ -377,12 +363,12 @@ static int gemm(int kind, const float *x, int64_t M, int64_t K, float alpha, con
                 if (t + 1 < T) {
                     const int nc = (int)(N - (t + 1) * TN < TN ? N - (t + 1) * TN : TN);
                     if (kind == 4)
-                        tile_reg1x2(4, q, d, m, K * rb, G * TN, x, K, y + t * TN, rt, nc);
+                        tile1x2(4, q, d, m, K * rb, G * TN, x, xs, K, y + t * TN, rt, nc);
                     else
-                        tile_reg1x2(8, q, d, m, K * rb, G * TN, x, K, y + t * TN, rt, nc);
+                        tile1x2(8, q, d, m, K * rb, G * TN, x, xs, K, y + t * TN, rt, nc);
                 } else {
                     const int nc = (int)(N - t * TN < TN ? N - t * TN : TN);
-                    run_reg(1, kind, q, d, m, x, K, y + t * TN, N, rt, nc);
+                    run_tile(1, kind, NULL, q, d, m, x, xs, K, y + t * TN, N, rt, nc);
                 }
             }
         } else
@@ -395,16 +381,12 @@ static int gemm(int kind, const float *x, int64_t M, int64_t K, float alpha, con
             const int nc = (int)(N - t * TN < TN ? N - t * TN : TN);
             float *yt = y + t * TN;
             const float *rt = res ? res + t * TN : NULL;
-            if (!use_buf) {
-#if ISA
-                run_reg((int)M, kind, q, d, m, x, K, yt, N, rt, nc);
-#endif
-                continue;
-            }
-            dequant_tile(kind, q, d, m, K, buf);
-            for (int64_t r0 = 0; r0 < M; r0 += MR) {
-                const int R = (int)(M - r0 < MR ? M - r0 : MR);
-                run_buf(R, buf, x + r0 * K, K, yt + r0 * N, N, rt ? rt + r0 * N : NULL, nc);
+            if (use_buf) codes_tile(kind, q, K, buf);
+            const int step = use_buf ? MR : MR_REG;
+            for (int64_t r0 = 0; r0 < M; r0 += step) {
+                const int R = (int)(M - r0 < step ? M - r0 : step);
+                run_tile(R, kind, buf, q, d, m, x + r0 * K, xs + r0 * G, K, yt + r0 * N, N,
+                         rt ? rt + r0 * N : NULL, nc);
             }
         }
         free(buf);

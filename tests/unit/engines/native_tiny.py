@@ -9,6 +9,7 @@ from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import random_weights
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.model_config import ModelConfig
+from tandem.engines.native.quant_model import QuantLlamaModel
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
 
 TINY = ModelConfig(
@@ -29,9 +30,16 @@ TINY_WEIGHTS = random_weights(TINY, seed=0)
 torch.set_num_threads(1)  # tiny tensors: OpenMP fan-out only costs on a shared box
 
 
+def tiny_model(weights: str = "fp32") -> LlamaModel:
+    if weights == "fp32":
+        return LlamaModel(TINY, TINY_WEIGHTS)
+    return QuantLlamaModel(TINY, dict(TINY_WEIGHTS), weights_format=weights)  # type: ignore[arg-type]
+
+
 def tiny_core(**kw: object) -> EngineCore:
     defaults: dict[str, object] = {"num_blocks": 64, "block_size": 4, "max_num_batched_tokens": 64}
-    return EngineCore(NativeConfig(**{**defaults, **kw}), LlamaModel(TINY, TINY_WEIGHTS))  # type: ignore[arg-type]
+    config = NativeConfig(**{**defaults, **kw})  # type: ignore[arg-type]
+    return EngineCore(config, tiny_model(config.weights))
 
 
 def request(

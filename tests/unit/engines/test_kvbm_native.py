@@ -61,8 +61,9 @@ def conversation(core: EngineCore) -> tuple[list[int], list[list[int]]]:
     return turn2, fillers
 
 
-def cold(prompt: list[int], max_tokens: int = 6) -> list[int]:
-    return run(tiny_core(num_blocks=64, enable_prefix_caching=False), prompt, "cold", max_tokens)[0]
+def cold(prompt: list[int], max_tokens: int = 6, weights: str = "fp32") -> list[int]:
+    core = tiny_core(num_blocks=64, enable_prefix_caching=False, weights=weights)
+    return run(core, prompt, "cold", max_tokens)[0]
 
 
 def tiers(tmp_path: Path | None = None, **kw: object) -> KvbmConfig:
@@ -78,29 +79,31 @@ def transferred(core: EngineCore, direction: str) -> int:
     return core.tiering.kvbm.metrics.transfers[direction].num_blocks  # type: ignore[index]
 
 
-def test_prefix_evicted_from_g1_is_onboarded_from_host_exactly():
-    core = tiny_core(num_blocks=G1_BLOCKS, kvbm=tiers())
+@pytest.mark.parametrize("weights", ["fp32", "int4"])
+def test_prefix_evicted_from_g1_is_onboarded_from_host_exactly(weights):
+    core = tiny_core(num_blocks=G1_BLOCKS, kvbm=tiers(), weights=weights)
     turn2, _ = conversation(core)
     a_hashes = sequence_hashes(turn2[:24], BS)
     assert not any(h in core.block_manager.hash_to_block for h in a_hashes), "A still in G1"
     assert core.tiering is not None and core.tiering.kvbm.flush(5)
     assert core.tiering.kvbm.lookup(a_hashes) == ["host"] * 6
     tokens, cached = run(core, turn2, "a2")
-    assert tokens == cold(turn2)
+    assert tokens == cold(turn2, weights=weights)
     # turn 1's prompt (24 tokens) and its first answer tokens came back: 7 full blocks
     assert cached == 28 and transferred(core, "host_to_device") == 7
     assert transferred(core, "device_to_host") >= 7
     core.close()
 
 
-def test_prefix_onboarded_from_disk_exactly(tmp_path: Path):
-    core = tiny_core(num_blocks=G1_BLOCKS, kvbm=tiers(tmp_path))
+@pytest.mark.parametrize("weights", ["fp32", "int4"])
+def test_prefix_onboarded_from_disk_exactly(tmp_path: Path, weights):
+    core = tiny_core(num_blocks=G1_BLOCKS, kvbm=tiers(tmp_path), weights=weights)
     turn2, _ = conversation(core)
     assert core.tiering is not None and core.tiering.kvbm.flush(5)
     a_hashes = sequence_hashes(turn2[:28], BS)
     assert core.tiering.kvbm.lookup(a_hashes) == ["disk"] * 7  # host (2 blocks) moved on
     tokens, cached = run(core, turn2, "a2")
-    assert tokens == cold(turn2)
+    assert tokens == cold(turn2, weights=weights)
     assert cached == 28 and transferred(core, "disk_to_device") == 7
     assert transferred(core, "host_to_device") == 0
     core.close()

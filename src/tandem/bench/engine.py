@@ -358,6 +358,7 @@ def format_result(r: dict[str, Any]) -> str:
             f"{name:14}{row['prefill_tok_s']:>15.0f}" + "".join(f"{row[k]:>13.1f}" for k in keys)
         )
     anchors = [a for a in ("llama.cpp", "hf") if a in engines]
+    columns = ["prefill_tok_s", *keys]
     for name, weight_bytes in r["weight_bytes"].items():
         row = engines[name]
         line = f"{name}: weights {weight_bytes / 1e6:.0f} MB"
@@ -366,11 +367,16 @@ def format_result(r: dict[str, Any]) -> str:
             bound = r["bound_step_ms"][name]
             line += f", batch-1 step {step_ms:.1f} ms = {step_ms / bound:.2f}x its memcpy bound"
             line += f" ({bound:.1f} ms)"
-            for a in anchors:
-                base = engines[a]
-                line += f"; vs {a}: decode@1 {row['decode_tok_s@1'] / base['decode_tok_s@1']:.2f}x"
-                line += f", prefill {row['prefill_tok_s'] / base['prefill_tok_s']:.2f}x"
         lines.append(line)
+        # every column as a ratio to each anchor of the same run (and to fp32 for int8/int4)
+        for a in [*anchors, *(["native-fp32"] if name != "native-fp32" else [])]:
+            if a not in engines:
+                continue
+            base = engines[a]
+            ratios = "  ".join(
+                f"{c.replace('_tok_s', '')} {row[c] / base[c]:.2f}x" for c in columns if base.get(c)
+            )
+            lines.append(f"  {name} / {a}: {ratios}")
     used = r.get("decode_steps_by_threads", {})
     for name, per_n in used.items():
         lines.append(

@@ -51,7 +51,9 @@ def test_bench_engine_reports_every_format_hf_and_bounds(tmp_path, capsys):
     ]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "memcpy bound" in text and "vs hf: decode@1" in text
+    assert "memcpy bound" in text
+    assert "native-int4 / hf: prefill" in text and "native-int4 / native-fp32: prefill" in text
+    assert "decode@4" in text.split("native-int4 / native-fp32:")[1]
     result = json.loads(out_json.read_text())
     natives = ("native-fp32", "native-int8", "native-int4")
     assert set(result["engines"]) == {*natives, "hf"}

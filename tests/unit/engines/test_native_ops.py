@@ -104,7 +104,7 @@ def test_decode_attention_of_a_row_does_not_depend_on_its_batch(ops):
     assert torch.equal(alone[0], batched[2])
 
 
-def test_silu_mul_and_rms_scale(ops):
+def test_silu_mul_and_rms_norms(ops):
     torch.manual_seed(3)
     gate_up = torch.randn(5, 2 * 44) * 6  # 44: the vector path and a scalar tail per row
     gate_up[0, 0], gate_up[0, 1] = -200.0, 200.0  # exp's clamped range
@@ -115,3 +115,6 @@ def test_silu_mul_and_rms_scale(ops):
     eps = 1e-5
     want = 1 / math.sqrt(float((x.double() ** 2).mean()) + eps)
     assert ops.rms_scale(x, eps) == pytest.approx(want, rel=1e-6)
+    rows = torch.randn(3, 576) * 3
+    expected = rows * torch.rsqrt(rows.pow(2).mean(dim=1, keepdim=True) + eps)
+    torch.testing.assert_close(ops.rms_normalize(rows, eps), expected, atol=1e-6, rtol=1e-5)

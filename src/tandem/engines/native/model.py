@@ -244,7 +244,7 @@ class LlamaModel:
         num_tokens = x.shape[0]
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
-        inv_n, eps, bs = 1.0 / c.hidden_size, c.rms_norm_eps, kv_cache.shape[3]
+        eps, bs = c.rms_norm_eps, kv_cache.shape[3]
         attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
         num_decode = meta.num_decode
         tables = lens = None
@@ -254,7 +254,7 @@ class LlamaModel:
         positions = meta.positions
         assert positions is not None
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
-            qkv = layer.qkv(_rms_normalize(x, inv_n, eps)).contiguous()
+            qkv = layer.qkv(ops.rms_normalize(x, eps)).contiguous()
             ops.rope_store(
                 qkv, heads, kv_heads, positions, self.cos, self.sin, meta.slot_mapping,
                 kv.k_slots, kv.v_slots,
@@ -276,9 +276,9 @@ class LlamaModel:
                     scale=self.attn_scale,
                 )
             x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
-            gate_up = layer.gate_up(_rms_normalize(x, inv_n, eps)).contiguous()
+            gate_up = layer.gate_up(ops.rms_normalize(x, eps)).contiguous()
             x = layer.down(ops.silu_mul(gate_up), residual=x)
-        return _rms_normalize(x[rows], inv_n, eps)
+        return ops.rms_normalize(x[rows].contiguous(), eps)
 
     @staticmethod
     def _rope(qk: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

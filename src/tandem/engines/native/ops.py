@@ -1,5 +1,5 @@
 """The per-layer glue of a step outside the linear layers (RoPE + KV store, paged decode
-attention, silu * up, the batch-1 RMS factor) as C kernels (`kernels/ops.c`).
+attention, silu * up, RMSNorm) as C kernels (`kernels/ops.c`).
 
 Each call here is one C call where the torch twin is several kernels (each a few µs of
 dispatch on CPU, 30 layers a step), and decode attention reads K/V through the block tables
@@ -77,6 +77,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.to_silu_mul.restype = None
     lib.to_rms_scale.argtypes = [p, i64, f64]
     lib.to_rms_scale.restype = f64
+    lib.to_rms_rows.argtypes = [p, i64, i64, f32, p, i32]
+    lib.to_rms_rows.restype = None
     lib.to_has_avx2.restype = i32
     return lib
 
@@ -176,6 +178,15 @@ class CpuOps:
         rows, ffn = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(rows, ffn, dtype=gate_up.dtype)
         self.lib.to_silu_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr(), torch.get_num_threads())
+        return out
+
+    def rms_normalize(self, x: torch.Tensor, eps: float) -> torch.Tensor:
+        """x / RMS(x) per row of x [T, n]."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        self.lib.to_rms_rows(
+            x.data_ptr(), x.shape[0], x.shape[1], eps, out.data_ptr(), torch.get_num_threads()
+        )
         return out
 
     def rms_scale(self, x: torch.Tensor, eps: float) -> float:

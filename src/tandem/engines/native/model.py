@@ -21,10 +21,16 @@ import torch
 import torch.nn.functional as F
 
 from tandem.engines.native.arena import huge_page_copies
-from tandem.engines.native.attention import AttentionMetadata, SingleDecode, paged_attention
+from tandem.engines.native.attention import (
+    AttentionMetadata,
+    SingleDecode,
+    paged_attention,
+    prefill_attention,
+)
 from tandem.engines.native.head import OutputHead, fast_bf16_available
 from tandem.engines.native.linear import Linear, can_pack
 from tandem.engines.native.model_config import ModelConfig
+from tandem.engines.native.ops import CpuOps, cpu_ops
 
 
 class LayerWeights(NamedTuple):
@@ -84,6 +90,11 @@ class LlamaModel:
         self._rope_index = _rope_index(config.head_dim)
         self._kv_views: tuple[tuple[int, tuple[int, ...]], list[KvViews]] | None = None
         self._place_streamed_weights()
+        self._cpu_ops = cpu_ops(dtype)
+
+    def c_ops(self, kv_cache: torch.Tensor) -> CpuOps | None:
+        """The C ops for a step on `kv_cache` (None: its device or dtype runs torch ops)."""
+        return self._cpu_ops if kv_cache.device.type == "cpu" else None
 
     def _build(
         self,
@@ -195,6 +206,9 @@ class LlamaModel:
             x[input_embeds[0]] = input_embeds[1]
         attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
         inv_n = 1.0 / c.hidden_size
+        ops = self.c_ops(kv_cache)
+        if ops is not None and meta.positions is not None:
+            return self._hidden_c(ops, x, meta, kv_cache, rows)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(_rms_normalize(x, inv_n, eps))
             qk = self._rope(qkv[:, :k_end].view(num_tokens, heads + kv_heads, dim), meta)
@@ -216,6 +230,56 @@ class LlamaModel:
             x = layer.down(act, residual=x)
         return _rms_normalize(x[rows], inv_n, eps)
 
+    def _hidden_c(
+        self,
+        ops: CpuOps,
+        x: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """`hidden` through the C ops: RoPE and the K/V store in one call a layer, decode
+        rows attend over the paged cache in place (no gather), prefill spans through SDPA."""
+        c = self.config
+        num_tokens = x.shape[0]
+        heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
+        q_end, k_end = heads * dim, (heads + kv_heads) * dim
+        eps, bs = c.rms_norm_eps, kv_cache.shape[3]
+        attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
+        num_decode = meta.num_decode
+        tables = lens = None
+        if num_decode:
+            assert meta.decode_blocks is not None and meta.decode_lens is not None
+            tables, lens = meta.decode_blocks.view(num_decode, -1), meta.decode_lens
+        positions = meta.positions
+        assert positions is not None
+        for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
+            qkv = layer.qkv(ops.rms_normalize(x, eps)).contiguous()
+            ops.rope_store(
+                qkv, heads, kv_heads, positions, self.cos, self.sin, meta.slot_mapping,
+                kv.k_slots, kv.v_slots,
+            )  # fmt: skip
+            if tables is not None and lens is not None:
+                ops.decode_attention(
+                    qkv, num_decode, heads, kv.k_slots, kv.v_slots, bs, tables, lens,
+                    self.attn_scale, attn_out,
+                )  # fmt: skip
+            if meta.prefills:
+                prefill_attention(
+                    qkv[:, :q_end].view(num_tokens, heads, dim),
+                    qkv[:, q_end:k_end].view(num_tokens, kv_heads, dim),
+                    qkv[:, k_end:].view(num_tokens, kv_heads, dim),
+                    kv.k_rows,
+                    kv.v_rows,
+                    meta,
+                    attn_out,
+                    scale=self.attn_scale,
+                )
+            x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
+            gate_up = layer.gate_up(ops.rms_normalize(x, eps)).contiguous()
+            x = layer.down(ops.silu_mul(gate_up), residual=x)
+        return ops.rms_normalize(x[rows].contiguous(), eps)
+
     @staticmethod
     def _rope(qk: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Rotate-half RoPE of qk [T, heads, d]: one bmm with the step's per-token
@@ -229,15 +293,19 @@ class LlamaModel:
     def decode_one(self, token: int, step: SingleDecode, kv_cache: torch.Tensor) -> torch.Tensor:
         """The batch-1 decode step: final-normed hidden [1, hidden] of `token`; writes its
         K/V at `step.slot`. Same math as `hidden`, a third of the kernels."""
+        ops = self.c_ops(kv_cache)
+        if ops is not None:
+            return self._decode_one_c(ops, token, step, kv_cache)
         c = self.config
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         group, k_end, ffn = heads // kv_heads, (heads + kv_heads) * dim, c.intermediate_size
         inv_n, eps, scale = 1.0 / c.hidden_size, c.rms_norm_eps, self.attn_scale
         attn = torch.empty(kv_heads, group, dim, dtype=self.dtype)
+        rope = step.rope if step.rope is not None else self.rope_matrix(step.ctx_len - 1)
         x = self.embed[token].unsqueeze(0)
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
             qkv = layer.qkv(x, alpha=_rms_scale(x, inv_n, eps))[0]
-            rot = torch.mm(qkv[:k_end].view(-1, dim), step.rope)  # [H + KVH, d]
+            rot = torch.mm(qkv[:k_end].view(-1, dim), rope)  # [H + KVH, d]
             kv.k_slots[step.slot] = rot[heads:]
             kv.v_slots[step.slot] = qkv[k_end:].view(kv_heads, dim)
             keys, values = step.context(kv.k_slots, kv.k_rows), step.context(kv.v_slots, kv.v_rows)
@@ -250,6 +318,30 @@ class LlamaModel:
             act = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
             x = layer.down(act, residual=x)
         return x * _rms_scale(x, inv_n, eps)
+
+    def _decode_one_c(
+        self, ops: CpuOps, token: int, step: SingleDecode, kv_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """`decode_one` through the C ops: per layer four C calls and the four projections."""
+        c = self.config
+        heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
+        eps, scale, bs = c.rms_norm_eps, self.attn_scale, kv_cache.shape[3]
+        index = step.c_index(bs)
+        pos, slot, ctx, table = index[0:1], index[1:2], index[2:3], index[3:].view(1, -1)
+        attn = torch.empty(1, heads * dim, dtype=self.dtype)
+        x = self.embed[token].unsqueeze(0)
+        for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
+            qkv = layer.qkv(x, alpha=ops.rms_scale(x, eps)).contiguous()
+            ops.rope_store(
+                qkv, heads, kv_heads, pos, self.cos, self.sin, slot, kv.k_slots, kv.v_slots
+            )
+            ops.decode_attention(
+                qkv, 1, heads, kv.k_slots, kv.v_slots, bs, table, ctx, scale, attn
+            )  # fmt: skip
+            x = layer.o(attn, residual=x)
+            gate_up = layer.gate_up(x, alpha=ops.rms_scale(x, eps)).contiguous()
+            x = layer.down(ops.silu_mul(gate_up), residual=x)
+        return x * ops.rms_scale(x, eps)
 
     def kv_views(self, kv_cache: torch.Tensor) -> list[KvViews]:
         """Per-layer views of `kv_cache` (cached for the last cache seen)."""

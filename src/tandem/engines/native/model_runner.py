@@ -84,21 +84,13 @@ class ModelRunner:
         """Where the one new token of `seq` goes and which blocks it reads."""
         bs, pos = self.block_size, seq.num_computed_tokens
         table = block_manager.block_table(seq)[: pos // bs + 1]
-        step = SingleDecode(
-            slot=table[-1] * bs + pos % bs, ctx_len=pos + 1, rope=self.model.rope_matrix(pos)
-        )
-        first = table[0]
-        if table[-1] - first == len(table) - 1 and table == list(range(first, table[-1] + 1)):
-            step.first_slot = first * bs
-        else:
-            step.blocks = torch.tensor(table, dtype=torch.long)
-        return step
+        return SingleDecode(slot=table[-1] * bs + pos % bs, ctx_len=pos + 1, table=table)
 
     def _metadata(
         self, batch: ScheduledBatch, block_manager: BlockManager, pos: torch.Tensor
     ) -> AttentionMetadata:
         bs = self.block_size
-        slot_parts: list[torch.Tensor] = []
+        slots: list[int] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefills: list[PrefillSpan] = []
@@ -106,41 +98,48 @@ class ModelRunner:
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start, ctx_len = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             table = block_manager.block_table(seq)[: -(-ctx_len // bs)]
-            blocks = torch.tensor(table, dtype=torch.long)
-            new_pos = torch.arange(start, ctx_len)
-            slot_parts.append(blocks[new_pos // bs] * bs + new_pos % bs)
+            slots += [table[p // bs] * bs + p % bs for p in range(start, ctx_len)]
             if num_new == 1:
                 decode_tables.append(table)
                 decode_lens.append(ctx_len)
             else:
-                mask = torch.arange(ctx_len)[None, :] <= new_pos[:, None] if start else None
+                mask = None
+                if start:
+                    new_pos = torch.arange(start, ctx_len)
+                    mask = torch.arange(ctx_len)[None, :] <= new_pos[:, None]
                 prefills.append(
                     PrefillSpan(
                         start=row,
                         end=row + num_new,
                         ctx_len=ctx_len,
-                        context_blocks=blocks,
+                        context_blocks=torch.tensor(table, dtype=torch.long),
                         mask=mask,
                     )
                 )
             row += num_new
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(slot_parts),
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
             cos=self.model.cos[pos].unsqueeze(1),
             sin=self.model.sin[pos].unsqueeze(1),
             num_decode=len(decode_tables),
             prefills=prefills,
         )
-        if len(pos) <= ROPE_MATRIX_MAX_TOKENS:
+        c_ops = self.model.c_ops(self.kv_cache) is not None
+        if c_ops:  # RoPE from positions, decode attention through the block tables
+            meta.positions = pos
+        elif len(pos) <= ROPE_MATRIX_MAX_TOKENS:
             meta.rope = self.model.rope_matrices(pos)
         if decode_tables:
             width = max(map(len, decode_tables))
             padded = [t + [0] * (width - len(t)) for t in decode_tables]
             meta.decode_blocks = torch.tensor(padded, dtype=torch.long).view(-1)
-            mask = torch.arange(width * bs)[None, :] < torch.tensor(decode_lens)[:, None]
-            # additive float mask built once: SDPA would convert a bool mask in every layer
-            additive = torch.zeros(mask.shape, dtype=self.model.dtype)
-            meta.decode_mask = additive.masked_fill_(~mask, float("-inf"))[:, None, None, :]
+            if c_ops:
+                meta.decode_lens = torch.tensor(decode_lens, dtype=torch.long)
+            else:
+                mask = torch.arange(width * bs)[None, :] < torch.tensor(decode_lens)[:, None]
+                # additive float mask built once: SDPA would convert a bool mask in every layer
+                additive = torch.zeros(mask.shape, dtype=self.model.dtype)
+                meta.decode_mask = additive.masked_fill_(~mask, float("-inf"))[:, None, None, :]
         return meta
 
     def export_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:

@@ -1,0 +1,263 @@
+/* The native engine's per-layer glue outside the linear layers, fp32, CPU (AVX2 + FMA where
+ * the compiler targets it, a scalar path else). Loaded by tandem.engines.native.ops; every
+ * function has a torch twin there that CUDA (and a machine without a compiler) runs instead.
+ *
+ *   to_rope_store        rotate-half RoPE in place on the q and k heads of each row of the
+ *                        fused qkv projection, then k and v of each row into its cache slot
+ *   to_decode_attention  attention of one query row per sequence over that sequence's K/V,
+ *                        read straight from the paged cache through its block table (no
+ *                        gather); each thread takes one (sequence, kv head) and its q group
+ *   to_silu_mul          silu(gate) * up per row of the fused gate_up projection
+ *   to_rms_scale         1 / RMS of one row (the RMSNorm factor; the weight is folded)
+ *
+ * Shapes: qkv [T, stride] with q heads at 0, k heads at H*d, v heads at (H+KVH)*d; the cache
+ * planes [num_slots, KVH, d] (slot = block * block_size + offset); block tables int64 [D, W].
+ * Each row is computed the same way whatever the batch (no cross-row blocking), so a
+ * sequence's results do not depend on what it is batched with.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+int to_has_avx2(void) {
+#ifdef __AVX2__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    int64_t i = 0;
+    float s = 0.f;
+#ifdef __AVX2__
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    s = _mm_cvtss_f32(h);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline void axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void to_rope_store(float *qkv, int64_t T, int64_t stride, int64_t H, int64_t KVH, int64_t d,
+                   const int64_t *pos, const float *cos_t, const float *sin_t,
+                   const int64_t *slots, float *kc, float *vc) {
+    int64_t half = d / 2, kv = KVH * d;
+    for (int64_t t = 0; t < T; t++) {
+        float *row = qkv + t * stride;
+        const float *c = cos_t + pos[t] * d, *s = sin_t + pos[t] * d;
+        for (int64_t h = 0; h < H + KVH; h++) {
+            float *x = row + h * d;
+            for (int64_t i = 0; i < half; i++) {
+                float a = x[i], b = x[i + half];
+                x[i] = a * c[i] - b * s[i];
+                x[i + half] = b * c[i + half] + a * s[i + half];
+            }
+        }
+        memcpy(kc + slots[t] * kv, row + H * d, (size_t)kv * sizeof(float));
+        memcpy(vc + slots[t] * kv, row + (H + KVH) * d, (size_t)kv * sizeof(float));
+    }
+}
+
+/* Scores of q against 8 keys: one dot per key, reduced together (a transposing tree of
+ * horizontal adds instead of eight separate reductions). */
+#ifdef __AVX2__
+static inline __m256 dot8(const float *q, const float *const *k, int64_t d) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + i), acc[j]);
+    }
+    __m256 a = _mm256_hadd_ps(acc[0], acc[1]), b = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 c = _mm256_hadd_ps(acc[4], acc[5]), e = _mm256_hadd_ps(acc[6], acc[7]);
+    a = _mm256_hadd_ps(a, b);  /* lanes: 0 1 2 3 | 0 1 2 3 (low and high halves) */
+    c = _mm256_hadd_ps(c, e);  /* lanes: 4 5 6 7 | 4 5 6 7 */
+    __m256 lo = _mm256_permute2f128_ps(a, c, 0x20), hi = _mm256_permute2f128_ps(a, c, 0x31);
+    return _mm256_add_ps(lo, hi);
+}
+#endif
+
+static inline float exp_s(float x);
+#ifdef __AVX2__
+static inline __m256 exp_v(__m256 x);
+#endif
+
+/* s[i] = exp(s[i] - max) / sum over the row; the vector/scalar split depends only on n. */
+static void softmax(float *s, int64_t n) {
+    float m = -INFINITY, sum = 0.f;
+    for (int64_t t = 0; t < n; t++) m = s[t] > m ? s[t] : m;
+    int64_t t = 0;
+#ifdef __AVX2__
+    __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        __m256 e = exp_v(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int j = 0; j < 8; j++) sum += lanes[j];
+#endif
+    for (; t < n; t++) sum += (s[t] = exp_s(s[t] - m));
+    float inv = 1.f / sum;
+    for (t = 0; t < n; t++) s[t] *= inv;
+}
+
+/* One sequence, one kv head: its `group` query heads over ctx cached tokens. */
+static void attend(const float *q, int64_t group, int64_t d, const float *kc, const float *vc,
+                   int64_t kv, int64_t bs, const int64_t *table, int64_t ctx, float scale,
+                   float *out, float *scores) {
+    int64_t t = 0;
+#ifdef __AVX2__
+    if (d % 8 == 0) {
+        const __m256 sv = _mm256_set1_ps(scale);
+        for (; t + 8 <= ctx; t += 8) {
+            const float *k[8];
+            for (int j = 0; j < 8; j++) {
+                int64_t p = t + j;
+                k[j] = kc + (table[p / bs] * bs + p % bs) * kv;
+            }
+            for (int64_t g = 0; g < group; g++)
+                _mm256_storeu_ps(scores + g * ctx + t, _mm256_mul_ps(dot8(q + g * d, k, d), sv));
+        }
+    }
+#endif
+    for (; t < ctx; t++) {
+        const float *k = kc + (table[t / bs] * bs + t % bs) * kv;
+        for (int64_t g = 0; g < group; g++) scores[g * ctx + t] = dot(q + g * d, k, d) * scale;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        softmax(scores + g * ctx, ctx);
+        memset(out + g * d, 0, (size_t)d * sizeof(float));
+    }
+    for (t = 0; t < ctx; t++) {
+        const float *v = vc + (table[t / bs] * bs + t % bs) * kv;
+        for (int64_t g = 0; g < group; g++) axpy(out + g * d, scores[g * ctx + t], v, d);
+    }
+}
+
+int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, int64_t KVH,
+                        int64_t d, const float *kc, const float *vc, int64_t bs,
+                        const int64_t *tables, int64_t W, const int64_t *ctx_lens, float scale,
+                        float *out, int nt) {
+    int64_t group = H / KVH, items = D * KVH, max_ctx = 0, work = 0;
+    for (int64_t i = 0; i < D; i++) {
+        max_ctx = ctx_lens[i] > max_ctx ? ctx_lens[i] : max_ctx;
+        work += ctx_lens[i];
+    }
+    int failed = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1 && items > 1 && work * KVH * d >= 32768)
+    {
+        float *scores = malloc((size_t)(group * max_ctx) * sizeof(float));
+        if (scores == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < items; it++) {
+                int64_t i = it / KVH, h = it % KVH;
+                attend(q + i * q_stride + h * group * d, group, d, kc + h * d, vc + h * d,
+                       KVH * d, bs, tables + i * W, ctx_lens[i], scale,
+                       out + (i * H + h * group) * d, scores);
+            }
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}
+
+/* exp by Cody-Waite reduction and a degree-6 polynomial (Cephes expf coefficients), the
+ * same operations in the vector and the scalar path so every element rounds alike. */
+#define EXP_HI 88.3762626647949f
+#define EXP_LO -87.3365447504f
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+#define P0 1.9875691500E-4f
+#define P1 1.3981999507E-3f
+#define P2 8.3334519073E-3f
+#define P3 4.1665795894E-2f
+#define P4 1.6666665459E-1f
+#define P5 5.0000001201E-1f
+
+static inline float exp_s(float x) {
+    x = fminf(fmaxf(x, EXP_LO), EXP_HI);
+    float n = floorf(fmaf(x, LOG2E, 0.5f));
+    float r = fmaf(n, -LN2_HI, x);
+    r = fmaf(n, -LN2_LO, r);
+    float p = fmaf(fmaf(fmaf(fmaf(fmaf(P0, r, P1), r, P2), r, P3), r, P4), r, P5);
+    p = fmaf(p * r, r, r) + 1.f;
+    union { float f; int32_t i; } u = {.f = p};
+    u.i += (int32_t)n << 23;
+    return u.f;
+}
+
+#ifdef __AVX2__
+static inline __m256 exp_v(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+#endif
+
+/* out[t, j] = silu(gu[t, j]) * gu[t, ffn + j]; gu [T, 2 ffn], out [T, ffn]. */
+void to_silu_mul(const float *gu, int64_t T, int64_t ffn, float *out, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && T * ffn >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * ffn, *u = g + ffn;
+        float *o = out + t * ffn;
+        int64_t j = 0;
+#ifdef __AVX2__
+        const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+        for (; j + 8 <= ffn; j += 8) {
+            __m256 x = _mm256_loadu_ps(g + j);
+            __m256 e = exp_v(_mm256_sub_ps(zero, x));
+            __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(y, _mm256_loadu_ps(u + j)));
+        }
+#endif
+        for (; j < ffn; j++) o[j] = g[j] / (1.f + exp_s(-g[j])) * u[j];
+    }
+}
+
+double to_rms_scale(const float *x, int64_t n, double eps) {
+    double ss = (double)dot(x, x, n);
+    return 1.0 / sqrt(ss / (double)n + eps);
+}
+
+/* out[t] = x[t] / RMS(x[t]) for each of T rows of n (RMSNorm; its weight is folded). */
+void to_rms_rows(const float *x, int64_t T, int64_t n, float eps, float *out, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && T * n >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *r = x + t * n;
+        float scale = 1.f / sqrtf(dot(r, r, n) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) out[t * n + i] = r[i] * scale;
+    }
+}

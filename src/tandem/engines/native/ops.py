@@ -1,0 +1,202 @@
+"""The per-layer glue of a step outside the linear layers (RoPE + KV store, paged decode
+attention, silu * up, RMSNorm) as C kernels (`kernels/ops.c`).
+
+Each call here is one C call where the torch twin is several kernels (each a few µs of
+dispatch on CPU, 30 layers a step), and decode attention reads K/V through the block tables
+in place instead of gathering every sequence's blocks into a padded batch first. The C path
+serves fp32 tensors on CPU; anything else (CUDA, bf16, a machine where the library cannot be
+built) gets None from `cpu_ops` and runs the torch code in model.py / attention.py.
+
+Built like the quantized kernels (tandem.engines.native.quant): once per machine with the
+system C compiler into the tandem cache directory, keyed by source and flags (`make` does it
+at install time, else the first use). A failed build logs a warning once and the torch path
+serves: same results up to fp32 rounding, more time per step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("kernels") / "ops.c"
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_failed = False
+
+
+class OpsBuildError(RuntimeError):
+    """The C ops could not be built; the message has the compiler's output."""
+
+
+def build() -> Path:
+    """Compile `kernels/ops.c` (idempotent); returns the shared library's path."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise OpsBuildError("no C compiler (gcc/cc) found to build the native engine's C ops")
+    root = os.environ.get("TANDEM_CACHE_DIR", str(Path.home() / ".cache" / "tandem"))
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join((compiler, *_FLAGS)).encode())
+    path = Path(root) / "kernels" / f"ops-{key.hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    cmd = [compiler, *_FLAGS, "-o", str(tmp), str(_SOURCE), "-lm"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise OpsBuildError(f"building the C ops failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+    os.replace(tmp, path)
+    return path
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i64, f32, i32, f64 = (
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_float,
+        ctypes.c_int,
+        ctypes.c_double,
+    )
+    lib.to_rope_store.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p, p, p]
+    lib.to_rope_store.restype = None
+    lib.to_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, p, i64, p, f32]
+    lib.to_decode_attention.argtypes += [p, i32]
+    lib.to_decode_attention.restype = i32
+    lib.to_silu_mul.argtypes = [p, i64, i64, p, i32]
+    lib.to_silu_mul.restype = None
+    lib.to_rms_scale.argtypes = [p, i64, f64]
+    lib.to_rms_scale.restype = f64
+    lib.to_rms_rows.argtypes = [p, i64, i64, f32, p, i32]
+    lib.to_rms_rows.restype = None
+    lib.to_has_avx2.restype = i32
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded C ops (built on first use), or None where they cannot be built (warned
+    once; callers then run the torch path). TANDEM_NATIVE_OPS=torch turns them off."""
+    global _lib, _failed
+    with _lock:
+        if _lib is None and not _failed:
+            if os.environ.get("TANDEM_NATIVE_OPS", "c") == "torch":
+                _failed = True
+                return None
+            try:
+                _lib = _load(build())
+            except (OpsBuildError, OSError, subprocess.SubprocessError) as exc:
+                logger.warning("native C ops unavailable, using torch ops (slower): %s", exc)
+                _failed = True
+        return _lib
+
+
+class CpuOps:
+    """Typed wrappers over the C ops for contiguous fp32 CPU tensors. Thread-safe."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        k_slots: torch.Tensor,
+        v_slots: torch.Tensor,
+    ) -> None:
+        """RoPE on the q and k heads of qkv [T, (H + 2 KVH) d] in place, then each row's k
+        and v into `slots` of the planes [num_slots, KVH, d]. positions/slots int64 [T]."""
+        d = k_slots.shape[-1]
+        self.lib.to_rope_store(
+            qkv.data_ptr(),
+            qkv.shape[0],
+            qkv.stride(0),
+            heads,
+            kv_heads,
+            d,
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slots.data_ptr(),
+            k_slots.data_ptr(),
+            v_slots.data_ptr(),
+        )
+
+    def decode_attention(
+        self,
+        qkv: torch.Tensor,
+        num_rows: int,
+        heads: int,
+        k_slots: torch.Tensor,
+        v_slots: torch.Tensor,
+        block_size: int,
+        tables: torch.Tensor,
+        ctx_lens: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """Attention of the q heads of the first `num_rows` rows of qkv (one per sequence)
+        over their cached K/V, read in place through `tables` int64 [rows, W] (block ids)
+        and `ctx_lens` int64 [rows]; into out [rows, H, d] (contiguous)."""
+        kv_heads, d = k_slots.shape[1], k_slots.shape[2]
+        rc = self.lib.to_decode_attention(
+            qkv.data_ptr(),
+            qkv.stride(0),
+            num_rows,
+            heads,
+            kv_heads,
+            d,
+            k_slots.data_ptr(),
+            v_slots.data_ptr(),
+            block_size,
+            tables.data_ptr(),
+            tables.shape[-1],
+            ctx_lens.data_ptr(),
+            scale,
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise MemoryError("decode attention could not allocate its score buffers")
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of gate_up [T, 2 ffn] (contiguous) -> [T, ffn]."""
+        rows, ffn = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, ffn, dtype=gate_up.dtype)
+        self.lib.to_silu_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr(), torch.get_num_threads())
+        return out
+
+    def rms_normalize(self, x: torch.Tensor, eps: float) -> torch.Tensor:
+        """x / RMS(x) per row of x [T, n]."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        self.lib.to_rms_rows(
+            x.data_ptr(), x.shape[0], x.shape[1], eps, out.data_ptr(), torch.get_num_threads()
+        )
+        return out
+
+    def rms_scale(self, x: torch.Tensor, eps: float) -> float:
+        """1 / RMS of the one contiguous row x [1, n]."""
+        return float(self.lib.to_rms_scale(x.data_ptr(), x.shape[-1], eps))
+
+
+def cpu_ops(dtype: torch.dtype, device: torch.device | str = "cpu") -> CpuOps | None:
+    """The C ops for tensors of this dtype and device, or None (use the torch path)."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return None
+    lib = library()
+    return None if lib is None else CpuOps(lib)

@@ -1,0 +1,120 @@
+"""The native engine's C ops (kernels/ops.c) against their torch definitions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tandem.engines.native.ops import CpuOps, cpu_ops
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def ops() -> CpuOps:
+    found = cpu_ops(torch.float32)
+    assert found is not None, "the C ops did not build on this machine (gcc missing?)"
+    return found
+
+
+def test_only_fp32_on_cpu_gets_the_c_ops():
+    assert cpu_ops(torch.bfloat16) is None
+    assert cpu_ops(torch.float32, "meta") is None
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def test_rope_store_rotates_q_and_k_and_stores_k_and_v(ops):
+    torch.manual_seed(0)
+    heads, kv_heads, d, rows = 6, 2, 16, 5
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d)
+    cos, sin = torch.randn(40, d), torch.randn(40, d)
+    positions, slots = torch.tensor([3, 39, 0, 7, 8]), torch.tensor([11, 2, 5, 0, 9])
+    k_slots, v_slots = torch.zeros(12, kv_heads, d), torch.zeros(12, kv_heads, d)
+    qk = qkv[:, : (heads + kv_heads) * d].view(rows, -1, d)
+    expected = rotate_half(qk, cos[positions][:, None], sin[positions][:, None])
+    v = qkv[:, (heads + kv_heads) * d :].view(rows, kv_heads, d).clone()
+    ops.rope_store(qkv, heads, kv_heads, positions, cos, sin, slots, k_slots, v_slots)
+    torch.testing.assert_close(qk, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_slots[slots], expected[:, heads:])
+    assert torch.equal(v_slots[slots], v)
+    untouched = [s for s in range(12) if s not in slots.tolist()]
+    assert not k_slots[untouched].any() and not v_slots[untouched].any()
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_decode_attention_reads_the_paged_cache_in_place(ops, block_size):
+    torch.manual_seed(1)
+    heads, kv_heads, d, num_blocks = 9, 3, 64, 40
+    ctx_lens = [1, 7, 8, 9, 33, 70]  # across the 8-key vector path and its scalar tail
+    width = max(-(-n // block_size) for n in ctx_lens)
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, d)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, d)
+    order = torch.randperm(num_blocks)  # scattered blocks, none shared
+    tables = torch.zeros(len(ctx_lens), width, dtype=torch.long)
+    used = 0
+    for i, n in enumerate(ctx_lens):
+        count = -(-n // block_size)
+        tables[i, :count] = order[used : used + count]
+        used += count
+    stride = (heads + 2 * kv_heads) * d
+    qkv = torch.randn(len(ctx_lens), stride)
+    out = torch.empty(len(ctx_lens), heads, d)
+    scale = 1 / math.sqrt(d)
+    ops.decode_attention(
+        qkv,
+        len(ctx_lens),
+        heads,
+        k_cache.view(-1, kv_heads, d),
+        v_cache.view(-1, kv_heads, d),
+        block_size,
+        tables,
+        torch.tensor(ctx_lens),
+        scale,
+        out,
+    )
+    for i, n in enumerate(ctx_lens):
+        keys = k_cache[tables[i]].reshape(-1, kv_heads, d)[:n].transpose(0, 1)
+        values = v_cache[tables[i]].reshape(-1, kv_heads, d)[:n].transpose(0, 1)
+        q = qkv[i, : heads * d].view(heads, 1, d)
+        expected = F.scaled_dot_product_attention(
+            q[None], keys[None], values[None], enable_gqa=True, scale=scale
+        )[0, :, 0]
+        torch.testing.assert_close(out[i], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_decode_attention_of_a_row_does_not_depend_on_its_batch(ops):
+    torch.manual_seed(2)
+    heads, kv_heads, d, bs = 4, 2, 32, 8
+    k = torch.randn(64, kv_heads, d)
+    v = torch.randn(64, kv_heads, d)
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * d)
+    tables = torch.tensor([[3, 1, 0], [7, 6, 0], [2, 4, 5]])
+    lens = torch.tensor([12, 9, 21])
+    batched = torch.empty(3, heads, d)
+    ops.decode_attention(qkv, 3, heads, k, v, bs, tables, lens, 0.5, batched)
+    alone = torch.empty(1, heads, d)
+    ops.decode_attention(qkv[2:], 1, heads, k, v, bs, tables[2:], lens[2:], 0.5, alone)
+    assert torch.equal(alone[0], batched[2])
+
+
+def test_silu_mul_and_rms_norms(ops):
+    torch.manual_seed(3)
+    gate_up = torch.randn(5, 2 * 44) * 6  # 44: the vector path and a scalar tail per row
+    gate_up[0, 0], gate_up[0, 1] = -200.0, 200.0  # exp's clamped range
+    got = ops.silu_mul(gate_up)
+    expected = F.silu(gate_up[:, :44]) * gate_up[:, 44:]
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    x = torch.randn(1, 576)
+    eps = 1e-5
+    want = 1 / math.sqrt(float((x.double() ** 2).mean()) + eps)
+    assert ops.rms_scale(x, eps) == pytest.approx(want, rel=1e-6)
+    rows = torch.randn(3, 576) * 3
+    expected = rows * torch.rsqrt(rows.pow(2).mean(dim=1, keepdim=True) + eps)
+    torch.testing.assert_close(ops.rms_normalize(rows, eps), expected, atol=1e-6, rtol=1e-5)

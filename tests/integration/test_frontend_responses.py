@@ -21,7 +21,13 @@ from tandem.errors import EngineError
 from tandem.frontend.config import HttpConfig
 from tandem.frontend.response_store import ResponseStoreConfig
 from tandem.protocols.discovery import ModelCard
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_request, encode
+from tandem.protocols.engine import (
+    EngineOutput,
+    PreprocessedRequest,
+    decode_request,
+    encode,
+    prompt_array,
+)
 from tandem.tokens.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,10 +71,10 @@ async def test_a_response_object_with_usage_and_an_incomplete_status_at_max_outp
         assert r.output[0].type == "message" and r.output[0].role == "assistant"
         assert r.output_text and r.instructions == "Be brief."
         assert r.usage is not None and r.usage.output_tokens == 5
-        assert r.usage.input_tokens == len(seen[0].token_ids)
+        assert r.usage.input_tokens == len(prompt_array(seen[0]).tolist())
         assert r.usage.total_tokens == r.usage.input_tokens + 5
         assert seen[0].stop.max_tokens == 5
-        prompt = _text(seen[0].token_ids)
+        prompt = _text(prompt_array(seen[0]).tolist())
         assert "Be brief." in prompt and "Hello" in prompt
         assert s.workers[0].num_inflight == 0
 
@@ -120,7 +126,7 @@ async def test_previous_response_id_continues_the_conversation_without_old_instr
             max_output_tokens=3,
         )
         assert second.previous_response_id == first.id
-        prompt = _text(seen[1].token_ids)
+        prompt = _text(prompt_array(seen[1]).tolist())
         order = [
             prompt.index(t) for t in ("My name is Ada.", first.output_text, "What is my name?")
         ]
@@ -130,7 +136,7 @@ async def test_previous_response_id_continues_the_conversation_without_old_instr
             model=MODEL, input="And again?", previous_response_id=second.id, max_output_tokens=3
         )
         assert third.status == "incomplete"
-        prompt = _text(seen[2].token_ids)
+        prompt = _text(prompt_array(seen[2]).tolist())
         assert all(t in prompt for t in ("My name is Ada.", second.output_text, "And again?"))
 
 

@@ -180,8 +180,10 @@ def test_wait_times_out_with_transfer_error_and_leaves_op_live(pair) -> None:
 
 def test_pull_of_an_op_that_never_appears_times_out(pair) -> None:
     owner, initiator = pair
+    # the owner answers min(0.25 s, timeout/4) before the initiator's deadline; 1 s leaves that
+    # reply 0.25 s to arrive on a loaded CI host (at 0.2 s, 50 ms was not always enough)
     with pytest.raises(TransferError, match=r"op=ghost.*no op ghost appeared"):
-        initiator.pull(OpRef(address=owner.address, op_id="ghost"), "kv", [1], timeout_s=0.2)
+        initiator.pull(OpRef(address=owner.address, op_id="ghost"), "kv", [1], timeout_s=1.0)
 
 
 def test_second_claim_of_a_completed_op_is_refused(pair) -> None:

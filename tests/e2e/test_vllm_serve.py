@@ -420,6 +420,19 @@ def test_one_prefill_one_decode_gives_the_aggregated_greedy_tokens(
         by_source = "vllm:prompt_tokens_by_source_total"
         assert _metric_sum(decode_url, by_source, 'source="local_compute"') == num_local
         assert _metric_sum(decode_url, by_source, 'source="external_kv_transfer"') == num_remote
+        # the prefill worker dies: a remote-sized prompt is then prefilled on the decode worker
+        # (the orchestrator's fallback), with the aggregated greedy tokens and no error
+        (prefill_pid,) = re.findall(r"started prefill\d+ pid=(\d+)", proc.log())
+        os.kill(int(prefill_pid), signal.SIGKILL)
+        prompt = PROMPTS[1]  # 8 tokens: routed to the prefill worker while it lived
+        out = disagg.client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=GREEDY_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert out.usage.prompt_tokens >= MIN_REMOTE_PROMPT
+        assert out.choices[0].text == stack.greedy[prompt]
+        local = _metric_sum(decode_url, by_source, 'source="local_compute"')
+        assert local == num_local + out.usage.prompt_tokens  # computed here, not pulled
     finally:
         proc.stop(grace_s=30)
 

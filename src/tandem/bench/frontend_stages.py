@@ -35,7 +35,7 @@ def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(isl: int, repeat: int) -> dict[str, float]:
-    from tandem.frontend.app import decode_completion
+    from tandem.frontend.decode import decode_completion
     from tandem.frontend.preprocess import check_prompt_ids, prompt_id_bytes
     from tandem.protocols.engine import (
         PreprocessedRequest,

@@ -26,6 +26,7 @@ from tandem.errors import InvalidRequest, Overloaded, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend import utility
 from tandem.frontend.auth import ApiKeys
+from tandem.frontend.decode import completion_decoder, decode_body, decode_completion
 from tandem.frontend.embeddings import EmbeddingsEndpoint
 from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http_server import ClientDisconnected, HttpRequest, HttpResponse
@@ -45,7 +46,6 @@ from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import (
     ChatCompletionRequest,
-    CompletionIdsRequest,
     CompletionRequest,
     fan_out,
     num_candidates,
@@ -58,8 +58,6 @@ from tandem.runtime.metrics import CONTENT_TYPE
 logger = logging.getLogger(__name__)
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
-_completion_decoder = msgspec.json.Decoder(CompletionRequest)
-_completion_ids_decoder = msgspec.json.Decoder(CompletionIdsRequest)
 _json = msgspec.json.Encoder()
 PIN_HEADER = "x-worker-instance-id"
 _MODEL_PREFIX = "/v1/models/"
@@ -270,7 +268,7 @@ class FrontendApp:
 
     # ------------------------------------------------------------------ generate endpoints
     async def chat_completions(self, request: HttpRequest, response: HttpResponse) -> None:
-        req = _decode(_chat_decoder, request.body)
+        req = decode_body(_chat_decoder, request.body)
         await self._generate(request, response, req, ResponseFormat(chat=True))
 
     async def completions(self, request: HttpRequest, response: HttpResponse) -> None:
@@ -379,7 +377,7 @@ class FrontendApp:
             is_chat = "messages" in msgspec.json.decode(request.body)
         except (*http_errors.BODY_ERRORS, TypeError):
             is_chat = False  # the completions decoder below names what is wrong
-        req = _decode(_chat_decoder if is_chat else _completion_decoder, request.body)
+        req = decode_body(_chat_decoder if is_chat else completion_decoder, request.body)
         model = self.registry.get(req.model)
         await model.ready()
         prepared = await self._preprocess(request, req, model, f"explain-{uuid.uuid4().hex}")
@@ -560,24 +558,6 @@ class FrontendApp:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
-    try:
-        return decoder.decode(body)
-    except http_errors.BODY_ERRORS as exc:
-        raise http_errors.decode_error(exc, body) from exc
-
-
-def decode_completion(body: bytes) -> CompletionRequest:
-    """A /v1/completions body; a prompt that is one list of token ids comes back as a
-    CompletionIdsRequest (ids checked while parsed, no Python pass over them). Raises
-    InvalidRequest exactly as decoding a plain CompletionRequest does."""
-    try:
-        return _completion_ids_decoder.decode(body)
-    except http_errors.BODY_ERRORS:  # text, a batch, or a bad body: the general decode
-        req: CompletionRequest = _decode(_completion_decoder, body)  # says what is wrong
-        return req
 
 
 def _route_path(path: str) -> str:

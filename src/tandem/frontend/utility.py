@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
 
 import msgspec
 
 from tandem.errors import InvalidRequest, ModelNotFound
-from tandem.frontend import errors as http_errors
+from tandem.frontend.decode import decode_body
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.multimodal.prompt import image_parts
 from tandem.protocols.openai import show_value
@@ -75,7 +74,7 @@ async def _model_for(registry: ModelRegistry, name: str | None) -> ServedModel:
 async def tokenize(registry: ModelRegistry, body: bytes) -> bytes:
     """POST /tokenize: the token ids of a prompt, or of messages rendered by the model's
     chat template (what /v1/chat/completions would send to the engine for text messages)."""
-    req = _decode(_tokenize_decoder, body)
+    req = decode_body(_tokenize_decoder, body)
     if (req.prompt is None) == (req.messages is None):
         raise InvalidRequest("expected exactly one of prompt and messages", param="prompt")
     model = await _model_for(registry, req.model)
@@ -115,7 +114,7 @@ async def tokenize(registry: ModelRegistry, body: bytes) -> bytes:
 
 async def detokenize(registry: ModelRegistry, body: bytes) -> bytes:
     """POST /detokenize: the text of token ids (special tokens kept, as vLLM does)."""
-    req = _decode(_detokenize_decoder, body)
+    req = decode_body(_detokenize_decoder, body)
     model = await _model_for(registry, req.model)
     tok = model.require_tokenizer("/detokenize")
     if len(req.tokens) > MAX_TOKENIZE_IDS:
@@ -132,10 +131,3 @@ async def detokenize(registry: ModelRegistry, body: bytes) -> bytes:
             )
     text = tok.decode(req.tokens, skip_special_tokens=False)
     return _json.encode(DetokenizeResponse(prompt=text))
-
-
-def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
-    try:
-        return decoder.decode(body)
-    except http_errors.BODY_ERRORS as exc:
-        raise http_errors.decode_error(exc, body) from exc

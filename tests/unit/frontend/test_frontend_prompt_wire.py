@@ -13,7 +13,7 @@ import pytest
 from tests.support.instances import backend_instance
 
 from tandem.errors import InvalidRequest
-from tandem.frontend.app import decode_completion
+from tandem.frontend.decode import decode_completion
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ServedModel
 from tandem.frontend.preprocess import preprocess_completion
@@ -61,9 +61,9 @@ def _outcome(decode: Any, body: bytes, model: ServedModel) -> tuple[str, Any]:
 
 
 def _general(body: bytes) -> CompletionRequest:
-    from tandem.frontend import app
+    from tandem.frontend import decode
 
-    return app._decode(app._completion_decoder, body)
+    return decode.decode_body(decode.completion_decoder, body)
 
 
 BODIES = [

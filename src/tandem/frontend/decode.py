@@ -1,0 +1,32 @@
+"""JSON request bodies into their request Structs, with the OpenAI 400 that names what is
+wrong (`errors.decode_error`) for a body that does not decode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from tandem.frontend import errors as http_errors
+from tandem.protocols.openai import CompletionIdsRequest, CompletionRequest
+
+completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_completion_ids_decoder = msgspec.json.Decoder(CompletionIdsRequest)
+
+
+def decode_body(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
+    try:
+        return decoder.decode(body)
+    except http_errors.BODY_ERRORS as exc:
+        raise http_errors.decode_error(exc, body) from exc
+
+
+def decode_completion(body: bytes) -> CompletionRequest:
+    """A /v1/completions body; a prompt that is one list of token ids comes back as a
+    CompletionIdsRequest (ids checked while parsed, no Python pass over them). Raises
+    InvalidRequest exactly as decoding a plain CompletionRequest does."""
+    try:
+        return _completion_ids_decoder.decode(body)
+    except http_errors.BODY_ERRORS:  # text, a batch, or a bad body: the general decode
+        req: CompletionRequest = decode_body(completion_decoder, body)  # says what is wrong
+        return req

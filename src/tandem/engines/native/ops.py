@@ -16,15 +16,15 @@ serves: same results up to fp32 rounding, more time per step.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import threading
 from pathlib import Path
 
 import torch
+
+from tandem.engines.native.cbuild import CBuildError, compile_c
 
 logger = logging.getLogger(__name__)
 
@@ -41,22 +41,10 @@ class OpsBuildError(RuntimeError):
 
 def build() -> Path:
     """Compile `kernels/ops.c` (idempotent); returns the shared library's path."""
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise OpsBuildError("no C compiler (gcc/cc) found to build the native engine's C ops")
-    root = os.environ.get("TANDEM_CACHE_DIR", str(Path.home() / ".cache" / "tandem"))
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join((compiler, *_FLAGS)).encode())
-    path = Path(root) / "kernels" / f"ops-{key.hexdigest()[:16]}.so"
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    cmd = [compiler, *_FLAGS, "-o", str(tmp), str(_SOURCE), "-lm"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode != 0:
-        raise OpsBuildError(f"building the C ops failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
-    os.replace(tmp, path)
-    return path
+    try:
+        return compile_c(_SOURCE, "ops", _FLAGS)
+    except CBuildError as exc:
+        raise OpsBuildError(f"building the native engine's C ops: {exc}") from exc
 
 
 def _load(path: Path) -> ctypes.CDLL:

@@ -20,17 +20,16 @@ and the compiler flags. Activations stay fp32 (see the kernel's header for why).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from tandem.engines.native.cbuild import CBuildError, compile_c
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +54,6 @@ class QuantKernelError(RuntimeError):
     """The quantized kernels cannot be built or loaded; the message says why and what to do."""
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("TANDEM_CACHE_DIR", str(Path.home() / ".cache" / "tandem"))
-    return Path(root) / "kernels"
-
-
-def _library_path(compiler: str, flags: tuple[str, ...]) -> Path:
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join((compiler, *flags)).encode())
-    return _cache_dir() / f"tq-{key.hexdigest()[:16]}.so"
-
-
 def build(variant: str | None = None) -> Path:
     """Compile the kernels (idempotent); returns the shared library's path. `variant` is a
     key of VARIANTS; default 'native', or 'portable' (the scalar path, no -march=native)
@@ -73,27 +62,12 @@ def build(variant: str | None = None) -> Path:
         variant = "portable" if os.environ.get("TANDEM_QUANT_PORTABLE", "0") == "1" else "native"
     if variant not in VARIANTS:
         raise ValueError(f"kernel variant '{variant}'; expected one of {sorted(VARIANTS)}")
-    flags = VARIANTS[variant]
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
+    try:
+        return compile_c(_SOURCE, "tq", VARIANTS[variant])
+    except CBuildError as exc:
         raise QuantKernelError(
-            "no C compiler found (gcc/cc) to build the int8/int4 kernels; install gcc or "
-            "serve with --weights fp32"
-        )
-    path = _library_path(compiler, flags)
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    cmd = [compiler, *flags, "-o", str(tmp), str(_SOURCE), "-lm"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode != 0:
-        raise QuantKernelError(
-            f"building the int8/int4 kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}"
-            "\nserve with --weights fp32, or fix the compiler"
-        )
-    os.replace(tmp, path)
-    return path
+            f"building the int8/int4 kernels: {exc}\nserve with --weights fp32, or install/fix gcc"
+        ) from exc
 
 
 def load_library(path: Path) -> ctypes.CDLL:

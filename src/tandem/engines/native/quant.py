@@ -14,7 +14,9 @@ engine that re-rounded its weights would not be the model the fp32 engine serves
 
 The kernels are compiled once per machine with the system C compiler (`make` does it at
 install time; else the first use does) into the tandem cache directory, keyed by the source
-and the compiler flags. Activations stay fp32 (see the kernel's header for why).
+and the compiler flags. Activations are fp32 on AVX2 and the scalar path; where the CPU has
+AVX512-VNNI they are rounded to 15-bit integers per group of 32 and the products summed in
+int32, twice the fp32 FMA rate (`activation_bits`; the kernel's header says why 15 bits).
 """
 
 from __future__ import annotations
@@ -83,7 +85,13 @@ def load_library(path: Path) -> ctypes.CDLL:
     for fn in (lib.tq_gemm_q4, lib.tq_gemm_q8):
         fn.restype = ctypes.c_int
     lib.tq_isa.restype = ctypes.c_int
+    lib.tq_activation_bits.restype = ctypes.c_int
     return lib
+
+
+def activation_bits(lib: ctypes.CDLL | None = None) -> int:
+    """32 where a build multiplies fp32 activations, 15 where it rounds them (VNNI)."""
+    return int((lib or kernels()).tq_activation_bits())
 
 
 def kernels() -> ctypes.CDLL:

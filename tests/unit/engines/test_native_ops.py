@@ -104,6 +104,54 @@ def test_decode_attention_of_a_row_does_not_depend_on_its_batch(ops):
     assert torch.equal(alone[0], batched[2])
 
 
+def _prefill_case(seed: int, heads: int, kv_heads: int, d: int, bs: int, ctx: int, rows: int):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = -(-ctx // bs) + 3
+    k = torch.randn(num_blocks * bs, kv_heads, d, generator=gen)
+    v = torch.randn(num_blocks * bs, kv_heads, d, generator=gen)
+    table = torch.randperm(num_blocks, generator=gen)[: -(-ctx // bs)]
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=gen)
+    return k, v, table, qkv
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d", "bs", "ctx", "rows"),
+    [
+        (9, 3, 64, 16, 70, 70),  # a fresh prefill: blocks of 4 rows x 3 heads, a tail block
+        (9, 3, 64, 16, 300, 37),  # after a cached prefix of 263 tokens
+        (4, 1, 32, 4, 19, 11),  # group 4: blocks of 3 rows
+        (3, 3, 16, 8, 5, 5),  # no grouping
+        (2, 2, 12, 4, 9, 4),  # d not a multiple of 8: the per-row path
+    ],
+)
+def test_prefill_attention_is_causal_attention_over_the_paged_cache(
+    ops, heads, kv_heads, d, bs, ctx, rows
+):
+    k, v, table, qkv = _prefill_case(5, heads, kv_heads, d, bs, ctx, rows)
+    out = torch.empty(rows, heads, d)
+    ops.prefill_attention(qkv, heads, k, v, bs, table, ctx, 0.3, out)
+    keys = k.view(-1, bs, kv_heads, d)[table].reshape(-1, kv_heads, d)[:ctx].transpose(0, 1)
+    values = v.view(-1, bs, kv_heads, d)[table].reshape(-1, kv_heads, d)[:ctx].transpose(0, 1)
+    q = qkv[:, : heads * d].view(rows, heads, d).transpose(0, 1)
+    mask = torch.ones(rows, ctx, dtype=torch.bool).tril(ctx - rows)  # row r sees ctx-rows+r+1
+    expected = F.scaled_dot_product_attention(
+        q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True, scale=0.3
+    )[0].transpose(0, 1)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_prefill_attention_of_a_row_does_not_depend_on_its_chunk(ops):
+    """Chunked prefill: a row gives the same bits whichever chunk (and row block) holds it."""
+    heads, kv_heads, d, bs, ctx = 9, 3, 64, 16, 90
+    k, v, table, qkv = _prefill_case(6, heads, kv_heads, d, bs, ctx, ctx)
+    whole = torch.empty(ctx, heads, d)
+    ops.prefill_attention(qkv, heads, k, v, bs, table, ctx, 0.125, whole)
+    for start, end in ((0, 13), (13, 14), (14, 61), (61, 90)):
+        part = torch.empty(end - start, heads, d)
+        ops.prefill_attention(qkv[start:end], heads, k, v, bs, table, end, 0.125, part)
+        assert torch.equal(part, whole[start:end]), (start, end)
+
+
 def test_silu_mul_and_rms_norms(ops):
     torch.manual_seed(3)
     gate_up = torch.randn(5, 2 * 44) * 6  # 44: the vector path and a scalar tail per row

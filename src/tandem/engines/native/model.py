@@ -25,7 +25,6 @@ from tandem.engines.native.attention import (
     AttentionMetadata,
     SingleDecode,
     paged_attention,
-    prefill_attention,
 )
 from tandem.engines.native.head import OutputHead, fast_bf16_available
 from tandem.engines.native.linear import Linear, can_pack
@@ -239,11 +238,12 @@ class LlamaModel:
         rows: torch.Tensor,
     ) -> torch.Tensor:
         """`hidden` through the C ops: RoPE and the K/V store in one call a layer, decode
-        rows attend over the paged cache in place (no gather), prefill spans through SDPA."""
+        rows attend over the paged cache in place (no gather), and so do prefill spans
+        (blocks of rows sharing each key and value load)."""
         c = self.config
         num_tokens = x.shape[0]
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
-        q_end, k_end = heads * dim, (heads + kv_heads) * dim
+        q_end = heads * dim
         eps, bs = c.rms_norm_eps, kv_cache.shape[3]
         attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
         num_decode = meta.num_decode
@@ -264,17 +264,12 @@ class LlamaModel:
                     qkv, num_decode, heads, kv.k_slots, kv.v_slots, bs, tables, lens,
                     self.attn_scale, attn_out,
                 )  # fmt: skip
-            if meta.prefills:
-                prefill_attention(
-                    qkv[:, :q_end].view(num_tokens, heads, dim),
-                    qkv[:, q_end:k_end].view(num_tokens, kv_heads, dim),
-                    qkv[:, k_end:].view(num_tokens, kv_heads, dim),
-                    kv.k_rows,
-                    kv.v_rows,
-                    meta,
-                    attn_out,
-                    scale=self.attn_scale,
-                )
+            for span in meta.prefills:
+                ops.prefill_attention(
+                    qkv[span.start : span.end], heads, kv.k_slots, kv.v_slots, bs,
+                    span.context_blocks, span.ctx_len, self.attn_scale,
+                    attn_out[span.start : span.end],
+                )  # fmt: skip
             x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
             gate_up = layer.gate_up(ops.rms_normalize(x, eps)).contiguous()
             x = layer.down(ops.silu_mul(gate_up), residual=x)

@@ -61,6 +61,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.to_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, p, i64, p, f32]
     lib.to_decode_attention.argtypes += [p, i32]
     lib.to_decode_attention.restype = i32
+    lib.to_prefill_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, p, i64, f32]
+    lib.to_prefill_attention.argtypes += [p, i32]
+    lib.to_prefill_attention.restype = i32
     lib.to_silu_mul.argtypes = [p, i64, i64, p, i32]
     lib.to_silu_mul.restype = None
     lib.to_rms_scale.argtypes = [p, i64, f64]
@@ -160,6 +163,31 @@ class CpuOps:
         )
         if rc != 0:
             raise MemoryError("decode attention could not allocate its score buffers")
+
+    def prefill_attention(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        k_slots: torch.Tensor,
+        v_slots: torch.Tensor,
+        block_size: int,
+        table: torch.Tensor,
+        ctx_len: int,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """Causal attention of the q heads of the rows of qkv [T, ...] (one sequence's tokens
+        at positions ctx_len - T .. ctx_len - 1, their K/V already stored) over the cache
+        read in place through `table` int64 [>= ceil(ctx_len / block_size)]; into out
+        [T, H, d] (contiguous rows)."""
+        kv_heads, d = k_slots.shape[1], k_slots.shape[2]
+        rc = self.lib.to_prefill_attention(
+            qkv.data_ptr(), qkv.stride(0), qkv.shape[0], heads, kv_heads, d,
+            k_slots.data_ptr(), v_slots.data_ptr(), block_size, table.data_ptr(), ctx_len,
+            scale, out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("prefill attention could not allocate its buffers")
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of gate_up [T, 2 ffn] (contiguous) -> [T, ffn]."""

@@ -7,6 +7,8 @@
  *   to_decode_attention  attention of one query row per sequence over that sequence's K/V,
  *                        read straight from the paged cache through its block table (no
  *                        gather); each thread takes one (sequence, kv head) and its q group
+ *   to_prefill_attention causal attention of a prefill chunk's rows over the paged cache,
+ *                        blocks of rows sharing each key / value load
  *   to_silu_mul          silu(gate) * up per row of the fused gate_up projection
  *   to_rms_scale         1 / RMS of one row (the RMSNorm factor; the weight is folded)
  *
@@ -229,6 +231,148 @@ int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, 
             }
         }
         free(scores);
+    }
+    return failed ? -1 : 0;
+}
+
+#ifdef __AVX2__
+/* S[v][t0 : t0 + 8] = scale * (q_v . k_t) for the NQ query vectors of a row block against 8
+ * keys, k read transposed (kt [d][cp]): one key load feeds NQ FMAs; each dot is summed
+ * over i in order, so a row's scores do not depend on the block it sits in. */
+static inline __attribute__((always_inline)) void score_block(
+    int NQ, const float *const *qv, const float *kt, int64_t cp, int64_t d, int64_t nk8,
+    float scale, float *S) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (int64_t t0 = 0; t0 < nk8; t0 += 8) {
+        __m256 acc[12];
+        for (int v = 0; v < NQ; v++) acc[v] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d; i++) {
+            const __m256 k8 = _mm256_loadu_ps(kt + i * cp + t0);
+            for (int v = 0; v < NQ; v++)
+                acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(qv[v][i]), k8, acc[v]);
+        }
+        for (int v = 0; v < NQ; v++) _mm256_storeu_ps(S + v * cp + t0, _mm256_mul_ps(acc[v], sv));
+    }
+}
+
+/* out_v[c : c + 8] = sum over t < nk of S[v][t] v_t[c : c + 8], in t order (as
+ * weigh_values: a row's result is the decode kernel's arithmetic for its weights) */
+static inline __attribute__((always_inline)) void weigh_block(
+    int NQ, const float *S, int64_t cp, int64_t nk, int64_t d, const float *vc, int64_t kv,
+    int64_t bs, const int64_t *table, float *const *ov) {
+    enum { TB = 64 }; /* keys a pass: their value rows stay in L1 across the d / 8 chunks */
+    for (int64_t t0 = 0; t0 < nk; t0 += TB) {
+        const int64_t nt = nk - t0 < TB ? nk - t0 : TB;
+        const float *vr[TB];
+        for (int64_t t = 0; t < nt; t++) {
+            const int64_t p = t0 + t;
+            vr[t] = vc + (table[p / bs] * bs + p % bs) * kv;
+        }
+        for (int64_t c = 0; c < d; c += 8) {
+            __m256 acc[12];
+            for (int v = 0; v < NQ; v++)
+                acc[v] = t0 ? _mm256_loadu_ps(ov[v] + c) : _mm256_setzero_ps();
+            for (int64_t t = 0; t < nt; t++) {
+                const __m256 vv = _mm256_loadu_ps(vr[t] + c);
+                for (int v = 0; v < NQ; v++)
+                    acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(S[v * cp + t0 + t]), vv, acc[v]);
+            }
+            for (int v = 0; v < NQ; v++) _mm256_storeu_ps(ov[v] + c, acc[v]);
+        }
+    }
+}
+
+#define NQ_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
+#endif
+
+/* Causal attention of T consecutive rows of one sequence (positions ctx - T .. ctx - 1: a
+ * prefill chunk, after a cached prefix or not) over its K/V in the paged cache (this step's
+ * rows already stored), through its block table. With AVX2, rows go in blocks of up to
+ * 12 / group rows per (kv head): the block's query vectors share every key and value load
+ * (K is transposed once a call). Without AVX2, each row goes through the decode kernel. */
+int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H, int64_t KVH,
+                         int64_t d, const float *kc, const float *vc, int64_t bs,
+                         const int64_t *table, int64_t ctx, float scale, float *out, int nt) {
+    const int64_t group = H / KVH, first = ctx - T, kv = KVH * d;
+    if (T <= 0) return 0;
+    int failed = 0;
+#ifdef __AVX2__
+    if (d % 8 == 0 && group <= 12) {
+        /* kt rows one cache line longer than a multiple of 16 floats: the d rows a score
+         * pass reads at once then fall in different L1 sets (a power-of-two stride put
+         * them all in one set: 1.2-1.4x slower at 2048 keys) */
+        const int64_t rb = 12 / group, nrb = (T + rb - 1) / rb, cp = (ctx + 15) / 16 * 16 + 16;
+        float *kt = malloc(sizeof(float) * (size_t)(KVH * d * cp)); /* [KVH][d][cp] */
+        if (kt == NULL) return -1;
+#pragma omp parallel num_threads(nt) if (nt > 1 && T * ctx * kv >= 65536)
+        {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < cp; t++) {
+                const float *k = t < ctx ? kc + (table[t / bs] * bs + t % bs) * kv : NULL;
+                for (int64_t j = 0; j < kv; j++) kt[j * cp + t] = k ? k[j] : 0.f;
+            }
+            float *S = malloc(sizeof(float) * (size_t)(12 * cp));
+            if (S == NULL) {
+#pragma omp atomic write
+                failed = 1;
+            } else {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t u = 0; u < nrb * KVH; u++) {
+                    const int64_t b = nrb - 1 - u / KVH, h = u % KVH; /* longest rows first */
+                    const int64_t r0 = b * rb, R = T - r0 < rb ? T - r0 : rb;
+                    const int64_t nk = first + r0 + R; /* keys the block's last row sees */
+                    const int NQ = (int)(R * group);
+                    const float *qv[12];
+                    float *ov[12];
+                    for (int v = 0; v < NQ; v++) {
+                        const int64_t r = r0 + v / group, head = h * group + v % group;
+                        qv[v] = q + r * q_stride + head * d;
+                        ov[v] = out + (r * H + head) * d;
+                    }
+                    switch (NQ) {
+#define X(n)                                                                                \
+    case n:                                                                                 \
+        score_block(n, qv, kt + h * d * cp, cp, d, (nk + 7) / 8 * 8, scale, S);             \
+        break;
+                        NQ_CASES(X)
+#undef X
+                    }
+                    for (int v = 0; v < NQ; v++) { /* row r sees keys 0 .. first + r */
+                        const int64_t n = first + r0 + v / group + 1;
+                        softmax(S + v * cp, n);
+                        for (int64_t t = n; t < nk; t++) S[v * cp + t] = 0.f;
+                    }
+                    switch (NQ) {
+#define X(n)                                                                                \
+    case n:                                                                                 \
+        weigh_block(n, S, cp, nk, d, vc + h * d, kv, bs, table, ov);                        \
+        break;
+                        NQ_CASES(X)
+#undef X
+                    }
+                }
+            }
+            free(S);
+        }
+        free(kt);
+        return failed ? -1 : 0;
+    }
+#endif
+#pragma omp parallel num_threads(nt) if (nt > 1 && T * ctx * kv >= 65536)
+    {
+        float *S = malloc(sizeof(float) * (size_t)(group * ctx));
+        if (S == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t u = 0; u < T * KVH; u++) {
+                const int64_t r = T - 1 - u / KVH, h = u % KVH;
+                attend(q + r * q_stride + h * group * d, group, d, kc + h * d, vc + h * d, kv,
+                       bs, table, first + r + 1, scale, out + (r * H + h * group) * d, S);
+            }
+        }
+        free(S);
     }
     return failed ? -1 : 0;
 }

@@ -146,7 +146,7 @@ def test_args_build_a_config(monkeypatch):
     from tandem.cli.config import parse_args
 
     config = config_from_args(parse_args(parser, ["--block-size", "32", "--dtype", "float32"]))
-    assert config == NativeConfig(block_size=32, num_blocks=77)
+    assert config == NativeConfig(block_size=32, num_blocks=77, weights="int4")  # auto, here
     with pytest.raises(ValueError, match="block_size=0"):
         NativeConfig(block_size=0)
     with pytest.raises(ValueError, match="dtype='int4'"):

@@ -205,3 +205,21 @@ def test_quantized_engine_agrees_with_fp32(models, prompts, fmt):
     assert agree / total >= MIN_AGREEMENT, (agree, total, ref, out)
     assert sum(kls) / len(kls) < MAX_MEAN_KL, kls
     assert models[fmt].weight_bytes() < models["fp32"].weight_bytes() / 2.5
+
+
+def test_weights_auto_is_int4_where_the_kernels_build(monkeypatch):
+    import argparse
+
+    from tandem.engines.native.args import add_args, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_args(parser)
+    assert config_from_args(parser.parse_args([])).weights == "int4"
+    assert config_from_args(parser.parse_args(["--weights", "fp32"])).weights == "fp32"
+    assert quant.auto_weights("bfloat16") == "fp32"  # the kernels are fp32-activation only
+
+    def no_compiler() -> None:
+        raise quant.QuantKernelError("building the int8/int4 kernels: gcc: not found")
+
+    monkeypatch.setattr(quant, "kernels", no_compiler)
+    assert config_from_args(parser.parse_args([])).weights == "fp32"

@@ -19,9 +19,10 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--dtype": (str, "float32", f"weights and KV dtype: {', '.join(DTYPES)}"),
     "--weights": (
         str,
-        "fp32",
-        f"weight format of the projections: {', '.join(WEIGHT_FORMATS)} (int8/int4: "
-        "weight-only quantized, C kernels built for this CPU)",
+        "auto",
+        f"weight format of the projections: auto, {', '.join(WEIGHT_FORMATS)} (int8/int4: "
+        "weight-only quantized, C kernels built for this CPU; auto: int4 where those build "
+        "and --dtype is float32, else fp32)",
     ),
     "--block-size": (int, 16, "tokens per KV block"),
     "--kv-cache-memory-gb": (float, 1.0, "KV cache budget in GiB (sets the block count)"),
@@ -46,11 +47,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(ns: argparse.Namespace) -> NativeConfig:
+    from tandem.engines.native.quant import auto_weights  # torch: only when building one
+
     return NativeConfig(
         model=ns.model,
         served_model_name=ns.model_name,
         dtype=ns.dtype,
-        weights=ns.weights,
+        weights=auto_weights(ns.dtype) if ns.weights == "auto" else ns.weights,
         block_size=ns.block_size,
         kv_cache_memory_gb=ns.kv_cache_memory_gb,
         num_blocks=ns.num_blocks,

@@ -94,6 +94,20 @@ def activation_bits(lib: ctypes.CDLL | None = None) -> int:
     return int((lib or kernels()).tq_activation_bits())
 
 
+def auto_weights(dtype: str) -> str:
+    """What `--weights auto` serves: int4, the fastest format that passes the quality gate
+    (`tandem bench engine`: ahead of int8 and fp32 at every batch size and in prefill),
+    where the dtype is float32 and the kernels build here; else fp32 (said in the log)."""
+    if dtype != "float32":
+        return "fp32"
+    try:
+        kernels()
+    except QuantKernelError as exc:
+        logger.warning("--weights auto: serving fp32 weights: %s", exc)
+        return "fp32"
+    return "int4"
+
+
 def kernels() -> ctypes.CDLL:
     """The loaded kernel library (built on first use)."""
     global _lib

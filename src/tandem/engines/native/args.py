@@ -23,6 +23,12 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
         f"weight format of the projections: {', '.join(WEIGHT_FORMATS)} (int8/int4: "
         "weight-only quantized, C kernels built for this CPU)",
     ),
+    "--device": (
+        str,
+        "cpu",
+        "where weights, KV cache and step tensors live: cpu, cuda or cuda:N (the C kernels "
+        "serve cpu; cuda runs the same model as torch ops)",
+    ),
     "--block-size": (int, 16, "tokens per KV block"),
     "--kv-cache-memory-gb": (float, 1.0, "KV cache budget in GiB (sets the block count)"),
     "--num-blocks": (int, None, "explicit KV block count (overrides --kv-cache-memory-gb)"),
@@ -51,6 +57,7 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         served_model_name=ns.model_name,
         dtype=ns.dtype,
         weights=ns.weights,
+        device=ns.device,
         block_size=ns.block_size,
         kv_cache_memory_gb=ns.kv_cache_memory_gb,
         num_blocks=ns.num_blocks,

@@ -131,10 +131,11 @@ class GrammarMasks:
         words = np.bitwise_not(bitmask.numpy())
         forbidden = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little").view(np.bool_)
         width = logits.shape[1]
-        if width <= forbidden.shape[1] and logits.is_contiguous():
+        on_cpu = logits.device.type == "cpu"
+        if width <= forbidden.shape[1] and logits.is_contiguous() and on_cpu:
             np.putmask(logits.numpy(), forbidden[:, :width], -np.inf)
             return
-        mask = torch.from_numpy(forbidden)
+        mask = torch.from_numpy(forbidden).to(logits.device)  # one host-to-device copy
         if width <= mask.shape[1]:
             logits.masked_fill_(mask[:, :width], float("-inf"))
         else:  # logits wider than the grammar's vocabulary: the extra ids are never valid

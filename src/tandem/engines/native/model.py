@@ -96,10 +96,9 @@ class LlamaModel:
         self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
         self._rope_index = _rope_index(config.head_dim).to(self.device)
         self._kv_views: tuple[tuple[int, tuple[int, ...]], list[KvViews]] | None = None
-        on_cpu = self.device.type == "cpu"
-        if on_cpu:
+        if self.device.type == "cpu":
             self._place_streamed_weights()
-        self._cpu_ops = cpu_ops(dtype) if on_cpu else None
+        self._cpu_ops = cpu_ops(dtype, self.device)
 
     def c_ops(self, kv_cache: torch.Tensor) -> CpuOps | None:
         """The C ops for a step on `kv_cache` (None: its device or dtype runs torch ops)."""

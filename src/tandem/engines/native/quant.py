@@ -367,14 +367,15 @@ def uses_torch_path(w: QWeight) -> bool:
 
 def dequantize_torch(w: QWeight) -> torch.Tensor:
     """`dequantize` as torch ops on `w`'s device: fp32 [N, K], w = d * q + m per group of
-    32 (q4: byte j of a group holds element j low, j + 16 high; kernels/quant.c)."""
+    32 (q4: byte j of a group holds element j low, j + 16 high; kernels/quant.c), as one
+    fused multiply-add like the C loop (bit-equal to it on this CPU)."""
     n, k = w.shape
     if isinstance(w, Q4Weight):
         b = w.qs.view(n, k // GROUP, GROUP // 2)
         q = torch.cat((b & 0x0F, b >> 4), dim=2)
     else:
         q = w.qs.view(n, k // GROUP, GROUP)
-    return q.float().mul_(w.d.unsqueeze(2)).add_(w.m.unsqueeze(2)).view(n, k)
+    return torch.addcmul(w.m.unsqueeze(2), q.float(), w.d.unsqueeze(2)).view(n, k)
 
 
 def matmul_torch(

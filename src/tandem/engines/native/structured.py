@@ -135,7 +135,7 @@ class GrammarMasks:
         if width <= forbidden.shape[1] and logits.is_contiguous() and on_cpu:
             np.putmask(logits.numpy(), forbidden[:, :width], -np.inf)
             return
-        mask = torch.from_numpy(forbidden).to(logits.device)  # one host-to-device copy
+        mask = torch.as_tensor(forbidden, device=logits.device)  # one host-to-device copy
         if width <= mask.shape[1]:
             logits.masked_fill_(mask[:, :width], float("-inf"))
         else:  # logits wider than the grammar's vocabulary: the extra ids are never valid

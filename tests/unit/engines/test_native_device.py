@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import random
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.embedding import pooled_embeddings
 from tandem.engines.native.engine import build_model
 from tandem.engines.native.engine_core import EngineCore
+from tandem.engines.native.kv_transfer import NativeKvHandoff
 from tandem.engines.native.loader import load_model_weights
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.quant_model import QuantLlamaModel
@@ -243,3 +245,13 @@ def test_torch_path_is_exact_within_itself_and_agrees_with_the_c_path(
         same = next((j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
         agree, total = agree + same, total + len(a)
     assert agree / total >= NUM_AGREE, (agree, total, c_path, batched)
+
+
+def test_disaggregated_transfer_refuses_a_kv_cache_off_the_host():
+    """The transfer agent serves a host shared-memory region as the cache: an engine whose
+    cache lives on a GPU must fail at start, not copy blocks into memory nobody reads."""
+    core = EngineCore(NativeConfig(num_blocks=8, block_size=4), _tiny("fp32", "cpu"))
+    handoff = NativeKvHandoff(SimpleNamespace(core=core))  # type: ignore[arg-type]
+    core.runner.kv_cache = core.runner.kv_cache.to("meta")  # stands for a GPU's cache
+    with pytest.raises(ValueError, match=r"needs the KV cache in host memory.*--device cpu"):
+        handoff.adopt_kv_cache(torch.empty(core.runner.kv_cache.shape))

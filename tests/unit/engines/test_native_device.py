@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from native_reference import Reference
-from native_tiny import TINY, TINY_WEIGHTS
+from native_tiny import TINY, TINY_WEIGHTS, request
 from test_native_model import make_core, run
 from torch.overrides import TorchFunctionMode
 
@@ -186,6 +186,26 @@ def test_engine_on_a_named_device_creates_every_tensor_there(torch_paths, device
         default = EngineCore(NativeConfig(num_blocks=64, block_size=4, max_num_batched_tokens=64),
                              _tiny(weights, None))  # fmt: skip
         assert _serve(default) == on_device
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int4"])
+def test_engine_steps_on_a_device_that_is_not_the_cpu(weights):
+    """The whole step on `meta` (shapes only, no data): no C call, no numpy view, no Python
+    scalar read back from the device on the way (a batch-1 decode takes the flat-batch
+    forward there), and most ops refuse CPU operands. Only the token pick is stubbed: it is
+    the one read back that needs values."""
+    model = _tiny(weights, "meta")
+    model.head.greedy = lambda x: [5] * x.shape[0]  # type: ignore[method-assign]
+    core = EngineCore(NativeConfig(num_blocks=64, block_size=4, max_num_batched_tokens=64), model)
+    prompts = [list(range(10, 20 + 3 * i)) for i in range(3)]
+    for wave in ([0, 1, 2], [0]):  # batched prefill + decode; then alone, from cached blocks
+        for i in wave:
+            core.add(request(f"{len(wave)}-{i}", prompts[i], max_tokens=4))
+        while core.has_work():
+            for _, out in core.step():
+                assert out.finish_reason != "error", out.error
+    assert core.runner.kv_cache.device.type == "meta"
+    assert core.block_manager.num_active_blocks == 0
 
 
 def test_guard_catches_a_tensor_made_without_its_device():

@@ -62,7 +62,9 @@ def pooled_embeddings(model: LlamaModel, inputs: list[list[int]]) -> torch.Tenso
     )  # one slot per token; attention reads the span's fresh K/V, never this cache
     hidden = model.hidden(ids, meta, scratch, torch.arange(num_tokens, device=dev)).float()
     counts = torch.tensor(lens, dtype=torch.long, device=dev)
-    segment = torch.repeat_interleave(torch.arange(len(lens), device=dev), counts)
+    segment = torch.repeat_interleave(  # output_size: no device sync to learn it
+        torch.arange(len(lens), device=dev), counts, output_size=num_tokens
+    )
     sums = torch.zeros(len(lens), hidden.shape[1], device=dev).index_add_(0, segment, hidden)
     means = sums / counts.float().unsqueeze(1)
     return F.normalize(means * model.final_norm.float(), dim=1).cpu()

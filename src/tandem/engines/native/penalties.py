@@ -58,7 +58,9 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
 def _apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
     biases, dev = [p.logit_bias or {} for p in params], logits.device
     lengths = torch.tensor([len(b) for b in biases], dtype=torch.long, device=dev)
-    rows = torch.repeat_interleave(torch.arange(len(biases), device=dev), lengths)
+    rows = torch.repeat_interleave(  # output_size: no device sync to learn it
+        torch.arange(len(biases), device=dev), lengths, output_size=sum(map(len, biases))
+    )
     cols = _long_tensor(itertools.chain.from_iterable(b.keys() for b in biases), dev)
     vals = np.fromiter(itertools.chain.from_iterable(b.values() for b in biases), np.float64)
     bias = torch.as_tensor(vals, dtype=logits.dtype, device=dev)
@@ -73,7 +75,9 @@ def _occurrences(
     vocab, dev = logits.shape[1], logits.device
     lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.long, device=dev)
     tokens = _long_tensor(itertools.chain.from_iterable(token_lists), dev)
-    row_of = torch.repeat_interleave(torch.arange(len(token_lists), device=dev), lengths)
+    row_of = torch.repeat_interleave(
+        torch.arange(len(token_lists), device=dev), lengths, output_size=len(tokens)
+    )
     cells, counts = torch.unique(row_of * vocab + tokens, return_counts=True)
     return cells, cells // vocab, counts.to(logits.dtype)
 

@@ -135,8 +135,10 @@ class NativeEngine:
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
         self._thread.start()
         logger.info(
-            "native engine started: model=%s blocks=%d block_size=%d",
+            "native engine started: model=%s device=%s weights=%s blocks=%d block_size=%d",
             self._info.model_name,
+            self.core.model.device,
+            self.config.weights,
             self._info.num_total_blocks,
             self._info.block_size,
         )

@@ -217,9 +217,54 @@ def test_weights_auto_is_int4_where_the_kernels_build(monkeypatch):
     assert config_from_args(parser.parse_args([])).weights == "int4"
     assert config_from_args(parser.parse_args(["--weights", "fp32"])).weights == "fp32"
     assert quant.auto_weights("bfloat16") == "fp32"  # the kernels are fp32-activation only
+    assert quant.auto_weights("float32", "cuda") == "fp32"  # the torch path: correct, slow
 
     def no_compiler() -> None:
         raise quant.QuantKernelError("building the int8/int4 kernels: gcc: not found")
 
     monkeypatch.setattr(quant, "kernels", no_compiler)
     assert config_from_args(parser.parse_args([])).weights == "fp32"
+
+
+# ---------------------------------------------------------------- torch path (any device)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(("n", "k"), [(1537, 576), (77, 64)])
+def test_torch_path_equals_dequantized_matmul(fmt, n, k):
+    """The path a CUDA device runs (and the CPU under TANDEM_QUANT_KERNELS=torch) is
+    x @ dequantize(W)^T with the activation scaling and residual of the C kernels."""
+    gen = torch.Generator().manual_seed(n * k)
+    w = quant.convert(torch.randn(n, k, generator=gen), fmt)
+    dense = quant.dequantize(w)
+    # both compute d * q + m per element (an fma here, so equal); allow one rounding of the
+    # operands for a platform whose torch or C build does not fuse it
+    err = (quant.dequantize_torch(w) - dense).abs().max().item()
+    assert err <= 1e-6 * dense.abs().max().item(), err
+    col_scale = torch.rand(k, generator=gen) + 0.5
+    for rows in (1, 3, 64):
+        x, residual = torch.randn(rows, k, generator=gen), torch.randn(rows, n, generator=gen)
+        y = quant.matmul_torch(w, x, residual, alpha=0.7, col_scale=col_scale)
+        ref = (0.7 * x.double() * col_scale.double()) @ dense.double().T + residual.double()
+        err = (y.double() - ref).abs().max().item()
+        assert err < 2e-6 * k**0.5 * ref.abs().max().item(), (rows, err)
+        plain = quant.matmul_torch(w, x)
+        assert torch.allclose(plain, x @ dense.T, rtol=1e-5, atol=1e-5)
+
+
+def test_quant_linear_takes_the_torch_path_off_the_cpu_or_when_told(monkeypatch):
+    w = quant.quantize_q4(torch.randn(64, 96))
+    assert isinstance(quant.QuantLinear(w).weight, quant.PackedWeight)  # CPU default: C
+    monkeypatch.setenv(quant.KERNELS_ENV, "torch")
+    forced = quant.QuantLinear(w)
+    assert forced.weight is w and forced.in_features == 96
+    x = torch.randn(2, 96)
+    assert torch.allclose(forced(x), x @ quant.dequantize(w).T, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv(quant.KERNELS_ENV, "cuda")
+    with pytest.raises(ValueError, match="TANDEM_QUANT_KERNELS='cuda'; expected one of: c, torch"):
+        quant.QuantLinear(w)
+    monkeypatch.delenv(quant.KERNELS_ENV)
+    # a device the C kernels cannot read (meta: shapes only) never reaches them
+    meta = quant.Q4Weight(*(t.to("meta") for t in w))
+    on_meta = quant.QuantLinear(meta, col_scale=torch.ones(96, device="meta"))
+    assert on_meta.weight is meta
+    y = on_meta(torch.empty(3, 96, device="meta"), torch.empty(3, 64, device="meta"), alpha=0.5)
+    assert y.device.type == "meta" and tuple(y.shape) == (3, 64)

@@ -22,7 +22,13 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
         "auto",
         f"weight format of the projections: auto, {', '.join(WEIGHT_FORMATS)} (int8/int4: "
         "weight-only quantized, C kernels built for this CPU; auto: int4 where those build "
-        "and --dtype is float32, else fp32)",
+        "and --dtype is float32 on --device cpu, else fp32)",
+    ),
+    "--device": (
+        str,
+        "cpu",
+        "where weights, KV cache and step tensors live: cpu, cuda or cuda:N (the C kernels "
+        "serve cpu; cuda runs the same model as torch ops)",
     ),
     "--block-size": (int, 16, "tokens per KV block"),
     "--kv-cache-memory-gb": (float, 1.0, "KV cache budget in GiB (sets the block count)"),
@@ -53,7 +59,8 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         model=ns.model,
         served_model_name=ns.model_name,
         dtype=ns.dtype,
-        weights=auto_weights(ns.dtype) if ns.weights == "auto" else ns.weights,
+        weights=auto_weights(ns.dtype, ns.device) if ns.weights == "auto" else ns.weights,
+        device=ns.device,
         block_size=ns.block_size,
         kv_cache_memory_gb=ns.kv_cache_memory_gb,
         num_blocks=ns.num_blocks,

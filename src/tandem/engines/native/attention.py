@@ -43,24 +43,24 @@ class SingleDecode:
     def context(self, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """[ctx_len, kv_heads, d] of one cache plane, given as slots and as block rows."""
         if self.first_slot is None and self.blocks is None:
-            self._locate(slots.shape[0] // rows.shape[0])
+            self._locate(slots.shape[0] // rows.shape[0], slots.device)
         if self.first_slot is not None:
             return slots[self.first_slot : self.first_slot + self.ctx_len]
         assert self.blocks is not None
         gathered = rows.index_select(0, self.blocks).view(-1, *slots.shape[1:])
         return gathered[: self.ctx_len]
 
-    def _locate(self, block_size: int) -> None:
+    def _locate(self, block_size: int, device: torch.device) -> None:
         table = self.table
         assert table is not None, "SingleDecode needs table, first_slot or blocks"
         first = table[0]
         if table == list(range(first, first + len(table))):
             self.first_slot = first * block_size
         else:
-            self.blocks = torch.tensor(table, dtype=torch.long)
+            self.blocks = torch.tensor(table, dtype=torch.long, device=device)
 
     def c_index(self, block_size: int) -> torch.Tensor:
-        """int64 [position, slot, ctx_len, *block table] (what the C ops read)."""
+        """int64 [position, slot, ctx_len, *block table] on the CPU (what the C ops read)."""
         table = self.table
         if table is None:
             if self.blocks is not None:
@@ -69,7 +69,8 @@ class SingleDecode:
                 assert self.first_slot is not None
                 first = self.first_slot // block_size
                 table = list(range(first, first - (-self.ctx_len // block_size)))
-        return torch.tensor([self.ctx_len - 1, self.slot, self.ctx_len, *table], dtype=torch.long)
+        index = [self.ctx_len - 1, self.slot, self.ctx_len, *table]
+        return torch.tensor(index, dtype=torch.long, device="cpu")
 
 
 @dataclass(slots=True, kw_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tandem.engines.vision import encoder_rows
@@ -9,6 +10,7 @@ from tandem.kvbm.base import KvbmConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_FORMATS = ("fp32", "int8", "int4")
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,6 +23,7 @@ class NativeConfig:
     served_model_name: str | None = None
     dtype: str = "float32"
     weights: str = "fp32"  # projection weight format (int8 / int4: weight-only quantized)
+    device: str = "cpu"  # where weights, KV cache and step tensors live: cpu, cuda, cuda:N
     block_size: int = 16
     kv_cache_memory_gb: float = 1.0
     num_blocks: int | None = None
@@ -48,6 +51,7 @@ class NativeConfig:
                 f"weights='{self.weights}' with dtype='{self.dtype}'; quantized weights "
                 "compute in float32: use --dtype float32"
             )
+        check_device(self.device)
         _positive("block_size", self.block_size, 1024)
         if not 0 < self.kv_cache_memory_gb <= 4096:
             raise ValueError(f"kv_cache_memory_gb={self.kv_cache_memory_gb} must be in (0, 4096]")
@@ -62,6 +66,30 @@ class NativeConfig:
             encoder_rows(self.mm_encoder)  # ValueError naming the known encoders
         if self.kvbm is not None and not self.enable_prefix_caching:
             raise ValueError("kvbm tiers set with enable_prefix_caching=False; expected True")
+
+
+def check_device(device: str) -> None:
+    """Raise ValueError unless `device` is cpu, or a CUDA device this process can use: never
+    a silent fall back to the CPU."""
+    if not _DEVICE.fullmatch(device):
+        raise ValueError(f"device='{device}'; expected one of: cpu, cuda, cuda:N")
+    if device == "cpu":
+        return
+    import torch  # only here: the config module stays cheap for processes without an engine
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device='{device}' but torch.cuda.is_available() is False on this machine "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+            "expected --device cpu here, or a CUDA build of torch and a visible GPU"
+        )
+    count = torch.cuda.device_count()
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        raise ValueError(
+            f"device='{device}' but this machine has {count} CUDA device(s); "
+            f"expected cuda or cuda:0..cuda:{count - 1}"
+        )
 
 
 def _positive(name: str, value: int, upper: int) -> None:

@@ -27,13 +27,15 @@ ROPE_MATRIX_MAX_TOKENS = 64  # as the model runner: small batches apply RoPE as 
 
 @torch.inference_mode()
 def pooled_embeddings(model: LlamaModel, inputs: list[list[int]]) -> torch.Tensor:
-    """[len(inputs), hidden] fp32 unit vectors, one forward for the whole batch (each input
-    attends only to itself: one causal prefill span per input). Inputs must be non-empty,
-    in the vocabulary and within the model's positions (the caller checks)."""
+    """[len(inputs), hidden] fp32 unit vectors on the host, one forward on the model's device
+    for the whole batch (each input attends only to itself: one causal prefill span per
+    input). Inputs must be non-empty, in the vocabulary and within the model's positions (the
+    caller checks)."""
+    dev = model.device
     lens = [len(ids) for ids in inputs]
     num_tokens = sum(lens)
-    ids = torch.tensor([t for seq in inputs for t in seq], dtype=torch.long)
-    pos = torch.cat([torch.arange(n) for n in lens])
+    ids = torch.tensor([t for seq in inputs for t in seq], dtype=torch.long, device=dev)
+    pos = torch.cat([torch.arange(n, device=dev) for n in lens])
     spans, row = [], 0
     for n in lens:
         spans.append(
@@ -41,13 +43,13 @@ def pooled_embeddings(model: LlamaModel, inputs: list[list[int]]) -> torch.Tenso
                 start=row,
                 end=row + n,
                 ctx_len=n,
-                context_blocks=torch.empty(0, dtype=torch.long),
+                context_blocks=torch.empty(0, dtype=torch.long, device=dev),
                 mask=None,  # no cached prefix: pure causal over the span's own K/V
             )
         )
         row += n
     meta = AttentionMetadata(
-        slot_mapping=torch.arange(num_tokens),
+        slot_mapping=torch.arange(num_tokens, device=dev),
         cos=model.cos[pos].unsqueeze(1),
         sin=model.sin[pos].unsqueeze(1),
         prefills=spans,
@@ -56,13 +58,16 @@ def pooled_embeddings(model: LlamaModel, inputs: list[list[int]]) -> torch.Tenso
         meta.rope = model.rope_matrices(pos)
     c = model.config
     scratch = torch.empty(
-        (c.num_layers, 2, num_tokens, 1, c.num_kv_heads, c.head_dim), dtype=model.dtype
+        (c.num_layers, 2, num_tokens, 1, c.num_kv_heads, c.head_dim), dtype=model.dtype, device=dev
     )  # one slot per token; attention reads the span's fresh K/V, never this cache
-    hidden = model.hidden(ids, meta, scratch, torch.arange(num_tokens)).float()
-    segment = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
-    sums = torch.zeros(len(lens), hidden.shape[1]).index_add_(0, segment, hidden)
-    means = sums / torch.tensor(lens, dtype=torch.float32).unsqueeze(1)
-    return F.normalize(means * model.final_norm.float(), dim=1)
+    hidden = model.hidden(ids, meta, scratch, torch.arange(num_tokens, device=dev)).float()
+    counts = torch.tensor(lens, dtype=torch.long, device=dev)
+    segment = torch.repeat_interleave(  # output_size: no device sync to learn it
+        torch.arange(len(lens), device=dev), counts, output_size=num_tokens
+    )
+    sums = torch.zeros(len(lens), hidden.shape[1], device=dev).index_add_(0, segment, hidden)
+    means = sums / counts.float().unsqueeze(1)
+    return F.normalize(means * model.final_norm.float(), dim=1).cpu()
 
 
 def token_groups(inputs: list[list[int]], max_tokens: int) -> list[list[list[int]]]:

@@ -64,18 +64,28 @@ def tokenizer_spec(model_path: str | None) -> str | None:
 
 
 def build_model(config: NativeConfig) -> tuple[LlamaModel, str]:
-    """The model in `config.weights` format; returns (model, resolved model path)."""
+    """The model in `config.weights` format on `config.device` (loaded on the host, then
+    moved); returns (model, resolved model path)."""
+    device = torch.device(config.device)
     if config.weights != "fp32":
         path, model_config, qweights = load_quant_weights(config.model, config.weights)
         max_len = _max_len(config, model_config.context_length)
         quant = QuantLlamaModel(
-            model_config, qweights, weights_format=config.weights, max_positions=max_len
+            model_config,
+            qweights,
+            weights_format=config.weights,
+            max_positions=max_len,
+            device=device,
         )
         return quant, path
     path, model_config, weights = load_model_weights(config.model)
     max_len = _max_len(config, model_config.context_length)
     model = LlamaModel(
-        model_config, weights, dtype=getattr(torch, config.dtype), max_positions=max_len
+        model_config,
+        weights,
+        dtype=getattr(torch, config.dtype),
+        max_positions=max_len,
+        device=device,
     )
     return model, path
 
@@ -125,8 +135,10 @@ class NativeEngine:
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
         self._thread.start()
         logger.info(
-            "native engine started: model=%s blocks=%d block_size=%d",
+            "native engine started: model=%s device=%s weights=%s blocks=%d block_size=%d",
             self._info.model_name,
+            self.core.model.device,
+            self.config.weights,
             self._info.num_total_blocks,
             self._info.block_size,
         )

@@ -105,7 +105,8 @@ class EngineCore:
                     "embeddings; this worker has no vision encoder (see --mm-encoder)"
                 )
             mc = self.model.config
-            attach_embeddings(seq, mm_embeddings, mc.hidden_size, self.model.dtype)
+            model = self.model
+            attach_embeddings(seq, mm_embeddings, mc.hidden_size, model.dtype, model.device)
         self.seqs[request.request_id] = seq
         self.scheduler.add(seq)
         return seq

@@ -10,7 +10,8 @@ plus a wide margin for rounding in both products, leaves a short candidate list 
 contain the fp32 argmax; the candidates are then scored in fp32. Only where two fp32 logits
 differ in the last bits (a near-tie) can the pick differ from a full fp32 head. Only up to
 SCREEN_MAX_ROWS rows: there the head is memory-bound; with more rows the fp32 GEMM is
-compute-bound and screening measured no faster (32 rows: same step time).
+compute-bound and screening measured no faster (32 rows: same step time). Screening is a
+CPU trick (oneDNN bf16 mat-vecs): a head on another device always takes the fp32 logits.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class OutputHead:
         self.weight = weight.contiguous()  # [vocab, hidden] fp32: candidate rows are gathered
         self.linear = Linear(self.weight, pack=pack)
         self.low: torch.Tensor | None = None
-        if screen and weight.dtype == torch.float32:
+        if screen and weight.dtype == torch.float32 and weight.device.type == "cpu":
             low = self.weight.to(torch.bfloat16)
             self.low = low
             self.low_norm = low.float().norm(dim=1)  # |w_lo|

@@ -56,6 +56,16 @@ class NativeKvHandoff:
         )  # fmt: skip
 
     def adopt_kv_cache(self, tensor: torch.Tensor) -> None:
+        """Raises ValueError for an engine whose KV cache is not on the CPU: the transfer
+        agent serves a host shared-memory region as the cache itself (zero copy), which a
+        GPU's cache cannot be."""
+        device = self.core.runner.kv_cache.device
+        if device.type != "cpu":
+            raise ValueError(
+                f"disaggregated KV transfer needs the KV cache in host memory; this engine "
+                f"runs on device '{device}': expected --device cpu for --disagg-mode workers"
+            )
+
         def swap(core: EngineCore) -> None:
             old = core.runner.kv_cache
             if tensor.shape != old.shape or tensor.dtype != old.dtype:

@@ -3,6 +3,7 @@
 One row (batch-1 decode) goes through MKL's mat-vec on a contiguous W^T. Several rows go
 through oneDNN with a prepacked copy of W, which is 1.5-2x faster than plain GEMM for the
 small row counts of batched decode. Results of the two paths differ only by fp32 rounding.
+On another device (CUDA) there is no oneDNN packing: every row count is a plain mm/addmm.
 """
 
 from __future__ import annotations
@@ -12,22 +13,24 @@ import torch
 PACK_BATCH_HINT = 32  # the row count oneDNN optimises the packed layout for
 
 
-def can_pack(dtype: torch.dtype) -> bool:
+def can_pack(dtype: torch.dtype, device: torch.device | None = None) -> bool:
+    """Whether oneDNN can prepack weights of `dtype` on `device` (fp32 on the CPU only)."""
     return (
         dtype == torch.float32
+        and (device is None or device.type == "cpu")
         and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
 
 
-_ZEROS: dict[torch.dtype, torch.Tensor] = {}
+_ZEROS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
-def _zeros(dtype: torch.dtype) -> torch.Tensor:
-    """addmm's ignored input when beta=0 (one per dtype, never written)."""
-    z = _ZEROS.get(dtype)
+def _zeros(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """addmm's ignored input when beta=0 (one per dtype and device, never written)."""
+    z = _ZEROS.get((dtype, device))
     if z is None:
-        z = _ZEROS[dtype] = torch.zeros(1, 1, dtype=dtype)
+        z = _ZEROS[(dtype, device)] = torch.zeros(1, 1, dtype=dtype, device=device)
     return z
 
 
@@ -52,7 +55,7 @@ class Linear:
             if residual is None:
                 if alpha == 1.0:
                     return torch.mm(x, self.weight_t)
-                return torch.addmm(_zeros(x.dtype), x, self.weight_t, beta=0, alpha=alpha)
+                return torch.addmm(_zeros(x.dtype, x.device), x, self.weight_t, beta=0, alpha=alpha)
             return torch.addmm(residual, x, self.weight_t, alpha=alpha)
         if alpha != 1.0:
             x = x * alpha

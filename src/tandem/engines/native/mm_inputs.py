@@ -29,10 +29,15 @@ def check_mm_items(request: PreprocessedRequest) -> None:
 
 
 def attach_embeddings(
-    seq: Sequence, embeddings: list[torch.Tensor], hidden_size: int, dtype: torch.dtype
+    seq: Sequence,
+    embeddings: list[torch.Tensor],
+    hidden_size: int,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
 ) -> None:
     """Give `seq` its images' rows (one tensor per mm_item, `[num_tokens, hidden_size]`), in the
-    model's dtype. Raises InvalidRequest when the count or a shape is wrong."""
+    model's dtype, on its device (default: where they are). Raises InvalidRequest when the
+    count or a shape is wrong."""
     items = seq.mm_items
     if len(embeddings) != len(items):
         raise InvalidRequest(f"got {len(embeddings)} image embeddings for {len(items)} mm_items")
@@ -43,7 +48,7 @@ def attach_embeddings(
                 f"[{item.num_tokens}, {hidden_size}] (rows x the model's hidden size)"
             )
     seq.mm_embeddings = [
-        (item.offset, emb.to(dtype).contiguous())
+        (item.offset, emb.to(device or emb.device, dtype).contiguous())
         for item, emb in zip(items, embeddings, strict=True)
     ]
 
@@ -60,11 +65,12 @@ def lacks_embeddings(seq: Sequence, start: int, end: int) -> bool:
 
 
 def gather_input_embeds(
-    seqs: list[Sequence], num_new_tokens: list[int]
+    seqs: list[Sequence], num_new_tokens: list[int], device: torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(flat batch row indices, their embedding rows) of every image row this step computes;
-    None when there are none. Rows follow `ModelRunner._forward`'s layout: each sequence's
-    chunk [num_computed, num_computed + num_new) in batch order."""
+    """(flat batch row indices, their embedding rows) of every image row this step computes,
+    on `device` (default: the CPU); None when there are none. Rows follow
+    `ModelRunner._forward`'s layout: each sequence's chunk [num_computed, num_computed +
+    num_new) in batch order."""
     index: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     base = 0
@@ -73,8 +79,8 @@ def gather_input_embeds(
         for offset, emb in seq.mm_embeddings:
             lo, hi = max(start, offset), min(end, offset + emb.shape[0])
             if lo < hi:
-                index.append(torch.arange(base + lo - start, base + hi - start))
-                values.append(emb[lo - offset : hi - offset])
+                index.append(torch.arange(base + lo - start, base + hi - start, device=device))
+                values.append(emb[lo - offset : hi - offset].to(device=device))
         base += num_new
     if not index:
         return None

@@ -10,6 +10,11 @@ Two forwards: `hidden` runs any flat batch of tokens (prefill chunks and decodes
 `decode_one` is the batch-1 decode step, where the time goes to streaming weights and every
 extra kernel is overhead: norms reduce to a Python scalar, RoPE is one small matmul, and
 attention reads the sequence's K/V in place when its blocks are consecutive.
+
+`device`: where the weights, the rope tables and the KV cache live. The CPU runs the C ops
+(tandem.engines.native.ops) where they build; any other device (CUDA) runs the torch code
+below, which is also the CPU's fallback (TANDEM_NATIVE_OPS=torch), so one code path serves
+both. Step tensors are created on `device` by their builders (ModelRunner, embedding).
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ class KvViews(NamedTuple):
 
 
 def rope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [max_positions, head_dim] for rotate-half RoPE (computed as HF does)."""
+    """cos/sin [max_positions, head_dim] for rotate-half RoPE (computed as HF does, on the
+    CPU so that every device gets the same table)."""
     dim = config.head_dim
     inv_freq = 1.0 / (
         config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
@@ -78,18 +84,21 @@ class LlamaModel:
         max_positions: int | None = None,
         pack_weights: bool = True,
         screen_head: bool | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.config = config
         self.dtype = dtype
+        self.device = torch.device(device)
         scale = config.head_dim**-0.5
         self.attn_scale = 1.0 if math.frexp(scale)[0] == 0.5 else scale  # 2^k folds exactly
         self._build(weights, pack_weights, scale / self.attn_scale, screen_head)
         cos, sin = rope_tables(config, max_positions or config.context_length)
-        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
-        self._rope_index = _rope_index(config.head_dim)
+        self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
+        self._rope_index = _rope_index(config.head_dim).to(self.device)
         self._kv_views: tuple[tuple[int, tuple[int, ...]], list[KvViews]] | None = None
-        self._place_streamed_weights()
-        self._cpu_ops = cpu_ops(dtype)
+        if self.device.type == "cpu":
+            self._place_streamed_weights()
+        self._cpu_ops = cpu_ops(dtype, self.device)
 
     def c_ops(self, kv_cache: torch.Tensor) -> CpuOps | None:
         """The C ops for a step on `kv_cache` (None: its device or dtype runs torch ops)."""
@@ -103,9 +112,9 @@ class LlamaModel:
         screen_head: bool | None,
     ) -> None:
         """Set `layers`, `embed` and `head` from HF-named weights (subclasses: other formats)."""
-        config, dtype = self.config, self.dtype
-        w = {k: v.to(torch.float32) for k, v in weights.items()}
-        pack = pack_weights and can_pack(dtype)
+        config, dtype, device = self.config, self.dtype, self.device
+        w = {k: v.to(device, torch.float32) for k, v in weights.items()}
+        pack = pack_weights and can_pack(dtype, device)
         self.layers = [self._layer(w, i, pack, q_scale, dtype) for i in range(config.num_layers)]
         self.embed = w["model.embed_tokens.weight"].to(dtype).contiguous()
         self.final_norm = w["model.norm.weight"].clone()  # fp32; the head has it folded in
@@ -155,13 +164,13 @@ class LlamaModel:
     def new_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
         c = self.config
         shape = (c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        return torch.zeros(shape, dtype=self.dtype)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def rope_matrix(self, position: int) -> torch.Tensor:
         """[d, d] M with q @ M == rotate-half RoPE of q at `position`."""
         d, half = self.config.head_dim, self.config.head_dim // 2
         cos, sin = self.cos[position], self.sin[position]
-        m = torch.zeros(d * d, dtype=self.dtype)
+        m = torch.zeros(d * d, dtype=self.dtype, device=self.device)
         m[self._rope_index] = torch.cat((cos, -sin[:half], sin[half:]))
         return m.view(d, d)
 
@@ -169,7 +178,7 @@ class LlamaModel:
         """[T, d, d]: `rope_matrix` of each position."""
         d, half = self.config.head_dim, self.config.head_dim // 2
         cos, sin = self.cos[positions], self.sin[positions]
-        m = torch.zeros(len(positions), d * d, dtype=self.dtype)
+        m = torch.zeros(len(positions), d * d, dtype=self.dtype, device=self.device)
         m[:, self._rope_index] = torch.cat((cos, -sin[:, :half], sin[:, half:]), dim=1)
         return m.view(-1, d, d)
 
@@ -203,7 +212,7 @@ class LlamaModel:
         x = F.embedding(input_ids, self.embed)
         if input_embeds is not None:
             x[input_embeds[0]] = input_embeds[1]
-        attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
+        attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype, device=self.device)
         inv_n = 1.0 / c.hidden_size
         ops = self.c_ops(kv_cache)
         if ops is not None and meta.positions is not None:
@@ -245,7 +254,7 @@ class LlamaModel:
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         q_end = heads * dim
         eps, bs = c.rms_norm_eps, kv_cache.shape[3]
-        attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype)
+        attn_out = torch.empty(num_tokens, heads, dim, dtype=self.dtype, device=self.device)
         num_decode = meta.num_decode
         tables = lens = None
         if num_decode:
@@ -295,7 +304,7 @@ class LlamaModel:
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         group, k_end, ffn = heads // kv_heads, (heads + kv_heads) * dim, c.intermediate_size
         inv_n, eps, scale = 1.0 / c.hidden_size, c.rms_norm_eps, self.attn_scale
-        attn = torch.empty(kv_heads, group, dim, dtype=self.dtype)
+        attn = torch.empty(kv_heads, group, dim, dtype=self.dtype, device=self.device)
         rope = step.rope if step.rope is not None else self.rope_matrix(step.ctx_len - 1)
         x = self.embed[token].unsqueeze(0)
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
@@ -323,7 +332,7 @@ class LlamaModel:
         eps, scale, bs = c.rms_norm_eps, self.attn_scale, kv_cache.shape[3]
         index = step.c_index(bs)
         pos, slot, ctx, table = index[0:1], index[1:2], index[2:3], index[3:].view(1, -1)
-        attn = torch.empty(1, heads * dim, dtype=self.dtype)
+        attn = torch.empty(1, heads * dim, dtype=self.dtype, device=self.device)
         x = self.embed[token].unsqueeze(0)
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
             qkv = layer.qkv(x, alpha=ops.rms_scale(x, eps)).contiguous()

@@ -1,5 +1,10 @@
 """Turns a scheduled batch into tensors (token ids, positions, KV slots, attention
-metadata), runs the model and samples. Owns the KV cache tensor."""
+metadata), runs the model and samples. Owns the KV cache tensor.
+
+Every step tensor is built on the model's device (one host-to-device copy per list); what
+comes back to the host per step is the sampled token ids. A batch-1 decode takes
+`LlamaModel.decode_one` on the CPU only: it reads norms back as Python scalars, which on a
+GPU would be a device sync per layer, so there the flat-batch forward serves it."""
 
 from __future__ import annotations
 
@@ -25,12 +30,13 @@ class ModelRunner:
 
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, seed: int = 0):
         self.model = model
+        self.device = model.device
         self.block_size = block_size
         self.kv_cache = model.new_kv_cache(num_blocks, block_size)
         self.sampler = Sampler(seed)
         self.grammar_masks = GrammarMasks(model.config.vocab_size)
         probe_linear = model.layers[0].gate_up
-        probe_x = torch.ones(1, probe_linear.in_features, dtype=model.dtype)
+        probe_x = torch.ones(1, probe_linear.in_features, dtype=model.dtype, device=self.device)
         self.thread_policy = ThreadPolicy(torch.get_num_threads(), lambda: probe_linear(probe_x))
         self.steps_by_threads: Counter[int] = Counter()
 
@@ -40,6 +46,7 @@ class ModelRunner:
         reached the end of their tokens (the others are mid-prefill)."""
         self.steps_by_threads[self.thread_policy.before_step()] += 1
         single = len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1
+        single = single and self.device.type == "cpu"
         if single and not _next_is_image_row(batch.seqs[0]):  # image rows take the batch path
             seq = batch.seqs[0]
             pos = seq.num_computed_tokens
@@ -73,11 +80,12 @@ class ModelRunner:
             if start + num_new == len(seq.token_ids):
                 sample_rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
-        pos = torch.tensor(positions, dtype=torch.long)
+        dev = self.device
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
         meta = self._metadata(batch, block_manager, pos)
-        rows = torch.tensor(sample_rows, dtype=torch.long)
-        ids_t = torch.tensor(ids, dtype=torch.long)
-        embeds = gather_input_embeds(batch.seqs, batch.num_new_tokens)
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        embeds = gather_input_embeds(batch.seqs, batch.num_new_tokens, dev)
         return self.model.hidden(ids_t, meta, self.kv_cache, rows, embeds), sample_seqs
 
     def _single(self, seq: Sequence, block_manager: BlockManager) -> SingleDecode:
@@ -89,7 +97,7 @@ class ModelRunner:
     def _metadata(
         self, batch: ScheduledBatch, block_manager: BlockManager, pos: torch.Tensor
     ) -> AttentionMetadata:
-        bs = self.block_size
+        bs, dev = self.block_size, self.device
         slots: list[int] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
@@ -105,20 +113,20 @@ class ModelRunner:
             else:
                 mask = None
                 if start:
-                    new_pos = torch.arange(start, ctx_len)
-                    mask = torch.arange(ctx_len)[None, :] <= new_pos[:, None]
+                    new_pos = torch.arange(start, ctx_len, device=dev)
+                    mask = torch.arange(ctx_len, device=dev)[None, :] <= new_pos[:, None]
                 prefills.append(
                     PrefillSpan(
                         start=row,
                         end=row + num_new,
                         ctx_len=ctx_len,
-                        context_blocks=torch.tensor(table, dtype=torch.long),
+                        context_blocks=torch.tensor(table, dtype=torch.long, device=dev),
                         mask=mask,
                     )
                 )
             row += num_new
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             cos=self.model.cos[pos].unsqueeze(1),
             sin=self.model.sin[pos].unsqueeze(1),
             num_decode=len(decode_tables),
@@ -132,30 +140,33 @@ class ModelRunner:
         if decode_tables:
             width = max(map(len, decode_tables))
             padded = [t + [0] * (width - len(t)) for t in decode_tables]
-            meta.decode_blocks = torch.tensor(padded, dtype=torch.long).view(-1)
+            meta.decode_blocks = torch.tensor(padded, dtype=torch.long, device=dev).view(-1)
+            lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
             if c_ops:
-                meta.decode_lens = torch.tensor(decode_lens, dtype=torch.long)
+                meta.decode_lens = lens
             else:
-                mask = torch.arange(width * bs)[None, :] < torch.tensor(decode_lens)[:, None]
+                mask = torch.arange(width * bs, device=dev)[None, :] < lens[:, None]
                 # additive float mask built once: SDPA would convert a bool mask in every layer
-                additive = torch.zeros(mask.shape, dtype=self.model.dtype)
+                additive = torch.zeros(mask.shape, dtype=self.model.dtype, device=dev)
                 meta.decode_mask = additive.masked_fill_(~mask, float("-inf"))[:, None, None, :]
         return meta
 
     def export_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
-        """Per layer, a contiguous copy [2, n, block_size, kv_heads, head_dim] of the blocks."""
-        index = torch.tensor(block_ids, dtype=torch.long)
-        return [layer.index_select(1, index) for layer in self.kv_cache]
+        """Per layer, a contiguous host copy [2, n, block_size, kv_heads, head_dim] of the
+        blocks (gathered on the device, then one copy to the host per layer)."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        return [layer.index_select(1, index).cpu() for layer in self.kv_cache]
 
     def import_blocks(self, block_ids: list[int], data: list[torch.Tensor]) -> None:
-        """Write per-layer data (as from `export_blocks`) into the given blocks."""
+        """Write per-layer data (as from `export_blocks`, on any device) into the given
+        blocks."""
         if len(data) != self.kv_cache.shape[0]:
             raise ValueError(
                 f"got {len(data)} layers of KV data; expected {self.kv_cache.shape[0]}"
             )
-        index = torch.tensor(block_ids, dtype=torch.long)
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         for layer, part in zip(self.kv_cache, data, strict=True):
-            layer.index_copy_(1, index, part.to(layer.dtype))
+            layer.index_copy_(1, index, part.to(layer.device, layer.dtype))
 
     @property
     def bytes_per_block(self) -> int:

@@ -76,13 +76,13 @@ def _load(path: Path) -> ctypes.CDLL:
 
 def library() -> ctypes.CDLL | None:
     """The loaded C ops (built on first use), or None where they cannot be built (warned
-    once; callers then run the torch path). TANDEM_NATIVE_OPS=torch turns them off."""
+    once; callers then run the torch path). TANDEM_NATIVE_OPS=torch turns them off for the
+    models built while it is set (read on every call)."""
     global _lib, _failed
+    if os.environ.get("TANDEM_NATIVE_OPS", "c") == "torch":
+        return None
     with _lock:
         if _lib is None and not _failed:
-            if os.environ.get("TANDEM_NATIVE_OPS", "c") == "torch":
-                _failed = True
-                return None
             try:
                 _lib = _load(build())
             except (OpsBuildError, OSError, subprocess.SubprocessError) as exc:

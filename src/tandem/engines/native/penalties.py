@@ -42,25 +42,29 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     if any(p.logit_bias for p in params):
         _apply_logit_bias(logits, params)
     flat = logits.view(-1)  # cell (row, token) is flat[row * vocab + token]
+    dtype, dev = logits.dtype, logits.device
     if any(p.repetition_penalty != 1.0 for p in params):
         cells, rows, _ = _occurrences(logits, [s.token_ids for s in seqs])
-        rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype)[rows]
+        rep = torch.tensor([p.repetition_penalty for p in params], dtype=dtype, device=dev)[rows]
         seen = flat.index_select(0, cells)
         flat.index_copy_(0, cells, torch.where(seen > 0, seen / rep, seen * rep))
     if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
         cells, rows, counts = _occurrences(logits, [s.token_ids[s.output_start :] for s in seqs])
-        freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype)[rows]
-        pres = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype)[rows]
+        freq = torch.tensor([p.frequency_penalty for p in params], dtype=dtype, device=dev)[rows]
+        pres = torch.tensor([p.presence_penalty for p in params], dtype=dtype, device=dev)[rows]
         flat.index_add_(0, cells, -(freq * counts + pres))
 
 
 def _apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
-    biases = [p.logit_bias or {} for p in params]
-    lengths = torch.tensor([len(b) for b in biases], dtype=torch.long)
-    rows = torch.repeat_interleave(torch.arange(len(biases)), lengths)
-    cols = _long_tensor(itertools.chain.from_iterable(b.keys() for b in biases))
+    biases, dev = [p.logit_bias or {} for p in params], logits.device
+    lengths = torch.tensor([len(b) for b in biases], dtype=torch.long, device=dev)
+    rows = torch.repeat_interleave(  # output_size: no device sync to learn it
+        torch.arange(len(biases), device=dev), lengths, output_size=sum(map(len, biases))
+    )
+    cols = _long_tensor(itertools.chain.from_iterable(b.keys() for b in biases), dev)
     vals = np.fromiter(itertools.chain.from_iterable(b.values() for b in biases), np.float64)
-    logits.index_put_((rows, cols), torch.from_numpy(vals).to(logits.dtype), accumulate=True)
+    bias = torch.as_tensor(vals, dtype=logits.dtype, device=dev)
+    logits.index_put_((rows, cols), bias, accumulate=True)
 
 
 def _occurrences(
@@ -68,14 +72,16 @@ def _occurrences(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The distinct cells (`row * vocab + token`, flat indices into `logits`) of each row's
     tokens, their rows, and how often each occurs: one `torch.unique` over the whole batch."""
-    vocab = logits.shape[1]
-    lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.long)
-    tokens = _long_tensor(itertools.chain.from_iterable(token_lists))
-    row_of = torch.repeat_interleave(torch.arange(len(token_lists)), lengths)
+    vocab, dev = logits.shape[1], logits.device
+    lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.long, device=dev)
+    tokens = _long_tensor(itertools.chain.from_iterable(token_lists), dev)
+    row_of = torch.repeat_interleave(
+        torch.arange(len(token_lists), device=dev), lengths, output_size=len(tokens)
+    )
     cells, counts = torch.unique(row_of * vocab + tokens, return_counts=True)
     return cells, cells // vocab, counts.to(logits.dtype)
 
 
-def _long_tensor(values: Iterable[int]) -> torch.Tensor:
+def _long_tensor(values: Iterable[int], device: torch.device) -> torch.Tensor:
     # numpy reads a Python iterable of ints ~5x faster than torch.tensor(list) does
-    return torch.from_numpy(np.fromiter(values, dtype=np.int64))
+    return torch.as_tensor(np.fromiter(values, dtype=np.int64), device=device)

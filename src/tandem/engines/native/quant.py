@@ -17,6 +17,12 @@ install time; else the first use does) into the tandem cache directory, keyed by
 and the compiler flags. Activations are fp32 on AVX2 and the scalar path; where the CPU has
 AVX512-VNNI they are rounded to 15-bit integers per group of 32 and the products summed in
 int32, twice the fp32 FMA rate (`activation_bits`; the kernel's header says why 15 bits).
+
+The C kernels serve weights on the CPU. A weight on another device (CUDA), or any weight
+where TANDEM_QUANT_KERNELS=torch, runs the torch path instead (`matmul_torch`): the
+source-order codes stay on the device and each call dequantizes them (w = d q + m per group)
+into a transient fp32 matrix for one mm/addmm. Correct, not fast: it streams more bytes than
+an fp32 weight would; the point is one code path that runs on any device and is tested here.
 """
 
 from __future__ import annotations
@@ -94,11 +100,12 @@ def activation_bits(lib: ctypes.CDLL | None = None) -> int:
     return int((lib or kernels()).tq_activation_bits())
 
 
-def auto_weights(dtype: str) -> str:
+def auto_weights(dtype: str, device: str = "cpu") -> str:
     """What `--weights auto` serves: int4, the fastest format that passes the quality gate
     (`tandem bench engine`: ahead of int8 and fp32 at every batch size and in prefill),
-    where the dtype is float32 and the kernels build here; else fp32 (said in the log)."""
-    if dtype != "float32":
+    where the dtype is float32, the device the CPU and the kernels build here; else fp32
+    (off the CPU the quantized torch path is correct, not fast; a failed build is logged)."""
+    if dtype != "float32" or device != "cpu":
         return "fp32"
     try:
         kernels()
@@ -331,25 +338,80 @@ def matmul(
 
 class QuantLinear:
     """y = (alpha * x * col_scale) @ W^T (+ residual) with W quantized; `col_scale` holds the
-    RMSNorm weight a fp32 Linear would fold into W's columns. Immutable; thread-safe."""
+    RMSNorm weight a fp32 Linear would fold into W's columns. Runs where `weight` lives: the
+    C kernels on the CPU (packed here), the torch path elsewhere or when forced
+    (`uses_torch_path`). Immutable; thread-safe."""
 
     __slots__ = ("col_scale", "out_features", "weight")
 
     def __init__(self, weight: QWeight, col_scale: torch.Tensor | None = None) -> None:
-        self.weight = pack(weight)  # builds the kernels: fails at load, not at a request
+        self.weight: QWeight | PackedWeight = weight
+        if not uses_torch_path(weight):
+            self.weight = pack(weight)  # builds the kernels: fails at load, not at a request
         self.out_features = weight.shape[0]
         self.col_scale = None if col_scale is None else col_scale.float().contiguous()
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, *, alpha: float = 1.0
     ) -> torch.Tensor:
-        return matmul(self.weight, x, residual, alpha=alpha, col_scale=self.col_scale)
+        if isinstance(self.weight, PackedWeight):
+            return matmul(self.weight, x, residual, alpha=alpha, col_scale=self.col_scale)
+        return matmul_torch(self.weight, x, residual, alpha=alpha, col_scale=self.col_scale)
 
     @property
     def in_features(self) -> int:
-        return self.weight.k
+        return self.weight.shape[1]
 
     @property
     def num_bytes(self) -> int:
         """Bytes one pass streams (codes and scales)."""
         return self.weight.num_bytes
+
+
+# ------------------------------------------------------------------ torch path (any device)
+KERNELS_ENV = "TANDEM_QUANT_KERNELS"  # "c" (default: C kernels on the CPU) or "torch"
+
+
+def uses_torch_path(w: QWeight) -> bool:
+    """Whether `w` runs as torch ops: it lives off the CPU, or TANDEM_QUANT_KERNELS=torch."""
+    choice = os.environ.get(KERNELS_ENV, "c")
+    if choice not in ("c", "torch"):
+        raise ValueError(f"{KERNELS_ENV}='{choice}'; expected one of: c, torch")
+    return w.qs.device.type != "cpu" or choice == "torch"
+
+
+def dequantize_torch(w: QWeight) -> torch.Tensor:
+    """`dequantize` as torch ops on `w`'s device: fp32 [N, K], w = d * q + m per group of
+    32 (q4: byte j of a group holds element j low, j + 16 high; kernels/quant.c), as one
+    fused multiply-add like the C loop (bit-equal to it on this CPU)."""
+    n, k = w.shape
+    if isinstance(w, Q4Weight):
+        b = w.qs.view(n, k // GROUP, GROUP // 2)
+        q = torch.cat((b & 0x0F, b >> 4), dim=2)
+    else:
+        q = w.qs.view(n, k // GROUP, GROUP)
+    return torch.addcmul(w.m.unsqueeze(2), q.float(), w.d.unsqueeze(2)).view(n, k)
+
+
+def matmul_torch(
+    w: QWeight,
+    x: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    *,
+    alpha: float = 1.0,
+    col_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`matmul`'s result, (alpha * x * col_scale) @ W^T (+ residual) in fp32, as torch ops
+    on the weight's device: W is dequantized for this call only. Rows are not guaranteed
+    bit-identical across row counts (the BLAS picks its kernel by shape), as for fp32 mm."""
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} columns; the weight expects {w.shape[1]}")
+    x = x.float()
+    if col_scale is not None:
+        x = x * col_scale
+    if alpha != 1.0:
+        x = x * alpha
+    wt = dequantize_torch(w).t()
+    if residual is None:
+        return torch.mm(x, wt)
+    return torch.addmm(residual.float(), x, wt)

@@ -7,6 +7,10 @@ quantizes them (no extra pass). The attention scale is folded into the Q rows' g
 when it is a power of two (exact), as in fp32. The output head keeps int8 codes for both
 formats (the SmolLM2 GGUF stores its tied embedding as Q8_0, as llama.cpp serves it); the
 embedding table stays fp32 for the row lookups.
+
+Weights are converted on the CPU (where they were loaded) and then moved to `device`: on the
+CPU the C kernels pack them, elsewhere the codes stay in source order for the torch path
+(tandem.engines.native.quant.QuantLinear).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class QuantLlamaModel(LlamaModel):
         *,
         weights_format: str,
         max_positions: int | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         if weights_format not in ("int8", "int4"):
             raise ValueError(f"weights_format='{weights_format}'; expected int8 or int4")
@@ -61,6 +66,7 @@ class QuantLlamaModel(LlamaModel):
             max_positions=max_positions,
             pack_weights=False,
             screen_head=False,
+            device=device,
         )
 
     def _build(
@@ -71,21 +77,30 @@ class QuantLlamaModel(LlamaModel):
         screen_head: bool | None,
     ) -> None:
         w: QuantWeights = dict(weights)
-        fmt, c = self.weights_format, self.config
-        self.layers = [self._quant_layer(w, i, fmt, q_scale) for i in range(c.num_layers)]
+        fmt, c, dev = self.weights_format, self.config, self.device
+        self.layers = [self._quant_layer(w, i, fmt, q_scale, dev) for i in range(c.num_layers)]
         embed = w["model.embed_tokens.weight"]
-        self.embed = (embed if isinstance(embed, torch.Tensor) else dequantize(embed)).float()
+        self.embed = (embed if isinstance(embed, torch.Tensor) else dequantize(embed)).to(
+            dev, torch.float32
+        )
         head = w["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
-        norm = _dense(w["model.norm.weight"])
+        norm = _dense(w["model.norm.weight"]).to(dev)
         self.final_norm = norm  # embeddings apply it after pooling (native.embedding)
-        self.head = QuantHead(QuantLinear(convert(head, "int8"), col_scale=norm))  # type: ignore[assignment]
+        head_q8 = _to_device(convert(head, "int8"), dev)
+        self.head = QuantHead(QuantLinear(head_q8, col_scale=norm))  # type: ignore[assignment]
 
     @staticmethod
-    def _quant_layer(w: QuantWeights, i: int, fmt: str, q_scale: float) -> LayerWeights:
+    def _quant_layer(
+        w: QuantWeights, i: int, fmt: str, q_scale: float, device: torch.device
+    ) -> LayerWeights:
         p = f"model.layers.{i}."
 
         def get(name: str) -> QWeight:
             return convert(w[p + name], fmt)
+
+        def linear(weight: QWeight, norm: str | None = None) -> QuantLinear:
+            scale = None if norm is None else _dense(w[p + norm]).to(device)
+            return QuantLinear(_to_device(weight, device), col_scale=scale)
 
         q = get("self_attn.q_proj.weight")
         if q_scale != 1.0:
@@ -94,16 +109,21 @@ class QuantLlamaModel(LlamaModel):
         qkv = cat_rows([q, get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")])
         gate_up = cat_rows([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
         return LayerWeights(
-            qkv=QuantLinear(qkv, col_scale=_dense(w[p + "input_layernorm.weight"])),  # type: ignore[arg-type]
-            o=QuantLinear(get("self_attn.o_proj.weight")),  # type: ignore[arg-type]
-            gate_up=QuantLinear(
-                gate_up, col_scale=_dense(w[p + "post_attention_layernorm.weight"])
-            ),  # type: ignore[arg-type]
-            down=QuantLinear(get("mlp.down_proj.weight")),  # type: ignore[arg-type]
+            qkv=linear(qkv, "input_layernorm.weight"),  # type: ignore[arg-type]
+            o=linear(get("self_attn.o_proj.weight")),  # type: ignore[arg-type]
+            gate_up=linear(gate_up, "post_attention_layernorm.weight"),  # type: ignore[arg-type]
+            down=linear(get("mlp.down_proj.weight")),  # type: ignore[arg-type]
         )
 
     def _place_streamed_weights(self) -> None:
         """Quantized weights are a few times smaller; they stay where they were loaded."""
+
+
+def _to_device(w: QWeight, device: torch.device) -> QWeight:
+    """`w` with its codes and scales on `device` (the same tuple when already there)."""
+    if w.qs.device == device:
+        return w
+    return type(w)(*(t.to(device) for t in w))
 
 
 def _dense(t: torch.Tensor | QWeight) -> torch.Tensor:

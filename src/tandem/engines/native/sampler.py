@@ -4,7 +4,10 @@ and logprobs of the processed distribution (after bias, penalties and masks, bef
 temperature).
 
 A temperature below `MIN_TEMPERATURE` is greedy: dividing fp32 logits by it overflows to
-inf (1e-38 does) and the distribution it stands for is the argmax anyway."""
+inf (1e-38 does) and the distribution it stands for is the argmax anyway.
+
+Logits stay on the model's device; a sampled row's probabilities come to the host for the
+draw, so seeded requests use CPU generators and draw the same tokens on every device."""
 
 from __future__ import annotations
 
@@ -144,7 +147,7 @@ class Sampler:
                 f"(temperature={params.temperature}, top_k={params.top_k}, top_p={params.top_p})"
             )
         gen = seq.generator or self.generator
-        return int(torch.multinomial(probs, 1, generator=gen))
+        return int(torch.multinomial(probs.cpu(), 1, generator=gen))
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> None:

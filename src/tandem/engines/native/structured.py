@@ -109,7 +109,8 @@ class GrammarMasks:
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
         self._executor: Any = None
-        self._bitmask = torch.empty(0, self.num_words, dtype=torch.int32)
+        # on the host whatever the model's device: llguidance writes it through a pointer
+        self._bitmask = torch.empty(0, self.num_words, dtype=torch.int32, device="cpu")
 
     def apply(self, logits: torch.Tensor, matchers: list[Any]) -> None:
         """Mask `logits` [rows, vocab] in place where `matchers[i]` (None = unconstrained)
@@ -121,7 +122,7 @@ class GrammarMasks:
             self._executor = llguidance.LLExecutor()
         batch = len(matchers)
         if self._bitmask.shape[0] < batch:
-            self._bitmask = torch.empty(batch, self.num_words, dtype=torch.int32)
+            self._bitmask = torch.empty(batch, self.num_words, dtype=torch.int32, device="cpu")
         bitmask = self._bitmask[:batch]
         bitmask.fill_(-1)
         self._executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), self.num_words * 4, batch)
@@ -131,10 +132,11 @@ class GrammarMasks:
         words = np.bitwise_not(bitmask.numpy())
         forbidden = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little").view(np.bool_)
         width = logits.shape[1]
-        if width <= forbidden.shape[1] and logits.is_contiguous():
+        on_cpu = logits.device.type == "cpu"
+        if width <= forbidden.shape[1] and logits.is_contiguous() and on_cpu:
             np.putmask(logits.numpy(), forbidden[:, :width], -np.inf)
             return
-        mask = torch.from_numpy(forbidden)
+        mask = torch.as_tensor(forbidden, device=logits.device)  # one host-to-device copy
         if width <= mask.shape[1]:
             logits.masked_fill_(mask[:, :width], float("-inf"))
         else:  # logits wider than the grammar's vocabulary: the extra ids are never valid

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from tandem.engines.native.config import WEIGHT_FORMATS, NativeConfig
+from tandem.engines.native.config import WEIGHT_FORMATS, NativeConfig, check_device
 from tandem.engines.native.engine import build_model
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import default_model_path, load_model_weights
@@ -31,6 +31,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="a .gguf or HF dir (default: SmolLM2 GGUF)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--num-threads", type=int, default=2)
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the native engines and HF run: cpu, cuda, cuda:N (llama.cpp: cpu only)",
+    )
     p.add_argument("--prompt-len", type=int, default=512, help="prefill benchmark length")
     p.add_argument("--decode-prompt-len", type=int, default=64)
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens timed per sequence")
@@ -53,30 +58,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def memcpy_gbps(num_bytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Memory traffic of a large tensor copy, counted as STREAM does (bytes read + bytes
-    written per second; best of `repeats`, after a first copy that faults the pages in)."""
-    src = torch.ones(num_bytes // 4)
+def _sync(device: str) -> None:
+    """Wait for the device's queued work (a CUDA step returns before it ran)."""
+    if device != "cpu":
+        torch.cuda.synchronize(device)
+
+
+def memcpy_gbps(num_bytes: int = 256 << 20, repeats: int = 5, device: str = "cpu") -> float:
+    """Memory traffic of a large tensor copy on `device`, counted as STREAM does (bytes read
+    + bytes written per second; best of `repeats`, after a first copy that faults the pages
+    in)."""
+    src = torch.ones(num_bytes // 4, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
+    _sync(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         dst.copy_(src)
+        _sync(device)
         best = min(best, time.perf_counter() - start)
     return float(2 * num_bytes / best / 1e9)
 
 
-def matvec_gbps(num_bytes: int = 256 << 20, repeats: int = 5) -> float:
+def matvec_gbps(num_bytes: int = 256 << 20, repeats: int = 5, device: str = "cpu") -> float:
     """Weight bytes read per second by a large fp32 mat-vec (what a batch-1 step does)."""
     rows = num_bytes // 4 // 4096
-    matrix = torch.ones(rows, 4096)
-    vec = torch.ones(4096)
+    matrix = torch.ones(rows, 4096, device=device)
+    vec = torch.ones(4096, device=device)
     torch.mv(matrix, vec)
+    _sync(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         torch.mv(matrix, vec)
+        _sync(device)
         best = min(best, time.perf_counter() - start)
     return float(rows * 4096 * 4 / best / 1e9)
 
@@ -156,9 +172,10 @@ def hf_model(config: Any, weights: dict[str, torch.Tensor], dtype: torch.dtype) 
 
 @torch.inference_mode()
 def hf_prefill_s(model: Any, args: argparse.Namespace, rng: random.Random) -> float:
-    ids = torch.tensor([_prompt(rng, args.prompt_len, args.vocab_size)])
+    ids = torch.tensor([_prompt(rng, args.prompt_len, args.vocab_size)], device=args.device)
     start = time.perf_counter()
     model(ids)
+    _sync(args.device)
     return time.perf_counter() - start
 
 
@@ -174,6 +191,7 @@ def hf_generate_s(model: Any, ids: torch.Tensor, new_tokens: int) -> float:
         do_sample=False,
         pad_token_id=0,
     )
+    _sync(str(ids.device))
     return time.perf_counter() - start
 
 
@@ -197,7 +215,7 @@ class HfBaseline(Baseline):
     def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float:
         """time(generate 1 + T) - time(generate 1): prefill excluded (nan when a neighbour
         slowed the 1-token run more than the full one)."""
-        t = torch.tensor(ids)
+        t = torch.tensor(ids, device=self.model.device)
         first = hf_generate_s(self.model, t, 1)
         full = hf_generate_s(self.model, t, 1 + new_tokens)
         return full - first if full > first else float("nan")
@@ -280,6 +298,12 @@ def decode_figures(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        raise SystemExit(f"tandem bench engine: {exc}") from exc
+    if args.llamacpp and args.device != "cpu":
+        raise SystemExit(f"--llamacpp with --device {args.device}: llama.cpp runs here on cpu")
     torch.set_num_threads(args.num_threads)
     dtype = getattr(torch, args.dtype)
     max_seqs = max(args.concurrency)
@@ -292,6 +316,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model=args.model,
             dtype=args.dtype,
             weights=fmt,
+            device=args.device,
             num_blocks=max(2048, max_seqs * 16),
             max_num_seqs=max_seqs,
             max_num_batched_tokens=max(args.prompt_len, 2048),
@@ -307,19 +332,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     baselines: dict[str, Baseline] = {}
     if not args.skip_hf:
         _, hf_config, weights = load_model_weights(args.model)
-        baselines["hf"] = HfBaseline(hf_model(hf_config, weights, dtype))
+        baselines["hf"] = HfBaseline(hf_model(hf_config, weights, dtype).to(args.device))
     if args.llamacpp:
         baselines["llama.cpp"] = LlamaCppBaseline(
             args.model or default_model_path(), args.num_threads
         )
     result: dict[str, Any] = {
         "model": config.name,
+        "device": args.device,
         "dtype": args.dtype,
         "threads": args.num_threads,
         "weight_bytes": weight_bytes,
         "engines": {name: {} for name in (*natives, *baselines)},
     }
-    bandwidth = [(memcpy_gbps(), matvec_gbps())]
+    device = args.device
+    bandwidth = [(memcpy_gbps(device=device), matvec_gbps(device=device))]
     for name, tok_s in prefill_figures(natives, baselines, args, rng).items():
         result["engines"][name]["prefill_tok_s"] = tok_s
     for n in args.concurrency:
@@ -329,7 +356,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result.setdefault("decode_steps_by_threads", {}).setdefault(name, {})[str(n)] = (
                 native.threads_used
             )
-        bandwidth.append((memcpy_gbps(), matvec_gbps()))
+        bandwidth.append((memcpy_gbps(device=device), matvec_gbps(device=device)))
     add_bounds(result, max(b[0] for b in bandwidth), max(b[1] for b in bandwidth))
     return result
 
@@ -348,7 +375,8 @@ def format_result(r: dict[str, Any]) -> str:
     engines = r["engines"]
     keys = [k for k in next(iter(engines.values())) if "@" in k]
     lines = [
-        f"model {r['model']}  dtype {r['dtype']}  threads {r['threads']}  "
+        f"model {r['model']}  device {r.get('device', 'cpu')}  dtype {r['dtype']}  "
+        f"threads {r['threads']}  "
         f"memcpy {r['memcpy_gbps']:.1f} GB/s  fp32 mat-vec read {r['matvec_gbps']:.1f} GB/s",
         f"{'':14}{'prefill tok/s':>15}"
         + "".join(f"{'decode@' + k.split('@')[1]:>13}" for k in keys),

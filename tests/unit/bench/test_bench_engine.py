@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tandem.bench.engine import main
 from tandem.engines.native.loader import random_weights, save_hf_dir
@@ -46,6 +47,8 @@ def test_bench_engine_reports_every_format_hf_and_bounds(tmp_path, capsys):
         "1",
         "--num-threads",
         "1",
+        "--device",
+        "cpu",
         "--json",
         str(out_json),
     ]
@@ -55,6 +58,7 @@ def test_bench_engine_reports_every_format_hf_and_bounds(tmp_path, capsys):
     assert "native-int4 / hf: prefill" in text and "native-int4 / native-fp32: prefill" in text
     assert "decode@4" in text.split("native-int4 / native-fp32:")[1]
     result = json.loads(out_json.read_text())
+    assert result["device"] == "cpu" and "device cpu" in text
     natives = ("native-fp32", "native-int8", "native-int4")
     assert set(result["engines"]) == {*natives, "hf"}
     for row in result["engines"].values():
@@ -63,3 +67,12 @@ def test_bench_engine_reports_every_format_hf_and_bounds(tmp_path, capsys):
     weights = result["weight_bytes"]
     assert weights["native-int4"] < weights["native-int8"] < weights["native-fp32"]
     assert all(result["bound_step_ms"][n] > 0 for n in natives)
+
+
+def test_bench_engine_refuses_a_device_it_cannot_use():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit, match="device='cuda' but torch.cuda.is_available"):
+        main(["--device", "cuda", "--skip-hf"])
+    with pytest.raises(SystemExit, match="device='tpu'; expected one of"):
+        main(["--device", "tpu", "--skip-hf"])

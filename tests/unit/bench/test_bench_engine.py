@@ -72,7 +72,7 @@ def test_bench_engine_reports_every_format_hf_and_bounds(tmp_path, capsys):
 def test_bench_engine_refuses_a_device_it_cannot_use():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(SystemExit, match="device='cuda' but torch.cuda.is_available"):
+    with pytest.raises(SystemExit, match=r"device='cuda' but torch\.cuda\.is_available"):
         main(["--device", "cuda", "--skip-hf"])
     with pytest.raises(SystemExit, match="device='tpu'; expected one of"):
         main(["--device", "tpu", "--skip-hf"])

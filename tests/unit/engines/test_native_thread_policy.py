@@ -46,3 +46,20 @@ def test_single_thread_configuration_never_probes():
     calls = []
     policy = ThreadPolicy(1, lambda: calls.append(1))
     assert policy.before_step() == 1 and calls == []
+
+
+def test_one_row_and_batched_steps_each_follow_their_own_probe():
+    """A decode step of one row streams weights and a batched or prefill step computes, so
+    the runner keeps one policy per kind, each probing its own shape."""
+    from native_tiny import request, tiny_core
+
+    core = tiny_core()
+    one_row, many_rows = core.runner.thread_policies
+    assert one_row.min_speedup < many_rows.min_speedup
+    one_row.before_step = lambda: 1  # type: ignore[method-assign]
+    many_rows.before_step = lambda: 2  # type: ignore[method-assign]
+    core.add(request("a", list(range(5, 17)), max_tokens=3))
+    while core.has_work():
+        core.step()
+    # the 12-token prefill ran as a many-row step, the two decodes as one-row steps
+    assert core.runner.steps_by_threads == {2: 1, 1: 2}

@@ -23,6 +23,7 @@ from tandem.engines.native.structured import GrammarMasks
 from tandem.engines.native.thread_policy import ThreadPolicy
 
 ROPE_MATRIX_MAX_TOKENS = 64  # steps this small apply RoPE as one bmm (fewer kernels)
+PROBE_ROWS = 16  # rows of the thread policy's probe for steps of more than one row
 
 
 class ModelRunner:
@@ -36,15 +37,26 @@ class ModelRunner:
         self.sampler = Sampler(seed)
         self.grammar_masks = GrammarMasks(model.config.vocab_size)
         probe_linear = model.layers[0].gate_up
-        probe_x = torch.ones(1, probe_linear.in_features, dtype=model.dtype, device=self.device)
-        self.thread_policy = ThreadPolicy(torch.get_num_threads(), lambda: probe_linear(probe_x))
+        one, many = (
+            torch.ones(rows, probe_linear.in_features, dtype=model.dtype, device=self.device)
+            for rows in (1, PROBE_ROWS)
+        )
+        threads = torch.get_num_threads()
+        # a one-row step streams weights (2 threads measured 1.10-1.17x one on a free host),
+        # a batched or prefill step computes (1.55-1.87x): each kind is probed with its own
+        # shape, so a memory-bound probe never keeps a compute-bound step on one thread
+        self.thread_policies = (
+            ThreadPolicy(threads, lambda: probe_linear(one), min_speedup=1.05),
+            ThreadPolicy(threads, lambda: probe_linear(many)),
+        )
         self.steps_by_threads: Counter[int] = Counter()
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, block_manager: BlockManager) -> dict[int, int]:
         """Forward the batch; returns {seq_id: sampled token} for sequences whose chunk
         reached the end of their tokens (the others are mid-prefill)."""
-        self.steps_by_threads[self.thread_policy.before_step()] += 1
+        policy = self.thread_policies[sum(batch.num_new_tokens) > 1]
+        self.steps_by_threads[policy.before_step()] += 1
         single = len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1
         single = single and self.device.type == "cpu"
         if single and not _next_is_image_row(batch.seqs[0]):  # image rows take the batch path

@@ -236,31 +236,51 @@ int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, 
 }
 
 #ifdef __AVX2__
-/* S[v][t0 : t0 + 8] = scale * (q_v . k_t) for the NQ query vectors of a row block against 8
- * keys, k read transposed (kt [d][cp]): one key load feeds NQ FMAs; each dot is summed
+/* the prefill kernels' vectors: 16 lanes with AVX-512 (half the broadcasts a FLOP), else 8 */
+#ifdef __AVX512F__
+#define PW 16
+typedef __m512 pvec;
+#define P_ZERO _mm512_setzero_ps
+#define P_LOAD _mm512_loadu_ps
+#define P_STORE _mm512_storeu_ps
+#define P_SET1 _mm512_set1_ps
+#define P_FMA _mm512_fmadd_ps
+#define P_MUL _mm512_mul_ps
+#else
+#define PW 8
+typedef __m256 pvec;
+#define P_ZERO _mm256_setzero_ps
+#define P_LOAD _mm256_loadu_ps
+#define P_STORE _mm256_storeu_ps
+#define P_SET1 _mm256_set1_ps
+#define P_FMA _mm256_fmadd_ps
+#define P_MUL _mm256_mul_ps
+#endif
+
+/* S[v][t0 : t0 + PW] = scale * (q_v . k_t) for the NQ query vectors of a row block against
+ * PW keys, k read transposed (kt [d][cp]): one key load feeds NQ FMAs; each dot is summed
  * over i in order, so a row's scores do not depend on the block it sits in. */
 static inline __attribute__((always_inline)) void score_block(
-    int NQ, const float *const *qv, const float *kt, int64_t cp, int64_t d, int64_t nk8,
+    int NQ, const float *const *qv, const float *kt, int64_t cp, int64_t d, int64_t nkw,
     float scale, float *S) {
-    const __m256 sv = _mm256_set1_ps(scale);
-    for (int64_t t0 = 0; t0 < nk8; t0 += 8) {
-        __m256 acc[12];
-        for (int v = 0; v < NQ; v++) acc[v] = _mm256_setzero_ps();
+    const pvec sv = P_SET1(scale);
+    for (int64_t t0 = 0; t0 < nkw; t0 += PW) {
+        pvec acc[12];
+        for (int v = 0; v < NQ; v++) acc[v] = P_ZERO();
         for (int64_t i = 0; i < d; i++) {
-            const __m256 k8 = _mm256_loadu_ps(kt + i * cp + t0);
-            for (int v = 0; v < NQ; v++)
-                acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(qv[v][i]), k8, acc[v]);
+            const pvec kw = P_LOAD(kt + i * cp + t0);
+            for (int v = 0; v < NQ; v++) acc[v] = P_FMA(P_SET1(qv[v][i]), kw, acc[v]);
         }
-        for (int v = 0; v < NQ; v++) _mm256_storeu_ps(S + v * cp + t0, _mm256_mul_ps(acc[v], sv));
+        for (int v = 0; v < NQ; v++) P_STORE(S + v * cp + t0, P_MUL(acc[v], sv));
     }
 }
 
-/* out_v[c : c + 8] = sum over t < nk of S[v][t] v_t[c : c + 8], in t order (as
+/* out_v[c : c + PW] = sum over t < nk of S[v][t] v_t[c : c + PW], in t order (as
  * weigh_values: a row's result is the decode kernel's arithmetic for its weights) */
 static inline __attribute__((always_inline)) void weigh_block(
     int NQ, const float *S, int64_t cp, int64_t nk, int64_t d, const float *vc, int64_t kv,
     int64_t bs, const int64_t *table, float *const *ov) {
-    enum { TB = 64 }; /* keys a pass: their value rows stay in L1 across the d / 8 chunks */
+    enum { TB = 64 }; /* keys a pass: their value rows stay in L1 across the d / PW chunks */
     for (int64_t t0 = 0; t0 < nk; t0 += TB) {
         const int64_t nt = nk - t0 < TB ? nk - t0 : TB;
         const float *vr[TB];
@@ -268,16 +288,14 @@ static inline __attribute__((always_inline)) void weigh_block(
             const int64_t p = t0 + t;
             vr[t] = vc + (table[p / bs] * bs + p % bs) * kv;
         }
-        for (int64_t c = 0; c < d; c += 8) {
-            __m256 acc[12];
-            for (int v = 0; v < NQ; v++)
-                acc[v] = t0 ? _mm256_loadu_ps(ov[v] + c) : _mm256_setzero_ps();
+        for (int64_t c = 0; c < d; c += PW) {
+            pvec acc[12];
+            for (int v = 0; v < NQ; v++) acc[v] = t0 ? P_LOAD(ov[v] + c) : P_ZERO();
             for (int64_t t = 0; t < nt; t++) {
-                const __m256 vv = _mm256_loadu_ps(vr[t] + c);
-                for (int v = 0; v < NQ; v++)
-                    acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(S[v * cp + t0 + t]), vv, acc[v]);
+                const pvec vv = P_LOAD(vr[t] + c);
+                for (int v = 0; v < NQ; v++) acc[v] = P_FMA(P_SET1(S[v * cp + t0 + t]), vv, acc[v]);
             }
-            for (int v = 0; v < NQ; v++) _mm256_storeu_ps(ov[v] + c, acc[v]);
+            for (int v = 0; v < NQ; v++) P_STORE(ov[v] + c, acc[v]);
         }
     }
 }
@@ -297,7 +315,7 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
     if (T <= 0) return 0;
     int failed = 0;
 #ifdef __AVX2__
-    if (d % 8 == 0 && group <= 12) {
+    if (d % PW == 0 && group <= 12) {
         /* kt rows one cache line longer than a multiple of 16 floats: the d rows a score
          * pass reads at once then fall in different L1 sets (a power-of-two stride put
          * them all in one set: 1.2-1.4x slower at 2048 keys) */
@@ -332,7 +350,7 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
                     switch (NQ) {
 #define X(n)                                                                                \
     case n:                                                                                 \
-        score_block(n, qv, kt + h * d * cp, cp, d, (nk + 7) / 8 * 8, scale, S);             \
+        score_block(n, qv, kt + h * d * cp, cp, d, (nk + PW - 1) / PW * PW, scale, S);             \
         break;
                         NQ_CASES(X)
 #undef X

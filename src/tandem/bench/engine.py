@@ -232,7 +232,8 @@ class LlamaCppBaseline(Baseline):
                 "--llamacpp needs llama-cpp-python (pip install llama-cpp-python; it builds "
                 "llama.cpp from source in ~8 min)"
             ) from exc
-        self.llm = Llama(model_path=path, n_ctx=4096, n_threads=threads, verbose=False)
+        # Any: llama-cpp-python is untyped where installed (mypy checks calls into it)
+        self.llm: Any = Llama(model_path=path, n_ctx=4096, n_threads=threads, verbose=False)
 
     def prefill_s(self, args: argparse.Namespace, rng: random.Random) -> float:
         self.llm.reset()

@@ -78,6 +78,12 @@ typedef __m256 vec;
 #define NV (TN / VW) /* vectors per tile row */
 #endif
 
+#if ISA == 512 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define VNNI 1 /* the integer path below, with its own packed layout */
+#else
+#define VNNI 0
+#endif
+
 #define INLINE static inline __attribute__((always_inline))
 
 /* which path this build runs: 512 (AVX-512), 256 (AVX2 + FMA) or 0 (scalar) */
@@ -85,10 +91,10 @@ int tq_isa(void) { return ISA; }
 
 /* ------------------------------------------------------------------ packing */
 
-__attribute__((unused)) static void pack(int kind, const uint8_t *qs, const float *d, const float *m, int64_t N,
+static void pack(int kind, const uint8_t *qs, const float *d, const float *m, int64_t N,
                  int64_t K, uint8_t *pq, float *pd, float *pm) {
-    const int64_t G = K / GROUP, T = (N + TN - 1) / TN, rb = kind == 4 ? TN / 2 : TN;
-    memset(pq, 0, (size_t)(T * K * rb));
+    const int64_t G = K / GROUP, T = (N + TN - 1) / TN, tile = K * (kind == 4 ? TN / 2 : TN);
+    memset(pq, 0, (size_t)(T * tile));
     memset(pd, 0, sizeof(float) * (size_t)(T * G * TN));
     memset(pm, 0, sizeof(float) * (size_t)(T * G * TN));
     for (int64_t n = 0; n < N; n++) {
@@ -105,15 +111,27 @@ __attribute__((unused)) static void pack(int kind, const uint8_t *qs, const floa
             } else {
                 q = qs[n * K + k];
             }
-            uint8_t *o = pq + (t * K + k) * rb;
-            if (kind == 4)
-                o[c % 16] |= (uint8_t)(c < 16 ? q : q << 4);
-            else
-                o[c] = (uint8_t)q;
+#if VNNI /* quads of 4 k: byte 4 (c mod 16) + k mod 4; columns 16.. in the high nibbles
+          * (q4) or the next 64 bytes (q8) */
+            uint8_t *o = pq + t * tile + (k / 4) * (kind == 4 ? 64 : 128) + 4 * (c % 16) + k % 4;
+            if (kind == 8 && c >= 16) o += 64;
+#else /* k-major: byte c (q8), or c mod 16 with columns 16.. in the high nibbles (q4) */
+            uint8_t *o = pq + t * tile + k * (kind == 4 ? 16 : 32) + (kind == 4 ? c % 16 : c);
+#endif
+            *o |= (uint8_t)(kind == 4 && c >= 16 ? q << 4 : q);
         }
     }
 }
 
+void tq_pack_q4(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,
+                uint8_t *pq, float *pd, float *pm) {
+    pack(4, qs, d, m, N, K, pq, pd, pm);
+}
+
+void tq_pack_q8(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,
+                uint8_t *pq, float *pd, float *pm) {
+    pack(8, qs, d, m, N, K, pq, pd, pm);
+}
 
 /* ------------------------------------------------------------------ micro-kernels */
 
@@ -307,7 +325,7 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
 #endif
 
 /* ------------------------------------------------------------------ VNNI path */
-#if ISA == 512 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if VNNI
 /* Where AVX512-VNNI is present the codes are never widened: each row's activations are
  * rounded to 15-bit integers per group of 32 (scale s = max|x| / 16383, xq = rint(x / s))
  * and split into two signed bytes, xq = 128 xh + xl (xh in -128..127, xl in 0..127), so
@@ -321,43 +339,12 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
  * 3e-7, every greedy token the same); int8 activations (KL 5e-3) were not good enough.
  * Packed layout (this build's tq_pack_*): a tile is K/4 quads of 4 consecutive k; per
  * quad, byte 4c + i holds column c at k = 4j + i, c in 0..15; q4 keeps columns c + 16 in
- * the high nibbles (64 bytes a quad), q8 has them in the next 64 bytes (128 a quad). */
-#define VNNI 1
+ * the high nibbles (64 bytes a quad), q8 has them in the next 64 bytes (128 a quad); `pack`. */
 #define XBITS 15
 #define XMAX 16383
 #define VR 4 /* rows per block: 4 int32 + 2 fp32 sums a row = 24 zmm (6 rows spill: 1.6x slower) */
 
 int tq_activation_bits(void) { return XBITS; }
-
-static void vpack(int kind, const uint8_t *qs, const float *d, const float *m, int64_t N,
-                  int64_t K, uint8_t *pq, float *pd, float *pm) {
-    const int64_t G = K / GROUP, T = (N + TN - 1) / TN, qb = kind == 4 ? 64 : 128;
-    memset(pq, 0, (size_t)(T * (K / 4) * qb));
-    memset(pd, 0, sizeof(float) * (size_t)(T * G * TN));
-    memset(pm, 0, sizeof(float) * (size_t)(T * G * TN));
-    for (int64_t n = 0; n < N; n++) {
-        const int64_t t = n / TN, c = n % TN;
-        for (int64_t g = 0; g < G; g++) {
-            pd[(t * G + g) * TN + c] = d[n * G + g];
-            pm[(t * G + g) * TN + c] = m[n * G + g];
-        }
-        for (int64_t k = 0; k < K; k++) {
-            int q;
-            if (kind == 4) {
-                const uint8_t b = qs[n * (K / 2) + (k / GROUP) * 16 + (k % 16)];
-                q = (k % GROUP) < 16 ? (b & 0x0f) : (b >> 4);
-            } else {
-                q = qs[n * K + k];
-            }
-            uint8_t *o = pq + (t * (K / 4) + k / 4) * qb;
-            const int64_t i = k % 4;
-            if (kind == 4)
-                o[4 * (c % 16) + i] |= (uint8_t)(c < 16 ? q : q << 4);
-            else
-                o[4 * c + i] = (uint8_t)q;
-        }
-    }
-}
 
 /* row r of x (times alpha and cs) as xh, xl [K] bytes, sc [G] scales, xs [G] = s * sum xq */
 static void quantize_row(const float *x, int64_t K, float alpha, const float *cs, int8_t *xh,
@@ -508,20 +495,9 @@ static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, co
     return 0;
 }
 #else
-#define VNNI 0
-#define vpack pack
 int tq_activation_bits(void) { return 32; }
 #endif
 
-void tq_pack_q4(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,
-                uint8_t *pq, float *pd, float *pm) {
-    vpack(4, qs, d, m, N, K, pq, pd, pm);
-}
-
-void tq_pack_q8(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,
-                uint8_t *pq, float *pd, float *pm) {
-    vpack(8, qs, d, m, N, K, pq, pd, pm);
-}
 
 /* ------------------------------------------------------------------ GEMM */
 

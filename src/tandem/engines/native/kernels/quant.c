@@ -342,7 +342,7 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
  * the high nibbles (64 bytes a quad), q8 has them in the next 64 bytes (128 a quad); `pack`. */
 #define XBITS 15
 #define XMAX 16383
-#define VR 4 /* rows per block: 4 int32 + 2 fp32 sums a row = 24 zmm (6 rows spill: 1.6x slower) */
+#define VR 4 /* rows per block: 4 int32 + 2 fp32 sums a row = 24 zmm (6 rows spill: ~2x slower) */
 
 int tq_activation_bits(void) { return XBITS; }
 

@@ -27,6 +27,9 @@ READY = "tandem serve ready"
 ROUTED = re.compile(
     r'^tandem_router_routed_requests_total\{worker_id="([^"]+)"[^}]*\} (\d+)$', re.M
 )
+ACTIVE = re.compile(
+    r"^tandem_frontend_worker_active_(?:decode_blocks|prefill_tokens)\{[^}]*\} (\S+)$", re.M
+)
 STORED = re.compile(
     r'^tandem_router_kv_events_total\{type="stored",status="applied"[^}]*\} (\d+)$', re.M
 )
@@ -101,6 +104,18 @@ async def wait_stored_events(session: aiohttp.ClientSession, url: str, count: in
             await asyncio.sleep(0.02)
 
 
+async def wait_idle(session: aiohttp.ClientSession, url: str) -> None:
+    """Until the router sees no active blocks or unprefilled tokens on any worker (a finished
+    request's bookkeeping can trail its HTTP response a little)."""
+    async with asyncio.timeout(10):
+        while True:
+            async with session.get(url + "/metrics") as resp:
+                loads = [float(v) for v in ACTIVE.findall(await resp.text())]
+            if len(loads) >= 2 * NUM_WORKERS and not any(loads):
+                return
+            await asyncio.sleep(0.02)
+
+
 def random_tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(100, 40_000) for _ in range(n)]
 
@@ -121,6 +136,7 @@ async def test_shared_prefixes_hit_their_worker_and_unrelated_requests_spread(tm
         prompt = sum(u["prompt_tokens"] for u in usages)
         assert cached / prompt > 0.8, f"KV hit rate {cached / prompt:.2f}"
 
+        await wait_idle(session, url)  # the spread below is a claim about idle workers
         before = await routed_per_worker(session, url)
         await asyncio.gather(
             *(complete(session, url, random_tokens(rng, 6 * BLOCK)) for _ in range(12))

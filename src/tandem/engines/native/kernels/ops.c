@@ -198,6 +198,16 @@ static void attend(const float *q, int64_t group, int64_t d, const float *kc, co
     }
 }
 
+/* a thread's scratch of n floats; NULL (and *failed set) when it cannot be had */
+static float *scratch(int64_t n, int *failed) {
+    float *p = malloc(sizeof(float) * (size_t)n);
+    if (p == NULL) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return p;
+}
+
 int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, int64_t KVH,
                         int64_t d, const float *kc, const float *vc, int64_t bs,
                         const int64_t *tables, int64_t W, const int64_t *ctx_lens, float scale,
@@ -215,11 +225,8 @@ int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, 
     int failed = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1 && items > 1 && work * KVH * d >= 32768)
     {
-        float *scores = malloc((size_t)(group * max_ctx) * sizeof(float));
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
+        float *scores = scratch(group * max_ctx, &failed);
+        if (scores != NULL) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t it = 0; it < units; it++) {
                 const int64_t i = per_seq ? it : it / KVH;
@@ -329,11 +336,8 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
                 const float *k = t < ctx ? kc + (table[t / bs] * bs + t % bs) * kv : NULL;
                 for (int64_t j = 0; j < kv; j++) kt[j * cp + t] = k ? k[j] : 0.f;
             }
-            float *S = malloc(sizeof(float) * (size_t)(12 * cp));
-            if (S == NULL) {
-#pragma omp atomic write
-                failed = 1;
-            } else {
+            float *S = scratch(12 * cp, &failed);
+            if (S != NULL) {
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t u = 0; u < nrb * KVH; u++) {
                     const int64_t b = nrb - 1 - u / KVH, h = u % KVH; /* longest rows first */
@@ -350,7 +354,7 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
                     switch (NQ) {
 #define X(n)                                                                                \
     case n:                                                                                 \
-        score_block(n, qv, kt + h * d * cp, cp, d, (nk + PW - 1) / PW * PW, scale, S);             \
+        score_block(n, qv, kt + h * d * cp, cp, d, (nk + PW - 1) / PW * PW, scale, S);      \
         break;
                         NQ_CASES(X)
 #undef X
@@ -378,11 +382,8 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
 #endif
 #pragma omp parallel num_threads(nt) if (nt > 1 && T * ctx * kv >= 65536)
     {
-        float *S = malloc(sizeof(float) * (size_t)(group * ctx));
-        if (S == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
+        float *S = scratch(group * ctx, &failed);
+        if (S != NULL) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < T * KVH; u++) {
                 const int64_t r = T - 1 - u / KVH, h = u % KVH;

@@ -1,5 +1,6 @@
 """Compile one of the native engine's C files into a shared library in the cache dir
-(`$TANDEM_CACHE_DIR/kernels`, keyed by source, compiler and flags; idempotent)."""
+(`$TANDEM_CACHE_DIR/kernels`, keyed by source, the headers beside it, compiler and flags;
+idempotent)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def compiler() -> str | None:
 
 def library_path(source: Path, prefix: str, cc: str, flags: tuple[str, ...]) -> Path:
     root = os.environ.get("TANDEM_CACHE_DIR", str(Path.home() / ".cache" / "tandem"))
-    key = hashlib.sha256(source.read_bytes() + " ".join((cc, *flags)).encode())
+    # the headers beside the source are part of it (kernels/vmath.h)
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(source.read_bytes() + headers + " ".join((cc, *flags)).encode())
     return Path(root) / "kernels" / f"{prefix}-{key.hexdigest()[:16]}.so"
 
 

@@ -24,6 +24,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#include "vmath.h"
 
 int to_has_avx2(void) {
 #ifdef __AVX2__
@@ -97,17 +98,27 @@ static inline __m256 dot8(const float *q, const float *const *k, int64_t d) {
 }
 #endif
 
-static inline float exp_s(float x);
-#ifdef __AVX2__
-static inline __m256 exp_v(__m256 x);
-#endif
-
 /* s[i] = exp(s[i] - max) / sum over the row; the vector/scalar split depends only on n. */
 static void softmax(float *s, int64_t n) {
     float m = -INFINITY, sum = 0.f;
-    for (int64_t t = 0; t < n; t++) m = s[t] > m ? s[t] : m;
     int64_t t = 0;
-#ifdef __AVX2__
+#if defined(__AVX512F__)
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (; t + 16 <= n; t += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + t));
+    m = _mm512_reduce_max_ps(mx);
+#endif
+    for (; t < n; t++) m = s[t] > m ? s[t] : m;
+    t = 0;
+#if defined(__AVX512F__)
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (; t + 16 <= n; t += 16) {
+        const __m512 e = exp_w(_mm512_sub_ps(_mm512_loadu_ps(s + t), mv));
+        _mm512_storeu_ps(s + t, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__)
     __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
     for (; t + 8 <= n; t += 8) {
         __m256 e = exp_v(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
@@ -396,49 +407,6 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
     return failed ? -1 : 0;
 }
 
-/* exp by Cody-Waite reduction and a degree-6 polynomial (Cephes expf coefficients), the
- * same operations in the vector and the scalar path so every element rounds alike. */
-#define EXP_HI 88.3762626647949f
-#define EXP_LO -87.3365447504f
-#define LOG2E 1.44269504088896341f
-#define LN2_HI 0.693359375f
-#define LN2_LO -2.12194440e-4f
-#define P0 1.9875691500E-4f
-#define P1 1.3981999507E-3f
-#define P2 8.3334519073E-3f
-#define P3 4.1665795894E-2f
-#define P4 1.6666665459E-1f
-#define P5 5.0000001201E-1f
-
-static inline float exp_s(float x) {
-    x = fminf(fmaxf(x, EXP_LO), EXP_HI);
-    float n = floorf(fmaf(x, LOG2E, 0.5f));
-    float r = fmaf(n, -LN2_HI, x);
-    r = fmaf(n, -LN2_LO, r);
-    float p = fmaf(fmaf(fmaf(fmaf(fmaf(P0, r, P1), r, P2), r, P3), r, P4), r, P5);
-    p = fmaf(p * r, r, r) + 1.f;
-    union { float f; int32_t i; } u = {.f = p};
-    u.i += (int32_t)n << 23;
-    return u.f;
-}
-
-#ifdef __AVX2__
-static inline __m256 exp_v(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
-    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.f));
-    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-}
-#endif
-
 /* out[t, j] = silu(gu[t, j]) * gu[t, ffn + j]; gu [T, 2 ffn], out [T, ffn]. */
 void to_silu_mul(const float *gu, int64_t T, int64_t ffn, float *out, int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && T * ffn >= 65536)
@@ -446,16 +414,15 @@ void to_silu_mul(const float *gu, int64_t T, int64_t ffn, float *out, int nt) {
         const float *g = gu + t * 2 * ffn, *u = g + ffn;
         float *o = out + t * ffn;
         int64_t j = 0;
-#ifdef __AVX2__
-        const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
-        for (; j + 8 <= ffn; j += 8) {
-            __m256 x = _mm256_loadu_ps(g + j);
-            __m256 e = exp_v(_mm256_sub_ps(zero, x));
-            __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(o + j, _mm256_mul_ps(y, _mm256_loadu_ps(u + j)));
-        }
+#ifdef __AVX512F__
+        for (; j + 16 <= ffn; j += 16)
+            _mm512_storeu_ps(o + j, silu_mul_w(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));
 #endif
-        for (; j < ffn; j++) o[j] = g[j] / (1.f + exp_s(-g[j])) * u[j];
+#ifdef __AVX2__
+        for (; j + 8 <= ffn; j += 8)
+            _mm256_storeu_ps(o + j, silu_mul_v(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));
+#endif
+        for (; j < ffn; j++) o[j] = silu_mul_s(g[j], u[j]);
     }
 }
 

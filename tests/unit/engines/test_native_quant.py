@@ -80,6 +80,85 @@ def test_rows_are_bit_identical_whatever_batch_they_ride_in(libs, fmt, variant):
             assert torch.equal(alone, together[part]), (rows, start)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_glu_projection_is_silu_of_gate_times_up_bit_for_bit(libs, fmt, variant):
+    """glu=True (gate/up rows interleaved by `glu_rows`) gives exactly what the separate
+    projection and ops.silu_mul give: each column's sums are the same, and the activation is
+    the same operations (kernels/vmath.h) in every build; rows stay batch-independent."""
+    from tandem.engines.native.ops import cpu_ops
+
+    gen = torch.Generator().manual_seed(7)
+    lib, ffn, k = libs[variant], 96, 576
+    source = quant.convert(torch.randn(2 * ffn, k, generator=gen) * 0.1, fmt)
+    plain, fused = quant.pack(source, lib), quant.pack(quant.glu_rows(source), lib)
+    col_scale = torch.rand(k, generator=gen) + 0.5
+    x = torch.randn(64, k, generator=gen)
+    together = quant.matmul(fused, x, alpha=0.5, col_scale=col_scale, glu=True, lib=lib)
+    gate_up = quant.matmul(plain, x, alpha=0.5, col_scale=col_scale, lib=lib)
+    ops = cpu_ops(torch.float32)
+    assert ops is not None
+    assert together.shape == (64, ffn)
+    assert torch.equal(together, ops.silu_mul(gate_up))
+    for rows in (1, 3, 13):
+        alone = quant.matmul(
+            fused, x[5 : 5 + rows], alpha=0.5, col_scale=col_scale, glu=True, lib=lib
+        )
+        assert torch.equal(alone, together[5 : 5 + rows]), rows
+    with pytest.raises(ValueError, match="glu needs N a multiple of 32"):
+        quant.matmul(quant.pack(quant.convert(torch.randn(48, k), fmt), lib), x, glu=True, lib=lib)
+    with pytest.raises(ValueError, match="a glu weight needs a multiple of 32 rows"):
+        quant.glu_rows(quant.convert(torch.randn(48, k), fmt))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fused_rms_norm_normalizes_each_row_alone(libs, variant):
+    """norm_eps divides each row by its RMS inside the kernel: the result is the projection
+    of the normalized rows (to fp32 rounding of the factor), and a row's result does not
+    depend on what it is batched with."""
+    gen = torch.Generator().manual_seed(3)
+    lib, n, k, eps = libs[variant], 77, 576, 1e-5
+    w = quant.pack(quant.convert(torch.randn(n, k, generator=gen), "int4"), lib)
+    col_scale = torch.rand(k, generator=gen) + 0.5
+    x = torch.randn(40, k, generator=gen) * torch.rand(40, 1, generator=gen) * 10
+    res = torch.randn(40, n, generator=gen)
+    y = quant.matmul(w, x, res, col_scale=col_scale, norm_eps=eps, lib=lib)
+    normed = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps)
+    ref = quant.matmul(w, normed.float(), res, col_scale=col_scale, lib=lib)
+    assert torch.allclose(y, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    for start, rows in ((0, 1), (9, 4), (20, 20)):
+        alone = quant.matmul(
+            w, x[start : start + rows], res[start : start + rows], col_scale=col_scale,
+            norm_eps=eps, lib=lib,
+        )  # fmt: skip
+        assert torch.equal(alone, y[start : start + rows]), (start, rows)
+
+
+def test_quant_linear_glu_and_norm_agree_on_the_c_and_torch_paths(monkeypatch):
+    gen = torch.Generator().manual_seed(11)
+    w = quant.quantize_q4(torch.randn(64, 96, generator=gen))
+    col_scale = torch.rand(96, generator=gen) + 0.5
+    x = torch.randn(5, 96, generator=gen)
+    c_path = quant.QuantLinear(w, col_scale=col_scale, glu=True)
+    monkeypatch.setenv(quant.KERNELS_ENV, "torch")
+    torch_path = quant.QuantLinear(w, col_scale=col_scale, glu=True)
+    assert c_path.out_features == torch_path.out_features == 32
+    a, b = c_path(x, norm_eps=1e-5), torch_path(x, norm_eps=1e-5)
+    assert a.shape == b.shape == (5, 32)
+    # the C build may round activations to 15 bits (VNNI): agreement to that rounding
+    assert torch.allclose(a, b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
+    with pytest.raises(ValueError, match="no residual"):
+        torch_path(x, torch.zeros(5, 32))
+    with pytest.raises(ValueError, match="a glu weight needs a multiple of 32 rows"):
+        quant.QuantLinear(quant.quantize_q4(torch.randn(48, 96)), glu=True)
+    # the fp32 Linear honours norm_eps too (the forwards normalize before it instead)
+    from tandem.engines.native.linear import Linear
+
+    dense = Linear(quant.dequantize(w), pack=False)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert torch.allclose(dense(x, norm_eps=1e-5), dense(normed), rtol=1e-5, atol=1e-5)
+
+
 def test_builds_use_the_vectors_they_were_compiled_for(libs):
     assert libs["portable"].tq_isa() == 0
     assert libs["avx2"].tq_isa() == 256

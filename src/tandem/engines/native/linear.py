@@ -38,6 +38,8 @@ class Linear:
     """y = x @ W^T, optionally + residual. Immutable after construction; thread-safe."""
 
     __slots__ = ("packed", "weight_t")
+    fuses_norm = False  # an RMSNorm is applied before the call (QuantLinear: in it)
+    glu = False  # the output is the projection itself (QuantLinear: may be silu(gate) * up)
 
     def __init__(self, weight: torch.Tensor, *, pack: bool) -> None:
         self.weight_t = weight.t().contiguous()  # [in, out]
@@ -48,9 +50,18 @@ class Linear:
             )
 
     def __call__(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, alpha: float = 1.0
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        *,
+        alpha: float = 1.0,
+        norm_eps: float | None = None,
     ) -> torch.Tensor:
-        """(alpha * x) @ W^T (+ residual); alpha rides addmm's scale (no extra kernel)."""
+        """(alpha * x) @ W^T (+ residual); alpha rides addmm's scale (no extra kernel).
+        `norm_eps`: x's rows are RMS-normalized first (a separate pass here: the model
+        forwards normalize with the C ops instead, `fuses_norm` being False)."""
+        if norm_eps is not None:
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps)
         if self.packed is None or x.shape[0] == 1:
             if residual is None:
                 if alpha == 1.0:

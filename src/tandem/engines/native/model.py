@@ -233,9 +233,7 @@ class LlamaModel:
             )
             x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
             gate_up = layer.gate_up(_rms_normalize(x, inv_n, eps))
-            ffn = gate_up.shape[1] // 2
-            act = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
-            x = layer.down(act, residual=x)
+            x = layer.down(_silu_mul(layer.gate_up, gate_up), residual=x)
         return _rms_normalize(x[rows], inv_n, eps)
 
     def _hidden_c(
@@ -263,7 +261,7 @@ class LlamaModel:
         positions = meta.positions
         assert positions is not None
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
-            qkv = layer.qkv(ops.rms_normalize(x, eps)).contiguous()
+            qkv = _normed(ops, layer.qkv, x, eps).contiguous()
             ops.rope_store(
                 qkv, heads, kv_heads, positions, self.cos, self.sin, meta.slot_mapping,
                 kv.k_slots, kv.v_slots,
@@ -280,8 +278,7 @@ class LlamaModel:
                     attn_out[span.start : span.end],
                 )  # fmt: skip
             x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
-            gate_up = layer.gate_up(ops.rms_normalize(x, eps)).contiguous()
-            x = layer.down(ops.silu_mul(gate_up), residual=x)
+            x = layer.down(_ffn_act(ops, layer.gate_up, x, eps), residual=x)
         return ops.rms_normalize(x[rows].contiguous(), eps)
 
     @staticmethod
@@ -302,7 +299,7 @@ class LlamaModel:
             return self._decode_one_c(ops, token, step, kv_cache)
         c = self.config
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
-        group, k_end, ffn = heads // kv_heads, (heads + kv_heads) * dim, c.intermediate_size
+        group, k_end = heads // kv_heads, (heads + kv_heads) * dim
         inv_n, eps, scale = 1.0 / c.hidden_size, c.rms_norm_eps, self.attn_scale
         attn = torch.empty(kv_heads, group, dim, dtype=self.dtype, device=self.device)
         rope = step.rope if step.rope is not None else self.rope_matrix(step.ctx_len - 1)
@@ -319,8 +316,7 @@ class LlamaModel:
             torch.bmm(scores.softmax(-1), values.transpose(0, 1), out=attn)
             x = layer.o(attn.view(1, -1), residual=x)
             gate_up = layer.gate_up(x, alpha=_rms_scale(x, inv_n, eps))
-            act = F.silu(gate_up[:, :ffn]).mul_(gate_up[:, ffn:])
-            x = layer.down(act, residual=x)
+            x = layer.down(_silu_mul(layer.gate_up, gate_up), residual=x)
         return x * _rms_scale(x, inv_n, eps)
 
     def _decode_one_c(
@@ -335,7 +331,7 @@ class LlamaModel:
         attn = torch.empty(1, heads * dim, dtype=self.dtype, device=self.device)
         x = self.embed[token].unsqueeze(0)
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
-            qkv = layer.qkv(x, alpha=ops.rms_scale(x, eps)).contiguous()
+            qkv = _normed(ops, layer.qkv, x, eps, one_row=True).contiguous()
             ops.rope_store(
                 qkv, heads, kv_heads, pos, self.cos, self.sin, slot, kv.k_slots, kv.v_slots
             )
@@ -343,8 +339,7 @@ class LlamaModel:
                 qkv, 1, heads, kv.k_slots, kv.v_slots, bs, table, ctx, scale, attn
             )  # fmt: skip
             x = layer.o(attn, residual=x)
-            gate_up = layer.gate_up(x, alpha=ops.rms_scale(x, eps)).contiguous()
-            x = layer.down(ops.silu_mul(gate_up), residual=x)
+            x = layer.down(_ffn_act(ops, layer.gate_up, x, eps, one_row=True), residual=x)
         return x * ops.rms_scale(x, eps)
 
     def kv_views(self, kv_cache: torch.Tensor) -> list[KvViews]:
@@ -375,3 +370,33 @@ def _rms_scale(x: torch.Tensor, inv_n: float, eps: float) -> float:
     """1 / RMS of the single row x (the RMSNorm factor; its weight is folded downstream)."""
     row = x[0]
     return 1.0 / math.sqrt(float(torch.dot(row, row)) * inv_n + eps)
+
+
+def _normed(
+    ops: CpuOps, lin: Linear, x: torch.Tensor, eps: float, *, one_row: bool = False
+) -> torch.Tensor:
+    """lin(RMSNorm(x)), the norm's weight folded into `lin`: in `lin`'s own kernel where it
+    fuses the norm (a QuantLinear: the same arithmetic for one row or many), else x is
+    normalized first (one row: as a scalar factor riding the projection)."""
+    if lin.fuses_norm:
+        return lin(x, norm_eps=eps)
+    if one_row:
+        return lin(x, alpha=ops.rms_scale(x, eps))
+    return lin(ops.rms_normalize(x, eps))
+
+
+def _ffn_act(
+    ops: CpuOps, gate_up: Linear, x: torch.Tensor, eps: float, *, one_row: bool = False
+) -> torch.Tensor:
+    """silu(gate) * up of RMSNorm(x) through the fused gate/up projection: one kernel where
+    the projection computes the activation itself (a glu QuantLinear), else two."""
+    y = _normed(ops, gate_up, x, eps, one_row=one_row)
+    return y if gate_up.glu else ops.silu_mul(y.contiguous())
+
+
+def _silu_mul(gate_up: Linear, y: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up from the gate/up projection's output (already that for a glu one)."""
+    if gate_up.glu:
+        return y
+    ffn = y.shape[1] // 2
+    return F.silu(y[:, :ffn]).mul_(y[:, ffn:])

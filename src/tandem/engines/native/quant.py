@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from tandem.engines.native.cbuild import CBuildError, compile_c
 
@@ -82,8 +83,8 @@ def load_library(path: Path) -> ctypes.CDLL:
     """A kernel library with its function signatures declared."""
     lib = ctypes.CDLL(str(path))
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    lib.tq_gemm_q4.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
-    lib.tq_gemm_q8.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32]
+    lib.tq_gemm_q4.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32, f32, i32]
+    lib.tq_gemm_q8.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, i32, f32, i32]
     lib.tq_dequant_q4.argtypes = [p, p, p, i64, i64, p, i32]
     lib.tq_dequant_q8.argtypes = [p, p, p, i64, i64, p, i32]
     lib.tq_pack_q4.argtypes = [p, p, p, i64, i64, p, p, p]
@@ -307,15 +308,20 @@ def matmul(
     *,
     alpha: float = 1.0,
     col_scale: torch.Tensor | None = None,
+    norm_eps: float | None = None,
+    glu: bool = False,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """(alpha * x * col_scale) @ W^T (+ residual) in fp32 on `torch.get_num_threads()`
     threads; `lib` picks a kernel build (default: this machine's). Every row count goes
-    through the same kernel arithmetic: a row's result does not depend on its batch."""
+    through the same kernel arithmetic: a row's result does not depend on its batch.
+    `norm_eps`: each row of x is first divided by its RMS (an RMSNorm whose weight is
+    `col_scale`). `glu`: W's rows are gate and up rows interleaved by 16 (`glu_rows`), and
+    the result is silu(gate) * up, [rows, N / 2]."""
     lib = lib or kernels()
     if not isinstance(w, PackedWeight):
         w = pack(w, lib)
-    return _gemm(_kernel_args(w, col_scale, lib), x, residual, alpha)
+    return _gemm(_kernel_args(w, col_scale, lib), x, residual, alpha, norm_eps, glu)
 
 
 class _KernelArgs(NamedTuple):
@@ -337,14 +343,21 @@ def _kernel_args(w: PackedWeight, col_scale: torch.Tensor | None, lib: ctypes.CD
 
 
 def _gemm(
-    a: _KernelArgs, x: torch.Tensor, residual: torch.Tensor | None, alpha: float
+    a: _KernelArgs,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    alpha: float,
+    norm_eps: float | None = None,
+    glu: bool = False,
 ) -> torch.Tensor:
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()
     rows, k = x.shape
     if k != a.k:
         raise ValueError(f"x has {k} columns; the weight expects {a.k}")
-    y = torch.empty(rows, a.n, dtype=torch.float32)
+    if glu and (a.n % (2 * GLU_ROWS) or residual is not None):
+        raise ValueError(f"glu needs N a multiple of {2 * GLU_ROWS} and no residual (N={a.n})")
+    y = torch.empty(rows, a.n // 2 if glu else a.n, dtype=torch.float32)
     res = 0
     if residual is not None:
         if residual.dtype != torch.float32 or not residual.is_contiguous():
@@ -352,40 +365,77 @@ def _gemm(
         res = residual.data_ptr()
     rc = a.fn(
         x.data_ptr(), rows, k, alpha, a.col_scale, a.qs, a.d, a.m, a.n, y.data_ptr(), res,
-        torch.get_num_threads(),
+        torch.get_num_threads(), -1.0 if norm_eps is None else norm_eps, int(glu),
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"quantized GEMM failed (code {rc}) for x {tuple(x.shape)}")
     return y
 
 
+GLU_ROWS = TILE // 2  # gate rows, then as many up rows, a packed tile (glu)
+
+
+def glu_rows(w: QWeight) -> QWeight:
+    """A [2F, K] gate/up weight (gate rows first) with its rows interleaved 16 gate, 16 up,
+    ... so that each packed tile holds a gate column and its up column (`matmul(glu=True)`)."""
+    n = w.shape[0]
+    if n % (2 * GLU_ROWS):
+        raise ValueError(f"a glu weight needs a multiple of {2 * GLU_ROWS} rows, not {n}")
+    order = torch.arange(n).view(2, n // (2 * GLU_ROWS), GLU_ROWS).transpose(0, 1).reshape(-1)
+    return type(w)(*(t[order.to(t.device)].contiguous() for t in w))
+
+
 class QuantLinear:
     """y = (alpha * x * col_scale) @ W^T (+ residual) with W quantized; `col_scale` holds the
-    RMSNorm weight a fp32 Linear would fold into W's columns. Runs where `weight` lives: the
-    C kernels on the CPU (packed here), the torch path elsewhere or when forced
-    (`uses_torch_path`). Immutable; thread-safe."""
+    RMSNorm weight a fp32 Linear would fold into W's columns, and `norm_eps` in a call applies
+    the RMSNorm itself (one pass over x, no normalized copy). `glu`: W is gate rows then up
+    rows and a call returns silu(x W_gate^T) * (x W_up^T), in the same kernel. Runs where
+    `weight` lives: the C kernels on the CPU (packed here), the torch path elsewhere or when
+    forced (`uses_torch_path`). Immutable; thread-safe."""
 
-    __slots__ = ("_args", "col_scale", "out_features", "weight")
+    __slots__ = ("_args", "col_scale", "glu", "out_features", "weight")
+    fuses_norm = True  # model forwards: pass norm_eps instead of a normalized x
 
-    def __init__(self, weight: QWeight, col_scale: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, weight: QWeight, col_scale: torch.Tensor | None = None, *, glu: bool = False
+    ) -> None:
         self.weight: QWeight | PackedWeight = weight
-        self.out_features = weight.shape[0]
+        self.glu = glu
+        self.out_features = weight.shape[0] // 2 if glu else weight.shape[0]
         self.col_scale = None if col_scale is None else col_scale.float().contiguous()
         self._args: _KernelArgs | None = None
+        if glu and weight.shape[0] % (2 * GLU_ROWS):
+            raise ValueError(f"a glu weight needs a multiple of {2 * GLU_ROWS} rows")
         if not uses_torch_path(weight):
-            packed = pack(weight)  # builds the kernels: fails at load, not at a request
+            packed = pack(glu_rows(weight) if glu else weight)  # builds the kernels here
             self.weight = packed
             # the call's fixed arguments once (a batch-1 step makes ~120 calls: measured
             # 11 -> 9 us each for a small weight)
             self._args = _kernel_args(packed, self.col_scale, kernels())
 
     def __call__(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, alpha: float = 1.0
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        *,
+        alpha: float = 1.0,
+        norm_eps: float | None = None,
     ) -> torch.Tensor:
         if self._args is not None:
-            return _gemm(self._args, x, residual, alpha)
+            return _gemm(self._args, x, residual, alpha, norm_eps, self.glu)
         assert not isinstance(self.weight, PackedWeight)
-        return matmul_torch(self.weight, x, residual, alpha=alpha, col_scale=self.col_scale)
+        if norm_eps is not None:
+            x = x.float()
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps)
+        y = matmul_torch(
+            self.weight, x, None if self.glu else residual, alpha=alpha, col_scale=self.col_scale
+        )
+        if not self.glu:
+            return y
+        if residual is not None:
+            raise ValueError("a glu projection takes no residual")
+        half = y.shape[1] // 2
+        return F.silu(y[:, :half]) * y[:, half:]
 
     @property
     def in_features(self) -> int:

@@ -19,7 +19,14 @@ import torch
 
 from tandem.engines.native.model import LayerWeights, LlamaModel
 from tandem.engines.native.model_config import ModelConfig
-from tandem.engines.native.quant import QuantLinear, QWeight, cat_rows, convert, dequantize
+from tandem.engines.native.quant import (
+    GLU_ROWS,
+    QuantLinear,
+    QWeight,
+    cat_rows,
+    convert,
+    dequantize,
+)
 from tandem.engines.native.quant import scale_rows as _scale_rows
 
 QuantWeights = dict[str, torch.Tensor | QWeight]
@@ -98,9 +105,9 @@ class QuantLlamaModel(LlamaModel):
         def get(name: str) -> QWeight:
             return convert(w[p + name], fmt)
 
-        def linear(weight: QWeight, norm: str | None = None) -> QuantLinear:
+        def linear(weight: QWeight, norm: str | None = None, glu: bool = False) -> QuantLinear:
             scale = None if norm is None else _dense(w[p + norm]).to(device)
-            return QuantLinear(_to_device(weight, device), col_scale=scale)
+            return QuantLinear(_to_device(weight, device), col_scale=scale, glu=glu)
 
         q = get("self_attn.q_proj.weight")
         if q_scale != 1.0:
@@ -108,10 +115,12 @@ class QuantLlamaModel(LlamaModel):
             _scale_rows(q, slice(None), q_scale)
         qkv = cat_rows([q, get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")])
         gate_up = cat_rows([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
+        fused = gate_up.shape[0] % (2 * GLU_ROWS) == 0
         return LayerWeights(
             qkv=linear(qkv, "input_layernorm.weight"),  # type: ignore[arg-type]
             o=linear(get("self_attn.o_proj.weight")),  # type: ignore[arg-type]
-            gate_up=linear(gate_up, "post_attention_layernorm.weight"),  # type: ignore[arg-type]
+            # silu(gate) * up in the projection's own kernel (no [T, 2 ffn] round trip)
+            gate_up=linear(gate_up, "post_attention_layernorm.weight", glu=fused),  # type: ignore[arg-type]
             down=linear(get("mlp.down_proj.weight")),  # type: ignore[arg-type]
         )
 

@@ -32,6 +32,10 @@
  * micro-kernel runs over blocks of MR rows. The accumulators of a block live in L1 (touched
  * once per group). Threads (OpenMP) split the tiles.
  * y = (alpha * x * cs) @ W^T (+ residual); cs is a per-column scale (an RMSNorm weight) or NULL.
+ * Two fusions (tq_gemm_*'s last arguments): norm_eps >= 0 divides each row of x by its RMS
+ * first (alpha_r = alpha / sqrt(mean(x_r^2) + norm_eps): the RMSNorm, its weight being cs), and
+ * glu = 1 takes each tile's 32 columns as 16 gate and 16 up columns (the caller interleaves a
+ * gate/up weight so) and writes silu(gate) * up: y is [M, N/2], N a multiple of 32, no residual.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,6 +43,7 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "vmath.h"
 
 #define GROUP 32
 #define TN 32 /* output columns per tile */
@@ -85,6 +90,36 @@ typedef __m256 vec;
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
+#define GLU (-1) /* a store's column count for a glu tile: 16 outputs silu(gate) * up */
+
+/* o[0:16] = silu(a[0:16]) * a[16:32]: a glu tile's row */
+INLINE void glu_store(const float *a, float *o) {
+#if defined(__AVX512F__)
+    _mm512_storeu_ps(o, silu_mul_w(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)));
+#elif defined(__AVX2__)
+    for (int v = 0; v < 2; v++)
+        _mm256_storeu_ps(o + 8 * v, silu_mul_v(_mm256_loadu_ps(a + 8 * v), _mm256_loadu_ps(a + 16 + 8 * v)));
+#else
+    for (int j = 0; j < 16; j++) o[j] = silu_mul_s(a[j], a[16 + j]);
+#endif
+}
+
+/* alpha / RMS of a row of K floats (the RMSNorm factor), or alpha where eps < 0 */
+static float row_alpha(const float *x, int64_t K, float alpha, float eps) {
+    if (eps < 0.f) return alpha;
+    float ss = 0.f;
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; k + 16 <= K; k += 16) {
+        const __m512 v = _mm512_loadu_ps(x + k);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    ss = _mm512_reduce_add_ps(acc);
+#endif
+    for (; k < K; k++) ss += x[k] * x[k];
+    return alpha / sqrtf(ss / (float)K + eps);
+}
 
 /* which path this build runs: 512 (AVX-512), 256 (AVX2 + FMA) or 0 (scalar) */
 int tq_isa(void) { return ISA; }
@@ -191,7 +226,9 @@ INLINE void store_rows(int R, const float *acc, float *y, int64_t ldy, const flo
     for (int r = 0; r < R; r++) {
         float *yr = y + r * ldy;
         const float *rr = res ? res + r * ldy : NULL;
-        if (nc == TN) {
+        if (nc == GLU) {
+            glu_store(acc + r * TN, yr);
+        } else if (nc == TN) {
             for (int v = 0; v < NV; v++) {
                 vec o = VLOAD(acc + r * TN + v * VW);
                 if (rr) o = VADD(VLOADU(rr + v * VW), o);
@@ -252,8 +289,8 @@ INLINE void tile1x2(int kind, const uint8_t *q, const float *d, const float *m, 
         for (int u = 0; u < 2; u++)
             close_group(1, acc + u * TN, p + u, d + u * td, m + u * td, xs, G, g);
     }
-    store_rows(1, acc, y, 0, res, TN);
-    store_rows(1, acc + TN, y + TN, 0, res ? res + TN : NULL, nc);
+    store_rows(1, acc, y, 0, res, nc == GLU ? GLU : TN);
+    store_rows(1, acc + TN, y + (nc == GLU ? TN / 2 : TN), 0, res ? res + TN : NULL, nc);
 }
 
 #define MR_REG MR /* up to MR rows widen the codes in registers; more go through buf */
@@ -318,9 +355,14 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
                 acc[r][c] += m[g * TN + c] * xs[r * G + g];
             }
     }
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        if (nc == GLU) {
+            glu_store(acc[r], y + r * ldy);
+            continue;
+        }
         for (int c = 0; c < nc; c++)
             y[r * ldy + c] = res ? res[r * ldy + c] + acc[r][c] : acc[r][c];
+    }
 }
 #endif
 
@@ -346,10 +388,10 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
 
 int tq_activation_bits(void) { return XBITS; }
 
-/* row r of x (times alpha and cs) as xh, xl [K] bytes, sc [G] scales, xs [G] = s * sum xq */
-static void quantize_row(const float *x, int64_t K, float alpha, const float *cs, int8_t *xh,
-                         int8_t *xl, float *sc, float *xs) {
-    const __m512 va = _mm512_set1_ps(alpha);
+/* row r of x (times alpha, its RMS factor where eps >= 0, and cs) as xh, xl [K] bytes, sc [G] scales, xs [G] = s * sum xq */
+static void quantize_row(const float *x, int64_t K, float alpha, float eps, const float *cs,
+                         int8_t *xh, int8_t *xl, float *sc, float *xs) {
+    const __m512 va = _mm512_set1_ps(row_alpha(x, K, alpha, eps));
     const __m512i lim = _mm512_set1_epi32(XMAX), seven = _mm512_set1_epi32(127);
     for (int64_t g = 0; g < K / GROUP; g++) {
         __m512 v[2];
@@ -426,13 +468,14 @@ INLINE void vblock(int R, int U, int kind, const uint8_t *q, int64_t tq, const f
                 }
         }
     }
+    const int64_t oc = nc_last == GLU ? TN / 2 : TN; /* output columns a tile */
     for (int r = 0; r < R; r++)
         for (int u = 0; u < U; u++) {
             float out[TN] __attribute__((aligned(64)));
             _mm512_store_ps(out, acc[r][u][0]);
             _mm512_store_ps(out + 16, acc[r][u][1]);
-            store_rows(1, out, y + r * ldy + u * TN, 0, res ? res + r * ldy + u * TN : NULL,
-                       u == U - 1 ? nc_last : TN);
+            store_rows(1, out, y + r * ldy + u * oc, 0, res ? res + r * ldy + u * TN : NULL,
+                       u == U - 1 || nc_last == GLU ? nc_last : TN);
         }
 }
 
@@ -453,8 +496,9 @@ static void vrun(int R, int U, int kind, const uint8_t *q, int64_t tq, const flo
 
 static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, const float *cs,
                  const uint8_t *pq, const float *pd, const float *pm, int64_t N, float *y,
-                 const float *res, int nt) {
+                 const float *res, int nt, float eps, int glu) {
     const int64_t G = K / GROUP, T = (N + TN - 1) / TN, tq = (K / 4) * (kind == 4 ? 64 : 128);
+    const int64_t oc = glu ? TN / 2 : TN, ldy = glu ? N / 2 : N; /* output columns a tile, a row */
     int8_t *xb = malloc((size_t)(2 * M * K) + sizeof(float) * (size_t)(2 * M * G));
     if (!xb) return -2;
     int8_t *xh = xb, *xl = xb + M * K;
@@ -464,7 +508,7 @@ static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, co
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < M; r++)
-            quantize_row(x + r * K, K, alpha, cs, xh + r * K, xl + r * K, sc + r * G, xs + r * G);
+            quantize_row(x + r * K, K, alpha, eps, cs, xh + r * K, xl + r * K, sc + r * G, xs + r * G);
     }
     if (nt > T) nt = (int)T;
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -474,19 +518,19 @@ static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, co
             for (int64_t p = 0; p < (T + 1) / 2; p++) {
                 const int64_t t = 2 * p, U = t + 1 < T ? 2 : 1;
                 const int64_t last = t + U - 1;
-                const int nc = (int)(N - last * TN < TN ? N - last * TN : TN);
+                const int nc = glu ? GLU : (int)(N - last * TN < TN ? N - last * TN : TN);
                 vrun(1, (int)U, kind, pq + t * tq, tq, pd + t * G * TN, pm + t * G * TN, G * TN,
-                     xh, xl, sc, xs, K, y + t * TN, N, res ? res + t * TN : NULL, nc);
+                     xh, xl, sc, xs, K, y + t * oc, ldy, res ? res + t * TN : NULL, nc);
             }
         } else {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) {
-                const int nc = (int)(N - t * TN < TN ? N - t * TN : TN);
+                const int nc = glu ? GLU : (int)(N - t * TN < TN ? N - t * TN : TN);
                 for (int64_t r0 = 0; r0 < M; r0 += VR) {
                     const int R = (int)(M - r0 < VR ? M - r0 : VR);
                     vrun(R, 1, kind, pq + t * tq, tq, pd + t * G * TN, pm + t * G * TN, G * TN,
                          xh + r0 * K, xl + r0 * K, sc + r0 * G, xs + r0 * G, K,
-                         y + r0 * N + t * TN, N, res ? res + r0 * N + t * TN : NULL, nc);
+                         y + r0 * ldy + t * oc, ldy, res ? res + r0 * N + t * TN : NULL, nc);
                 }
             }
         }
@@ -503,21 +547,25 @@ int tq_activation_bits(void) { return 32; }
 
 static int gemm(int kind, const float *x, int64_t M, int64_t K, float alpha, const float *cs,
                 const uint8_t *pq, const float *pd, const float *pm, int64_t N, float *y,
-                const float *res, int nt) {
-    if (K % GROUP || K <= 0 || M < 0 || N < 0) return -1;
+                const float *res, int nt, float eps, int glu) {
+    if (K % GROUP || K <= 0 || M < 0 || N < 0 || (glu && (N % TN || res))) return -1;
     if (M == 0 || N == 0) return 0;
 #if VNNI
-    return vgemm(kind, x, M, K, alpha, cs, pq, pd, pm, N, y, res, nt);
+    return vgemm(kind, x, M, K, alpha, cs, pq, pd, pm, N, y, res, nt, eps, glu);
 #endif
     const int64_t G = K / GROUP, T = (N + TN - 1) / TN, rb = kind == 4 ? TN / 2 : TN;
-    float *xf = malloc(sizeof(float) * (size_t)(M * G + ((alpha != 1.f || cs) ? M * K : 0)));
+    const int64_t oc = glu ? TN / 2 : TN, ldy = glu ? N / 2 : N; /* output columns a tile, a row */
+    const int scaled = alpha != 1.f || cs || eps >= 0.f;
+    float *xf = malloc(sizeof(float) * (size_t)(M * G + (scaled ? M * K : 0)));
     if (!xf) return -2;
     float *xs = xf; /* [M][G]: each group's sum of x (times the group minimum) */
-    if (alpha != 1.f || cs) {
+    if (scaled) {
         float *xa = xf + M * G;
-        for (int64_t r = 0; r < M; r++)
+        for (int64_t r = 0; r < M; r++) {
+            const float ar = row_alpha(x + r * K, K, alpha, eps);
             for (int64_t k = 0; k < K; k++)
-                xa[r * K + k] = alpha * (cs ? x[r * K + k] * cs[k] : x[r * K + k]);
+                xa[r * K + k] = ar * (cs ? x[r * K + k] * cs[k] : x[r * K + k]);
+        }
         x = xa;
     }
     for (int64_t r = 0; r < M; r++)
@@ -549,14 +597,14 @@ static int gemm(int kind, const float *x, int64_t M, int64_t K, float alpha, con
                 const float *d = pd + t * G * TN, *m = pm + t * G * TN;
                 const float *rt = res ? res + t * TN : NULL;
                 if (t + 1 < T) {
-                    const int nc = (int)(N - (t + 1) * TN < TN ? N - (t + 1) * TN : TN);
+                    const int nc = glu ? GLU : (int)(N - (t + 1) * TN < TN ? N - (t + 1) * TN : TN);
                     if (kind == 4)
-                        tile1x2(4, q, d, m, K * rb, G * TN, x, xs, K, y + t * TN, rt, nc);
+                        tile1x2(4, q, d, m, K * rb, G * TN, x, xs, K, y + t * oc, rt, nc);
                     else
-                        tile1x2(8, q, d, m, K * rb, G * TN, x, xs, K, y + t * TN, rt, nc);
+                        tile1x2(8, q, d, m, K * rb, G * TN, x, xs, K, y + t * oc, rt, nc);
                 } else {
-                    const int nc = (int)(N - t * TN < TN ? N - t * TN : TN);
-                    run_tile(1, kind, NULL, q, d, m, x, xs, K, y + t * TN, N, rt, nc);
+                    const int nc = glu ? GLU : (int)(N - t * TN < TN ? N - t * TN : TN);
+                    run_tile(1, kind, NULL, q, d, m, x, xs, K, y + t * oc, ldy, rt, nc);
                 }
             }
         } else
@@ -566,14 +614,14 @@ static int gemm(int kind, const float *x, int64_t M, int64_t K, float alpha, con
             if (use_buf && !buf) continue;
             const uint8_t *q = pq + t * K * rb;
             const float *d = pd + t * G * TN, *m = pm + t * G * TN;
-            const int nc = (int)(N - t * TN < TN ? N - t * TN : TN);
-            float *yt = y + t * TN;
+            const int nc = glu ? GLU : (int)(N - t * TN < TN ? N - t * TN : TN);
+            float *yt = y + t * oc;
             const float *rt = res ? res + t * TN : NULL;
             if (use_buf) codes_tile(kind, q, K, buf);
             const int step = use_buf ? MR : MR_REG;
             for (int64_t r0 = 0; r0 < M; r0 += step) {
                 const int R = (int)(M - r0 < step ? M - r0 : step);
-                run_tile(R, kind, buf, q, d, m, x + r0 * K, xs + r0 * G, K, yt + r0 * N, N,
+                run_tile(R, kind, buf, q, d, m, x + r0 * K, xs + r0 * G, K, yt + r0 * ldy, ldy,
                          rt ? rt + r0 * N : NULL, nc);
             }
         }
@@ -585,14 +633,14 @@ static int gemm(int kind, const float *x, int64_t M, int64_t K, float alpha, con
 
 int tq_gemm_q4(const float *x, int64_t M, int64_t K, float alpha, const float *cs,
                const uint8_t *pq, const float *pd, const float *pm, int64_t N, float *y,
-               const float *res, int nt) {
-    return gemm(4, x, M, K, alpha, cs, pq, pd, pm, N, y, res, nt);
+               const float *res, int nt, float norm_eps, int glu) {
+    return gemm(4, x, M, K, alpha, cs, pq, pd, pm, N, y, res, nt, norm_eps, glu);
 }
 
 int tq_gemm_q8(const float *x, int64_t M, int64_t K, float alpha, const float *cs,
                const uint8_t *pq, const float *pd, const float *pm, int64_t N, float *y,
-               const float *res, int nt) {
-    return gemm(8, x, M, K, alpha, cs, pq, pd, pm, N, y, res, nt);
+               const float *res, int nt, float norm_eps, int glu) {
+    return gemm(8, x, M, K, alpha, cs, pq, pd, pm, N, y, res, nt, norm_eps, glu);
 }
 
 /* ------------------------------------------------------------------ source-order dequant */

@@ -56,7 +56,7 @@ def _load(path: Path) -> ctypes.CDLL:
         ctypes.c_int,
         ctypes.c_double,
     )
-    lib.to_rope_store.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p, p, p]
+    lib.to_rope_store.argtypes = [p, i64, i64, i64, i64, i64, p, p, p, p, p, p, i32]
     lib.to_rope_store.restype = None
     lib.to_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, p, p, i64, p, i64, p, f32]
     lib.to_decode_attention.argtypes += [p, i32]
@@ -125,6 +125,7 @@ class CpuOps:
             slots.data_ptr(),
             k_slots.data_ptr(),
             v_slots.data_ptr(),
+            torch.get_num_threads(),
         )
 
     def decode_attention(

@@ -61,8 +61,9 @@ static inline void axpy(float *y, float a, const float *x, int64_t n) {
 
 void to_rope_store(float *qkv, int64_t T, int64_t stride, int64_t H, int64_t KVH, int64_t d,
                    const int64_t *pos, const float *cos_t, const float *sin_t,
-                   const int64_t *slots, float *kc, float *vc) {
+                   const int64_t *slots, float *kc, float *vc, int nt) {
     int64_t half = d / 2, kv = KVH * d;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && T >= 32)
     for (int64_t t = 0; t < T; t++) {
         float *row = qkv + t * stride;
         const float *c = cos_t + pos[t] * d, *s = sin_t + pos[t] * d;

@@ -104,6 +104,41 @@ def test_decode_attention_of_a_row_does_not_depend_on_its_batch(ops):
     assert torch.equal(alone[0], batched[2])
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_decode_attention_runs_of_sequences_cover_the_batch_whatever_the_threads(ops, threads):
+    """Many sequences: each thread takes a run of whole sequences balanced by context length
+    (and fetches the next one's rows early); every row still equals its result alone."""
+    torch.manual_seed(3)
+    heads, kv_heads, d, bs = 9, 3, 64, 16
+    lens = torch.tensor([300, 1, 17, 9, 128, 2, 64, 33, 250, 5, 70])
+    width = int(-(-lens.max() // bs))
+    num_blocks = int(sum(-(-n // bs) for n in lens.tolist()))
+    k, v = torch.randn(num_blocks * bs, kv_heads, d), torch.randn(num_blocks * bs, kv_heads, d)
+    order, tables, used = (
+        torch.randperm(num_blocks),
+        torch.zeros(len(lens), width, dtype=torch.long),
+        0,
+    )
+    for i, n in enumerate(lens.tolist()):
+        tables[i, : -(-n // bs)] = order[used : used + -(-n // bs)]
+        used += -(-n // bs)
+    qkv = torch.randn(len(lens), (heads + 2 * kv_heads) * d)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batched = torch.full((len(lens), heads, d), float("nan"))
+        ops.decode_attention(qkv, len(lens), heads, k, v, bs, tables, lens, 0.125, batched)
+        for i in range(len(lens)):
+            alone = torch.empty(1, heads, d)
+            part = slice(i, i + 1)
+            ops.decode_attention(
+                qkv[part], 1, heads, k, v, bs, tables[part], lens[part], 0.125, alone
+            )
+            assert torch.equal(alone[0], batched[i]), i
+    finally:
+        torch.set_num_threads(before)
+
+
 def _prefill_case(seed: int, heads: int, kv_heads: int, d: int, bs: int, ctx: int, rows: int):
     gen = torch.Generator().manual_seed(seed)
     num_blocks = -(-ctx // bs) + 3

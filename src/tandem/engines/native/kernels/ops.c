@@ -21,6 +21,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -160,10 +163,13 @@ static inline __attribute__((always_inline)) void weigh_values(
 }
 #endif
 
-/* One sequence, one kv head: its `group` query heads over ctx cached tokens. */
+/* One sequence, one kv head: its `group` query heads over ctx cached tokens. `ntable` /
+ * `nctx` (or NULL): the sequence the thread takes next, whose rows of this kv head are
+ * fetched into L2 while this one is scored (its first keys would otherwise come from DRAM
+ * with nothing ahead of them). */
 static void attend(const float *q, int64_t group, int64_t d, const float *kc, const float *vc,
                    int64_t kv, int64_t bs, const int64_t *table, int64_t ctx, float scale,
-                   float *out, float *scores) {
+                   float *out, float *scores, const int64_t *ntable, int64_t nctx) {
     int64_t t = 0;
 #ifdef __AVX2__
     if (d % 8 == 0) {
@@ -183,6 +189,14 @@ static void attend(const float *q, int64_t group, int64_t d, const float *kc, co
                     _mm_prefetch((const char *)(vp + i), _MM_HINT_T1);
                 }
             }
+            if (ntable) /* the next sequence's keys and values, spread over this pass */
+                for (int64_t p = t * nctx / ctx; p < (t + 8) * nctx / ctx; p++) {
+                    const int64_t slot = (ntable[p / bs] * bs + p % bs) * kv;
+                    for (int64_t i = 0; i < d; i += 16) {
+                        _mm_prefetch((const char *)(kc + slot + i), _MM_HINT_T1);
+                        _mm_prefetch((const char *)(vc + slot + i), _MM_HINT_T1);
+                    }
+                }
             for (int64_t g = 0; g < group; g++)
                 _mm256_storeu_ps(scores + g * ctx + t, _mm256_mul_ps(dot8(q + g * d, k, d), sv));
         }
@@ -229,24 +243,43 @@ int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, 
         max_ctx = ctx_lens[i] > max_ctx ? ctx_lens[i] : max_ctx;
         work += ctx_lens[i];
     }
-    /* a thread takes a whole sequence (its slot rows are read contiguously, all kv heads
-     * at once: ~10 % faster from DRAM at batch 32) when there are enough of them, else
-     * one (sequence, kv head) */
+    /* Many sequences (the cache then comes from DRAM): a thread takes a run of whole
+     * sequences, the runs balanced by context length, and fetches each next sequence's
+     * rows while it computes one (batch 32, 30 layers: 10.0-10.6 -> 7.1-7.9 ms). Few: a
+     * thread takes one (sequence, kv head) at a time. */
     const int per_seq = D >= 2 * (int64_t)nt;
-    const int64_t units = per_seq ? D : items;
     int failed = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1 && items > 1 && work * KVH * d >= 32768)
     {
         float *scores = scratch(group * max_ctx, &failed);
-        if (scores != NULL) {
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < units; it++) {
-                const int64_t i = per_seq ? it : it / KVH;
-                const int64_t h0 = per_seq ? 0 : it % KVH, h1 = per_seq ? KVH : h0 + 1;
-                for (int64_t h = h0; h < h1; h++)
+        if (scores != NULL && per_seq) {
+#ifdef _OPENMP
+            const int64_t tid = omp_get_thread_num(), n = omp_get_num_threads();
+#else
+            const int64_t tid = 0, n = 1;
+#endif
+            /* this thread's run [lo, hi): where the running work crosses tid / n, (tid+1) / n */
+            int64_t lo = 0, hi = 0, acc = 0;
+            for (int64_t i = 0; i < D; i++) {
+                if (acc * n < tid * work) lo = i + 1;
+                if (acc * n < (tid + 1) * work) hi = i + 1;
+                acc += ctx_lens[i];
+            }
+            for (int64_t i = lo; i < hi; i++) {
+                const int nxt = i + 1 < hi;
+                for (int64_t h = 0; h < KVH; h++)
                     attend(q + i * q_stride + h * group * d, group, d, kc + h * d, vc + h * d,
                            KVH * d, bs, tables + i * W, ctx_lens[i], scale,
-                           out + (i * H + h * group) * d, scores);
+                           out + (i * H + h * group) * d, scores,
+                           nxt ? tables + (i + 1) * W : NULL, nxt ? ctx_lens[i + 1] : 0);
+            }
+        } else if (scores != NULL) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < items; it++) {
+                const int64_t i = it / KVH, h = it % KVH;
+                attend(q + i * q_stride + h * group * d, group, d, kc + h * d, vc + h * d,
+                       KVH * d, bs, tables + i * W, ctx_lens[i], scale,
+                       out + (i * H + h * group) * d, scores, NULL, 0);
             }
         }
         free(scores);
@@ -400,7 +433,7 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
             for (int64_t u = 0; u < T * KVH; u++) {
                 const int64_t r = T - 1 - u / KVH, h = u % KVH;
                 attend(q + r * q_stride + h * group * d, group, d, kc + h * d, vc + h * d, kv,
-                       bs, table, first + r + 1, scale, out + (r * H + h * group) * d, S);
+                       bs, table, first + r + 1, scale, out + (r * H + h * group) * d, S, NULL, 0);
             }
         }
         free(S);

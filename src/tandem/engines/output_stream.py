@@ -4,9 +4,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
+from collections.abc import Callable
 
 from tandem.protocols.engine import EngineOutput
+
+logger = logging.getLogger(__name__)
+
+
+# Takes an output past the consumer (e.g. straight onto the request plane) and says whether it
+# did; False leaves it to the consumer. Never raises for an output it refuses.
+DirectSink = Callable[[EngineOutput], bool]
 
 
 class OutputStream:
@@ -16,16 +25,31 @@ class OutputStream:
 
     The consumer waits on a bare future rather than an `asyncio.Event`: this runs once per
     token per request, and an Event's wait/set (waiter deque, loop lookup) cost several times
-    more."""
+    more.
 
-    __slots__ = ("_loop", "_outputs", "_waiter")
+    With a `direct` sink, an output pushed while the consumer is parked in `wait` with nothing
+    queued (so everything before it has been consumed) is offered to the sink first; one the
+    sink takes never reaches the consumer, which stays parked (no task wake-up per token).
+    Order holds: once anything is queued, later outputs queue behind it."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_loop", "_outputs", "_waiter", "direct")
+
+    def __init__(self, direct: DirectSink | None = None) -> None:
         self._outputs: deque[EngineOutput] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
+        self.direct = direct
 
     def push(self, output: EngineOutput) -> None:
+        """Queue `output` for the consumer (or hand it to the direct sink, see above)."""
+        direct, waiter = self.direct, self._waiter
+        if direct is not None and waiter is not None and not self._outputs and not waiter.done():
+            try:
+                if direct(output):
+                    return
+            except Exception:  # a faulty sink must not kill the producer (the step loop)
+                logger.exception("direct output sink failed; the consumer takes over")
+                self.direct = None
         self._outputs.append(output)
         waiter = self._waiter
         if waiter is not None and not waiter.done():

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
+from tandem.engines.output_stream import DirectSink
 from tandem.engines.worker_events import KvEventPublisher
 from tandem.engines.worker_metrics import WorkerMetrics
 from tandem.engines.worker_trace import WorkerSpans
@@ -41,7 +42,7 @@ from tandem.protocols.embedding import (
     EmbedResponse,
     decode_embed_request,
 )
-from tandem.protocols.engine import decode_request, encode
+from tandem.protocols.engine import EngineOutput, decode_request, encode, encode_output
 from tandem.runtime import tracing
 from tandem.runtime.base import RequestContext
 from tandem.runtime.log_format import request_scope
@@ -115,6 +116,8 @@ class Worker:
         # an engine that reads the prompt through prompt_array / num_prompt_tokens gets it as
         # the wire's u32 buffer, not one int object per token (tandem.protocols.engine)
         self._reads_token_bytes = bool(getattr(engine, "reads_token_bytes", False))
+        # an engine that hands mid-stream outputs to a sink from its step (`_direct_sink`)
+        self._accepts_direct_sink = bool(getattr(engine, "accepts_direct_sink", False))
         self.runtime = runtime
         self.config = config or WorkerConfig()
         self.instance_id = self.config.instance_id
@@ -280,7 +283,11 @@ class Worker:
             spans = WorkerSpans(request, traceparent, self.instance_id, self.role)
         logger.debug("request_id=%s started (%d prompt tokens)", request.request_id,
                      request.num_prompt_tokens)  # fmt: skip
-        stream = self.engine.generate(request)
+        direct = self._direct_sink(ctx, deadline, spans)
+        if direct is None:
+            stream = self.engine.generate(request)
+        else:
+            stream = self.engine.generate(request, direct=direct)  # type: ignore[call-arg]
         error: BaseException | None = None
         status, counted_prompt = "error", False
         try:
@@ -296,7 +303,7 @@ class Worker:
                         f"worker {self.instance_id} stopped during "
                         f"request_id={request.request_id}{why}"
                     )
-                yield encode(out)
+                yield encode_output(out)
                 if ctx.cancelled.is_set():
                     status = "cancelled"
                     break
@@ -323,6 +330,32 @@ class Worker:
             logger.debug("request_id=%s ended%s", request.request_id,
                          f" ({type(error).__name__})" if error is not None else "")  # fmt: skip
             log_scope.__exit__(None, None, None)
+
+    def _direct_sink(
+        self, ctx: RequestContext, deadline: float | None, spans: WorkerSpans | None
+    ) -> DirectSink | None:
+        """For an engine that takes one (`accepts_direct_sink`): a sink that puts a plain
+        mid-stream output straight on the request plane from the engine's step, so the
+        request's task is not woken per token. It takes only what this generator would just
+        encode and send: no first output (prompt metrics), no last one, no error, nothing
+        past the deadline, nothing traced; the request plane refuses it when the stream is
+        gone (cancelled) or must wait (no credit, full write buffer), and then it takes the
+        path below. None where it does not apply."""
+        try_send = getattr(ctx, "try_send", None)
+        if not self._accepts_direct_sink or try_send is None or spans is not None:
+            return None
+
+        def sink(out: EngineOutput) -> bool:
+            if (
+                out.finish_reason is not None
+                or out.num_cached_tokens is not None
+                or out.error is not None
+                or (deadline is not None and time.time() > deadline)
+            ):
+                return False
+            return bool(try_send(encode_output(out)))
+
+        return sink
 
     async def _refuse_generate(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
         raise PeerGone(

@@ -190,6 +190,11 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _encoder.encode(msg)
 
 
+def encode_output(out: EngineOutput) -> bytes:
+    """msgpack of one EngineOutput (what `encode` gives, without its type dispatch)."""
+    return _encoder.encode(out)
+
+
 def token_u32(token_ids: list[int]) -> bytes | None:
     """`token_ids` as little-endian u32 bytes; None when an id does not fit in a u32."""
     try:

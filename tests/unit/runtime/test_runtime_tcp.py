@@ -239,3 +239,38 @@ async def test_stop_grace_over_cancels_and_client_sees_peer_gone(server, client)
     await asyncio.wait_for(gate.cancelled.wait(), 5)
     with pytest.raises(errors.PeerGone):
         await anext(it)
+
+
+async def test_try_send_only_within_credit_and_while_the_stream_is_open(server) -> None:
+    """`StreamContext.try_send` (an engine's step sending past its handler): in order with
+    the handler's own items, refused without credit, after a cancel and after END."""
+    held: list[StreamContext] = []
+    proceed = asyncio.Event()
+    answers: list[bool] = []
+
+    async def pushed(payload: bytes, ctx: StreamContext) -> AsyncIterator[bytes]:
+        held.append(ctx)
+        yield b"0"
+        answers.extend(ctx.try_send(b"%d" % i) for i in (1, 2, 3))  # window 4: 3 left
+        answers.append(ctx.try_send(b"4"))  # no credit left
+        await proceed.wait()
+        yield b"4"  # the handler's own path waits for credit
+
+    server.register("ns.c.pushed", pushed)
+    small = TcpRequestClient(connect_timeout_s=2, stream_window=4)
+    try:
+        stream = small.stream(server.address, "ns.c.pushed", b"", request_id="p")
+        got = [await anext(stream) for _ in range(4)]
+        assert got == [b"0", b"1", b"2", b"3"] and answers == [True, True, True, False]
+        proceed.set()
+        assert await collect(stream) == [b"4"]
+        assert not held[0].try_send(b"late")  # after END: refused, nothing sent
+
+        proceed.clear()
+        stream = small.stream(server.address, "ns.c.pushed", b"", request_id="c")
+        assert await anext(stream) == b"0"
+        await stream.aclose()
+        await asyncio.wait_for(held[-1].cancelled.wait(), 5)
+        assert not held[-1].try_send(b"x")  # cancelled: refused
+    finally:
+        await small.close()

@@ -27,7 +27,7 @@ from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.embedding import hashed_embedding
 from tandem.engines.mocker.scheduler import Scheduler, StepResult
-from tandem.engines.output_stream import OutputStream
+from tandem.engines.output_stream import DirectSink, OutputStream
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import (
     EngineOutput,
@@ -53,6 +53,8 @@ class MockerEngine:
     # the Worker may hand over requests whose prompt is still the wire's u32 buffer (empty
     # token_ids): admission reads it with prompt_array, never an int object per token
     reads_token_bytes = True
+    # `generate(..., direct=sink)`: the step loop offers outputs to the sink (OutputStream)
+    accepts_direct_sink = True
 
     def __init__(
         self,
@@ -112,12 +114,15 @@ class MockerEngine:
         request: PreprocessedRequest,
         *,
         install: Callable[[Scheduler], object] | None = None,
+        direct: DirectSink | None = None,
     ) -> AsyncIterator[EngineOutput]:
         """Stream the request's outputs (merged when the consumer lags behind the steps).
         Raises InvalidRequest/ContextLengthExceeded on the first iteration if it can never
         run, EngineError if the engine is not running. Closing early aborts it.
         `install`, when given, replaces `add_request`: it puts the request's sequence into
-        the scheduler itself (a disaggregated decode resuming, tandem.engines.mocker.disagg)."""
+        the scheduler itself (a disaggregated decode resuming, tandem.engines.mocker.disagg).
+        `direct`, when given, is offered each output while this generator waits for one
+        (`OutputStream`); outputs it takes are not yielded here."""
         if self._failure is not None:
             raise EngineError(f"{self._failure}; this engine serves nothing more")
         if self._task is None:
@@ -138,7 +143,7 @@ class MockerEngine:
             self.scheduler.add_request(request)
         else:
             install(self.scheduler)
-        stream = self._streams[request_id] = OutputStream()
+        stream = self._streams[request_id] = OutputStream(direct)
         self._wake.set()
         finished = False
         try:

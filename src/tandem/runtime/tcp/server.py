@@ -32,11 +32,13 @@ class StreamContext:
 
     __slots__ = (
         "_cancelled",
+        "conn",
         "credit",
         "credit_waiter",
         "deadline_s",
         "endpoint_path",
         "request_id",
+        "sid",
         "task",
         "timer",
         "traceparent",
@@ -60,10 +62,29 @@ class StreamContext:
         self._cancelled = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        # set while the stream is open on a connection (try_send's way out), else None
+        self.conn: _ServerConnection | None = None
+        self.sid = 0
 
     @property
     def cancelled(self) -> asyncio.Event:
         return self._cancelled
+
+    def try_send(self, payload: bytes) -> bool:
+        """Send one response payload of this stream now, from outside its handler (e.g. an
+        engine's step loop), if that needs no wait: the stream is open, the client has credit
+        for it and the connection's write buffer is not full. False (nothing sent) otherwise:
+        the handler then yields it as usual, waiting where it must. Only while the handler
+        has nothing of its own pending (so payloads stay in order)."""
+        conn = self.conn
+        if conn is None or self.credit <= 0 or conn.write_paused or conn.closed:
+            return False
+        if len(payload) > conn.max_payload_bytes:
+            return False  # the handler's path raises the error that names it
+        self.credit -= 1
+        conn.server.stats.response_bytes += len(payload)
+        conn.send((fr.DATA, self.sid, payload))
+        return True
 
     def grant(self, num_frames: int) -> None:
         self.credit = min(self.credit + num_frames, self.window)
@@ -183,8 +204,8 @@ class TcpRequestServer:
 class _ServerConnection(FrameTransport):
     def __init__(self, server: TcpRequestServer) -> None:
         super().__init__(server.max_frame_bytes)
-        self._srv = server
-        self._max_payload_bytes = server.max_frame_bytes - _DATA_OVERHEAD_BYTES
+        self._srv = self.server = server
+        self.max_payload_bytes = server.max_frame_bytes - _DATA_OVERHEAD_BYTES
         self._streams: dict[int, StreamContext] = {}
         self._nonce = new_nonce()
         self._authed = False
@@ -316,6 +337,7 @@ class _ServerConnection(FrameTransport):
                 return self._reject(sid, _deadline_error(ctx))
             ctx.timer = self.loop.call_later(remaining, self._expire, sid)
         self._streams[sid] = ctx
+        ctx.conn, ctx.sid = self, sid
         srv.stats.requests[path] += 1
         srv.stats.request_bytes += len(payload)
         srv._stream_started()
@@ -332,6 +354,7 @@ class _ServerConnection(FrameTransport):
         ctx = self._streams.pop(sid, None)
         if ctx is None:
             return
+        ctx.conn = None
         ctx.cancelled.set()
         if ctx.timer is not None:
             ctx.timer.cancel()
@@ -366,7 +389,7 @@ class _ServerConnection(FrameTransport):
         it = handler(payload, ctx)
         try:
             async for item in it:
-                if len(item) > self._max_payload_bytes:
+                if len(item) > self.max_payload_bytes:
                     raise errors.ServingError(
                         f"a response item of {len(item)} bytes for request_id={ctx.request_id} "
                         f"exceeds max_frame_bytes={self._srv.max_frame_bytes} (--max-frame-bytes)"
@@ -378,6 +401,7 @@ class _ServerConnection(FrameTransport):
                 send((fr.DATA, sid, item))
                 if self.write_paused:
                     await self.wait_writable()
+            ctx.conn = None  # nothing may follow END
             if streams.pop(sid, None) is not None:
                 send((fr.END, sid))
         except errors.ServingError as exc:
@@ -392,6 +416,7 @@ class _ServerConnection(FrameTransport):
             if streams.pop(sid, None) is not None:
                 self._fail(sid, errors.ServingError(f"{type(exc).__name__}: {exc}"))
         finally:
+            ctx.conn = None
             aclose = getattr(it, "aclose", None)
             if aclose is not None:
                 await aclose()

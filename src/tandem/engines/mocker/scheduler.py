@@ -116,20 +116,23 @@ class Scheduler:
         outputs, self._ended = self._ended, []
         finished: list[Sequence] = []
         num_prefill_tokens = num_decode = num_decode_kv = 0
-        for seq, num_new in scheduled:
+        size = self.config.block_size
+        for seq, num_new in scheduled:  # once per running sequence per step: kept lean
+            num_tokens = len(seq.token_ids)
             is_decode = (
-                seq.num_output_tokens > 0
-                and num_new == 1
-                and (seq.num_computed_tokens == len(seq.token_ids) - 1)
+                num_new == 1
+                and num_tokens > seq.num_prompt_tokens  # has output tokens
+                and seq.num_computed_tokens == num_tokens - 1
             )
             if is_decode:
                 num_decode += 1
-                num_decode_kv += seq.num_computed_tokens + 1
+                num_decode_kv += num_tokens
             else:
                 num_prefill_tokens += num_new
             seq.num_computed_tokens += num_new
-            self._commit_full_blocks(seq)
-            if seq.num_computed_tokens == len(seq.token_ids):
+            if seq.num_computed_tokens // size > seq.num_committed_blocks:
+                self._commit_full_blocks(seq)
+            if seq.num_computed_tokens == num_tokens:
                 outputs.append(self._sample(seq, finished))
         duration = self.perf.step_ms(num_prefill_tokens, num_decode, num_decode_kv, self.pool.usage)
         duration += self._onboard_ms

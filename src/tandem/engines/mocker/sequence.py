@@ -99,9 +99,10 @@ class Sequence:
     def append_next_token(self, first_id: int, vocab_size: int) -> tuple[int, FinishReason | None]:
         """Sample (deterministically) and append the next token; return it and why the
         sequence stops now, if it does (stop/eos ids only after min_tokens)."""
-        token = pseudo_token(self.seed, self.num_output_tokens, first_id, vocab_size)
+        num_out = len(self.token_ids) - self.num_prompt_tokens  # before this one
+        token = pseudo_token(self.seed, num_out, first_id, vocab_size)
         self.token_ids.append(token)
-        num_out = self.num_output_tokens
+        num_out += 1
         if num_out >= self.min_tokens and (
             token in self.stop_token_ids or token in self.eos_token_ids
         ):

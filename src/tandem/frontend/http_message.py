@@ -19,6 +19,11 @@ class Connection(Protocol):
 
     def write(self, data: bytes) -> None: ...
 
+    @property
+    def write_blocked(self) -> bool:
+        """True while `drain` would wait (the transport's buffer is full)."""
+        ...
+
     async def drain(self) -> None: ...
 
 
@@ -159,8 +164,10 @@ class HttpResponse:
             return
         if self._chunked:
             data = b"%x\r\n%s\r\n" % (len(data), data)
-        self._conn.write(data)
-        await self._conn.drain()
+        conn = self._conn
+        conn.write(data)  # raises ClientDisconnected once the client has gone
+        if conn.write_blocked:
+            await conn.drain()
 
     async def end_stream(self) -> None:
         self.finished = True

@@ -376,6 +376,12 @@ class HttpProtocol(asyncio.Protocol):
         if not self._closed and self._transport is not None:
             self._transport.write(data)  # may call pause_writing: drain() then waits
 
+    @property
+    def write_blocked(self) -> bool:
+        """The transport asked writers to wait (`drain` would block)."""
+        ready = self._write_ready
+        return ready is not None and not ready.done()
+
     async def drain(self) -> None:
         if self._closed:
             raise ClientDisconnected("client disconnected")

@@ -123,6 +123,9 @@ class FrontendMetrics:
             m,
             registry=r,
         )
+        self._by_model: dict[str, _ModelSeries] = {}
+        # requests' children by label values (a few models × endpoints × outcomes × codes)
+        self._requests_by_key: dict[tuple[str, str, str, str, int], Any] = {}
 
     def watch(self, models: RoutedModels) -> None:
         """Read per-worker load and router metrics of `models` at every scrape (once)."""
@@ -135,18 +138,25 @@ class FrontendMetrics:
         self.router_sources.append(source)
 
     # ------------------------------------------------------------------ recording
+    def _of(self, model: str) -> _ModelSeries:
+        """`model`'s series of the per-request metrics (`labels()` once per model: it takes a
+        lock and builds a key each call, ~14 calls per request otherwise)."""
+        series = self._by_model.get(model)
+        if series is None:
+            series = self._by_model[model] = _ModelSeries(self, model)
+        return series
+
     def arrived(self, model: str) -> None:
-        # rare events read 0 (not "no data") once a model has traffic
-        self.migrations.labels(model)
-        self.disconnects.labels(model)
-        self.inflight.labels(model).inc()
-        self.queued.labels(model).inc()
+        s = self._of(model)
+        s.inflight.inc()
+        s.queued.inc()
         if self.interval is not None:
             self.interval.arrived(model)
 
     def first_token(self, model: str, seconds: float) -> None:
-        self.queued.labels(model).dec()
-        self.ttft.labels(model).observe(seconds)
+        s = self._of(model)
+        s.queued.dec()
+        s.ttft.observe(seconds)
         if self.interval is not None:
             self.interval.ttft(model, seconds)
 
@@ -157,19 +167,21 @@ class FrontendMetrics:
 
     def left(self, model: str, seconds: float, *, had_first_token: bool, failed: bool) -> None:
         """A generate request that `arrived` is done (any outcome)."""
-        self.inflight.labels(model).dec()
+        s = self._of(model)
+        s.inflight.dec()
         if not had_first_token:
-            self.queued.labels(model).dec()
-        self.duration.labels(model).observe(seconds)
+            s.queued.dec()
+        s.duration.observe(seconds)
         if failed and self.interval is not None:
             self.interval.failed(model)
 
     def finished(self, model: str, *, num_in: int, num_out: int, num_cached: int) -> None:
-        self.input_len.labels(model).observe(num_in)
-        self.output_len.labels(model).observe(num_out)
-        self.cached_len.labels(model).observe(num_cached)
-        self.input_tokens.labels(model).inc(num_in)
-        self.output_tokens.labels(model).inc(num_out)
+        s = self._of(model)
+        s.input_len.observe(num_in)
+        s.output_len.observe(num_out)
+        s.cached_len.observe(num_cached)
+        s.input_tokens.inc(num_in)
+        s.output_tokens.inc(num_out)
         if self.interval is not None:
             self.interval.finished(model, isl=num_in, osl=num_out)
             self.interval.cached(model, num_cached)
@@ -177,7 +189,13 @@ class FrontendMetrics:
     def counted(
         self, model: str, endpoint: str, request_type: str, status: str, status_code: int
     ) -> None:
-        self.requests.labels(model, endpoint, request_type, status, str(status_code)).inc()
+        key = (model, endpoint, request_type, status, status_code)
+        child = self._requests_by_key.get(key)
+        if child is None:
+            child = self._requests_by_key[key] = self.requests.labels(
+                model, endpoint, request_type, status, str(status_code)
+            )
+        child.inc()
 
     def render(self) -> bytes:
         return render(self.registry)
@@ -259,22 +277,54 @@ def model_families(cards: Iterable[tuple[ModelCard, int]]) -> list[Metric]:
     return out
 
 
+class _ModelSeries:
+    """One model's children of the per-request metrics (`labels(model)` of each, once)."""
+
+    __slots__ = (
+        "cached_len",
+        "duration",
+        "inflight",
+        "input_len",
+        "input_tokens",
+        "output_len",
+        "output_tokens",
+        "queued",
+        "ttft",
+    )
+
+    def __init__(self, m: FrontendMetrics, model: str) -> None:
+        m.migrations.labels(model)  # rare events read 0 (not "no data") from the start
+        m.disconnects.labels(model)
+        self.inflight, self.queued = m.inflight.labels(model), m.queued.labels(model)
+        self.ttft, self.duration = m.ttft.labels(model), m.duration.labels(model)
+        self.input_len, self.output_len = m.input_len.labels(model), m.output_len.labels(model)
+        self.cached_len = m.cached_len.labels(model)
+        self.input_tokens = m.input_tokens.labels(model)
+        self.output_tokens = m.output_tokens.labels(model)
+
+
 class TokenTimer:
     """One request's TTFT (and its `first_token` span) on the first token chunk, ITL between
     the later ones."""
 
-    __slots__ = ("_metrics", "_model", "last", "started")
+    __slots__ = ("_interval", "_itl", "_itl_series", "_metrics", "_model", "last", "started")
 
     def __init__(self, metrics: FrontendMetrics, model: str) -> None:
         self._metrics, self._model = metrics, model
         self.started = time.perf_counter()
         self.last = 0.0
+        # what `FrontendMetrics.observe_itl` does, with the series looked up once per request
+        self._itl = metrics.itl
+        self._itl_series = metrics.itl.child(model)
+        self._interval = metrics.interval
 
     def token(self) -> None:
         now = time.perf_counter()
-        if self.last == 0.0:
+        last, self.last = self.last, now
+        if last == 0.0:
             self._metrics.first_token(self._model, now - self.started)
             tracing.since_current("first_token")
-        else:
-            self._metrics.observe_itl(self._model, now - self.last)
-        self.last = now
+            return
+        self._itl.observe(self._itl_series, now - last)
+        if self._interval is not None:
+            self._interval.itl(self._model, now - last)

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import msgspec
@@ -76,6 +76,11 @@ class EngineStreamer:
         current = request
         attempt = 0
         health = self.health
+        first_s, stall_s = (
+            (health.config.first_token_timeout_s, health.config.stall_timeout_s)
+            if health is not None
+            else (0.0, 0.0)
+        )
         migration = None  # the span of the current migration attempt (tracing on)
         try:
             while True:
@@ -100,7 +105,20 @@ class EngineStreamer:
                 if health is not None:
                     watch = health.stream_opened(decision.instance_id)
                 try:
-                    while (payload := await self._next(chunks, watch, started)) is not None:
+                    while True:  # the watch is armed only while awaiting (once per token)
+                        if watch is not None:
+                            watch.arm(stall_s if started else first_s)
+                        try:
+                            payload = await anext(chunks, None)
+                        except asyncio.CancelledError:
+                            if watch is not None and (stalled := _stalled(watch, started)):
+                                raise stalled from None
+                            raise
+                        finally:
+                            if watch is not None:
+                                watch.disarm()
+                        if payload is None:
+                            break
                         if health is not None:
                             health.output(decision.instance_id)
                         out = decode_output(payload)
@@ -156,30 +174,6 @@ class EngineStreamer:
         finally:
             tracing.end(migration)
 
-    async def _next(
-        self, stream: AsyncIterator[bytes], watch: StreamWatch | None, started: bool
-    ) -> bytes | None:
-        """The stream's next payload (None at its end); with a watch, raises StreamStalled
-        when the stall rule holds first."""
-        if watch is None:
-            return await anext(stream, None)
-        assert self.health is not None
-        cfg = self.health.config
-        watch.arm(cfg.stall_timeout_s if started else cfg.first_token_timeout_s)
-        try:
-            return await anext(stream, None)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if watch.fired and task is not None and task.uncancel() == 0:
-                what = "next output" if started else "first output"
-                raise StreamStalled(
-                    f"worker {watch.worker_id} made no progress: no {what} within "
-                    f"{cfg.stall_timeout_s if started else cfg.first_token_timeout_s:g} s"
-                ) from None
-            raise
-        finally:
-            watch.disarm()
-
     def _probe(self, address: str, request: PreprocessedRequest) -> Callable[[], Any]:
         """A one-token request to the worker at `address`: returns once it streams."""
         timeout_s = self.health.config.probe_timeout_s if self.health else 2.0
@@ -207,6 +201,18 @@ class EngineStreamer:
                 await _close(stream)
 
         return probe
+
+
+def _stalled(watch: StreamWatch, started: bool) -> StreamStalled | None:
+    """The error to raise for a CancelledError that came from `watch` (its stall rule held),
+    with the cancellation taken back; None when the cancel came from elsewhere."""
+    task = asyncio.current_task()
+    if not watch.fired or task is None or task.uncancel() != 0:
+        return None
+    cfg = watch.config
+    what = "next output" if started else "first output"
+    limit = cfg.stall_timeout_s if started else cfg.first_token_timeout_s
+    return StreamStalled(f"worker {watch.worker_id} made no progress: no {what} within {limit:g} s")
 
 
 async def _close(stream: object) -> None:

@@ -16,12 +16,15 @@ from tandem.frontend.preprocess import Prepared
 from tandem.frontend.tool_parser import HermesToolParser
 
 _json = msgspec.json.Encoder()
+# what follows the text in the common chunks (`ResponseFormat.chunk`)
+_TEXT_END = b',"logprobs":null,"finish_reason":null}]}\n\n'
+_DELTA_END = b'},"logprobs":null,"finish_reason":null}]}\n\n'
 
 
 class ResponseFormat:
     """Encodes one request's chunks and final body; `bind()` before use."""
 
-    __slots__ = ("_head", "_tail", "chat", "created", "model", "request_id")
+    __slots__ = ("_head", "_tail", "_text_heads", "chat", "created", "model", "request_id")
 
     def __init__(self, *, chat: bool) -> None:
         self.chat = chat
@@ -30,6 +33,7 @@ class ResponseFormat:
         self.created = 0
         self._head = b""
         self._tail = b"]}\n\n"
+        self._text_heads: dict[int, bytes] = {}  # choice index -> a text chunk up to its text
 
     def bind(self, request_id: str, model: str) -> None:
         self.request_id, self.model, self.created = request_id, model, int(time.time())
@@ -38,6 +42,7 @@ class ResponseFormat:
             {"id": request_id, "object": obj, "created": self.created, "model": model}
         )
         self._head = b"data: " + fixed[:-1] + b',"choices":['
+        self._text_heads = {}
 
     def role_chunk(self, index: int) -> bytes:
         choice = {
@@ -56,6 +61,25 @@ class ResponseFormat:
         finish_reason: str | None,
         usage: dict[str, Any] | None = None,
         tool_calls: list[dict[str, Any]] | None = None,
+    ) -> bytes:
+        plain = text and finish_reason is None and logprobs is None and usage is None
+        if not plain or tool_calls:
+            return self._chunk(index, text, logprobs, finish_reason, usage, tool_calls)
+        # the common chunk (text, nothing else): the bytes `_chunk` writes, from a template
+        head = self._text_heads.get(index)
+        if head is None:
+            what = b'"delta":{"content":' if self.chat else b'"text":'
+            head = self._text_heads[index] = self._head + b'{"index":%d,%s' % (index, what)
+        return head + _json.encode(text) + (_DELTA_END if self.chat else _TEXT_END)
+
+    def _chunk(
+        self,
+        index: int,
+        text: str,
+        logprobs: list[dict[str, Any]] | None,
+        finish_reason: str | None,
+        usage: dict[str, Any] | None,
+        tool_calls: list[dict[str, Any]] | None,
     ) -> bytes:
         choice: dict[str, Any]
         if self.chat:

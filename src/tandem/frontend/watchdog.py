@@ -192,6 +192,7 @@ class StreamWatch:
 
     __slots__ = (
         "_awaiting",
+        "_due",
         "_handle",
         "_health",
         "_limit_s",
@@ -209,19 +210,22 @@ class StreamWatch:
         assert task is not None, "StreamWatch needs a task"
         self._task = task
         self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
         self._awaiting = False
         self._since = 0.0  # when the current wait began
         self._limit_s = 0.0
         self.fired = False
+
+    @property
+    def config(self) -> StallConfig:
+        return self._health.config
 
     def arm(self, limit_s: float) -> None:
         self._awaiting, self._limit_s = True, limit_s
         self._since = now = self._loop.time()
         if self.worker_id in self._health.suspects:  # found stalled while we were away
             self._reschedule(now)
-        elif self._handle is None:
-            self._handle = self._loop.call_at(now + limit_s, self._check)
-        elif self._handle.when() > now + limit_s:  # a shorter limit (after the first output)
+        elif self._handle is None or self._due > now + limit_s:  # none, or a shorter limit
             self._reschedule(now + limit_s)
 
     def disarm(self) -> None:
@@ -242,6 +246,7 @@ class StreamWatch:
         if self._handle is not None:
             self._handle.cancel()
         self._handle = self._loop.call_at(when, self._check)
+        self._due = when  # the handle's when(), without a call per token
 
     def _check(self) -> None:
         self._handle = None

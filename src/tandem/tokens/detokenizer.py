@@ -29,17 +29,29 @@ class Detokenizer(Protocol):
 
 
 class ByteDetokenizer:
-    """Byte-level BPE: look up each id's raw bytes and feed an incremental UTF-8 decoder."""
+    """Byte-level BPE: look up each id's raw bytes and feed an incremental UTF-8 decoder.
 
-    __slots__ = ("_decoder", "_table")
+    With `id_text` (each id's bytes as text when they are complete UTF-8 on their own, else
+    None), one token arriving while the decoder holds no partial character is looked up
+    rather than decoded: the same text, without the decoder's Python-level call per token."""
 
-    def __init__(self, id_bytes: tuple[bytes, ...]) -> None:
+    __slots__ = ("_decoder", "_table", "_text")
+
+    def __init__(
+        self, id_bytes: tuple[bytes, ...], id_text: tuple[str | None, ...] | None = None
+    ) -> None:
         self._table = id_bytes
+        self._text = id_text
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, token_ids: list[int]) -> str:
         table = self._table
         if len(token_ids) == 1:
+            id_text, decoder = self._text, self._decoder
+            if id_text is not None and not decoder.buffer:
+                text = id_text[token_ids[0]]
+                if text is not None:
+                    return text
             data = table[token_ids[0]]
         else:
             data = b"".join([table[i] for i in token_ids])
@@ -86,5 +98,5 @@ def make_detokenizer(
 ) -> ByteDetokenizer | OffsetDetokenizer:
     """The cheapest correct detokenizer for `tokenizer`."""
     if tokenizer.id_bytes is not None and skip_special_tokens:
-        return ByteDetokenizer(tokenizer.id_bytes)
+        return ByteDetokenizer(tokenizer.id_bytes, tokenizer.id_text)
     return OffsetDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)

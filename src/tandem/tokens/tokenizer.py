@@ -35,6 +35,9 @@ class ModelTokenizer:
     special_token_ids: frozenset[int] = frozenset()
     # raw bytes of every id for byte-level BPE (b"" for special ids); None otherwise
     id_bytes: tuple[bytes, ...] | None = field(default=None, repr=False)
+    # id_bytes as text where an id's bytes are complete UTF-8 on their own, else None (the
+    # detokenizer's per-token shortcut); None when id_bytes is
+    id_text: tuple[str | None, ...] | None = field(default=None, repr=False)
     # exact and ~10x cheaper for ASCII text on GPT-2-style byte-level BPE; None otherwise
     ascii_encoder: AsciiByteLevelEncoder | None = field(default=None, repr=False)
 
@@ -95,6 +98,7 @@ def _bundle(backend: Tokenizer, meta: dict[str, Any]) -> ModelTokenizer:
     special_ids = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
     eos = meta.get("eos_token_id")
     eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    id_bytes = _byte_table(backend, special_ids)
     return ModelTokenizer(
         backend=backend,
         eos_token_ids=tuple(int(i) for i in eos_ids),
@@ -103,7 +107,8 @@ def _bundle(backend: Tokenizer, meta: dict[str, Any]) -> ModelTokenizer:
         context_length=meta.get("context_length"),
         add_bos_token=bool(meta.get("add_bos_token", False)),
         special_token_ids=special_ids,
-        id_bytes=_byte_table(backend, special_ids),
+        id_bytes=id_bytes,
+        id_text=text_table(id_bytes) if id_bytes is not None else None,
         ascii_encoder=AsciiByteLevelEncoder.build(backend),
     )
 
@@ -123,6 +128,18 @@ def _byte_table(backend: Tokenizer, special_ids: frozenset[int]) -> tuple[bytes,
         raw = token_bytes(spelled)
         # an added (non-special) token spelled outside the alphabet decodes as its text
         table.append(raw if raw is not None else spelled.encode())
+    return tuple(table)
+
+
+def text_table(id_bytes: tuple[bytes, ...]) -> tuple[str | None, ...]:
+    """Each id's bytes decoded, where they are complete UTF-8 on their own; None where a
+    token holds part of a character (it must go through an incremental decoder)."""
+    table: list[str | None] = []
+    for raw in id_bytes:
+        try:
+            table.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            table.append(None)
     return tuple(table)
 
 

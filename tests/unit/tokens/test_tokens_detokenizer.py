@@ -35,26 +35,35 @@ def _chunking(n: int, rng: random.Random) -> list[int]:
     return sizes
 
 
-@pytest.mark.parametrize("kind", ["byte", "offset"])
+def _detok(smollm2: ModelTokenizer, kind: str) -> ByteDetokenizer | OffsetDetokenizer:
+    assert smollm2.id_bytes is not None
+    if kind == "byte":
+        return ByteDetokenizer(smollm2.id_bytes)
+    if kind == "byte+text":  # with the per-token text shortcut (what make_detokenizer builds)
+        return ByteDetokenizer(smollm2.id_bytes, smollm2.id_text)
+    return OffsetDetokenizer(smollm2)
+
+
+@pytest.mark.parametrize("kind", ["byte", "byte+text", "offset"])
 @pytest.mark.parametrize("text", TEXTS)
 def test_stream_equals_full_decode_and_pieces_are_valid_utf8(
     smollm2: ModelTokenizer, kind: str, text: str
 ) -> None:
     ids = smollm2.encode(text)
     rng = random.Random(len(text))
-    detok = ByteDetokenizer(smollm2.id_bytes) if kind == "byte" else OffsetDetokenizer(smollm2)
+    detok = _detok(smollm2, kind)
     pieces = _stream(detok, ids, _chunking(len(ids), rng))
     assert "".join(pieces) + detok.flush() == smollm2.decode(ids) == text
     assert all("\ufffd" not in p for p in pieces)
 
 
-@pytest.mark.parametrize("kind", ["byte", "offset"])
+@pytest.mark.parametrize("kind", ["byte", "byte+text", "offset"])
 def test_multibyte_character_split_over_tokens_is_held_back(
     smollm2: ModelTokenizer, kind: str
 ) -> None:
     ids = smollm2.encode("🎉")
     assert len(ids) > 1, "emoji must span several byte-level tokens for this test"
-    detok = ByteDetokenizer(smollm2.id_bytes) if kind == "byte" else OffsetDetokenizer(smollm2)
+    detok = _detok(smollm2, kind)
     assert [detok.add([i]) for i in ids[:-1]] == [""] * (len(ids) - 1)
     assert detok.add(ids[-1:]) == "🎉"
 
@@ -75,3 +84,22 @@ def test_special_tokens_are_skipped(smollm2: ModelTokenizer) -> None:
     assert "".join(detok.add([i]) for i in ids) == "hithere"
     keep = make_detokenizer(smollm2, skip_special_tokens=False)
     assert "".join(keep.add([i]) for i in ids) == "hi<|im_end|>there"
+
+
+def test_text_shortcut_gives_the_decoders_pieces_for_any_ids(smollm2: ModelTokenizer) -> None:
+    """Random ids one or a few at a time (broken UTF-8 included: ids that are lone
+    continuation bytes, cut characters): the per-token text table changes no piece."""
+    assert smollm2.id_bytes is not None and smollm2.id_text is not None
+    assert make_detokenizer(smollm2)._text is smollm2.id_text  # type: ignore[union-attr]
+    partial = [i for i, t in enumerate(smollm2.id_text) if t is None]
+    assert partial, "the vocabulary must have ids that hold part of a character"
+    rng = random.Random(7)
+    for _ in range(200):
+        ids = [
+            rng.choice(partial) if rng.random() < 0.3 else rng.randrange(smollm2.vocab_size)
+            for _ in range(rng.randrange(1, 12))
+        ]
+        chunks = _chunking(len(ids), rng)
+        plain, fast = _detok(smollm2, "byte"), _detok(smollm2, "byte+text")
+        assert _stream(fast, ids, chunks) == _stream(plain, ids, chunks), ids
+        assert fast.flush() == plain.flush()

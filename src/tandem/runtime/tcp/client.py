@@ -289,27 +289,6 @@ class _Sink:
     def expire(self) -> None:
         self.cancel(deadline_error(self.request, self.conn.address))
 
-    async def next(self) -> bytes:
-        buf = self.buf
-        while not buf:
-            if self.done:
-                if self.error is not None:
-                    raise self.error
-                raise StopAsyncIteration
-            self.waiter = self.conn.loop.create_future()
-            try:
-                await self.waiter
-            except asyncio.CancelledError:
-                self.cancel()
-                raise
-            finally:
-                self.waiter = None
-        self.num_unacked += 1
-        if self.num_unacked * 2 >= self.window and not self.done:
-            self.conn.grant(self.sid, self.num_unacked)
-            self.num_unacked = 0
-        return buf.popleft()
-
 
 def deadline_error(request: RequestHead, address: str) -> Exception:
     return errors.DeadlineExceeded(
@@ -353,7 +332,26 @@ class ResponseStream:
             if self._closed:  # closed while connecting
                 raise StopAsyncIteration
             sink = self._sink = _Sink(conn, self._request)
-        return await sink.next()
+        # the sink's next payload, waited for here (no coroutine of its own: once per token)
+        buf = sink.buf
+        while not buf:
+            if sink.done:
+                if sink.error is not None:
+                    raise sink.error
+                raise StopAsyncIteration
+            sink.waiter = waiter = sink.conn.loop.create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                sink.cancel()
+                raise
+            finally:
+                sink.waiter = None
+        sink.num_unacked += 1
+        if sink.num_unacked * 2 >= sink.window and not sink.done:
+            sink.conn.grant(sink.sid, sink.num_unacked)
+            sink.num_unacked = 0
+        return buf.popleft()
 
     async def aclose(self) -> None:
         """Stop the stream; cancels the request on the server if it has not ended."""

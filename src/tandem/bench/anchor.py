@@ -58,6 +58,7 @@ class DynamoAnchor:
         self.run_dir = Path(run_dir)
         self.port = free_port()
         self.frontend_pid: int | None = None
+        self.mocker_pids: tuple[int, ...] = ()
         self._pids: list[int] = []
 
     def _env(self) -> dict[str, str]:
@@ -105,6 +106,8 @@ class DynamoAnchor:
             self.stop()
             raise RuntimeError(f"Dynamo anchor failed to start:\n{proc.stdout}\n{proc.stderr}")
         self.frontend_pid = int((self.run_dir / "run" / "frontend.pid").read_text())
+        mockers = sorted((self.run_dir / "run").glob("mocker*.pid"))
+        self.mocker_pids = tuple(int(p.read_text()) for p in mockers if p.read_text().strip())
         logger.info("Dynamo anchor up on port %s, frontend pid=%s", self.port, self.frontend_pid)
         return f"http://127.0.0.1:{self.port}"
 

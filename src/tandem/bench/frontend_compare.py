@@ -3,7 +3,8 @@
 Both over near-instant mockers (tandem: `--speedup-ratio 0`; Dynamo 1.6.1: 10000, as 0 is not
 infinite there). For each system × endpoint × ISL × concurrency × connection mode (fresh /
 reused) it sends `--num-requests` streamed requests (bounded by `--duration-s` per cell) after a
-warm-up, and records req/s, the frontend processes' CPU-ms per request, TTFT and e2e p50/p99 and
+warm-up, and records req/s, the frontend processes' CPU-ms per request (and, beside it, the
+mocker workers' and this client's, which share the host's cores with it), TTFT and e2e p50/p99 and
 the KV hit rate (cached prompt tokens / prompt tokens, from usage). Each cell sends prompts no
 earlier cell sent (the same ones on both sides), so no cell measures a cache of prompts seen
 before (Dynamo's frontend CPU per request falls ~6x on prompts it has seen; `--reuse-prompts`
@@ -28,6 +29,7 @@ from typing import Any
 
 from tandem.bench.anchor import DEFAULT_ANCHOR_DIR, DEFAULT_INSTALL_DIR, AnchorConfig
 from tandem.bench.compare import cell_metrics, run_cell, write_report
+from tandem.bench.cpu import CpuMeter
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.stacks import LAYOUTS, RunningStack, dynamo_mocker_stack, tandem_mocker_stack
 from tandem.bench.workload import RequestSpec, SyntheticConfig, synthetic_requests
@@ -154,7 +156,11 @@ def measure_system(system: str, args: argparse.Namespace, work_dir: Path) -> lis
                             timeout_s=120.0,
                             server_pids=pids,
                         )
+                        engines = CpuMeter(stack.engine_pids)
+                        engines.start()
                         summary = run_cell(config, workload)
+                        engine_s = sum(engines.stop().values())
+                        num_ok = summary["num_ok"]
                         cell = {
                             "system": system,
                             "endpoint": endpoint,
@@ -166,6 +172,12 @@ def measure_system(system: str, args: argparse.Namespace, work_dir: Path) -> lis
                             "load_avg_1m": os.getloadavg()[0],
                             **cell_metrics(summary, stack.frontend_pid),
                             "cpu_ms_per_req": summary.get("server_cpu_ms_per_request_total"),
+                            # the mocker workers' and the bench client's CPU: all three
+                            # share the host's cores, so together they bound req/s
+                            "engine_cpu_ms_per_req": (
+                                engine_s * 1000.0 / num_ok if stack.engine_pids and num_ok else None
+                            ),
+                            "client_cpu_ms_per_req": summary.get("client_cpu_ms_per_request"),
                         }
                         logger.info("%s", cell)
                         cells.append(cell)
@@ -177,7 +189,15 @@ def format_table(cells: list[dict[str, Any]]) -> str:
         return (c.get("endpoint", "chat"), c.get("isl", 0), c["concurrency"], c["connections"])
 
     by_key = {(c["system"], *key(c)): c for c in cells}
-    cols = ("req_per_s", "cpu_ms_per_req", "ttft_p50_ms", "cached_fraction", "e2e_p50_ms")
+    cols = (
+        "req_per_s",
+        "cpu_ms_per_req",
+        "engine_cpu_ms_per_req",
+        "client_cpu_ms_per_req",
+        "ttft_p50_ms",
+        "cached_fraction",
+        "e2e_p50_ms",
+    )
     head = f"{'endpoint':<11} {'isl':>6} {'conc':>4} {'conn':<6}"
     lines = [head + "".join(f" {c:>27}" for c in cols)]
     lines.append(f"{'':30}" + f" {'tandem / dynamo (ratio)':>27}" * len(cols))

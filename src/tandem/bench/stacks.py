@@ -31,6 +31,8 @@ class RunningStack:
     cpu_scope: str
     # further frontend processes (`tandem serve --frontend-processes N`): their CPU counts too
     replica_pids: tuple[int, ...] = ()
+    # the engine (mocker worker) processes, where they are processes of their own
+    engine_pids: tuple[int, ...] = ()
 
 
 def has_split_commands() -> bool:
@@ -65,10 +67,11 @@ def tandem_mocker_stack(
     http = ["--host", "127.0.0.1", "--port", str(port)]
     extra = shlex.split(extra_args)
     with ProcessStack(work_dir / "logs") as stack:
+        engines: list[int] = []
         if layout == "split":
             env = {"TANDEM_DISCOVERY": "file", "TANDEM_DISCOVERY_DIR": str(work_dir / "discovery")}
             for i in range(num_workers):
-                stack.spawn(f"worker{i}", tandem_argv("worker", *mocker), env=env)
+                engines.append(stack.spawn(f"worker{i}", tandem_argv("worker", *mocker), env=env))
             pid = stack.spawn(
                 "frontend", tandem_argv("frontend", *http, "--router", router, *extra), env=env
             )
@@ -85,7 +88,12 @@ def tandem_mocker_stack(
             scope = "frontend" if _has_children(pid) else "frontend+engines"
             replicas = _frontend_replicas(pid, port, expected=_frontend_processes(extra) - 1)
         yield RunningStack(
-            url=url, model=model, frontend_pid=pid, cpu_scope=scope, replica_pids=replicas
+            url=url,
+            model=model,
+            frontend_pid=pid,
+            cpu_scope=scope,
+            replica_pids=replicas,
+            engine_pids=tuple(engines),
         )
 
 
@@ -138,7 +146,11 @@ def dynamo_mocker_stack(
         model = asyncio.run(wait_ready(url, timeout_s=ready_timeout_s))
         assert anchor.frontend_pid is not None
         yield RunningStack(
-            url=url, model=model, frontend_pid=anchor.frontend_pid, cpu_scope="frontend"
+            url=url,
+            model=model,
+            frontend_pid=anchor.frontend_pid,
+            cpu_scope="frontend",
+            engine_pids=anchor.mocker_pids,
         )
     finally:
         anchor.stop()

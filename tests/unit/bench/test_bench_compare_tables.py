@@ -42,6 +42,16 @@ def test_frontend_table_has_a_row_per_isl_and_the_hit_rate():
     assert "cached_fraction" in lines[0] and "0.50 /      0.50 (1.00x)" in lines[2]
 
 
+def test_frontend_table_shows_the_engines_and_the_clients_cpu():
+    tandem = {**_cell("tandem", 64, "reused", 2000.0, 0.4), "engine_cpu_ms_per_req": 0.2,
+              "client_cpu_ms_per_req": 0.15}  # fmt: skip
+    dynamo = {**_cell("dynamo", 64, "reused", 1000.0, 0.8), "engine_cpu_ms_per_req": 0.1,
+              "client_cpu_ms_per_req": 0.15}  # fmt: skip
+    lines = frontend_compare.format_table([tandem, dynamo]).splitlines()
+    assert "engine_cpu_ms_per_req" in lines[0] and "client_cpu_ms_per_req" in lines[0]
+    assert "0.20 /      0.10 (2.00x)" in lines[2] and "0.15 /      0.15 (1.00x)" in lines[2]
+
+
 def test_router_table_gain_is_baseline_over_mode():
     rows = [
         {
@@ -77,6 +87,7 @@ def test_router_table_gain_is_baseline_over_mode():
 def test_every_cell_gets_fresh_prompts_and_both_systems_the_same(monkeypatch, tmp_path):
     import argparse
     import contextlib
+    import os
 
     from tandem.bench.stacks import RunningStack
 
@@ -86,8 +97,12 @@ def test_every_cell_gets_fresh_prompts_and_both_systems_the_same(monkeypatch, tm
     @contextlib.contextmanager
     def stack(system, args, work_dir):
         current[:] = [system]
-        yield RunningStack(
-            url="http://127.0.0.1:1", model="m", frontend_pid=1, cpu_scope="frontend"
+        yield RunningStack(  # this process stands in for the engine: its CPU is measured
+            url="http://127.0.0.1:1",
+            model="m",
+            frontend_pid=1,
+            cpu_scope="frontend",
+            engine_pids=(os.getpid(),),
         )
 
     def run_cell(config, workload):
@@ -105,7 +120,8 @@ def test_every_cell_gets_fresh_prompts_and_both_systems_the_same(monkeypatch, tm
     args = parser.parse_args(["--isl", "64,128", "--concurrency", "1,16", "--connections",
                               "reused", "--endpoint", "chat,completions"])  # fmt: skip
     for system in sent:
-        frontend_compare.measure_system(system, args, tmp_path)
+        cells = frontend_compare.measure_system(system, args, tmp_path)
+        assert all(c["engine_cpu_ms_per_req"] >= 0 for c in cells)
     assert sent["tandem"] == sent["dynamo"]
     assert len(sent["tandem"]) == 4 * 3 and len(set(sent["tandem"])) == 12  # warmups too
     sent = {"tandem": []}

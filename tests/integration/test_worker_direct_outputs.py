@@ -30,6 +30,7 @@ from tandem.runtime.tcp import StreamContext
 
 pytestmark = pytest.mark.timeout(30)
 NUM_TOKENS = 40
+PROMPT_LEN = 13
 
 
 class Spy:
@@ -54,7 +55,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
 
 async def _open(
     *, direct: bool, stream_window: int
-) -> AsyncIterator[tuple[MockerEngine, Instance, Runtime]]:
+) -> AsyncIterator[tuple[MockerEngine, Instance, Runtime, Worker]]:
     disc, bus = MemoryDiscovery(), MemoryEventBus()
     cfg = RuntimeConfig(namespace="t", stream_window=stream_window)
     engine = MockerEngine(MockerConfig(num_blocks=4096, block_size=4, speedup_ratio=0))
@@ -67,7 +68,7 @@ async def _open(
         worker = Worker(engine, worker_rt, WorkerConfig())
         instance = await worker.start()
         try:
-            yield engine, instance, client_rt
+            yield engine, instance, client_rt, worker
         finally:
             await worker.stop(grace_s=0)
 
@@ -77,7 +78,7 @@ def _payload(rid: str) -> bytes:
         PreprocessedRequest(
             request_id=rid,
             model="m",
-            token_ids=[1 + i % 7 for i in range(13)],
+            token_ids=[1 + i % 7 for i in range(PROMPT_LEN)],
             stop=StopConditions(max_tokens=NUM_TOKENS, ignore_eos=True),
         )
     )
@@ -97,9 +98,12 @@ async def _streams(direct: bool, stream_window: int, slow: bool) -> list[list[En
         return outs
 
     gen = _open(direct=direct, stream_window=stream_window)
-    engine, instance, client = await anext(gen)
+    engine, instance, client, worker = await anext(gen)
     try:
-        return list(await asyncio.gather(*(one(client, instance, f"r{i}") for i in range(16))))
+        streams = await asyncio.gather(*(one(client, instance, f"r{i}") for i in range(16)))
+        # every prompt counted once in the worker's metrics, whichever path sent its first output
+        assert worker.metrics.num_prompt_tokens == 16 * PROMPT_LEN
+        return list(streams)
     finally:
         engine.scheduler.check_integrity()
         await gen.aclose()
@@ -128,7 +132,7 @@ async def test_direct_outputs_give_the_generator_paths_streams(
 
 async def test_cancel_mid_stream_frees_the_request(spy: Spy) -> None:
     gen = _open(direct=True, stream_window=256)
-    engine, instance, client = await anext(gen)
+    engine, instance, client, _ = await anext(gen)
     try:
         payload = encode(
             PreprocessedRequest(

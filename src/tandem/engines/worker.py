@@ -108,6 +108,22 @@ def model_card(info: EngineInfo, tasks: list[str] | None = None) -> ModelCard:
     )
 
 
+class _PromptTally:
+    """Counts one request's prompt (and its cached part) in the worker metrics, once: on the
+    first output that carries the cached count, whichever path sends it."""
+
+    __slots__ = ("_metrics", "_num_tokens", "counted")
+
+    def __init__(self, metrics: WorkerMetrics, num_tokens: int) -> None:
+        self._metrics, self._num_tokens = metrics, num_tokens
+        self.counted = False
+
+    def observe(self, num_cached: int) -> None:
+        if not self.counted:
+            self.counted = True
+            self._metrics.observe_prompt(self._num_tokens, num_cached)
+
+
 class Worker:
     """Not reusable: `start` once, `stop` once. All methods run on the runtime's loop."""
 
@@ -283,20 +299,20 @@ class Worker:
             spans = WorkerSpans(request, traceparent, self.instance_id, self.role)
         logger.debug("request_id=%s started (%d prompt tokens)", request.request_id,
                      request.num_prompt_tokens)  # fmt: skip
-        direct = self._direct_sink(ctx, deadline, spans)
+        prompt = _PromptTally(self.metrics, request.num_prompt_tokens)
+        direct = self._direct_sink(ctx, deadline, spans, prompt)
         if direct is None:
             stream = self.engine.generate(request)
         else:
             stream = self.engine.generate(request, direct=direct)  # type: ignore[call-arg]
         error: BaseException | None = None
-        status, counted_prompt = "error", False
+        status = "error"
         try:
             async for out in stream:
                 if spans is not None:
                     spans.output(out)
-                if not counted_prompt and out.num_cached_tokens is not None:
-                    counted_prompt = True
-                    self.metrics.observe_prompt(request.num_prompt_tokens, out.num_cached_tokens)
+                if out.num_cached_tokens is not None:
+                    prompt.observe(out.num_cached_tokens)
                 if out.finish_reason == "cancelled" and not ctx.cancelled.is_set():
                     why = f": {out.error}" if out.error else ""
                     raise PeerGone(
@@ -332,15 +348,20 @@ class Worker:
             log_scope.__exit__(None, None, None)
 
     def _direct_sink(
-        self, ctx: RequestContext, deadline: float | None, spans: WorkerSpans | None
+        self,
+        ctx: RequestContext,
+        deadline: float | None,
+        spans: WorkerSpans | None,
+        prompt: _PromptTally,
     ) -> DirectSink | None:
-        """For an engine that takes one (`accepts_direct_sink`): a sink that puts a plain
-        mid-stream output straight on the request plane from the engine's step, so the
-        request's task is not woken per token. It takes only what this generator would just
-        encode and send: no first output (prompt metrics), no last one, no error, nothing
-        past the deadline, nothing traced; the request plane refuses it when the stream is
-        gone (cancelled) or must wait (no credit, full write buffer), and then it takes the
-        path below. None where it does not apply."""
+        """For an engine that takes one (`accepts_direct_sink`): a sink that puts an output
+        straight on the request plane from the engine's step, so the request's task is not
+        woken per token. It takes only what `_generate` would just encode and send (counting
+        the prompt on the output that carries its cached count, as `_generate` does): never
+        the last output (the stream's end is `_generate`'s), an error, anything past the
+        deadline or anything traced; the request plane refuses it when the stream is gone
+        (cancelled) or must wait (no credit, full write buffer), and then `_generate` takes
+        it. None where it does not apply."""
         try_send = getattr(ctx, "try_send", None)
         if not self._accepts_direct_sink or try_send is None or spans is not None:
             return None
@@ -348,12 +369,14 @@ class Worker:
         def sink(out: EngineOutput) -> bool:
             if (
                 out.finish_reason is not None
-                or out.num_cached_tokens is not None
                 or out.error is not None
                 or (deadline is not None and time.time() > deadline)
+                or not try_send(encode_output(out))
             ):
                 return False
-            return bool(try_send(encode_output(out)))
+            if out.num_cached_tokens is not None:
+                prompt.observe(out.num_cached_tokens)
+            return True
 
         return sink
 

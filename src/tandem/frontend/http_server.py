@@ -78,6 +78,8 @@ class HttpProtocol(asyncio.Protocol):
         self._pending: deque[HttpRequest] = deque()
         self._task: asyncio.Task[None] | None = None
         self._write_ready: asyncio.Future[None] | None = None
+        # the transport asked writers to wait (`drain` would block); read once per chunk
+        self.write_blocked = False
         self._closed = False
         self._reading_paused = False
         self._eof = False  # the client half-closed: answer what it sent, then close
@@ -166,14 +168,17 @@ class HttpProtocol(asyncio.Protocol):
         self._server.on_connection_lost()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # client gone: cancel the request end to end
+        self.write_blocked = False
         if self._write_ready is not None and not self._write_ready.done():
             self._write_ready.set_exception(ClientDisconnected("client disconnected"))
 
     def pause_writing(self) -> None:
+        self.write_blocked = True
         if self._write_ready is None or self._write_ready.done():
             self._write_ready = asyncio.get_running_loop().create_future()
 
     def resume_writing(self) -> None:
+        self.write_blocked = False
         if self._write_ready is not None and not self._write_ready.done():
             self._write_ready.set_result(None)
 
@@ -375,12 +380,6 @@ class HttpProtocol(asyncio.Protocol):
         self._wbuf_bytes = 0
         if not self._closed and self._transport is not None:
             self._transport.write(data)  # may call pause_writing: drain() then waits
-
-    @property
-    def write_blocked(self) -> bool:
-        """The transport asked writers to wait (`drain` would block)."""
-        ready = self._write_ready
-        return ready is not None and not ready.done()
 
     async def drain(self) -> None:
         if self._closed:

@@ -10,6 +10,7 @@ the routers' own metrics are read from the model registry at scrape time (`Route
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ from prometheus_client.metrics_core import Metric
 
 from tandem.frontend.request_stats import RequestStatsCollector
 from tandem.protocols.discovery import ModelCard
+from tandem.protocols.scaling import RequestStats
 from tandem.router.metrics import router_families, worker_component
 from tandem.runtime import tracing
 from tandem.runtime.metrics import LoopHistogram, render
@@ -305,18 +307,31 @@ class _ModelSeries:
 
 class TokenTimer:
     """One request's TTFT (and its `first_token` span) on the first token chunk, ITL between
-    the later ones."""
+    the later ones. Per chunk it does what `FrontendMetrics.observe_itl` does, with no call
+    but the bisect: the histogram series and the interval's row are looked up once (the row
+    again only when the interval has moved on)."""
 
-    __slots__ = ("_interval", "_itl", "_itl_series", "_metrics", "_model", "last", "started")
+    __slots__ = (
+        "_buckets",
+        "_epoch",
+        "_interval",
+        "_itl_series",
+        "_metrics",
+        "_model",
+        "_row",
+        "last",
+        "started",
+    )
 
     def __init__(self, metrics: FrontendMetrics, model: str) -> None:
         self._metrics, self._model = metrics, model
         self.started = time.perf_counter()
         self.last = 0.0
-        # what `FrontendMetrics.observe_itl` does, with the series looked up once per request
-        self._itl = metrics.itl
+        self._buckets = metrics.itl.buckets
         self._itl_series = metrics.itl.child(model)
         self._interval = metrics.interval
+        self._row: RequestStats | None = None
+        self._epoch = -1
 
     def token(self) -> None:
         now = time.perf_counter()
@@ -325,6 +340,15 @@ class TokenTimer:
             self._metrics.first_token(self._model, now - self.started)
             tracing.since_current("first_token")
             return
-        self._itl.observe(self._itl_series, now - last)
-        if self._interval is not None:
-            self._interval.itl(self._model, now - last)
+        seconds = now - last
+        series = self._itl_series  # LoopHistogram.observe, inline
+        series[bisect_left(self._buckets, seconds)] += 1
+        series[-1] += seconds
+        interval = self._interval
+        if interval is not None:  # RequestStatsCollector.itl, inline
+            row = self._row
+            if row is None or self._epoch != interval.epoch:
+                row, self._epoch = interval.row(self._model), interval.epoch
+                self._row = row
+            row.num_itl += 1
+            row.sum_itl_ms += seconds * 1000.0

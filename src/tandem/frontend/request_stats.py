@@ -28,6 +28,12 @@ class RequestStatsCollector:
         self._clock = clock
         self._start_s = clock()
         self._by_model: dict[str, scaling.RequestStats] = {}
+        self.epoch = 0  # +1 at every `take`: a row held since an older epoch is published
+
+    def row(self, model: str) -> scaling.RequestStats:
+        """`model`'s row of the current interval, to update in place until `epoch` moves
+        (the hot path: a stream's inter-token latencies, `frontend.metrics.TokenTimer`)."""
+        return self._row(model)
 
     def _row(self, model: str) -> scaling.RequestStats:
         row = self._by_model.get(model)
@@ -75,6 +81,7 @@ class RequestStatsCollector:
             row.end_s = now
         self._by_model.clear()
         self._start_s = now
+        self.epoch += 1
         return rows
 
 

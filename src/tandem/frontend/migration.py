@@ -100,25 +100,29 @@ class EngineStreamer:
                         deadline_s=current.deadline_s,
                     )
                 chunks = aiter(stream)
+                # a payload that has already arrived is taken without awaiting (TCP streams)
+                next_ready = getattr(stream, "next_ready", _nothing_ready)
                 started = has_token = False
                 watch = None
                 if health is not None:
                     watch = health.stream_opened(decision.instance_id)
                 try:
-                    while True:  # the watch is armed only while awaiting (once per token)
-                        if watch is not None:
-                            watch.arm(stall_s if started else first_s)
-                        try:
-                            payload = await anext(chunks, None)
-                        except asyncio.CancelledError:
-                            if watch is not None and (stalled := _stalled(watch, started)):
-                                raise stalled from None
-                            raise
-                        finally:
+                    while True:
+                        payload = next_ready()
+                        if payload is None:  # the watch is armed only while awaiting
                             if watch is not None:
-                                watch.disarm()
-                        if payload is None:
-                            break
+                                watch.arm(stall_s if started else first_s)
+                            try:
+                                payload = await anext(chunks, None)
+                            except asyncio.CancelledError:
+                                if watch is not None and (stalled := _stalled(watch, started)):
+                                    raise stalled from None
+                                raise
+                            finally:
+                                if watch is not None:
+                                    watch.disarm()
+                            if payload is None:
+                                break
                         if health is not None:
                             health.output(decision.instance_id)
                         out = decode_output(payload)
@@ -201,6 +205,10 @@ class EngineStreamer:
                 await _close(stream)
 
         return probe
+
+
+def _nothing_ready() -> bytes | None:
+    return None  # a stream without `next_ready`: every payload is awaited
 
 
 def _stalled(watch: StreamWatch, started: bool) -> StreamStalled | None:

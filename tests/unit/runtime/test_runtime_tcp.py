@@ -274,3 +274,25 @@ async def test_try_send_only_within_credit_and_while_the_stream_is_open(server) 
         assert not held[-1].try_send(b"x")  # cancelled: refused
     finally:
         await small.close()
+
+
+async def test_next_ready_takes_what_arrived_without_waiting_and_returns_credit(server) -> None:
+    """A reader that is behind takes buffered payloads with `next_ready` (no await); credit
+    still flows back, so a stream many windows long completes; None when nothing waits."""
+    small = TcpRequestClient(connect_timeout_s=2, stream_window=4)
+    try:
+        stream = small.stream(server.address, "ns.c.echo", b"40", request_id="n")
+        assert stream.next_ready() is None  # not started
+        got: list[bytes] = []
+        num_ready = 0
+        async with asyncio.timeout(10):  # credit not returned: the server stalls, this fails
+            while len(got) < 40:
+                ready = stream.next_ready()
+                num_ready += ready is not None
+                got.append(ready if ready is not None else await anext(stream))
+        assert got == [b"%d" % i for i in range(40)]
+        assert num_ready > 0  # the window lets several arrive while the reader is away
+        assert await collect(stream) == []
+        assert stream.next_ready() is None  # ended
+    finally:
+        await small.close()

@@ -289,6 +289,14 @@ class _Sink:
     def expire(self) -> None:
         self.cancel(deadline_error(self.request, self.conn.address))
 
+    def pop(self) -> bytes:
+        """The oldest buffered payload (there is one); returns credit every half window."""
+        self.num_unacked += 1
+        if self.num_unacked * 2 >= self.window and not self.done:
+            self.conn.grant(self.sid, self.num_unacked)
+            self.num_unacked = 0
+        return self.buf.popleft()
+
 
 def deadline_error(request: RequestHead, address: str) -> Exception:
     return errors.DeadlineExceeded(
@@ -347,11 +355,16 @@ class ResponseStream:
                 raise
             finally:
                 sink.waiter = None
-        sink.num_unacked += 1
-        if sink.num_unacked * 2 >= sink.window and not sink.done:
-            sink.conn.grant(sink.sid, sink.num_unacked)
-            sink.num_unacked = 0
-        return buf.popleft()
+        return sink.pop()
+
+    def next_ready(self) -> bytes | None:
+        """The next payload if one has already arrived, without waiting (no coroutine: the
+        per-token shortcut of a reader that is behind); None otherwise, `__anext__` then
+        waits, ends or raises as usual."""
+        sink = self._sink
+        if sink is None or not sink.buf:
+            return None
+        return sink.pop()
 
     async def aclose(self) -> None:
         """Stop the stream; cancels the request on the server if it has not ended."""

@@ -384,6 +384,8 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
  * the high nibbles (64 bytes a quad), q8 has them in the next 64 bytes (128 a quad); `pack`. */
 #define XBITS 15
 #define XMAX 16383
+#define ROWS_SPLIT 64 /* rows a thread from which threads split rows, not tiles */
+#define TILE_CHUNK 16 /* tiles a row block passes at a time in the row split (~220 KB of q4) */
 #define VR 4 /* rows per block: 4 int32 + 2 fp32 sums a row = 24 zmm (6 rows spill: ~2x slower) */
 
 int tq_activation_bits(void) { return XBITS; }
@@ -510,10 +512,31 @@ static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, co
         for (int64_t r = 0; r < M; r++)
             quantize_row(x + r * K, K, alpha, eps, cs, xh + r * K, xl + r * K, sc + r * G, xs + r * G);
     }
-    if (nt > T) nt = (int)T;
+    /* many rows: threads split the rows (each in the same static blocks as the quantize
+     * above, so a thread reads the rows it wrote and writes the output rows the next op's
+     * static row split will read: no output line crosses cores), going over the tiles in
+     * chunks that stay in L2 while its row blocks pass; fewer rows: threads split the tiles */
+    const int by_rows = nt > 1 && M >= ROWS_SPLIT * nt;
+    if (!by_rows && nt > T) nt = (int)T;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        if (M == 1) { /* tiles in pairs (the last alone when T is odd) */
+        if (by_rows) {
+            const int64_t nb = (M + VR - 1) / VR;
+            for (int64_t t0 = 0; t0 < T; t0 += TILE_CHUNK) {
+                const int64_t t1 = t0 + TILE_CHUNK < T ? t0 + TILE_CHUNK : T;
+#pragma omp for schedule(static) nowait
+                for (int64_t b = 0; b < nb; b++) {
+                    const int64_t r0 = b * VR;
+                    const int R = (int)(M - r0 < VR ? M - r0 : VR);
+                    for (int64_t t = t0; t < t1; t++) {
+                        const int nc = glu ? GLU : (int)(N - t * TN < TN ? N - t * TN : TN);
+                        vrun(R, 1, kind, pq + t * tq, tq, pd + t * G * TN, pm + t * G * TN, G * TN,
+                             xh + r0 * K, xl + r0 * K, sc + r0 * G, xs + r0 * G, K,
+                             y + r0 * ldy + t * oc, ldy, res ? res + r0 * N + t * TN : NULL, nc);
+                    }
+                }
+            }
+        } else if (M == 1) { /* tiles in pairs (the last alone when T is odd) */
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < (T + 1) / 2; p++) {
                 const int64_t t = 2 * p, U = t + 1 < T ? 2 : 1;

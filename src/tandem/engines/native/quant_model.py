@@ -20,7 +20,6 @@ import torch
 from tandem.engines.native.model import LayerWeights, LlamaModel
 from tandem.engines.native.model_config import ModelConfig
 from tandem.engines.native.quant import (
-    GLU_ROWS,
     QuantLinear,
     QWeight,
     cat_rows,
@@ -115,12 +114,12 @@ class QuantLlamaModel(LlamaModel):
             _scale_rows(q, slice(None), q_scale)
         qkv = cat_rows([q, get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")])
         gate_up = cat_rows([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
-        fused = gate_up.shape[0] % (2 * GLU_ROWS) == 0
         return LayerWeights(
             qkv=linear(qkv, "input_layernorm.weight"),  # type: ignore[arg-type]
             o=linear(get("self_attn.o_proj.weight")),  # type: ignore[arg-type]
-            # silu(gate) * up in the projection's own kernel (no [T, 2 ffn] round trip)
-            gate_up=linear(gate_up, "post_attention_layernorm.weight", glu=fused),  # type: ignore[arg-type]
+            # silu(gate) * up in the projection's own kernel (no [T, 2 ffn] round trip); its
+            # 2 ffn rows are a multiple of 32 as the down projection's groups need ffn to be
+            gate_up=linear(gate_up, "post_attention_layernorm.weight", glu=True),  # type: ignore[arg-type]
             down=linear(get("mlp.down_proj.weight")),  # type: ignore[arg-type]
         )
 

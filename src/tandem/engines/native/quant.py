@@ -375,12 +375,16 @@ def _gemm(
 GLU_ROWS = TILE // 2  # gate rows, then as many up rows, a packed tile (glu)
 
 
+def _check_glu_rows(n: int) -> None:
+    if n % (2 * GLU_ROWS):
+        raise ValueError(f"a glu weight needs a multiple of {2 * GLU_ROWS} rows, not {n}")
+
+
 def glu_rows(w: QWeight) -> QWeight:
     """A [2F, K] gate/up weight (gate rows first) with its rows interleaved 16 gate, 16 up,
     ... so that each packed tile holds a gate column and its up column (`matmul(glu=True)`)."""
     n = w.shape[0]
-    if n % (2 * GLU_ROWS):
-        raise ValueError(f"a glu weight needs a multiple of {2 * GLU_ROWS} rows, not {n}")
+    _check_glu_rows(n)
     order = torch.arange(n).view(2, n // (2 * GLU_ROWS), GLU_ROWS).transpose(0, 1).reshape(-1)
     return type(w)(*(t[order.to(t.device)].contiguous() for t in w))
 
@@ -404,8 +408,8 @@ class QuantLinear:
         self.out_features = weight.shape[0] // 2 if glu else weight.shape[0]
         self.col_scale = None if col_scale is None else col_scale.float().contiguous()
         self._args: _KernelArgs | None = None
-        if glu and weight.shape[0] % (2 * GLU_ROWS):
-            raise ValueError(f"a glu weight needs a multiple of {2 * GLU_ROWS} rows")
+        if glu:
+            _check_glu_rows(weight.shape[0])
         if not uses_torch_path(weight):
             packed = pack(glu_rows(weight) if glu else weight)  # builds the kernels here
             self.weight = packed

@@ -159,6 +159,77 @@ def test_quant_linear_glu_and_norm_agree_on_the_c_and_torch_paths(monkeypatch):
     assert torch.allclose(dense(x, norm_eps=1e-5), dense(normed), rtol=1e-5, atol=1e-5)
 
 
+needs_vnni = pytest.mark.skipif(
+    quant.activation_bits() != 15, reason="the screened argmax runs on VNNI builds only"
+)
+
+
+def screened(n: int, k: int, fmt: str, seed: int) -> tuple[quant.QuantLinear, quant.ArgmaxScreen]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[n // 2] = w[1]  # equal columns: equal logits, the first must win
+    w[n - 1] = w[1]
+    weight = quant.convert(w, fmt)
+    linear = quant.QuantLinear(weight, col_scale=torch.rand(k, generator=g) + 0.5)
+    return linear, quant.ArgmaxScreen(linear, weight)
+
+
+@needs_vnni
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(("n", "k"), [(49152, 576), (1000, 576), (33, 64), (31, 64), (64, 96)])
+def test_screened_argmax_is_the_full_logits_argmax(fmt, n, k):
+    """Rows of every kind (random, a row that is a small negative multiple of another so its
+    logits are all near zero, zero rows, rows whose logits are all negative over a padded
+    last tile) pick exactly the column `linear(x).max(-1)` picks, for 1..33 rows (one VR
+    block and odd remainders)."""
+    linear, screen = screened(n, k, fmt, seed=n + k)
+    assert screen.available
+    g = torch.Generator().manual_seed(7)
+    for rows in (1, 2, 3, 5, 8, 33):
+        x = torch.randn(rows, k, generator=g) * 3
+        if rows > 2:
+            x[rows // 2] = x[0] * -0.01
+            x[1] = 0.0
+        full = linear(x)
+        assert screen(x) == full.max(-1).indices.tolist(), rows
+    negative = -quant.dequantize_torch(quant.convert(torch.ones(1, k), fmt)).expand(3, k)
+    full = linear(negative.contiguous())
+    assert screen(negative.contiguous()) == full.max(-1).indices.tolist()
+
+
+@needs_vnni
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_screened_argmax_prefers_the_first_of_equal_columns(fmt):
+    """Columns 1, n/2 and n-1 hold the same weights, so their logits are equal; a row along
+    them makes that the maximum, and the pick must be column 1, as torch's max picks."""
+    n, k = 1000, 576
+    linear, screen = screened(n, k, fmt, seed=11)
+    assert linear.col_scale is not None
+    column = torch.randn(n, k, generator=torch.Generator().manual_seed(11))[1]  # screened's w[1]
+    along = torch.randn(2, k, generator=torch.Generator().manual_seed(2)) * 0.01
+    along += column / linear.col_scale
+    full = linear(along)
+    assert full[:, 1].tolist() == full[:, n // 2].tolist() == full[:, n - 1].tolist()
+    assert full.max(-1).indices.tolist() == [1, 1]
+    assert screen(along) == [1, 1]
+
+
+@needs_vnni
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 3e38])
+def test_screened_argmax_on_non_finite_rows_matches_or_defers(bad):
+    """A NaN, inf or huge activation: the screen answers what the full kernel answers, or
+    None (a NaN logit: the head then takes the full logits, as QuantHead.greedy does)."""
+    linear, screen = screened(1000, 576, "int8", seed=5)
+    x = torch.randn(4, 576)
+    x[2, 5] = bad
+    picks = screen(x)
+    full = linear(x)
+    if bool(full.isnan().any()):
+        assert picks is None
+    else:
+        assert picks == full.max(-1).indices.tolist()
+
+
 def test_builds_use_the_vectors_they_were_compiled_for(libs):
     assert libs["portable"].tq_isa() == 0
     assert libs["avx2"].tq_isa() == 256
@@ -251,6 +322,11 @@ def greedy(model: LlamaModel, fmt: str, prompts: list[list[int]]) -> list[list[i
 
 def logits(model: LlamaModel, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
     """Teacher-forced next-token logits at every position (one prefill)."""
+    return model.head.logits(hidden(model, token_ids, block_size))
+
+
+def hidden(model: LlamaModel, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
+    """Teacher-forced final hidden states (the head's input) at every position."""
     n, num_blocks = len(token_ids), -(-len(token_ids) // block_size)
     pos = torch.arange(n)
     meta = AttentionMetadata(
@@ -264,7 +340,8 @@ def logits(model: LlamaModel, token_ids: list[int], block_size: int = 16) -> tor
         ],
     )
     with torch.inference_mode():
-        return model.forward(torch.tensor(token_ids), meta, model.new_kv_cache(num_blocks, 16), pos)
+        cache = model.new_kv_cache(num_blocks, block_size)
+        return model.hidden(torch.tensor(token_ids), meta, cache, pos)
 
 
 @pytest.mark.native
@@ -284,6 +361,21 @@ def test_quantized_engine_agrees_with_fp32(models, prompts, fmt):
     assert agree / total >= MIN_AGREEMENT, (agree, total, ref, out)
     assert sum(kls) / len(kls) < MAX_MEAN_KL, kls
     assert models[fmt].weight_bytes() < models["fp32"].weight_bytes() / 2.5
+
+
+@pytest.mark.native
+@needs_vnni
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantized_head_greedy_is_the_argmax_of_its_logits(models, prompts, fmt):
+    """SmolLM2's head (49152 columns) on real hidden states: the screened greedy pick is the
+    argmax of the full logits at every position, in batches of every size."""
+    model = models[fmt]
+    x = torch.cat([hidden(model, p) for p in prompts])
+    assert model.head.screen.available
+    expected = model.head.logits(x).max(-1).indices.tolist()
+    for rows in (1, 2, 7, 32, len(x)):
+        got = [t for i in range(0, len(x), rows) for t in model.head.greedy(x[i : i + rows])]
+        assert got == expected, rows
 
 
 def test_weights_auto_is_int4_where_the_kernels_build(monkeypatch):

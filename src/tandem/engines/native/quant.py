@@ -89,7 +89,9 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.tq_dequant_q8.argtypes = [p, p, p, i64, i64, p, i32]
     lib.tq_pack_q4.argtypes = [p, p, p, i64, i64, p, p, p]
     lib.tq_pack_q8.argtypes = [p, p, p, i64, i64, p, p, p]
-    for fn in (lib.tq_gemm_q4, lib.tq_gemm_q8):
+    lib.tq_head_greedy_q4.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, p, i32, f32]
+    lib.tq_head_greedy_q8.argtypes = [p, i64, i64, f32, p, p, p, p, i64, p, p, p, i32, f32]
+    for fn in (lib.tq_gemm_q4, lib.tq_gemm_q8, lib.tq_head_greedy_q4, lib.tq_head_greedy_q8):
         fn.restype = ctypes.c_int
     lib.tq_isa.restype = ctypes.c_int
     lib.tq_activation_bits.restype = ctypes.c_int
@@ -468,12 +470,17 @@ def dequantize_torch(w: QWeight) -> torch.Tensor:
     32 (q4: byte j of a group holds element j low, j + 16 high; kernels/quant.c), as one
     fused multiply-add like the C loop (bit-equal to it on this CPU)."""
     n, k = w.shape
+    q = codes(w).view(n, k // GROUP, GROUP)
+    return torch.addcmul(w.m.unsqueeze(2), q.float(), w.d.unsqueeze(2)).view(n, k)
+
+
+def codes(w: QWeight) -> torch.Tensor:
+    """`w`'s codes as uint8 [N, K] in input order (q4: 0..15, q8: 0..255)."""
+    n, k = w.shape
     if isinstance(w, Q4Weight):
         b = w.qs.view(n, k // GROUP, GROUP // 2)
-        q = torch.cat((b & 0x0F, b >> 4), dim=2)
-    else:
-        q = w.qs.view(n, k // GROUP, GROUP)
-    return torch.addcmul(w.m.unsqueeze(2), q.float(), w.d.unsqueeze(2)).view(n, k)
+        return torch.cat((b & 0x0F, b >> 4), dim=2).view(n, k)
+    return w.qs.view(n, k)
 
 
 def matmul_torch(
@@ -498,3 +505,63 @@ def matmul_torch(
     if residual is None:
         return torch.mm(x, wt)
     return torch.addmm(residual.float(), x, wt)
+
+
+# ------------------------------------------------------------------ greedy rows (C kernels)
+class ArgmaxScreen:
+    """`screen(x)`: per row of x, the index of the largest column of `linear(x)` (the first on
+    ties), bit-for-bit what `linear(x).max(-1).indices` gives, from a pass that sums only the
+    activations' high bytes plus a rigorous error bound, and the exact kernel on the few tiles
+    that may hold the maximum (`kernels/quant.c`, tq_head_greedy_*). For the output head of
+    greedy rows: at 32 rows the head's cost is its integer products, and this halves them.
+    None where it cannot answer (a NaN in the row: the caller takes the full logits).
+    `available` says whether this build screens (the VNNI kernels; elsewhere it is unused).
+    Immutable; thread-safe."""
+
+    def __init__(self, linear: QuantLinear, weight: QWeight) -> None:
+        self.linear = linear
+        self._fn: Any = None
+        args = linear._args
+        if args is None or linear.glu or activation_bits() != 15:
+            return
+        n, k = weight.shape
+        d = weight.d.double().unsqueeze(2)
+        m = weight.m.double().unsqueeze(2)
+        # |w_n|_2 as exact sums over each group's codes: sum_k (d q + m)^2
+        q = codes(weight).view(n, k // GROUP, GROUP).double()
+        sq = d.squeeze(2) ** 2 * (q * q).sum(2) + 2 * d.squeeze(2) * m.squeeze(2) * q.sum(2)
+        sq += GROUP * m.squeeze(2) ** 2
+        top = 15 if isinstance(weight, Q4Weight) else 255
+        mag = (top * d.abs() + m.abs()).squeeze(2).amax(1)
+        cols = -(-n // TILE) * TILE
+        up = 1.0 + 2.0**-20  # fp32 rounding of the float64 figures, upwards
+        self._wn = torch.zeros(cols, dtype=torch.float32)
+        self._wn[:n] = (sq.sum(1).clamp_min(0).sqrt() * up).float()
+        self._mag = torch.zeros(cols, dtype=torch.float32)
+        self._mag[:n] = (mag * up).float()
+        lib = kernels()
+        self._fn = lib.tq_head_greedy_q4 if isinstance(weight, Q4Weight) else lib.tq_head_greedy_q8
+
+    @property
+    def available(self) -> bool:
+        return self._fn is not None
+
+    def __call__(self, x: torch.Tensor) -> list[int] | None:
+        a = self.linear._args
+        if self._fn is None or a is None:
+            return None
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        rows, k = x.shape
+        if k != a.k:
+            raise ValueError(f"x has {k} columns; the weight expects {a.k}")
+        out = torch.empty(rows, dtype=torch.int64)
+        rc = self._fn(
+            x.data_ptr(), rows, k, 1.0, a.col_scale, a.qs, a.d, a.m, a.n, self._wn.data_ptr(),
+            self._mag.data_ptr(), out.data_ptr(), torch.get_num_threads(), -1.0,
+        )  # fmt: skip
+        if rc == 1:
+            return None
+        if rc != 0:
+            raise RuntimeError(f"quantized greedy head failed (code {rc}) for x {tuple(x.shape)}")
+        return out.tolist()

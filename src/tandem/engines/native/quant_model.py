@@ -20,6 +20,7 @@ import torch
 from tandem.engines.native.model import LayerWeights, LlamaModel
 from tandem.engines.native.model_config import ModelConfig
 from tandem.engines.native.quant import (
+    ArgmaxScreen,
     QuantLinear,
     QWeight,
     cat_rows,
@@ -32,16 +33,24 @@ QuantWeights = dict[str, torch.Tensor | QWeight]
 
 
 class QuantHead:
-    """logits(x) = x @ W^T from int8 codes; greedy = argmax. Immutable; thread-safe."""
+    """logits(x) = x @ W^T from int8 codes; greedy = argmax of those logits, from a screening
+    pass where the build has one (quant.ArgmaxScreen: the same tokens, about half the integer
+    products; in a decode step, measured: head 7.5 -> 3.9 ms at 32 rows, 2.75 -> 1.9 at 8,
+    1.55 -> 1.3 at one). Immutable; thread-safe."""
 
-    def __init__(self, linear: QuantLinear) -> None:
+    def __init__(self, linear: QuantLinear, weight: QWeight) -> None:
         self.linear = linear
         self.low = None  # no bf16 screening copy
+        self.screen = ArgmaxScreen(linear, weight)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
 
     def greedy(self, x: torch.Tensor) -> list[int]:
+        if self.screen.available:
+            picks = self.screen(x)
+            if picks is not None:
+                return picks
         return self.logits(x).max(dim=-1).indices.tolist()
 
     @property
@@ -93,7 +102,7 @@ class QuantLlamaModel(LlamaModel):
         norm = _dense(w["model.norm.weight"]).to(dev)
         self.final_norm = norm  # embeddings apply it after pooling (native.embedding)
         head_q8 = _to_device(convert(head, "int8"), dev)
-        self.head = QuantHead(QuantLinear(head_q8, col_scale=norm))  # type: ignore[assignment]
+        self.head = QuantHead(QuantLinear(head_q8, col_scale=norm), head_q8)  # type: ignore[assignment]
 
     @staticmethod
     def _quant_layer(

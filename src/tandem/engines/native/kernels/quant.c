@@ -434,11 +434,23 @@ static void quantize_row(const float *x, int64_t K, float alpha, float eps, cons
     }
 }
 
-/* R rows x U tiles (tile u at q + u tq, d + u td); same per-row arithmetic for all (R, U) */
+/* What a screening pass (hi = 1 below; tq_head_greedy_*) reads and writes for a block's rows,
+ * each pointer at the block's first row (per-row arrays) or its tile (per-column arrays) */
+struct screen {
+    const float *er, *gr;   /* per row: |x - hi part|_2 and the rounding term's row factor */
+    const float *wn, *mag;  /* per column: |w_n|_2 and the rounding term's column factor */
+    float *tu, *tl;         /* per row and tile: max over its columns of hi + bound, hi - bound */
+    int64_t ldt;            /* tu, tl: a row's stride (the tile count) */
+    int *bad;               /* per row: set where a value is NaN (the caller takes full logits) */
+};
+
+/* R rows x U tiles (tile u at q + u tq, d + u td); same per-row arithmetic for all (R, U).
+ * hi = 1 (a screening pass, U = 1): only the high bytes xh (scales sc, sums xs of that plane)
+ * and, instead of y, the tile's upper and lower bounds into scr (tq_head_greedy_*) */
 INLINE void vblock(int R, int U, int kind, const uint8_t *q, int64_t tq, const float *d,
                    const float *m, int64_t td, const int8_t *xh, const int8_t *xl,
                    const float *sc, const float *xs, int64_t K, float *y, int64_t ldy,
-                   const float *res, int nc_last) {
+                   const float *res, int nc_last, int hi, const struct screen *scr) {
     const int64_t G = K / GROUP, qb = kind == 4 ? 64 : 128;
     const __m512i low = _mm512_set1_epi8(0x0f);
     __m512 acc[VR][2][2];
@@ -462,12 +474,15 @@ INLINE void vblock(int R, int U, int kind, const uint8_t *q, int64_t tq, const f
                     c1 = _mm512_loadu_si512(p + 64);
                 }
                 for (int r = 0; r < R; r++) {
-                    int32_t h4, l4;
+                    int32_t h4;
                     memcpy(&h4, xh + r * K + 4 * j, 4);
-                    memcpy(&l4, xl + r * K + 4 * j, 4);
-                    const __m512i bh = _mm512_set1_epi32(h4), bl = _mm512_set1_epi32(l4);
+                    const __m512i bh = _mm512_set1_epi32(h4);
                     dp(&ih[r][u][0], c0, bh);
                     dp(&ih[r][u][1], c1, bh);
+                    if (hi) continue;
+                    int32_t l4;
+                    memcpy(&l4, xl + r * K + 4 * j, 4);
+                    const __m512i bl = _mm512_set1_epi32(l4);
                     dp(&il[r][u][0], c0, bl);
                     dp(&il[r][u][1], c1, bl);
                 }
@@ -477,12 +492,32 @@ INLINE void vblock(int R, int U, int kind, const uint8_t *q, int64_t tq, const f
             const __m512 s = _mm512_set1_ps(sc[r * G + g]), sb = _mm512_set1_ps(xs[r * G + g]);
             for (int u = 0; u < U; u++)
                 for (int v = 0; v < 2; v++) {
-                    const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(ih[r][u][v], 7), il[r][u][v]);
+                    const __m512i ih7 = _mm512_slli_epi32(ih[r][u][v], 7);
+                    const __m512i isum = hi ? ih7 : _mm512_add_epi32(ih7, il[r][u][v]);
                     const __m512 ds = _mm512_mul_ps(_mm512_loadu_ps(d + u * td + g * TN + 16 * v), s);
                     const __m512 a = _mm512_fmadd_ps(ds, _mm512_cvtepi32_ps(isum), acc[r][u][v]);
                     acc[r][u][v] = _mm512_fmadd_ps(_mm512_loadu_ps(m + u * td + g * TN + 16 * v), sb, a);
                 }
         }
+    }
+    if (hi) { /* per row: the max over the tile's valid columns of hi + bound and hi - bound */
+        const __mmask16 valid[2] = {(__mmask16)(nc_last >= 16 ? 0xffff : (1u << nc_last) - 1),
+                                    (__mmask16)(nc_last >= 32 ? 0xffff : nc_last <= 16 ? 0 : (1u << (nc_last - 16)) - 1)};
+        const __m512 ninf = _mm512_set1_ps(-INFINITY);
+        for (int r = 0; r < R; r++) {
+            __m512 up = ninf, lo = ninf;
+            for (int v = 0; v < 2; v++) {
+                const __m512 a = acc[r][0][v];
+                const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(scr->wn + 16 * v), _mm512_set1_ps(scr->er[r]),
+                                                 _mm512_mul_ps(_mm512_loadu_ps(scr->mag + 16 * v), _mm512_set1_ps(scr->gr[r])));
+                if (_mm512_mask_cmp_ps_mask(valid[v], a, a, _CMP_UNORD_Q)) scr->bad[r] = 1;
+                up = _mm512_mask_max_ps(up, valid[v], up, _mm512_add_ps(a, b));
+                lo = _mm512_mask_max_ps(lo, valid[v], lo, _mm512_sub_ps(a, b));
+            }
+            scr->tu[r * scr->ldt] = _mm512_reduce_max_ps(up);
+            scr->tl[r * scr->ldt] = _mm512_reduce_max_ps(lo);
+        }
+        return;
     }
     const int64_t oc = nc_last == GLU ? TN / 2 : TN; /* output columns a tile */
     for (int r = 0; r < R; r++)
@@ -501,13 +536,26 @@ static void vrun(int R, int U, int kind, const uint8_t *q, int64_t tq, const flo
                  const float *res, int nc) {
 #define V(r, u, k)                                                                           \
     if (R == r && U == u && kind == k) {                                                     \
-        vblock(r, u, k, q, tq, d, m, td, xh, xl, sc, xs, K, y, ldy, res, nc);                \
+        vblock(r, u, k, q, tq, d, m, td, xh, xl, sc, xs, K, y, ldy, res, nc, 0, NULL);       \
         return;                                                                              \
     }
 #define VK(r, u) V(r, u, 4) V(r, u, 8)
     VK(1, 2) VK(1, 1) VK(2, 1) VK(3, 1) VK(4, 1) /* R <= VR */
 #undef VK
 #undef V
+}
+
+/* vrun's screening pass (hi = 1): R rows of one tile, bounds into scr */
+static void hrun(int R, int kind, const uint8_t *q, const float *d, const float *m,
+                 const int8_t *xh, const float *sc, const float *xs, int64_t K, int nc,
+                 const struct screen *scr) {
+#define H(r, k)                                                                                \
+    if (R == r && kind == k) {                                                                 \
+        vblock(r, 1, k, q, 0, d, m, 0, xh, NULL, sc, xs, K, NULL, 0, NULL, nc, 1, scr);        \
+        return;                                                                                \
+    }
+    H(1, 4) H(2, 4) H(3, 4) H(4, 4) H(1, 8) H(2, 8) H(3, 8) H(4, 8) /* R <= VR */
+#undef H
 }
 
 static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, const float *cs,
@@ -575,9 +623,124 @@ static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, co
     free(xb);
     return 0;
 }
+
+/* ------------------------------------------------------------------ greedy rows (screened) */
+/* out[r] = argmax over n of what vgemm writes for row r (bit for bit; the first n on ties),
+ * without every column in full. The exact sum splits per element as q = 128 h + l, h the
+ * rounded high part (in -128..127) and l the rest (-64..64; up to 127 where h clips at 127):
+ *   y[n] = sum_k w[n][k] s q_k = H[n] + sum_k w[n][k] s l_k,  |y[n] - H[n]| <= |w_n|_2 |s l|_2
+ * (Cauchy-Schwarz, s the group's scale), and H takes one vpdpbusd per four products, half
+ * the exact path's. With the fp32 rounding of both sums bounded by
+ *   (2G + 4) 2^-24 sum_g |terms| <= (2G + 4) 2^-24 mag_n sum_k s (|q_k| + 64),
+ * mag_n = max_g (max code |d| + |m|) (wn, mag: per column, from the caller, rounded up),
+ * any column whose H + bound reaches the largest H - bound of the row may be the argmax, and
+ * only the tiles holding such columns run in full (vrun, one row: the same arithmetic as in
+ * any batch). Returns 1 where a value is NaN (the caller takes the full logits instead). */
+#define SCREEN_SAFETY 4.0 /* times the rounding bound above */
+
+static int head_greedy(int kind, const float *x, int64_t M, int64_t K, float alpha, const float *cs,
+                       const uint8_t *pq, const float *pd, const float *pm, int64_t N,
+                       const float *wn, const float *mag, int64_t *out, int nt, float eps) {
+    if (K % GROUP || K <= 0 || M < 0 || N <= 0) return -1;
+    if (M == 0) return 0;
+    const int64_t G = K / GROUP, T = (N + TN - 1) / TN, tq = (K / 4) * (kind == 4 ? 64 : 128);
+    const size_t nb = (size_t)(3 * M * K), nf = (size_t)(3 * M * G + 2 * M + 2 * M * T);
+    int8_t *xb = malloc(nb + sizeof(float) * nf + sizeof(int) * (size_t)M + 64);
+    if (!xb) return -2;
+    int8_t *xh = xb, *xl = xb + M * K, *hh = xb + 2 * M * K;
+    float *sc = (float *)(((uintptr_t)(xb + nb) + 63) & ~(uintptr_t)63);
+    float *xs = sc + M * G, *hs = xs + M * G, *er = hs + M * G, *gr = er + M;
+    float *tu = gr + M, *tl = tu + M * T;
+    int *bad = (int *)(tl + M * T);
+    if (nt < 1) nt = 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && M * K >= 4096)
+    for (int64_t r = 0; r < M; r++) {
+        quantize_row(x + r * K, K, alpha, eps, cs, xh + r * K, xl + r * K, sc + r * G, xs + r * G);
+        double e2 = 0., x1 = 0.;
+        for (int64_t g = 0; g < G; g++) {
+            const float s = sc[r * G + g];
+            int32_t hsum = 0;
+            int64_t l2 = 0, a1 = 0;
+            for (int64_t k = g * GROUP; k < (g + 1) * GROUP; k++) {
+                const int32_t q = 128 * xh[r * K + k] + xl[r * K + k];
+                int32_t h = (q + 64) >> 7;
+                if (h > 127) h = 127;
+                const int32_t l = q - 128 * h;
+                hh[r * K + k] = (int8_t)h;
+                hsum += h;
+                l2 += (int64_t)l * l;
+                a1 += (q < 0 ? -q : q) + 64;
+            }
+            hs[r * G + g] = s * (float)(128 * hsum);
+            e2 += (double)s * s * (double)l2;
+            x1 += (double)s * (double)a1;
+        }
+        er[r] = (float)(sqrt(e2) * (1. + 1e-6));
+        gr[r] = (float)(2. * SCREEN_SAFETY * (double)(2 * G + 4) * 0x1p-24 * x1);
+        bad[r] = 0;
+    }
+    int nt1 = nt > T ? (int)T : nt;
+#pragma omp parallel for num_threads(nt1) schedule(static) if (nt1 > 1)
+    for (int64_t t = 0; t < T; t++) {
+        const int nc = tile_cols(N, t, 0);
+        for (int64_t r0 = 0; r0 < M; r0 += VR) {
+            const int R = (int)(M - r0 < VR ? M - r0 : VR);
+            const struct screen scr = {er + r0, gr + r0, wn + t * TN, mag + t * TN,
+                                       tu + r0 * T + t, tl + r0 * T + t, T, bad + r0};
+            hrun(R, kind, pq + t * tq, pd + t * G * TN, pm + t * G * TN, hh + r0 * K, sc + r0 * G,
+                 hs + r0 * G, K, nc, &scr);
+        }
+    }
+    int failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && M > 1) reduction(| : failed)
+    for (int64_t r = 0; r < M; r++) {
+        float floor = -INFINITY, best = -INFINITY, y[TN] __attribute__((aligned(64)));
+        int64_t pick = -1;
+        for (int64_t t = 0; t < T; t++) floor = fmaxf(floor, tl[r * T + t]);
+        for (int64_t t = 0; t < T && !bad[r]; t++) {
+            if (!(tu[r * T + t] >= floor)) continue;
+            const int nc = tile_cols(N, t, 0);
+            vrun(1, 1, kind, pq + t * tq, tq, pd + t * G * TN, pm + t * G * TN, G * TN, xh + r * K,
+                 xl + r * K, sc + r * G, xs + r * G, K, y, TN, NULL, nc);
+            for (int c = 0; c < nc; c++) {
+                if (y[c] != y[c]) bad[r] = 1;
+                if (pick < 0 || y[c] > best) best = y[c], pick = t * TN + c;
+            }
+        }
+        out[r] = pick;
+        failed |= bad[r] || pick < 0;
+    }
+    free(xb);
+    return failed ? 1 : 0;
+}
 #else
 int tq_activation_bits(void) { return 32; }
 #endif
+
+/* argmax per row of tq_gemm_*'s result (tq_activation_bits 15 builds; -3 elsewhere) */
+int tq_head_greedy_q4(const float *x, int64_t M, int64_t K, float alpha, const float *cs,
+                      const uint8_t *pq, const float *pd, const float *pm, int64_t N,
+                      const float *wn, const float *mag, int64_t *out, int nt, float eps) {
+#if VNNI
+    return head_greedy(4, x, M, K, alpha, cs, pq, pd, pm, N, wn, mag, out, nt, eps);
+#else
+    (void)x, (void)M, (void)K, (void)alpha, (void)cs, (void)pq, (void)pd, (void)pm, (void)N;
+    (void)wn, (void)mag, (void)out, (void)nt, (void)eps;
+    return -3;
+#endif
+}
+
+int tq_head_greedy_q8(const float *x, int64_t M, int64_t K, float alpha, const float *cs,
+                      const uint8_t *pq, const float *pd, const float *pm, int64_t N,
+                      const float *wn, const float *mag, int64_t *out, int nt, float eps) {
+#if VNNI
+    return head_greedy(8, x, M, K, alpha, cs, pq, pd, pm, N, wn, mag, out, nt, eps);
+#else
+    (void)x, (void)M, (void)K, (void)alpha, (void)cs, (void)pq, (void)pd, (void)pm, (void)N;
+    (void)wn, (void)mag, (void)out, (void)nt, (void)eps;
+    return -3;
+#endif
+}
 
 
 /* ------------------------------------------------------------------ GEMM */

@@ -128,3 +128,28 @@ def test_meta_round_trips_through_msgpack() -> None:
     )  # fmt: skip
     assert decode_meta(encode_meta(meta)) == meta
     assert meta.num_bytes == 2 * 2 * 2 * (4 * 2 * 8 * 2)
+
+
+def test_peers_with_other_kv_element_types_are_refused() -> None:
+    """A float16 and a bfloat16 cache have blocks of the same bytes: the transfer must still
+    refuse them (the copied bits would mean other values), as it refuses other block sizes."""
+    from tandem.disagg.transfer.base import OpKind, TransferOpMeta
+    from tandem.disagg.transfer.client import incompatibility
+
+    def meta(dtype: str) -> TransferOpMeta:
+        layout = RegionLayout.for_kv_cache(**SHAPE, dtype=dtype)
+        return TransferOpMeta(
+            op_id="r1", kind=OpKind.READABLE, agent_id="a", host_id="h",
+            address=("127.0.0.1", 5), backends=("tcp",), region="kv", layout=layout,
+            block_ids=(0, 1), layer_start=0, layer_end=2, expires_at=1.5,
+        )  # fmt: skip
+
+    local = create_shm_region("kv16", RegionLayout.for_kv_cache(**SHAPE, dtype="float16"))
+    try:
+        assert incompatibility(meta("float16"), local, [2, 3]) == ""
+        assert "element type differs: local float16, remote bfloat16" in incompatibility(
+            meta("bfloat16"), local, [2, 3]
+        )
+        assert "block layout differs" in incompatibility(meta("float32"), local, [2, 3])
+    finally:
+        local.close()

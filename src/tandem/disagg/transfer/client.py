@@ -115,6 +115,8 @@ def incompatibility(meta: TransferOpMeta, local: MemoryRegion, block_ids: list[i
             f"block layout differs: local {mine.num_parts}x{mine.block_bytes} bytes, "
             f"remote {theirs.num_parts}x{theirs.block_bytes} bytes"
         )
+    if mine.dtype != theirs.dtype:  # same bytes, other elements (float16 / bfloat16 caches)
+        return f"KV element type differs: local {mine.dtype}, remote {theirs.dtype}"
     if meta.layer_end > mine.num_layers:
         return (
             f"remote layers [{meta.layer_start}, {meta.layer_end}) exceed local {mine.num_layers}"

@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -c "from tandem.engines.native.quant import build; build()" \
 		|| echo "WARNING: int8/int4 kernels did not build (see above); --weights fp32 still works"
 	# the native engine's C ops (RoPE, paged decode attention, silu*up); torch ops stand in
-	@$(BIN)/python -c "from tandem.engines.native.ops import build; build()" \
+	@$(BIN)/python -c "import torch; from tandem.engines.native.ops import build; build(); build(torch.float16)" \
 		|| echo "WARNING: native C ops did not build (see above); the torch path serves"
 	@touch $(STAMP)
 

@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 
-from tandem.engines.native.config import WEIGHT_FORMATS, NativeConfig, check_device
+from tandem.engines.native.config import (
+    KV_CACHE_DTYPES,
+    WEIGHT_FORMATS,
+    NativeConfig,
+    check_device,
+)
 from tandem.engines.native.engine import build_model
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import default_model_path, load_model_weights
@@ -49,6 +54,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=["fp32", "int8", "int4"],
         choices=WEIGHT_FORMATS,
         help="native weight formats to run",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPES,
+        help="the native engines' KV cache (auto: what `tandem serve` picks for each format)",
     )
     p.add_argument("--skip-hf", action="store_true", help="do not run the HF baseline")
     p.add_argument(
@@ -311,6 +322,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(0)
     natives: dict[str, NativeBench] = {}
     weight_bytes: dict[str, int] = {}
+    kv_dtypes: dict[str, str] = {}
     config: Any = None
     for fmt in args.weights:
         engine_config = NativeConfig(
@@ -318,6 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             dtype=args.dtype,
             weights=fmt,
             device=args.device,
+            kv_cache_dtype=args.kv_cache_dtype,
             num_blocks=max(2048, max_seqs * 16),
             max_num_seqs=max_seqs,
             max_num_batched_tokens=max(args.prompt_len, 2048),
@@ -330,6 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         name = f"native-{fmt}"
         natives[name] = NativeBench(EngineCore(engine_config, model), args, rng)
         weight_bytes[name] = model.weight_bytes()
+        kv_dtypes[name] = str(model.kv_dtype).removeprefix("torch.")
     baselines: dict[str, Baseline] = {}
     if not args.skip_hf:
         _, hf_config, weights = load_model_weights(args.model)
@@ -344,6 +358,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "threads": args.num_threads,
         "weight_bytes": weight_bytes,
+        "kv_dtype": kv_dtypes,
         "engines": {name: {} for name in (*natives, *baselines)},
     }
     device = args.device
@@ -391,6 +406,8 @@ def format_result(r: dict[str, Any]) -> str:
     for name, weight_bytes in r["weight_bytes"].items():
         row = engines[name]
         line = f"{name}: weights {weight_bytes / 1e6:.0f} MB"
+        if name in r.get("kv_dtype", {}):
+            line += f", KV cache {r['kv_dtype'][name]}"
         if "decode_tok_s@1" in row:
             step_ms = 1e3 / row["decode_tok_s@1"]
             bound = r["bound_step_ms"][name]

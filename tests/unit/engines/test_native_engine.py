@@ -153,6 +153,23 @@ def test_args_build_a_config(monkeypatch):
         NativeConfig(dtype="int4")
 
 
+def test_kv_cache_dtype_flag_and_what_auto_picks():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_args(parser)
+    from tandem.cli.config import parse_args
+
+    ns = parse_args(parser, ["--kv-cache-dtype", "float32", "--weights", "int4"])
+    assert config_from_args(ns).resolved_kv_dtype() == "float32"
+    assert NativeConfig(weights="int4").resolved_kv_dtype() == "float16"  # auto
+    assert NativeConfig(weights="int8").resolved_kv_dtype() == "float16"
+    assert NativeConfig(weights="fp32").resolved_kv_dtype() == "float32"  # the reference
+    assert NativeConfig(dtype="bfloat16").resolved_kv_dtype() == "bfloat16"
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8'.*auto, float32"):
+        NativeConfig(kv_cache_dtype="fp8")
+
+
 async def test_duplicate_request_id_is_rejected_without_disturbing_the_first():
     engine = await started()
     # long enough that the first is surely still running when the duplicate arrives (a short one

@@ -141,7 +141,7 @@ def test_export_import_round_trip_is_exact(smollm2, prompts):
     assert sum(map(len, wire)) == len(table) * core.runner.bytes_per_block
     spare = [b for b in range(16) if b not in table][: len(table)]
     data = [
-        torch.frombuffer(bytearray(b), dtype=torch.float32).view(t.shape)
+        torch.frombuffer(bytearray(b), dtype=t.dtype).view(t.shape)
         for b, t in zip(wire, exported, strict=True)
     ]
     core.runner.import_blocks(spare, data)

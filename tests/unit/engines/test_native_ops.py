@@ -20,9 +20,65 @@ def ops() -> CpuOps:
     return found
 
 
+@pytest.fixture(scope="module")
+def ops16() -> CpuOps:
+    found = cpu_ops(torch.float32, kv_dtype=torch.float16)
+    assert found is not None, "the fp16-cache C ops did not build on this machine"
+    return found
+
+
 def test_only_fp32_on_cpu_gets_the_c_ops():
     assert cpu_ops(torch.bfloat16) is None
     assert cpu_ops(torch.float32, "meta") is None
+    assert cpu_ops(torch.float32, kv_dtype=torch.bfloat16) is None  # no C build for it
+    assert cpu_ops(torch.float32, kv_dtype=torch.float16) is not None
+
+
+def test_c_ops_refuse_a_cache_of_another_dtype(ops, ops16):
+    qkv = torch.randn(1, 4 * 8)
+    pos, slot = torch.tensor([0]), torch.tensor([0])
+    cos = sin = torch.ones(1, 8)
+    half = torch.zeros(4, 1, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="float16"):
+        ops.rope_store(qkv, 2, 1, pos, cos, sin, slot, half, half)
+    with pytest.raises(ValueError, match="float32"):
+        ops16.rope_store(qkv, 2, 1, pos, cos, sin, slot, half.float(), half.float())
+
+
+def test_fp16_cache_stores_rounded_values_and_attends_as_fp32_over_them(ops, ops16):
+    """The fp16 build stores k/v rounded to nearest even (saturating at the fp16 maximum) and
+    computes exactly what the fp32 build computes over those values widened back: the same
+    bits from rope_store, decode and prefill attention."""
+    torch.manual_seed(4)
+    heads, kv_heads, d, bs, rows = 9, 3, 64, 16, 40
+    stride = (heads + 2 * kv_heads) * d
+    qkv = torch.randn(rows, stride) * 3
+    qkv[5, heads * d + 7] = 1e6  # beyond fp16: stored as 65504, not inf
+    cos, sin = torch.randn(64, d), torch.randn(64, d)
+    pos, slots = torch.arange(rows), torch.randperm(64)[:rows]
+    k16 = torch.zeros(64, kv_heads, d, dtype=torch.float16)
+    v16 = torch.zeros_like(k16)
+    k32, v32 = torch.zeros(64, kv_heads, d), torch.zeros(64, kv_heads, d)
+    a, b = qkv.clone(), qkv.clone()
+    ops16.rope_store(a, heads, kv_heads, pos, cos, sin, slots, k16, v16)
+    ops.rope_store(b, heads, kv_heads, pos, cos, sin, slots, k32, v32)
+    assert torch.equal(a, b)  # q and k rotated alike
+    assert float(k16.float().abs().max()) <= 65504.0 and not k16.isinf().any()
+    clipped = k32.clamp(-65504, 65504)
+    assert torch.equal(k16, clipped.half()) and torch.equal(v16, v32.half())
+    kw, vw = k16.float(), v16.float()  # what the fp16 build reads
+    blocks = torch.randperm(4)
+    tables = blocks.view(1, -1).expand(3, -1).contiguous()
+    lens = torch.tensor([1, 33, 64])
+    q = torch.randn(3, stride)
+    out16, out32 = torch.empty(3, heads, d), torch.empty(3, heads, d)
+    ops16.decode_attention(q, 3, heads, k16, v16, bs, tables, lens, 0.125, out16)
+    ops.decode_attention(q, 3, heads, kw, vw, bs, tables, lens, 0.125, out32)
+    assert torch.equal(out16, out32)
+    p16, p32 = torch.empty(rows, heads, d), torch.empty(rows, heads, d)
+    ops16.prefill_attention(qkv, heads, k16, v16, bs, blocks, 64, 0.125, p16)
+    ops.prefill_attention(qkv, heads, kw, vw, bs, blocks, 64, 0.125, p32)
+    assert torch.equal(p16, p32)
 
 
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

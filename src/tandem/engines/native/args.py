@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from tandem.engines.native.config import DTYPES, WEIGHT_FORMATS, NativeConfig
+from tandem.engines.native.config import DTYPES, KV_CACHE_DTYPES, WEIGHT_FORMATS, NativeConfig
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
 
 # flag -> (type, default, help)
@@ -29,6 +29,12 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
         "cpu",
         "where weights, KV cache and step tensors live: cpu, cuda or cuda:N (the C kernels "
         "serve cpu; cuda runs the same model as torch ops)",
+    ),
+    "--kv-cache-dtype": (
+        str,
+        "auto",
+        f"KV cache element type: {', '.join(KV_CACHE_DTYPES)} (auto: float16 for int8/int4 "
+        "weights on --device cpu, half the bytes attention reads; else --dtype)",
     ),
     "--block-size": (int, 16, "tokens per KV block"),
     "--kv-cache-memory-gb": (float, 1.0, "KV cache budget in GiB (sets the block count)"),
@@ -61,6 +67,7 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         dtype=ns.dtype,
         weights=auto_weights(ns.dtype, ns.device) if ns.weights == "auto" else ns.weights,
         device=ns.device,
+        kv_cache_dtype=ns.kv_cache_dtype,
         block_size=ns.block_size,
         kv_cache_memory_gb=ns.kv_cache_memory_gb,
         num_blocks=ns.num_blocks,

@@ -106,8 +106,13 @@ def paged_attention(
 ) -> None:
     """Write this step's k/v [T, kv_heads, d] into the cache, then attention of q
     [T, heads, d] into `out` [T, heads, d]. k_cache/v_cache: [num_blocks, block_size,
-    kv_heads, d]; K/V are gathered a whole block at a time. `scale`: SDPA's (None = 1/sqrt(d))."""
+    kv_heads, d]; K/V are gathered a whole block at a time. `scale`: SDPA's (None = 1/sqrt(d)).
+    A cache of a narrower dtype (fp16) stores k/v rounded, and every read of it (this step's
+    own k/v too, so that a cached prefix and a fresh one give the same result) widens them
+    back to q's dtype."""
     num_blocks, _, kv_heads, dim = k_cache.shape
+    if k_cache.dtype != k.dtype:
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, v)
     # 2-D views: index_select copies whole rows (one block each) ~2.5x faster than on 4-D
@@ -124,6 +129,7 @@ def paged_attention(
         kd = torch.index_select(k_rows, 0, meta.decode_blocks, out=k_buf)
         vd = torch.index_select(v_rows, 0, meta.decode_blocks, out=v_buf)
         kd, vd = kd.view(shape).transpose(1, 2), vd.view(shape).transpose(1, 2)
+        kd, vd = kd.to(q.dtype), vd.to(q.dtype)
         res = F.scaled_dot_product_attention(
             qd, kd, vd, attn_mask=meta.decode_mask, enable_gqa=True, scale=scale
         )
@@ -157,8 +163,8 @@ def prefill_attention(
             kp, vp = kp[: span.ctx_len], vp[: span.ctx_len]
         res = F.scaled_dot_product_attention(
             qp,
-            kp.transpose(0, 1).unsqueeze(0),
-            vp.transpose(0, 1).unsqueeze(0),
+            kp.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            vp.transpose(0, 1).unsqueeze(0).to(q.dtype),
             attn_mask=span.mask,
             is_causal=span.mask is None,
             enable_gqa=True,

@@ -76,6 +76,7 @@ def build_model(config: NativeConfig) -> tuple[LlamaModel, str]:
             weights_format=config.weights,
             max_positions=max_len,
             device=device,
+            kv_dtype=getattr(torch, config.resolved_kv_dtype()),
         )
         return quant, path
     path, model_config, weights = load_model_weights(config.model)
@@ -86,6 +87,7 @@ def build_model(config: NativeConfig) -> tuple[LlamaModel, str]:
         dtype=getattr(torch, config.dtype),
         max_positions=max_len,
         device=device,
+        kv_dtype=getattr(torch, config.resolved_kv_dtype()),
     )
     return model, path
 

@@ -47,7 +47,7 @@ class EngineCore:
         mc = model.config
         bytes_per_block = (
             (2 * mc.num_layers * config.block_size * mc.num_kv_heads * mc.head_dim)
-            * torch.finfo(model.dtype).bits
+            * torch.finfo(model.kv_dtype).bits
             // 8
         )
         self.num_blocks = num_blocks_for(config, bytes_per_block)

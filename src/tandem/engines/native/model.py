@@ -85,9 +85,11 @@ class LlamaModel:
         pack_weights: bool = True,
         screen_head: bool | None = None,
         device: torch.device | str = "cpu",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.config = config
         self.dtype = dtype
+        self.kv_dtype = dtype if kv_dtype is None else kv_dtype  # the KV cache's elements
         self.device = torch.device(device)
         scale = config.head_dim**-0.5
         self.attn_scale = 1.0 if math.frexp(scale)[0] == 0.5 else scale  # 2^k folds exactly
@@ -98,11 +100,14 @@ class LlamaModel:
         self._kv_views: tuple[tuple[int, tuple[int, ...]], list[KvViews]] | None = None
         if self.device.type == "cpu":
             self._place_streamed_weights()
-        self._cpu_ops = cpu_ops(dtype, self.device)
+        self._cpu_ops = cpu_ops(dtype, self.device, self.kv_dtype)
 
     def c_ops(self, kv_cache: torch.Tensor) -> CpuOps | None:
         """The C ops for a step on `kv_cache` (None: its device or dtype runs torch ops)."""
-        return self._cpu_ops if kv_cache.device.type == "cpu" else None
+        ops = self._cpu_ops
+        if ops is None or kv_cache.device.type != "cpu" or kv_cache.dtype != ops.kv_dtype:
+            return None
+        return ops
 
     def _build(
         self,
@@ -164,7 +169,7 @@ class LlamaModel:
     def new_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
         c = self.config
         shape = (c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
 
     def rope_matrix(self, position: int) -> torch.Tensor:
         """[d, d] M with q @ M == rotate-half RoPE of q at `position`."""
@@ -309,7 +314,8 @@ class LlamaModel:
             rot = torch.mm(qkv[:k_end].view(-1, dim), rope)  # [H + KVH, d]
             kv.k_slots[step.slot] = rot[heads:]
             kv.v_slots[step.slot] = qkv[k_end:].view(kv_heads, dim)
-            keys, values = step.context(kv.k_slots, kv.k_rows), step.context(kv.v_slots, kv.v_rows)
+            keys = step.context(kv.k_slots, kv.k_rows).to(self.dtype)  # widened from the cache
+            values = step.context(kv.v_slots, kv.v_rows).to(self.dtype)
             scores = torch.bmm(rot[:heads].view(kv_heads, group, dim), keys.permute(1, 2, 0))
             if scale != 1.0:
                 scores.mul_(scale)

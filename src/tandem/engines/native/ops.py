@@ -4,8 +4,10 @@ attention, silu * up, RMSNorm) as C kernels (`kernels/ops.c`).
 Each call here is one C call where the torch twin is several kernels (each a few µs of
 dispatch on CPU, 30 layers a step), and decode attention reads K/V through the block tables
 in place instead of gathering every sequence's blocks into a padded batch first. The C path
-serves fp32 tensors on CPU; anything else (CUDA, bf16, a machine where the library cannot be
-built) gets None from `cpu_ops` and runs the torch code in model.py / attention.py.
+serves fp32 tensors on CPU with a KV cache of fp32 or fp16 (one build each, `KV_DTYPES`: an
+fp16 cache halves the bytes attention reads; values widen to fp32 as they load); anything
+else (CUDA, bf16, a machine where the library cannot be built) gets None from `cpu_ops` and
+runs the torch code in model.py / attention.py.
 
 Built like the quantized kernels (tandem.engines.native.quant): once per machine with the
 system C compiler into the tandem cache directory, keyed by source and flags (`make` does it
@@ -30,19 +32,23 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("kernels") / "ops.c"
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+# the KV cache dtypes the C ops serve, and each one's build flags
+KV_DTYPES = {torch.float32: (), torch.float16: ("-DTO_KV_HALF",)}
 _lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_failed = False
+_libs: dict[torch.dtype, ctypes.CDLL | None] = {}  # None: the build failed (warned once)
 
 
 class OpsBuildError(RuntimeError):
     """The C ops could not be built; the message has the compiler's output."""
 
 
-def build() -> Path:
-    """Compile `kernels/ops.c` (idempotent); returns the shared library's path."""
+def build(kv_dtype: torch.dtype = torch.float32) -> Path:
+    """Compile `kernels/ops.c` for a KV cache of `kv_dtype` (a key of KV_DTYPES; idempotent);
+    returns the shared library's path."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"no C ops for a {kv_dtype} KV cache; expected one of {list(KV_DTYPES)}")
     try:
-        return compile_c(_SOURCE, "ops", _FLAGS)
+        return compile_c(_SOURCE, "ops", (*_FLAGS, *KV_DTYPES[kv_dtype]))
     except CBuildError as exc:
         raise OpsBuildError(f"building the native engine's C ops: {exc}") from exc
 
@@ -71,31 +77,43 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.to_rms_rows.argtypes = [p, i64, i64, f32, p, i32]
     lib.to_rms_rows.restype = None
     lib.to_has_avx2.restype = i32
+    lib.to_kv_bytes.restype = i32
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded C ops (built on first use), or None where they cannot be built (warned
-    once; callers then run the torch path). TANDEM_NATIVE_OPS=torch turns them off for the
-    models built while it is set (read on every call)."""
-    global _lib, _failed
+def library(kv_dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
+    """The loaded C ops for a `kv_dtype` cache (built on first use), or None where they
+    cannot be built (warned once; callers then run the torch path). TANDEM_NATIVE_OPS=torch
+    turns them off for the models built while it is set (read on every call)."""
     if os.environ.get("TANDEM_NATIVE_OPS", "c") == "torch":
         return None
     with _lock:
-        if _lib is None and not _failed:
+        if kv_dtype not in _libs:
             try:
-                _lib = _load(build())
+                _libs[kv_dtype] = _load(build(kv_dtype))
             except (OpsBuildError, OSError, subprocess.SubprocessError) as exc:
-                logger.warning("native C ops unavailable, using torch ops (slower): %s", exc)
-                _failed = True
-        return _lib
+                logger.warning(
+                    "native C ops for a %s KV cache unavailable, using torch ops (slower): %s",
+                    kv_dtype, exc,
+                )  # fmt: skip
+                _libs[kv_dtype] = None
+        return _libs[kv_dtype]
 
 
 class CpuOps:
-    """Typed wrappers over the C ops for contiguous fp32 CPU tensors. Thread-safe."""
+    """Typed wrappers over the C ops for contiguous fp32 CPU tensors and a KV cache of
+    `kv_dtype` (the library's build; a cache of another dtype is refused). Thread-safe."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, kv_dtype: torch.dtype = torch.float32) -> None:
         self.lib = lib
+        self.kv_dtype = kv_dtype
+        if lib.to_kv_bytes() != torch.empty(0, dtype=kv_dtype).element_size():
+            raise ValueError(f"this C ops build does not serve a {kv_dtype} KV cache")
+
+    def _check_cache(self, *planes: torch.Tensor) -> None:
+        for plane in planes:
+            if plane.dtype != self.kv_dtype:
+                raise ValueError(f"KV cache of {plane.dtype}; these C ops serve {self.kv_dtype}")
 
     def rope_store(
         self,
@@ -111,6 +129,7 @@ class CpuOps:
     ) -> None:
         """RoPE on the q and k heads of qkv [T, (H + 2 KVH) d] in place, then each row's k
         and v into `slots` of the planes [num_slots, KVH, d]. positions/slots int64 [T]."""
+        self._check_cache(k_slots, v_slots)
         d = k_slots.shape[-1]
         self.lib.to_rope_store(
             qkv.data_ptr(),
@@ -144,6 +163,7 @@ class CpuOps:
         """Attention of the q heads of the first `num_rows` rows of qkv (one per sequence)
         over their cached K/V, read in place through `tables` int64 [rows, W] (block ids)
         and `ctx_lens` int64 [rows]; into out [rows, H, d] (contiguous)."""
+        self._check_cache(k_slots, v_slots)
         kv_heads, d = k_slots.shape[1], k_slots.shape[2]
         rc = self.lib.to_decode_attention(
             qkv.data_ptr(),
@@ -181,6 +201,7 @@ class CpuOps:
         at positions ctx_len - T .. ctx_len - 1, their K/V already stored) over the cache
         read in place through `table` int64 [>= ceil(ctx_len / block_size)]; into out
         [T, H, d] (contiguous rows)."""
+        self._check_cache(k_slots, v_slots)
         kv_heads, d = k_slots.shape[1], k_slots.shape[2]
         rc = self.lib.to_prefill_attention(
             qkv.data_ptr(), qkv.stride(0), qkv.shape[0], heads, kv_heads, d,
@@ -211,9 +232,13 @@ class CpuOps:
         return float(self.lib.to_rms_scale(x.data_ptr(), x.shape[-1], eps))
 
 
-def cpu_ops(dtype: torch.dtype, device: torch.device | str = "cpu") -> CpuOps | None:
-    """The C ops for tensors of this dtype and device, or None (use the torch path)."""
-    if torch.device(device).type != "cpu" or dtype != torch.float32:
+def cpu_ops(
+    dtype: torch.dtype, device: torch.device | str = "cpu", kv_dtype: torch.dtype | None = None
+) -> CpuOps | None:
+    """The C ops for tensors of this dtype and device and a KV cache of `kv_dtype` (default:
+    `dtype`), or None (use the torch path)."""
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    if torch.device(device).type != "cpu" or dtype != torch.float32 or kv_dtype not in KV_DTYPES:
         return None
-    lib = library()
-    return None if lib is None else CpuOps(lib)
+    lib = library(kv_dtype)
+    return None if lib is None else CpuOps(lib, kv_dtype)

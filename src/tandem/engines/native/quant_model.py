@@ -70,6 +70,7 @@ class QuantLlamaModel(LlamaModel):
         weights_format: str,
         max_positions: int | None = None,
         device: torch.device | str = "cpu",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         if weights_format not in ("int8", "int4"):
             raise ValueError(f"weights_format='{weights_format}'; expected int8 or int4")
@@ -82,6 +83,7 @@ class QuantLlamaModel(LlamaModel):
             pack_weights=False,
             screen_head=False,
             device=device,
+            kv_dtype=kv_dtype,
         )
 
     def _build(

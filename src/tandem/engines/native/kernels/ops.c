@@ -14,6 +14,9 @@
  *
  * Shapes: qkv [T, stride] with q heads at 0, k heads at H*d, v heads at (H+KVH)*d; the cache
  * planes [num_slots, KVH, d] (slot = block * block_size + offset); block tables int64 [D, W].
+ * The cache holds kv_t: fp32, or fp16 in the build with -DTO_KV_HALF (half the bytes every
+ * attention reads; values are rounded to nearest even, saturating at +-65504, as they are
+ * stored, and widened to fp32 as they are loaded: all arithmetic stays fp32).
  * Each row is computed the same way whatever the batch (no cross-row blocking), so a
  * sequence's results do not depend on what it is batched with.
  */
@@ -29,6 +32,25 @@
 #endif
 #include "vmath.h"
 
+#ifdef TO_KV_HALF
+#if defined(__AVX2__) && !defined(__F16C__)
+#error "an fp16 KV cache with AVX2 needs F16C"
+#endif
+typedef _Float16 kv_t;
+#define KV_MAX 65504.f
+static inline kv_t f_kv(float x) { return (kv_t)(x > KV_MAX ? KV_MAX : x < -KV_MAX ? -KV_MAX : x); }
+#define KV8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+#define KV16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#else
+typedef float kv_t;
+#define f_kv(x) (x)
+#define KV8(p) _mm256_loadu_ps(p)
+#define KV16(p) _mm512_loadu_ps(p)
+#endif
+#define KV_LINE (64 / (int64_t)sizeof(kv_t)) /* cache elements a 64-byte line */
+
+int to_kv_bytes(void) { return (int)sizeof(kv_t); }
+
 int to_has_avx2(void) {
 #ifdef __AVX2__
     return 1;
@@ -37,34 +59,45 @@ int to_has_avx2(void) {
 #endif
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) {
-    int64_t i = 0;
-    float s = 0.f;
-#ifdef __AVX2__
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+/* a . b over n floats (b: B elements, widened by LOADB 8 at a time) */
+#define DEF_DOT(name, B, LOADB)                                                              \
+    static inline float name(const float *a, const B *b, int64_t n) {                        \
+        int64_t i = 0;                                                                       \
+        float s = 0.f;                                                                       \
+        DOT_BODY(LOADB)                                                                      \
+        for (; i < n; i++) s += a[i] * (float)b[i];                                          \
+        return s;                                                                            \
     }
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+#ifdef __AVX2__
+#define DOT_BODY(LOADB)                                                                      \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                           \
+    for (; i + 16 <= n; i += 16) {                                                           \
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOADB(b + i), acc0);                  \
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LOADB(b + i + 8), acc1);          \
+    }                                                                                        \
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LOADB(b + i), acc0); \
+    __m256 acc = _mm256_add_ps(acc0, acc1);                                                  \
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));       \
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));                                                  \
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));                                                   \
     s = _mm_cvtss_f32(h);
+#else
+#define DOT_BODY(LOADB)
 #endif
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+DEF_DOT(dot, float, _mm256_loadu_ps)
+#ifdef TO_KV_HALF
+DEF_DOT(dot_kv, kv_t, KV8) /* q . a cached key */
+#else
+#define dot_kv dot
+#endif
 
-static inline void axpy(float *y, float a, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+static inline void axpy(float *y, float a, const kv_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * (float)x[i];
 }
 
 void to_rope_store(float *qkv, int64_t T, int64_t stride, int64_t H, int64_t KVH, int64_t d,
                    const int64_t *pos, const float *cos_t, const float *sin_t,
-                   const int64_t *slots, float *kc, float *vc, int nt) {
+                   const int64_t *slots, kv_t *kc, kv_t *vc, int nt) {
     int64_t half = d / 2, kv = KVH * d;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && T >= 32)
     for (int64_t t = 0; t < T; t++) {
@@ -78,20 +111,23 @@ void to_rope_store(float *qkv, int64_t T, int64_t stride, int64_t H, int64_t KVH
                 x[i + half] = b * c[i + half] + a * s[i + half];
             }
         }
-        memcpy(kc + slots[t] * kv, row + H * d, (size_t)kv * sizeof(float));
-        memcpy(vc + slots[t] * kv, row + (H + KVH) * d, (size_t)kv * sizeof(float));
+        kv_t *k = kc + slots[t] * kv, *v = vc + slots[t] * kv;
+        for (int64_t j = 0; j < kv; j++) {
+            k[j] = f_kv(row[H * d + j]);
+            v[j] = f_kv(row[(H + KVH) * d + j]);
+        }
     }
 }
 
 /* Scores of q against 8 keys: one dot per key, reduced together (a transposing tree of
  * horizontal adds instead of eight separate reductions). */
 #ifdef __AVX2__
-static inline __m256 dot8(const float *q, const float *const *k, int64_t d) {
+static inline __m256 dot8(const float *q, const kv_t *const *k, int64_t d) {
     __m256 acc[8];
     for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8) {
         __m256 qv = _mm256_loadu_ps(q + i);
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + i), acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, KV8(k[j] + i), acc[j]);
     }
     __m256 a = _mm256_hadd_ps(acc[0], acc[1]), b = _mm256_hadd_ps(acc[2], acc[3]);
     __m256 c = _mm256_hadd_ps(acc[4], acc[5]), e = _mm256_hadd_ps(acc[6], acc[7]);
@@ -142,16 +178,16 @@ static void softmax(float *s, int64_t n) {
 /* out[g][c : c + 32] = sum over t of p[g][t] v[t][c : c + 32] for G query heads, the sums
  * held in registers across the whole context (G x 4 vectors); in t order, as axpy. */
 static inline __attribute__((always_inline)) void weigh_values(
-    int G, const float *p, int64_t ctx, int64_t d, const float *vc, int64_t kv, int64_t bs,
+    int G, const float *p, int64_t ctx, int64_t d, const kv_t *vc, int64_t kv, int64_t bs,
     const int64_t *table, float *out) {
     for (int64_t c = 0; c < d; c += 32) {
         __m256 acc[4][4];
         for (int g = 0; g < G; g++)
             for (int j = 0; j < 4; j++) acc[g][j] = _mm256_setzero_ps();
         for (int64_t t = 0; t < ctx; t++) {
-            const float *v = vc + (table[t / bs] * bs + t % bs) * kv + c;
+            const kv_t *v = vc + (table[t / bs] * bs + t % bs) * kv + c;
             __m256 vv[4];
-            for (int j = 0; j < 4; j++) vv[j] = _mm256_loadu_ps(v + 8 * j);
+            for (int j = 0; j < 4; j++) vv[j] = KV8(v + 8 * j);
             for (int g = 0; g < G; g++) {
                 const __m256 w = _mm256_set1_ps(p[g * ctx + t]);
                 for (int j = 0; j < 4; j++) acc[g][j] = _mm256_fmadd_ps(w, vv[j], acc[g][j]);
@@ -167,7 +203,7 @@ static inline __attribute__((always_inline)) void weigh_values(
  * `nctx` (or NULL): the sequence the thread takes next, whose rows of this kv head are
  * fetched into L2 while this one is scored (its first keys would otherwise come from DRAM
  * with nothing ahead of them). */
-static void attend(const float *q, int64_t group, int64_t d, const float *kc, const float *vc,
+static void attend(const float *q, int64_t group, int64_t d, const kv_t *kc, const kv_t *vc,
                    int64_t kv, int64_t bs, const int64_t *table, int64_t ctx, float scale,
                    float *out, float *scores, const int64_t *ntable, int64_t nctx) {
     int64_t t = 0;
@@ -175,16 +211,16 @@ static void attend(const float *q, int64_t group, int64_t d, const float *kc, co
     if (d % 8 == 0) {
         const __m256 sv = _mm256_set1_ps(scale);
         for (; t + 8 <= ctx; t += 8) {
-            const float *k[8];
+            const kv_t *k[8];
             for (int j = 0; j < 8; j++) {
                 int64_t p = t + j;
                 k[j] = kc + (table[p / bs] * bs + p % bs) * kv;
                 /* the cache is DRAM-resident at large batch: ask for the keys 16 ahead and
                  * this key's values (read after the softmax) while these are scored */
                 const int64_t n = p + 16 < ctx ? p + 16 : p;
-                const float *kn = kc + (table[n / bs] * bs + n % bs) * kv;
-                const float *vp = vc + (table[p / bs] * bs + p % bs) * kv;
-                for (int64_t i = 0; i < d; i += 16) {
+                const kv_t *kn = kc + (table[n / bs] * bs + n % bs) * kv;
+                const kv_t *vp = vc + (table[p / bs] * bs + p % bs) * kv;
+                for (int64_t i = 0; i < d; i += KV_LINE) {
                     _mm_prefetch((const char *)(kn + i), _MM_HINT_T0);
                     _mm_prefetch((const char *)(vp + i), _MM_HINT_T1);
                 }
@@ -192,7 +228,7 @@ static void attend(const float *q, int64_t group, int64_t d, const float *kc, co
             if (ntable) /* the next sequence's keys and values, spread over this pass */
                 for (int64_t p = t * nctx / ctx; p < (t + 8) * nctx / ctx; p++) {
                     const int64_t slot = (ntable[p / bs] * bs + p % bs) * kv;
-                    for (int64_t i = 0; i < d; i += 16) {
+                    for (int64_t i = 0; i < d; i += KV_LINE) {
                         _mm_prefetch((const char *)(kc + slot + i), _MM_HINT_T1);
                         _mm_prefetch((const char *)(vc + slot + i), _MM_HINT_T1);
                     }
@@ -203,8 +239,8 @@ static void attend(const float *q, int64_t group, int64_t d, const float *kc, co
     }
 #endif
     for (; t < ctx; t++) {
-        const float *k = kc + (table[t / bs] * bs + t % bs) * kv;
-        for (int64_t g = 0; g < group; g++) scores[g * ctx + t] = dot(q + g * d, k, d) * scale;
+        const kv_t *k = kc + (table[t / bs] * bs + t % bs) * kv;
+        for (int64_t g = 0; g < group; g++) scores[g * ctx + t] = dot_kv(q + g * d, k, d) * scale;
     }
     for (int64_t g = 0; g < group; g++) softmax(scores + g * ctx, ctx);
 #ifdef __AVX2__
@@ -219,7 +255,7 @@ static void attend(const float *q, int64_t group, int64_t d, const float *kc, co
 #endif
     memset(out, 0, (size_t)(group * d) * sizeof(float));
     for (t = 0; t < ctx; t++) {
-        const float *v = vc + (table[t / bs] * bs + t % bs) * kv;
+        const kv_t *v = vc + (table[t / bs] * bs + t % bs) * kv;
         for (int64_t g = 0; g < group; g++) axpy(out + g * d, scores[g * ctx + t], v, d);
     }
 }
@@ -235,7 +271,7 @@ static float *scratch(int64_t n, int *failed) {
 }
 
 int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, int64_t KVH,
-                        int64_t d, const float *kc, const float *vc, int64_t bs,
+                        int64_t d, const kv_t *kc, const kv_t *vc, int64_t bs,
                         const int64_t *tables, int64_t W, const int64_t *ctx_lens, float scale,
                         float *out, int nt) {
     int64_t group = H / KVH, items = D * KVH, max_ctx = 0, work = 0;
@@ -294,6 +330,7 @@ int to_decode_attention(const float *q, int64_t q_stride, int64_t D, int64_t H, 
 typedef __m512 pvec;
 #define P_ZERO _mm512_setzero_ps
 #define P_LOAD _mm512_loadu_ps
+#define P_LOADKV KV16
 #define P_STORE _mm512_storeu_ps
 #define P_SET1 _mm512_set1_ps
 #define P_FMA _mm512_fmadd_ps
@@ -303,6 +340,7 @@ typedef __m512 pvec;
 typedef __m256 pvec;
 #define P_ZERO _mm256_setzero_ps
 #define P_LOAD _mm256_loadu_ps
+#define P_LOADKV KV8
 #define P_STORE _mm256_storeu_ps
 #define P_SET1 _mm256_set1_ps
 #define P_FMA _mm256_fmadd_ps
@@ -330,12 +368,12 @@ static inline __attribute__((always_inline)) void score_block(
 /* out_v[c : c + PW] = sum over t < nk of S[v][t] v_t[c : c + PW], in t order (as
  * weigh_values: a row's result is the decode kernel's arithmetic for its weights) */
 static inline __attribute__((always_inline)) void weigh_block(
-    int NQ, const float *S, int64_t cp, int64_t nk, int64_t d, const float *vc, int64_t kv,
+    int NQ, const float *S, int64_t cp, int64_t nk, int64_t d, const kv_t *vc, int64_t kv,
     int64_t bs, const int64_t *table, float *const *ov) {
     enum { TB = 64 }; /* keys a pass: their value rows stay in L1 across the d / PW chunks */
     for (int64_t t0 = 0; t0 < nk; t0 += TB) {
         const int64_t nt = nk - t0 < TB ? nk - t0 : TB;
-        const float *vr[TB];
+        const kv_t *vr[TB];
         for (int64_t t = 0; t < nt; t++) {
             const int64_t p = t0 + t;
             vr[t] = vc + (table[p / bs] * bs + p % bs) * kv;
@@ -344,7 +382,7 @@ static inline __attribute__((always_inline)) void weigh_block(
             pvec acc[12];
             for (int v = 0; v < NQ; v++) acc[v] = t0 ? P_LOAD(ov[v] + c) : P_ZERO();
             for (int64_t t = 0; t < nt; t++) {
-                const pvec vv = P_LOAD(vr[t] + c);
+                const pvec vv = P_LOADKV(vr[t] + c);
                 for (int v = 0; v < NQ; v++) acc[v] = P_FMA(P_SET1(S[v * cp + t0 + t]), vv, acc[v]);
             }
             for (int v = 0; v < NQ; v++) P_STORE(ov[v] + c, acc[v]);
@@ -361,7 +399,7 @@ static inline __attribute__((always_inline)) void weigh_block(
  * 12 / group rows per (kv head): the block's query vectors share every key and value load
  * (K is transposed once a call). Without AVX2, each row goes through the decode kernel. */
 int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H, int64_t KVH,
-                         int64_t d, const float *kc, const float *vc, int64_t bs,
+                         int64_t d, const kv_t *kc, const kv_t *vc, int64_t bs,
                          const int64_t *table, int64_t ctx, float scale, float *out, int nt) {
     const int64_t group = H / KVH, first = ctx - T, kv = KVH * d;
     if (T <= 0) return 0;
@@ -378,8 +416,8 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
         {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < cp; t++) {
-                const float *k = t < ctx ? kc + (table[t / bs] * bs + t % bs) * kv : NULL;
-                for (int64_t j = 0; j < kv; j++) kt[j * cp + t] = k ? k[j] : 0.f;
+                const kv_t *k = t < ctx ? kc + (table[t / bs] * bs + t % bs) * kv : NULL;
+                for (int64_t j = 0; j < kv; j++) kt[j * cp + t] = k ? (float)k[j] : 0.f;
             }
             float *S = scratch(12 * cp, &failed);
             if (S != NULL) {

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tandem.engines.native.attention import to_cache
 from tandem.engines.native.ops import CpuOps, cpu_ops
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,6 +55,8 @@ def test_fp16_cache_stores_rounded_values_and_attends_as_fp32_over_them(ops, ops
     stride = (heads + 2 * kv_heads) * d
     qkv = torch.randn(rows, stride) * 3
     qkv[5, heads * d + 7] = 1e6  # beyond fp16: stored as 65504, not inf
+    qkv[6, heads * d + 9] = -1e6  # in the vector part of the store
+    qkv[7, (heads + kv_heads) * d - 1] = float("nan")  # a NaN stays NaN
     cos, sin = torch.randn(64, d), torch.randn(64, d)
     pos, slots = torch.arange(rows), torch.randperm(64)[:rows]
     k16 = torch.zeros(64, kv_heads, d, dtype=torch.float16)
@@ -62,10 +65,14 @@ def test_fp16_cache_stores_rounded_values_and_attends_as_fp32_over_them(ops, ops
     a, b = qkv.clone(), qkv.clone()
     ops16.rope_store(a, heads, kv_heads, pos, cos, sin, slots, k16, v16)
     ops.rope_store(b, heads, kv_heads, pos, cos, sin, slots, k32, v32)
-    assert torch.equal(a, b)  # q and k rotated alike
-    assert float(k16.float().abs().max()) <= 65504.0 and not k16.isinf().any()
-    clipped = k32.clamp(-65504, 65504)
-    assert torch.equal(k16, clipped.half()) and torch.equal(v16, v32.half())
+    exact = {"rtol": 0.0, "atol": 0.0, "equal_nan": True}
+    torch.testing.assert_close(a, b, **exact)  # q and k rotated alike
+    assert not k16.isinf().any() and bool(k16.isnan().any())  # NaN kept, no inf made
+    torch.testing.assert_close(k16, to_cache(k32, torch.float16), **exact)  # the torch path's
+    torch.testing.assert_close(k16, k32.clamp(-65504, 65504).half(), **exact)
+    assert torch.equal(v16, v32.half())
+    k16[k16.isnan()] = 0  # attention below over finite keys
+    k32[k32.isnan()] = 0
     kw, vw = k16.float(), v16.float()  # what the fp16 build reads
     blocks = torch.randperm(4)
     tables = blocks.view(1, -1).expand(3, -1).contiguous()

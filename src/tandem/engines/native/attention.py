@@ -93,6 +93,17 @@ class AttentionMetadata:
     single: SingleDecode | None = None  # set for a batch-1 decode step (LlamaModel.decode_one)
 
 
+FP16_MAX = 65504.0
+
+
+def to_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x` as KV cache elements of `dtype`, as the C ops store them: rounded to nearest even,
+    saturating at the fp16 range (not inf) for float16; NaN stays NaN."""
+    if dtype == torch.float16:
+        x = x.clamp(-FP16_MAX, FP16_MAX)
+    return x.to(dtype)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -112,7 +123,7 @@ def paged_attention(
     back to q's dtype."""
     num_blocks, _, kv_heads, dim = k_cache.shape
     if k_cache.dtype != k.dtype:
-        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        k, v = to_cache(k, k_cache.dtype), to_cache(v, v_cache.dtype)
     k_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, v)
     # 2-D views: index_select copies whole rows (one block each) ~2.5x faster than on 4-D

@@ -30,6 +30,7 @@ from tandem.engines.native.attention import (
     AttentionMetadata,
     SingleDecode,
     paged_attention,
+    to_cache,
 )
 from tandem.engines.native.head import OutputHead, fast_bf16_available
 from tandem.engines.native.linear import Linear, can_pack
@@ -312,8 +313,8 @@ class LlamaModel:
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
             qkv = layer.qkv(x, alpha=_rms_scale(x, inv_n, eps))[0]
             rot = torch.mm(qkv[:k_end].view(-1, dim), rope)  # [H + KVH, d]
-            kv.k_slots[step.slot] = rot[heads:]
-            kv.v_slots[step.slot] = qkv[k_end:].view(kv_heads, dim)
+            kv.k_slots[step.slot] = to_cache(rot[heads:], kv.k_slots.dtype)
+            kv.v_slots[step.slot] = to_cache(qkv[k_end:].view(kv_heads, dim), kv.v_slots.dtype)
             keys = step.context(kv.k_slots, kv.k_rows).to(self.dtype)  # widened from the cache
             values = step.context(kv.v_slots, kv.v_rows).to(self.dtype)
             scores = torch.bmm(rot[:heads].view(kv_heads, group, dim), keys.permute(1, 2, 0))

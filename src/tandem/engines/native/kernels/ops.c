@@ -51,6 +51,19 @@ typedef float kv_t;
 
 int to_kv_bytes(void) { return (int)sizeof(kv_t); }
 
+/* dst[0:n] = src[0:n] as cache elements (f_kv; NaN stays NaN) */
+static inline void store_kv(kv_t *dst, const float *src, int64_t n) {
+    int64_t j = 0;
+#if defined(TO_KV_HALF) && defined(__F16C__)
+    const __m256 hi = _mm256_set1_ps(KV_MAX), lo = _mm256_set1_ps(-KV_MAX);
+    for (; j + 8 <= n; j += 8) { /* max/min return their second operand for a NaN: v's */
+        const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(src + j)));
+        _mm_storeu_si128((__m128i *)(void *)(dst + j), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    for (; j < n; j++) dst[j] = f_kv(src[j]);
+}
+
 int to_has_avx2(void) {
 #ifdef __AVX2__
     return 1;
@@ -111,11 +124,8 @@ void to_rope_store(float *qkv, int64_t T, int64_t stride, int64_t H, int64_t KVH
                 x[i + half] = b * c[i + half] + a * s[i + half];
             }
         }
-        kv_t *k = kc + slots[t] * kv, *v = vc + slots[t] * kv;
-        for (int64_t j = 0; j < kv; j++) {
-            k[j] = f_kv(row[H * d + j]);
-            v[j] = f_kv(row[(H + KVH) * d + j]);
-        }
+        store_kv(kc + slots[t] * kv, row + H * d, kv);
+        store_kv(vc + slots[t] * kv, row + (H + KVH) * d, kv);
     }
 }
 

@@ -78,8 +78,9 @@ class NativeConfig:
         """The KV cache's dtype: `kv_cache_dtype`, or for 'auto' float16 where int8/int4
         weights run on the CPU (the C kernels read half the bytes a step's attention reads,
         and the quality gate measures it: mean KL to fp32 8.7e-7 (int4) and 9.2e-7 (int8)
-        against 3.0e-7 and 4.4e-7 with an fp32 cache, every greedy token the same), else `dtype`. fp32 weights keep an fp32 cache:
-        that engine is the reference the quantized ones are checked against."""
+        against 3.0e-7 and 4.4e-7 with an fp32 cache, every greedy token the same), else
+        `dtype`. fp32 weights keep an fp32 cache: that engine is the reference the quantized
+        ones are checked against."""
         if self.kv_cache_dtype != "auto":
             return self.kv_cache_dtype
         if self.weights != "fp32" and self.device == "cpu":

@@ -137,10 +137,12 @@ class NativeEngine:
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
         self._thread.start()
         logger.info(
-            "native engine started: model=%s device=%s weights=%s blocks=%d block_size=%d",
+            "native engine started: model=%s device=%s weights=%s kv_cache=%s blocks=%d "
+            "block_size=%d",
             self._info.model_name,
             self.core.model.device,
             self.config.weights,
+            str(self.core.model.kv_dtype).removeprefix("torch."),
             self._info.num_total_blocks,
             self._info.block_size,
         )

@@ -192,9 +192,23 @@ def test_screened_argmax_is_the_full_logits_argmax(fmt, n, k):
             x[1] = 0.0
         full = linear(x)
         assert screen(x) == full.max(-1).indices.tolist(), rows
-    negative = -quant.dequantize_torch(quant.convert(torch.ones(1, k), fmt)).expand(3, k)
-    full = linear(negative.contiguous())
-    assert screen(negative.contiguous()) == full.max(-1).indices.tolist()
+
+
+@needs_vnni
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n", [33, 63, 1000])
+def test_screened_argmax_ignores_the_padding_of_the_last_tile(fmt, n):
+    """Positive weights and negative rows: every logit is negative, so the zero columns that
+    pad the last tile to 32 would win if the screen looked at them."""
+    g = torch.Generator().manual_seed(n)
+    weight = quant.convert(torch.rand(n, 64, generator=g) + 0.1, fmt)
+    linear = quant.QuantLinear(weight)
+    screen = quant.ArgmaxScreen(linear, weight)
+    x = -torch.rand(4, 64, generator=g) - 0.5
+    full = linear(x)
+    assert bool((full < 0).all())
+    assert screen(x) == full.max(-1).indices.tolist()
+    assert all(0 <= p < n for p in screen(x) or [])
 
 
 @needs_vnni

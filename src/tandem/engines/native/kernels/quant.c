@@ -510,7 +510,8 @@ INLINE void vblock(int R, int U, int kind, const uint8_t *q, int64_t tq, const f
                 const __m512 a = acc[r][0][v];
                 const __m512 b = _mm512_fmadd_ps(_mm512_loadu_ps(scr->wn + 16 * v), _mm512_set1_ps(scr->er[r]),
                                                  _mm512_mul_ps(_mm512_loadu_ps(scr->mag + 16 * v), _mm512_set1_ps(scr->gr[r])));
-                if (_mm512_mask_cmp_ps_mask(valid[v], a, a, _CMP_UNORD_Q)) scr->bad[r] = 1;
+                if (_mm512_mask_cmp_ps_mask(valid[v], a, a, _CMP_UNORD_Q)) /* threads share a row */
+                    __atomic_store_n(&scr->bad[r], 1, __ATOMIC_RELAXED);
                 up = _mm512_mask_max_ps(up, valid[v], up, _mm512_add_ps(a, b));
                 lo = _mm512_mask_max_ps(lo, valid[v], lo, _mm512_sub_ps(a, b));
             }

@@ -1,0 +1,90 @@
+/* A completions body's `prompt` token ids, straight from the JSON bytes into u32s
+ * (frontend/prompt_ids.py). Only the plainest shape is taken: the top-level object's one
+ * "prompt" key (spelled without escapes) whose value is a flat array of JSON integers written
+ * as digits (no sign, fraction or exponent), each < 2^32. Anything else answers 0 / -1 and the
+ * caller decodes the body the general way, which says what is wrong with it. */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* Returns 1 with [*start, *end) the "prompt" value (from '[' to one past ']') and *count its
+ * number of elements (commas + 1); 0 when the body has not that shape (not an object, no such
+ * key, the key twice or any top-level key with an escape, an empty or non-flat array). Strings
+ * are skipped by their unescaped quotes and nesting counted outside them, as any JSON reader
+ * sees them; a body that is not JSON is left to the caller's decoder. */
+int ji_find_prompt(const unsigned char *s, int64_t n, int64_t *start, int64_t *end,
+                   int64_t *count) {
+    int64_t i = 0, depth = 0, found = 0;
+    while (i < n && is_ws(s[i])) i++;
+    if (i >= n || s[i] != '{') return 0;
+    for (; i < n; i++) {
+        unsigned char c = s[i];
+        if (c == '"') {
+            int64_t k0 = i + 1, escaped = 0;
+            for (i++; i < n && s[i] != '"'; i++) {
+                if (s[i] == '\\') { escaped = 1; i++; }
+            }
+            if (i >= n) return 0;
+            if (depth != 1) continue;
+            int64_t k1 = i, j = i + 1;
+            while (j < n && is_ws(s[j])) j++;
+            if (j >= n || s[j] != ':') continue; /* a value, not a key */
+            if (escaped) return 0;               /* a key we cannot compare as bytes */
+            if (k1 - k0 != 6 || s[k0] != 'p' || s[k0 + 1] != 'r' || s[k0 + 2] != 'o' ||
+                s[k0 + 3] != 'm' || s[k0 + 4] != 'p' || s[k0 + 5] != 't')
+                continue;
+            if (found) return 0; /* twice: leave which one wins to the decoder */
+            for (j++; j < n && is_ws(s[j]); j++) {}
+            if (j >= n || s[j] != '[') return 0;
+            /* the array's end, then its commas in one branch-free pass (what lies between
+             * them is checked by ji_parse_u32; a nested array fails there) */
+            const unsigned char *close = memchr(s + j, ']', (size_t)(n - j));
+            if (close == NULL) return 0;
+            int64_t k = close - s, commas = 0;
+            for (int64_t q = j + 1; q < k; q++) commas += s[q] == ',';
+            *start = j;
+            *end = k + 1;
+            *count = commas + 1;
+            found = 1;
+            i = k; /* the ']' */
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        }
+    }
+    return (int)found;
+}
+
+/* Parse the flat array body[start..end) ('[' ... ']', as found above) into out[0..cap): strict JSON
+ * integers (0 or a digit 1-9 then digits), each < 2^32, separated by commas. Returns the
+ * number parsed (== cap) with *max the largest, or -1 when an element breaks that grammar. */
+int64_t ji_parse_u32(const unsigned char *body, int64_t start, int64_t end, uint32_t *out,
+                     int64_t cap, uint32_t *max) {
+    const unsigned char *s = body + start;
+    int64_t n = end - start, i = 1, m = 0;
+    uint32_t top = 0;
+    if (n < 2 || s[0] != '[' || s[n - 1] != ']') return -1;
+    n--; /* the ']' */
+    for (;;) {
+        while (i < n && is_ws(s[i])) i++;
+        if (i >= n || s[i] < '0' || s[i] > '9') return -1;
+        uint64_t v = (uint64_t)(s[i] - '0');
+        int64_t d0 = i++;
+        if (v == 0 && i < n && s[i] >= '0' && s[i] <= '9') return -1; /* leading zero */
+        while (i < n && s[i] >= '0' && s[i] <= '9') v = v * 10 + (uint64_t)(s[i++] - '0');
+        if (i - d0 > 10 || v > 0xFFFFFFFFull) return -1; /* > 10 digits may have wrapped */
+        if (m >= cap) return -1;
+        out[m++] = (uint32_t)v;
+        if ((uint32_t)v > top) top = (uint32_t)v;
+        while (i < n && is_ws(s[i])) i++;
+        if (i >= n) break;
+        if (s[i] != ',') return -1;
+        i++;
+    }
+    if (m != cap) return -1;
+    *max = top;
+    return m;
+}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -269,3 +270,40 @@ async def test_a_policy_that_hashes_nothing_ships_no_hashes() -> None:
     got = await _send(router, list(range(50)))
     assert (got.block_hashes, got.hash_block_size) == (None, 0)
     assert got.num_prompt_tokens == 50
+
+
+def _strict_ids(array_text: str) -> list[int] | None:
+    """What the u32 parse must give for a JSON array: its ids when every element is a plain
+    integer in [0, 2^32) written as digits, else None (the general decode's business)."""
+    try:
+        value = json.loads(array_text)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not value or "-" in array_text:  # -0 is an int in JSON
+        return None
+    if any(type(x) is not int or not 0 <= x < 2**32 for x in value):
+        return None
+    return value
+
+
+@needs_cc
+def test_the_u32_parse_agrees_with_a_json_reader_on_random_arrays() -> None:
+    rng = random.Random(13)
+    odd = ["-1", "-0", "1.5", "1e3", "true", "", "x", "12a", "9" * 11, "00", "01", "4294967296"]
+    for _ in range(3000):
+        parts = []
+        for _ in range(rng.randrange(1, 12)):
+            r = rng.random()
+            if r < 0.7:
+                tok = str(rng.randrange(10 ** rng.randrange(1, 11)))
+            elif r < 0.8:
+                tok = str(rng.randrange(2**32 - 3, 2**32 + 3))
+            else:
+                tok = rng.choice(odd)
+            pad = rng.choice(["", " ", "\n", " \t"]), rng.choice(["", " ", "\r\n"])
+            parts.append(pad[0] + tok + pad[1])
+        text = "[" + ",".join(parts) + "]"
+        split = prompt_ids.split_prompt(b'{"model": "m", "prompt": ' + text.encode() + b"}")
+        got = None if split is None else split[1]
+        assert (None if got is None else got.tolist()) == _strict_ids(text), text
+        assert got is None or got.max_id == max(got)

@@ -37,6 +37,7 @@ def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
 def measure(isl: int, repeat: int) -> dict[str, float]:
     from tandem.frontend.decode import _completion_ids_decoder, decode_completion
     from tandem.frontend.preprocess import check_prompt_ids, prompt_id_bytes
+    from tandem.frontend.prompt_ids import load_library
     from tandem.protocols.engine import (
         PreprocessedRequest,
         StopConditions,
@@ -53,6 +54,7 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
     from tandem.tokens.hashing import sequence_hashes
     from tandem.tokens.tokenizer import load_tokenizer
 
+    load_library()  # built and loaded once, as the frontend does at start, not timed
     tok = load_tokenizer(f"gguf:{_smollm2_gguf()}")
     template = ChatTemplate(tok.chat_template, bos_token="", eos_token="<|im_end|>")
     ids = synthetic_requests(SyntheticConfig(isl=isl, osl=32), 1)[0].token_ids

@@ -35,7 +35,7 @@ def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(isl: int, repeat: int) -> dict[str, float]:
-    from tandem.frontend.decode import _completion_ids_decoder, decode_completion
+    from tandem.frontend.decode import completion_ids_decoder, decode_completion
     from tandem.frontend.preprocess import check_prompt_ids, prompt_id_bytes
     from tandem.frontend.prompt_ids import load_library
     from tandem.protocols.engine import (
@@ -82,7 +82,7 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
         "json decode (chat)": lambda: msgspec.json.decode(chat_body, type=ChatCompletionRequest),
         "json decode (completions)": lambda: msgspec.json.decode(comp_body, type=CompletionRequest),
         "json decode (completions, msgspec list[int], old path)": lambda: (
-            _completion_ids_decoder.decode(comp_body)
+            completion_ids_decoder.decode(comp_body)
         ),
         "json -> u32 ids (completions, C parse; + range check and wire bytes)": lambda: _u32_prompt(
             decode_completion(comp_body), tok.vocab_size
@@ -108,11 +108,11 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
 
 def _u32_prompt(req: Any, vocab: int) -> bytes:
     """What preprocessing does with a prompt the C parser took (the general path without it)."""
-    from tandem.frontend.preprocess import _check_u32_ids, prompt_id_bytes
+    from tandem.frontend.preprocess import check_u32_prompt, prompt_id_bytes
     from tandem.frontend.prompt_ids import U32TokenIds
 
     if isinstance(req.prompt, U32TokenIds):
-        _check_u32_ids(req.prompt, vocab)
+        check_u32_prompt(req.prompt, vocab)
         return req.prompt.u32_le
     return prompt_id_bytes(req.prompt, vocab) or b""
 

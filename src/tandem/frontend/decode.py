@@ -12,7 +12,7 @@ from tandem.frontend.prompt_ids import split_prompt
 from tandem.protocols.openai import CompletionIdsRequest, CompletionRequest
 
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
-_completion_ids_decoder = msgspec.json.Decoder(CompletionIdsRequest)
+completion_ids_decoder = msgspec.json.Decoder(CompletionIdsRequest)
 
 
 def decode_body(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
@@ -31,14 +31,14 @@ def decode_completion(body: bytes) -> CompletionRequest:
     if (split := split_prompt(body)) is not None:
         rest, ids = split
         try:
-            parsed = _completion_ids_decoder.decode(rest)  # every field but the prompt
+            parsed = completion_ids_decoder.decode(rest)  # every field but the prompt
         except http_errors.BODY_ERRORS:
             pass  # the decodes below say what is wrong, about the body as sent
         else:
             parsed.prompt = ids  # type: ignore[assignment]  # a Sequence[int] read as the list
             return parsed
     try:
-        return _completion_ids_decoder.decode(body)
+        return completion_ids_decoder.decode(body)
     except http_errors.BODY_ERRORS:  # text, a batch, or a bad body: the general decode
         req: CompletionRequest = decode_body(completion_decoder, body)  # says what is wrong
         return req

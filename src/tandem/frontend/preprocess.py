@@ -148,7 +148,7 @@ async def preprocess_completion(
     if isinstance(req, CompletionIdsRequest) and req.prompt:  # ints, checked while parsed
         vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
         if isinstance(req.prompt, U32TokenIds):  # parsed straight into u32s
-            _check_u32_ids(req.prompt, vocab)
+            check_u32_prompt(req.prompt, vocab)
             u32[0] = req.prompt.u32_le
         elif (token_bytes := prompt_id_bytes(req.prompt, vocab)) is not None:
             u32[0] = token_bytes
@@ -225,7 +225,7 @@ def prompt_id_bytes(ids: list[int], vocab: int | None) -> bytes | None:
     return data.tobytes()
 
 
-def _check_u32_ids(ids: U32TokenIds, vocab: int | None) -> None:
+def check_u32_prompt(ids: U32TokenIds, vocab: int | None) -> None:
     """check_prompt_ids for ids already in u32s (none negative): the first id >= vocab."""
     if vocab is not None and ids.max_id >= vocab:
         first = int(np.argmax(np.frombuffer(ids.ids, dtype=np.uint32) >= vocab))

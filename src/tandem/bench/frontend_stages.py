@@ -112,7 +112,7 @@ def _u32_prompt(req: Any, vocab: int) -> bytes:
     from tandem.frontend.prompt_ids import U32TokenIds
 
     if isinstance(req.prompt, U32TokenIds):
-        check_u32_prompt(req.prompt, vocab)
+        check_u32_prompt(req.prompt, vocab, 0)
         return req.prompt.u32_le
     return prompt_id_bytes(req.prompt, vocab) or b""
 

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from tandem.frontend import errors as http_errors
-from tandem.frontend.prompt_ids import split_prompt
+from tandem.frontend.prompt_ids import U32TokenIds, split_prompt
 from tandem.protocols.openai import CompletionIdsRequest, CompletionRequest
 
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
@@ -26,16 +26,17 @@ def decode_completion(body: bytes) -> CompletionRequest:
     """A /v1/completions body; a prompt that is one list of token ids comes back as a
     CompletionIdsRequest: parsed straight into u32s (its prompt a `U32TokenIds`) when it is a
     flat array of plain integers, else checked while msgspec parses it (no Python pass over
-    the ids either way). Raises InvalidRequest exactly as decoding a plain CompletionRequest
-    does."""
+    the ids either way). An array of such arrays comes back with a list of `U32TokenIds`.
+    Raises InvalidRequest exactly as decoding a plain CompletionRequest does."""
     if (split := split_prompt(body)) is not None:
-        rest, ids = split
+        rest, prompt = split
+        decoder = completion_ids_decoder if isinstance(prompt, U32TokenIds) else completion_decoder
         try:
-            parsed = completion_ids_decoder.decode(rest)  # every field but the prompt
+            parsed = decoder.decode(rest)  # every field but the prompt
         except http_errors.BODY_ERRORS:
             pass  # the decodes below say what is wrong, about the body as sent
         else:
-            parsed.prompt = ids  # type: ignore[assignment]  # a Sequence[int] read as the list
+            parsed.prompt = prompt  # type: ignore[assignment]  # read as the list(s) of ids
             return parsed
     try:
         return completion_ids_decoder.decode(body)

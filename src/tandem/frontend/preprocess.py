@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,12 +143,12 @@ async def preprocess_completion(
     deadline_s: float | None,
 ) -> Prepared:
     validate_completion(req)
-    prompts: list[list[int]] = []
+    prompts: list[Sequence[int]] = []
     u32: dict[int, bytes] = {}
     if isinstance(req, CompletionIdsRequest) and req.prompt:  # ints, checked while parsed
         vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
         if isinstance(req.prompt, U32TokenIds):  # parsed straight into u32s
-            check_u32_prompt(req.prompt, vocab)
+            check_u32_prompt(req.prompt, vocab, 0)
             u32[0] = req.prompt.u32_le
         elif (token_bytes := prompt_id_bytes(req.prompt, vocab)) is not None:
             u32[0] = token_bytes
@@ -164,6 +164,10 @@ async def preprocess_completion(
                     param=param,
                 )
             prompts.append(ids)
+        elif isinstance(prompt, U32TokenIds):  # one of a batch parsed straight into u32s
+            check_u32_prompt(prompt, vocab_of(model), i)
+            u32[i] = prompt.u32_le
+            prompts.append(prompt)
         else:
             _check_ids(model, prompt, i)
             prompts.append(prompt)
@@ -225,19 +229,22 @@ def prompt_id_bytes(ids: list[int], vocab: int | None) -> bytes | None:
     return data.tobytes()
 
 
-def check_u32_prompt(ids: U32TokenIds, vocab: int | None) -> None:
+def check_u32_prompt(ids: U32TokenIds, vocab: int | None, index: int) -> None:
     """check_prompt_ids for ids already in u32s (none negative): the first id >= vocab."""
     if vocab is not None and ids.max_id >= vocab:
         first = int(np.argmax(np.frombuffer(ids.ids, dtype=np.uint32) >= vocab))
-        raise _out_of_range(ids[first], vocab, 0)
+        raise _out_of_range(ids[first], vocab, index)
 
 
-def _check_ids(model: ServedModel, ids: list[int], index: int) -> None:
-    vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
-    check_prompt_ids(ids, vocab, index)
+def vocab_of(model: ServedModel) -> int | None:
+    return model.tokenizer.vocab_size if model.tokenizer is not None else None
 
 
-def check_prompt_ids(ids: list[int], vocab: int | None, index: int) -> None:
+def _check_ids(model: ServedModel, ids: Sequence[int], index: int) -> None:
+    check_prompt_ids(ids, vocab_of(model), index)
+
+
+def check_prompt_ids(ids: Sequence[int], vocab: int | None, index: int) -> None:
     """Raise InvalidRequest naming the first id outside [0, vocab). (One Python pass: measured
     no slower than min() + max() in C, which walk the list twice.)"""
     for t in ids:
@@ -262,7 +269,7 @@ def _check_stop_ids(model: ServedModel, ids: list[int]) -> None:
             )
 
 
-def _echo_texts(model: ServedModel, prompts: list[str | list[int]]) -> list[str]:
+def _echo_texts(model: ServedModel, prompts: list[str | Sequence[int]]) -> list[str]:
     """Each prompt as text (token-id prompts decoded, special tokens kept, as vLLM echoes)."""
     if all(isinstance(p, str) for p in prompts):
         return [p for p in prompts if isinstance(p, str)]
@@ -350,7 +357,7 @@ def resolve_max_tokens(
 
 def _fan_out(
     base: PreprocessedRequest,
-    prompts: list[list[int]],
+    prompts: list[Sequence[int]],
     model: ServedModel,
     n: int,
     max_tokens: int | None,

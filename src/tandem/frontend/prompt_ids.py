@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import overload
 
+from tandem.protocols.openai import ParsedTokenIds
+
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("json_ids.c")
@@ -28,7 +30,7 @@ _ZERO = (0,)
 byref = ctypes.byref  # what the prompt array is replaced with before the rest is decoded
 
 
-class U32TokenIds(Sequence[int]):
+class U32TokenIds(ParsedTokenIds):
     """Token ids held as one u32 array, read like the `list[int]` they stand for (len, index,
     slice → list, iteration, ==, + → list). `u32_le` is the request plane's buffer of them;
     `tolist()` makes (once) the list for the rare reader that needs one, e.g. echo."""
@@ -87,22 +89,40 @@ class U32TokenIds(Sequence[int]):
         return f"U32TokenIds(<{len(self.ids)} ids>)"
 
 
-def split_prompt(body: bytes) -> tuple[bytes, U32TokenIds] | None:
-    """(the body with its prompt array replaced by PLACEHOLDER, the ids) when the body's
-    top-level "prompt" is a flat array of plain integers < 2^32; None otherwise (no compiler,
-    another shape, or a malformed element: the general decode then answers)."""
+def split_prompt(body: bytes) -> tuple[bytes, U32TokenIds | list[U32TokenIds]] | None:
+    """(the body with its prompt array replaced by PLACEHOLDER, the prompt) when the body's
+    top-level "prompt" is a flat array of plain integers < 2^32 (the prompt: U32TokenIds) or an
+    array of such arrays (a list of them); None otherwise (no compiler, another shape, or a
+    malformed element: the general decode then answers)."""
     lib = _library()
     if lib is None:
         return None
     start, end, count = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
-    if not lib.ji_find_prompt(body, len(body), byref(start), byref(end), byref(count)):
+    kind = lib.ji_find_prompt(body, len(body), byref(start), byref(end), byref(count))
+    if not kind:
         return None
     s, e, n = start.value, end.value, count.value
+    rest = body[:s] + PLACEHOLDER + body[e:]
+    if kind == 1:
+        ids = _parse(lib, body, s, e, n)
+        return None if ids is None else (rest, ids)
+    spans = array("q", _ZERO) * (3 * n)  # per prompt: start, end, number of ids
+    if lib.ji_batch_spans(body, s, e, spans.buffer_info()[0], n) != n:
+        return None
+    prompts = []
+    for k in range(0, 3 * n, 3):
+        if (ids := _parse(lib, body, spans[k], spans[k + 1], spans[k + 2])) is None:
+            return None
+        prompts.append(ids)
+    return rest, prompts
+
+
+def _parse(lib: ctypes.CDLL, body: bytes, start: int, end: int, n: int) -> U32TokenIds | None:
     ids = array("I", _ZERO) * n
     top = ctypes.c_uint32()
-    if lib.ji_parse_u32(body, s, e, ids.buffer_info()[0], n, byref(top)) != n:
+    if lib.ji_parse_u32(body, start, end, ids.buffer_info()[0], n, byref(top)) != n:
         return None
-    return body[:s] + PLACEHOLDER + body[e:], U32TokenIds(ids, top.value)
+    return U32TokenIds(ids, top.value)
 
 
 def _library() -> ctypes.CDLL | None:
@@ -131,6 +151,8 @@ def _load() -> ctypes.CDLL | None:
     lib.ji_find_prompt.restype = ctypes.c_int
     lib.ji_parse_u32.argtypes = [ctypes.c_char_p, i64, i64, p, i64, p]
     lib.ji_parse_u32.restype = i64
+    lib.ji_batch_spans.argtypes = [ctypes.c_char_p, i64, i64, p, i64]
+    lib.ji_batch_spans.restype = i64
     return lib
 
 

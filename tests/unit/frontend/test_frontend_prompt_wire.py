@@ -116,6 +116,21 @@ BODIES = [
     b'{"model": "m", "prompt": [3]} trailing',
     b'["model", "prompt", [3]]',
     b'{"model": "m", "prompt": [3, 60000, 2, 50000]}',
+    # batches of id arrays
+    b'{"model": "m", "prompt": [[1, 2], [3, 4, 5]], "n": 2}',
+    b'{"model": "m", "prompt": [ [1] ,\n[2,3] ], "echo": true}',
+    b'{"model": "m", "prompt": [[1, 2], [3, 60000, 50000]]}',
+    b'{"model": "m", "prompt": [[1, 60000], [3]]}',
+    b'{"model": "m", "prompt": [[1, 2], [-3]]}',
+    b'{"model": "m", "prompt": [[1, 2], []]}',
+    b'{"model": "m", "prompt": [[1, 2], [[3]]]}',
+    b'{"model": "m", "prompt": [[1, 2], [3],]}',
+    b'{"model": "m", "prompt": [[1, 2] [3]]}',
+    b'{"model": "m", "prompt": [[1, 2], 3]}',
+    b'{"model": "m", "prompt": [[1, 2.5], [3]]}',
+    b'{"model": "m", "prompt": [[1, 2], [3]], "max_tokens": -1}',
+    b'{"model": "m", "prompt": [[]]}',
+    b'{"model": "m", "prompt": [[7]]}',
 ]
 
 
@@ -162,12 +177,30 @@ def test_a_flat_id_array_is_parsed_straight_into_u32s(model: ServedModel) -> Non
         b'{"model": "m", "prompt": [1, 02]}',
         b'{"model": "m", "prompt": [1, 4294967296]}',
         b'{"model": "m", "prompt": [1, true]}',
-        b'{"model": "m", "prompt": [[1]]}',
+        b'{"model": "m", "prompt": [[[1]]]}',
+        b'{"model": "m", "prompt": [[1], "x"]}',
+        b'{"model": "m", "prompt": [[1], [2, -3]]}',
         b'{"model": "m", "prompt": [1], "prompt": [2]}',
     ],
 )
 def test_what_the_u32_parse_refuses_is_left_to_msgspec(body: bytes) -> None:
     assert prompt_ids.split_prompt(body) is None
+
+
+@needs_cc
+def test_a_batch_of_id_arrays_is_parsed_straight_into_u32s(model: ServedModel) -> None:
+    batch = [list(range(100, 400)), [5], list(range(49_000, 49_152))]
+    req = decode_completion(_body(batch, n=2))
+    assert isinstance(req.prompt, list) and req.prompt == batch
+    assert all(isinstance(p, prompt_ids.U32TokenIds) for p in req.prompt)
+    prepared = asyncio.run(
+        preprocess_completion(req, model, request_id="r", worker_id=None, deadline_s=None)
+    )
+    assert prepared.prompt_lens == [300, 1, 152] and len(prepared.requests) == 6
+    for i, request in enumerate(prepared.requests):  # prompt p's choices: 2p, 2p + 1
+        assert request.token_ids == batch[i // 2]
+        assert request.token_bytes == token_u32(batch[i // 2])
+        assert decode_request(encode(request)).token_ids == batch[i // 2]
 
 
 def _u32(ids: list[int]) -> prompt_ids.U32TokenIds:
@@ -290,6 +323,7 @@ def _strict_ids(array_text: str) -> list[int] | None:
 def test_the_u32_parse_agrees_with_a_json_reader_on_random_arrays() -> None:
     rng = random.Random(13)
     odd = ["-1", "-0", "1.5", "1e3", "true", "", "x", "12a", "9" * 11, "00", "01", "4294967296"]
+    texts: list[str] = []
     for _ in range(3000):
         parts = []
         for _ in range(rng.randrange(1, 12)):
@@ -305,5 +339,17 @@ def test_the_u32_parse_agrees_with_a_json_reader_on_random_arrays() -> None:
         text = "[" + ",".join(parts) + "]"
         split = prompt_ids.split_prompt(b'{"model": "m", "prompt": ' + text.encode() + b"}")
         got = None if split is None else split[1]
+        assert isinstance(got, prompt_ids.U32TokenIds | None)
         assert (None if got is None else got.tolist()) == _strict_ids(text), text
         assert got is None or got.max_id == max(got)
+        texts.append(text)
+    for _ in range(500):  # batches of those arrays, some with a bad one among them
+        chosen = rng.sample(texts, rng.randrange(1, 5))
+        text = "[" + rng.choice([",", " , ", ",\n"]).join(chosen) + "]"
+        split = prompt_ids.split_prompt(b'{"prompt": ' + text.encode() + b"}")
+        expected = [_strict_ids(t) for t in chosen]
+        if split is None:
+            assert None in expected, text
+        else:
+            assert isinstance(split[1], list) and None not in expected, text
+            assert [p.tolist() for p in split[1]] == expected

@@ -35,8 +35,9 @@ def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(isl: int, repeat: int) -> dict[str, float]:
-    from tandem.frontend.decode import decode_completion
+    from tandem.frontend.decode import completion_ids_decoder, decode_completion
     from tandem.frontend.preprocess import check_prompt_ids, prompt_id_bytes
+    from tandem.frontend.prompt_ids import load_library
     from tandem.protocols.engine import (
         PreprocessedRequest,
         StopConditions,
@@ -53,6 +54,7 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
     from tandem.tokens.hashing import sequence_hashes
     from tandem.tokens.tokenizer import load_tokenizer
 
+    load_library()  # built and loaded once, as the frontend does at start, not timed
     tok = load_tokenizer(f"gguf:{_smollm2_gguf()}")
     template = ChatTemplate(tok.chat_template, bos_token="", eos_token="<|im_end|>")
     ids = synthetic_requests(SyntheticConfig(isl=isl, osl=32), 1)[0].token_ids
@@ -79,7 +81,12 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
     stages: dict[str, Callable[[], Any]] = {
         "json decode (chat)": lambda: msgspec.json.decode(chat_body, type=ChatCompletionRequest),
         "json decode (completions)": lambda: msgspec.json.decode(comp_body, type=CompletionRequest),
-        "json decode (completions, ids fast path)": lambda: decode_completion(comp_body),
+        "json decode (completions, msgspec list[int], old path)": lambda: (
+            completion_ids_decoder.decode(comp_body)
+        ),
+        "json -> u32 ids (completions, C parse; + range check and wire bytes)": lambda: _u32_prompt(
+            decode_completion(comp_body), tok.vocab_size
+        ),
         "prompt list check (completions, old path)": lambda: prompt_inputs(ids),
         "chat template": lambda: template.render(chat.messages, add_generation_prompt=True),
         "tokenize: tokenizers backend": lambda: tok.backend.encode(text, add_special_tokens=False),
@@ -97,6 +104,17 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
         "detokenize 32 output tokens": detokenize,
     }
     return {name: _cpu_ms(fn, repeat) for name, fn in stages.items()}
+
+
+def _u32_prompt(req: Any, vocab: int) -> bytes:
+    """What preprocessing does with a prompt the C parser took (the general path without it)."""
+    from tandem.frontend.preprocess import check_u32_prompt, prompt_id_bytes
+    from tandem.frontend.prompt_ids import U32TokenIds
+
+    if isinstance(req.prompt, U32TokenIds):
+        check_u32_prompt(req.prompt, vocab, 0)
+        return req.prompt.u32_le
+    return prompt_id_bytes(req.prompt, vocab) or b""
 
 
 def _smollm2_gguf() -> str:

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from tandem.errors import StartupError
+from tandem.frontend import prompt_ids
 from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.dashboard import Dashboard
@@ -43,6 +44,7 @@ async def serve_frontend(
 
     Sets `ready` once listening; appends the bound (host, port) to `bound` if given (port 0
     picks a free port). On exit closes connections, routers and the instance watch."""
+    await asyncio.to_thread(prompt_ids.load_library)  # built before the first request
     workers = runtime.instance_set(config.worker_component, config.worker_endpoint)
     registry = ModelRegistry(
         config,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -196,7 +196,7 @@ def encode_output(out: EngineOutput) -> bytes:
     return _encoder.encode(out)
 
 
-def token_u32(token_ids: list[int]) -> bytes | None:
+def token_u32(token_ids: Sequence[int]) -> bytes | None:
     """`token_ids` as little-endian u32 bytes; None when an id does not fit in a u32."""
     try:
         data = array("I", token_ids)

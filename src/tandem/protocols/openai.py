@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -125,6 +126,14 @@ class CompletionIdsRequest(CompletionRequest, kw_only=True):
     prompt)."""
 
     prompt: list[int]
+
+
+class ParsedTokenIds(Sequence[int]):
+    """A prompt's token ids parsed straight from the JSON as ints in [0, 2^32) (the frontend's
+    u32 parse, `frontend/prompt_ids.U32TokenIds`): read like the list, taken by the prompt
+    checks without a Python pass over them."""
+
+    __slots__ = ()
 
 
 class Unsupported(NamedTuple):
@@ -325,17 +334,22 @@ def validate_completion(req: CompletionRequest) -> None:
         )
 
 
-def prompt_inputs(prompt: str | list[Any]) -> list[str | list[int]]:
-    """The prompts of a completions request: each a string or a list of token ids."""
+def prompt_inputs(prompt: str | Sequence[Any]) -> list[str | Sequence[int]]:
+    """The prompts of a completions request: each a string or a list of token ids (or
+    ParsedTokenIds, which read as one)."""
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
         raise InvalidRequest("prompt must not be empty", param="prompt")
+    if isinstance(prompt, ParsedTokenIds):
+        return [prompt]
     if set(map(type, prompt)) == {int}:  # one list of ids; checked in C, no per-token frame
         return [prompt]
-    out: list[str | list[int]] = []
+    out: list[str | Sequence[int]] = []
     for i, item in enumerate(prompt):
-        is_ids = isinstance(item, list) and item and all(_is_token_id(t) for t in item)
+        is_ids = (isinstance(item, ParsedTokenIds) and len(item) > 0) or (
+            isinstance(item, list) and len(item) > 0 and all(map(_is_token_id, item))
+        )
         if isinstance(item, str) or is_ids:
             out.append(item)
         elif isinstance(item, dict) and "type" in item:

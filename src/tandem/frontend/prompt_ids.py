@@ -25,9 +25,9 @@ _IS_LE = sys.byteorder == "little"
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
-PLACEHOLDER = b"[0]"
+PLACEHOLDER = b"[0]"  # what the prompt array is replaced with before the rest is decoded
 _ZERO = (0,)
-byref = ctypes.byref  # what the prompt array is replaced with before the rest is decoded
+byref = ctypes.byref
 
 
 class U32TokenIds(ParsedTokenIds):

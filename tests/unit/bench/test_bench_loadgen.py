@@ -27,7 +27,10 @@ async def test_ttft_itl_and_cached_tokens_are_measured(fake_openai):
         # the text-less role chunk does not count: TTFT waits for the first text
         assert r.ttft_s is not None and r.ttft_s >= fake_openai.first_token_delay_s * 0.9
         assert len(r.itl_s) == fake_openai.num_tokens - 1
-        assert all(gap >= fake_openai.token_gap_s * 0.9 for gap in r.itl_s)
+        # each chunk leaves token_gap_s after the last; a client descheduled on a busy host
+        # reads two in one go (a gap near 0, the next one longer), so the gaps hold in sum
+        assert all(gap >= 0 for gap in r.itl_s)
+        assert sum(r.itl_s) >= fake_openai.token_gap_s * len(r.itl_s) * 0.9
         assert r.e2e_s >= r.ttft_s + sum(r.itl_s) * 0.99
         assert (r.prompt_tokens, r.output_tokens, r.cached_tokens) == (10, 4, 5)
         assert r.saw_done

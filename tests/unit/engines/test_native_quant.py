@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from tandem.engines.native import quant
-from tandem.engines.native.attention import AttentionMetadata, PrefillSpan
+from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import build_model
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import default_model_path
 from tandem.engines.native.model import LlamaModel
+from tandem.engines.native.ops import CpuOps
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
 from tandem.tokens.tokenizer import load_tokenizer
 
@@ -454,3 +455,71 @@ def test_quant_linear_takes_the_torch_path_off_the_cpu_or_when_told(monkeypatch)
     assert on_meta.weight is meta
     y = on_meta(torch.empty(3, 96, device="meta"), torch.empty(3, 64, device="meta"), alpha=0.5)
     assert y.device.type == "meta" and tuple(y.shape) == (3, 64)
+
+
+def _mixed_step(model: LlamaModel, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill two sequences (one step, two spans), then one step of both decoding beside a
+    third sequence's prefill chunk, then a batch-1 decode of the first: the hidden states of
+    each step and the cache, with every layer in one C call or layer by layer."""
+    bs, gen = 16, torch.Generator().manual_seed(7)
+    ids = [torch.randint(0, 49152, (n,), generator=gen) for n in (37, 20, 23)]
+    tables = [[5, 2, 9], [0, 7], [3, 1]]  # scattered blocks
+    model.fuse_layers = fused
+    try:
+        with torch.inference_mode():
+            cache = model.new_kv_cache(10, bs)
+
+            def slots(t: int, positions: range) -> list[int]:
+                return [tables[t][p // bs] * bs + p % bs for p in positions]
+
+            def span(t: int, start: int, first: int, n: int) -> PrefillSpan:
+                blocks = torch.tensor(tables[t][: -(-(first + n) // bs)])
+                return PrefillSpan(
+                    start=start, end=start + n, ctx_len=first + n, context_blocks=blocks, mask=None
+                )
+
+            pos = torch.tensor([*range(36), *range(20)])
+            meta = AttentionMetadata(
+                slot_mapping=torch.tensor(slots(0, range(36)) + slots(1, range(20))),
+                cos=model.cos[pos].unsqueeze(1), sin=model.sin[pos].unsqueeze(1),
+                prefills=[span(0, 0, 0, 36), span(1, 36, 0, 20)], positions=pos,
+            )  # fmt: skip
+            x = torch.cat([ids[0][:36], ids[1]])
+            first = model.hidden(x, meta, cache, torch.tensor([35, 55]))
+            pos = torch.tensor([36, 20, *range(23)])
+            width = 3
+            meta = AttentionMetadata(
+                slot_mapping=torch.tensor(slots(0, range(36, 37)) + slots(1, range(20, 21))
+                                          + slots(2, range(23))),
+                cos=model.cos[pos].unsqueeze(1), sin=model.sin[pos].unsqueeze(1),
+                num_decode=2, prefills=[span(2, 2, 0, 23)], positions=pos,
+                decode_blocks=torch.tensor(tables[0] + tables[1] + [0] * (width - 2)),
+                decode_lens=torch.tensor([37, 21]),
+            )  # fmt: skip
+            x = torch.cat([ids[0][36:], torch.tensor([11]), ids[2]])
+            second = model.hidden(x, meta, cache, torch.tensor([0, 1, 24]))
+            step = SingleDecode(
+                slot=tables[0][37 // bs] * bs + 37 % bs, ctx_len=38, table=tables[0]
+            )
+            third = model.decode_one(123, step, cache)
+    finally:
+        model.fuse_layers = True
+    return torch.cat([first, second, third]), cache
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decoder_in_one_c_call_equals_the_layer_by_layer_calls(models, fmt, monkeypatch):
+    model = models[fmt]
+    calls = []
+    real = CpuOps.decoder
+    monkeypatch.setattr(CpuOps, "decoder", lambda *a, **k: calls.append(1) or real(*a, **k))
+    embed = model.embed.clone()
+    h_fused, cache_fused = _mixed_step(model, fused=True)
+    assert len(calls) == 3, "a quantized model on the CPU runs all its layers in one call"
+    h_layers, cache_layers = _mixed_step(model, fused=False)
+    assert len(calls) == 3
+    assert torch.equal(h_fused, h_layers)
+    assert torch.equal(cache_fused, cache_layers)
+    assert torch.equal(model.embed, embed), "the batch-1 step must not write into the embedding"
+    assert models["fp32"]._plan is None  # fp32 projections are not C quantized kernels

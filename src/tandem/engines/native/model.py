@@ -35,7 +35,7 @@ from tandem.engines.native.attention import (
 from tandem.engines.native.head import OutputHead, fast_bf16_available
 from tandem.engines.native.linear import Linear, can_pack
 from tandem.engines.native.model_config import ModelConfig
-from tandem.engines.native.ops import CpuOps, cpu_ops
+from tandem.engines.native.ops import CpuOps, DecoderPlan, cpu_ops
 
 
 class LayerWeights(NamedTuple):
@@ -102,6 +102,14 @@ class LlamaModel:
         if self.device.type == "cpu":
             self._place_streamed_weights()
         self._cpu_ops = cpu_ops(dtype, self.device, self.kv_dtype)
+        # all layers in one C call where every projection is a C quantized kernel
+        self._plan: DecoderPlan | None = None
+        if self._cpu_ops is not None and all(
+            getattr(lin, "c_args", None) is not None for layer in self.layers for lin in layer
+        ):
+            self._plan = DecoderPlan(self.layers)  # type: ignore[arg-type]
+        # False: the same kernels called layer by layer from Python (what tests compare with)
+        self.fuse_layers = True
 
     def c_ops(self, kv_cache: torch.Tensor) -> CpuOps | None:
         """The C ops for a step on `kv_cache` (None: its device or dtype runs torch ops)."""
@@ -266,6 +274,15 @@ class LlamaModel:
             tables, lens = meta.decode_blocks.view(num_decode, -1), meta.decode_lens
         positions = meta.positions
         assert positions is not None
+        if self._plan is not None and self.fuse_layers:
+            x = x.contiguous()
+            spans = [(s.start, s.end, s.ctx_len, s.context_blocks) for s in meta.prefills]
+            decode = None if tables is None or lens is None else (num_decode, tables, lens)
+            ops.decoder(
+                self._plan, x, heads, kv_heads, eps, self.attn_scale, positions, self.cos,
+                self.sin, meta.slot_mapping, kv_cache, decode, spans, attn_out,
+            )  # fmt: skip
+            return ops.rms_normalize(x[rows].contiguous(), eps)
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
             qkv = _normed(ops, layer.qkv, x, eps).contiguous()
             ops.rope_store(
@@ -336,6 +353,13 @@ class LlamaModel:
         index = step.c_index(bs)
         pos, slot, ctx, table = index[0:1], index[1:2], index[2:3], index[3:].view(1, -1)
         attn = torch.empty(1, heads * dim, dtype=self.dtype, device=self.device)
+        if self._plan is not None and self.fuse_layers:
+            x = self.embed[token].unsqueeze(0).clone()  # the decoder writes x in place
+            ops.decoder(
+                self._plan, x, heads, kv_heads, eps, scale, pos, self.cos, self.sin, slot,
+                kv_cache, (1, table, ctx), [], attn,
+            )  # fmt: skip
+            return x * ops.rms_scale(x, eps)
         x = self.embed[token].unsqueeze(0)
         for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
             qkv = _normed(ops, layer.qkv, x, eps, one_row=True).contiguous()

@@ -444,6 +444,12 @@ class QuantLinear:
         return F.silu(y[:, :half]) * y[:, half:]
 
     @property
+    def c_args(self) -> _KernelArgs | None:
+        """The C kernel and its fixed arguments (None on the torch path): what a fused
+        decoder (tandem.engines.native.ops.DecoderPlan) calls for this projection."""
+        return self._args
+
+    @property
     def in_features(self) -> int:
         return self.weight.shape[1]
 

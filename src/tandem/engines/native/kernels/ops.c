@@ -522,3 +522,62 @@ void to_rms_rows(const float *x, int64_t T, int64_t n, float eps, float *out, in
         for (int64_t i = 0; i < n; i++) out[t * n + i] = r[i] * scale;
     }
 }
+
+/* ------------------------------------------------------------------ the whole decoder */
+/* A quantized projection as tandem.engines.native.quant passes it to tq_gemm_q4 / _q8
+ * (the function is quant's: this library only calls it through the pointer). */
+typedef int (*to_gemm_fn)(const float *x, int64_t M, int64_t K, float alpha, const float *cs,
+                          const void *pq, const float *pd, const float *pm, int64_t N, float *y,
+                          const float *res, int nt, float norm_eps, int glu);
+struct to_linear {
+    to_gemm_fn fn;
+    int64_t n, k;
+    const float *cs; /* the RMSNorm weight it applies (NULL: none) */
+    const void *qs;
+    const float *d, *m;
+};
+struct to_span { /* a prefill chunk: rows [start, end) of one sequence, ctx_len after them */
+    int64_t start, end, ctx_len;
+    const int64_t *blocks;
+};
+
+/* Every layer of a llama decoder over T rows, with the exact calls (and so the exact
+ * arithmetic) tandem.engines.native.model's C path makes layer by layer from Python:
+ *   qkv = qkv_proj(RMSNorm(x)); RoPE + K/V store; decode and prefill attention into attn;
+ *   h = o_proj(attn) + x; f = silu(gate) * up of gate_up(RMSNorm(h)); x = down(f) + h.
+ * lin [L][4]: qkv, o, gate_up (glu), down. x [T, hidden] is the input embedding and the
+ * output; h, qkv, attn, f are scratch. The cache: layer l's K plane at cache + l * layer,
+ * its V plane plane elements further. 0, or -(4 l + op + 1) for the op that failed. */
+int to_decoder(int64_t L, const struct to_linear *lin, float *x, float *h, float *qkv,
+               float *attn, float *f, int64_t T, int64_t H, int64_t KVH, int64_t d, float eps,
+               float scale, const int64_t *pos, const float *cos_t, const float *sin_t,
+               const int64_t *slots, kv_t *cache, int64_t layer, int64_t plane, int64_t bs,
+               int64_t nd, const int64_t *tables, int64_t W, const int64_t *lens,
+               int64_t nspans, const struct to_span *spans, int nt) {
+    const int64_t stride = (H + 2 * KVH) * d, hidden = lin[0].k;
+    for (int64_t l = 0; l < L; l++) {
+        const struct to_linear *w = lin + 4 * l;
+        kv_t *kc = cache + l * layer, *vc = kc + plane;
+        const int64_t fail = -(4 * l + 1);
+        if (w[0].fn(x, T, hidden, 1.f, w[0].cs, w[0].qs, w[0].d, w[0].m, w[0].n, qkv, NULL, nt, eps, 0))
+            return (int)fail;
+        to_rope_store(qkv, T, stride, H, KVH, d, pos, cos_t, sin_t, slots, kc, vc, nt);
+        if (nd && to_decode_attention(qkv, stride, nd, H, KVH, d, kc, vc, bs, tables, W, lens,
+                                      scale, attn, nt))
+            return (int)(fail - 1);
+        for (int64_t s = 0; s < nspans; s++) {
+            const struct to_span *p = spans + s;
+            if (to_prefill_attention(qkv + p->start * stride, stride, p->end - p->start, H, KVH, d,
+                                     kc, vc, bs, p->blocks, p->ctx_len, scale,
+                                     attn + p->start * H * d, nt))
+                return (int)(fail - 1);
+        }
+        if (w[1].fn(attn, T, H * d, 1.f, w[1].cs, w[1].qs, w[1].d, w[1].m, w[1].n, h, x, nt, -1.f, 0))
+            return (int)(fail - 2);
+        if (w[2].fn(h, T, hidden, 1.f, w[2].cs, w[2].qs, w[2].d, w[2].m, w[2].n, f, NULL, nt, eps, 1))
+            return (int)(fail - 2);
+        if (w[3].fn(f, T, w[3].k, 1.f, w[3].cs, w[3].qs, w[3].d, w[3].m, w[3].n, x, h, nt, -1.f, 0))
+            return (int)(fail - 3);
+    }
+    return 0;
+}

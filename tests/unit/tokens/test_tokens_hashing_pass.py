@@ -68,3 +68,33 @@ def test_misaligned_continuation_with_images_is_refused_even_without_full_blocks
     with pytest.raises(ValueError, match="token_offset"):
         sequence_hashes([1, 2], 16, mm_items=[MmItem(mm_hash=1, offset=0, num_tokens=1)],
                         token_offset=3, parent_hash=5)  # fmt: skip
+
+
+def test_long_prompts_take_the_c_pass_and_hash_as_the_python_pass(monkeypatch) -> None:
+    from array import array
+
+    from tandem.tokens import hashing
+
+    assert hashing._c_hasher() is not None, "gcc and xxhash are here: the C pass must load"
+    calls = []
+    real = hashing._c_hashes
+    monkeypatch.setattr(hashing, "_c_hashes", lambda *a: calls.append(1) or real(*a))
+    rng = random.Random(5)
+    for trial in range(20):
+        n = rng.choice([4 * 64, 4 * 64 + 7, 32000, rng.randrange(256, 3000)])
+        ids = [rng.randrange(0, 2**32) for _ in range(n)]
+        size = rng.choice([16, 64])
+        parent = rng.choice([None, rng.randrange(0, 2**64)])
+        lora = rng.choice([None, "adapter-a"])
+        seed0 = HASH_SEED if parent is not None else seed_for(lora, None)
+        want = _reference(ids, size, seed0, parent, {})
+        assert sequence_hashes(ids, size, lora_name=lora, parent_hash=parent) == want, trial
+        assert sequence_hashes(array("I", ids), size, lora_name=lora, parent_hash=parent) == want
+        assert local_hashes(ids, size) == hashing._loop_hashes(
+            ids, n // size, size, HASH_SEED, None, (), 0, False
+        )
+    assert len(calls) == 60  # every call above went through C
+    monkeypatch.setattr(hashing, "_c_state", [None])  # no compiler: the Python pass
+    ids = list(range(5000))
+    assert sequence_hashes(ids, 64) == _reference(ids, 64, HASH_SEED, None, {})
+    assert len(calls) == 60

@@ -197,3 +197,15 @@ def test_scheduler_steps_the_same_on_either_pool(kvbm: KvbmConfig | None, token_
         assert results[0].duration_ms == results[1].duration_ms
         for s in scheds:
             s.check_integrity()
+
+
+def test_c_pool_refuses_out_of_range_block_ids_and_changes_nothing() -> None:
+    pool = CBlockPool(4, 2, lib=LIB)
+    ids = pool.allocate(2)
+    assert ids is not None
+    for op, args in (("release", ([*ids, 4],)), ("acquire", ([-1],)),
+                     ("cache_full_blocks", ([ids[0], 9], [1, 2], None, [0] * 4))):  # fmt: skip
+        with pytest.raises(IndexError, match=r"out of range 0\.\.3"):
+            getattr(pool, op)(*args)
+        assert pool.num_active_blocks == 2 and pool.num_cached_blocks == 0
+        pool.check_integrity()

@@ -151,8 +151,16 @@ int64_t th_pool_match(const th_pool *p, const uint64_t *hashes, int64_t num, int
 }
 
 /* ------------------------------------------------------------------ mutations */
+/* The mutations below return -2 (nothing changes) if an id is out of range. */
+static int out_of_range(const th_pool *p, const int64_t *ids, int64_t num) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < num; i++) bad |= (uint64_t)ids[i] >= (uint64_t)p->n;
+    return bad != 0;
+}
+
 /* Returns -1, or the index of a free block met (after the ones before it took effect). */
 int64_t th_pool_acquire(th_pool *p, const int64_t *ids, int64_t num) {
+    if (out_of_range(p, ids, num)) return -2;
     for (int64_t i = 0; i < num; i++) {
         const int64_t b = ids[i];
         if (p->ref[b] == 0) {
@@ -199,10 +207,14 @@ int64_t th_pool_allocate(th_pool *p, int64_t num, int64_t *out, uint64_t *remove
 }
 
 /* Cache computed full blocks ids[i] under hashes[i], chained from parent (has_parent), with
- * LoRA index lora. dup[i] = 1 where the hash was already cached (the block stays uncached).
- * Returns -1, or the index of a bad block (unreferenced or hashed; earlier ones took effect). */
+ * LoRA index lora. dup[i] = 1 where the hash was already cached (the block stays uncached),
+ * counted in *num_dups. Returns -1, or the index of a bad block (unreferenced or hashed;
+ * earlier ones took effect). */
 int64_t th_pool_cache(th_pool *p, const int64_t *ids, const uint64_t *hashes, int64_t num,
-                      int has_parent, uint64_t parent, int32_t lora, uint8_t *dup) {
+                      int has_parent, uint64_t parent, int32_t lora, uint8_t *dup,
+                      int64_t *num_dups) {
+    if (out_of_range(p, ids, num)) return -2;
+    *num_dups = 0;
     uint64_t prev = parent;
     int have = has_parent;
     for (int64_t i = 0; i < num; i++) {
@@ -211,6 +223,7 @@ int64_t th_pool_cache(th_pool *p, const int64_t *ids, const uint64_t *hashes, in
         if (p->ref[b] <= 0 || p->has_hash[b]) return i;
         if (map_get(p, h) >= 0) {
             dup[i] = 1;
+            ++*num_dups;
         } else {
             dup[i] = 0;
             p->has_hash[b] = 1;
@@ -230,6 +243,7 @@ int64_t th_pool_cache(th_pool *p, const int64_t *ids, const uint64_t *hashes, in
 /* Drop one reference from each block, last first. Returns -1, or the index of a block
  * with no reference (the later ones took effect; the active count is left as it was). */
 int64_t th_pool_release(th_pool *p, const int64_t *ids, int64_t num) {
+    if (out_of_range(p, ids, num)) return -2;
     int64_t unused = 0;
     for (int64_t i = num - 1; i >= 0; i--) {
         const int64_t b = ids[i];

@@ -69,7 +69,7 @@ def _load(*, check: bool = True) -> ctypes.CDLL | None:
         ("th_pool_match", [p, p, i64, p]),
         ("th_pool_acquire", [p, p, i64]),
         ("th_pool_allocate", [p, i64, p, p, p, p, p]),
-        ("th_pool_cache", [p, p, p, i64, ctypes.c_int, u64, ctypes.c_int32, p]),
+        ("th_pool_cache", [p, p, p, i64, ctypes.c_int, u64, ctypes.c_int32, p, p]),
         ("th_pool_release", [p, p, i64]),
         ("th_pool_cached", [p, p, p, p, p, p, p]),
         ("th_pool_check", [p, p]),
@@ -130,6 +130,7 @@ class CBlockPool(BlockPool):
         self._parents = array("Q", bytes(8 * num_blocks))
         self._flags = array("B", bytes(num_blocks))
         self._loras = array("i", bytes(4 * num_blocks))
+        self._num_dups = array("q", [0])
         self._lora_names: list[str] = []
         self._lora_index: dict[str, int] = {}
 
@@ -165,8 +166,8 @@ class CBlockPool(BlockPool):
     def acquire(self, block_ids: Sequence[int]) -> None:
         if not block_ids:
             return
-        ids = self._block_ids(block_ids)
-        bad = self._lib.th_pool_acquire(self._p, _addr(ids), len(ids))
+        bad = self._lib.th_pool_acquire(self._p, _addr(ids := array("q", block_ids)), len(ids))
+        self._check_range(bad, block_ids)
         assert bad < 0, "acquiring a free block"
 
     def allocate(self, num: int) -> list[int] | None:
@@ -209,20 +210,21 @@ class CBlockPool(BlockPool):
         if len(block_ids) != len(block_hashes):
             raise ValueError(f"{len(block_ids)} block ids for {len(block_hashes)} hashes")
         num = len(block_ids)
-        ids, hashes = self._block_ids(block_ids), _u64s(block_hashes)
+        ids, hashes = array("q", block_ids), _u64s(block_hashes)
         # repeats of a block whose hash was a duplicate may outnumber the pool
         dups = self._flags if num <= self.num_blocks else array("B", bytes(num))
         lora = -1 if lora_name is None else self._lora(lora_name)
         bad = self._lib.th_pool_cache(
             self._p, _addr(ids), _addr(hashes), num, parent_hash is not None,
-            parent_hash or 0, lora, _addr(dups),
+            parent_hash or 0, lora, _addr(dups), _addr(self._num_dups),
         )  # fmt: skip
+        self._check_range(bad, block_ids)
         done = num if bad < 0 else bad
         if self._tokens is not None:
             self._copy_tokens(ids, dups, done, token_ids)
         assert bad < 0, "caching a bad block"
         run_start, run_parent = 0, parent_hash  # the current run: block_hashes[run_start:i]
-        if 1 in dups[:num]:  # hashes computed twice concurrently: those blocks stay uncached
+        if self._num_dups[0]:  # hashes computed twice concurrently: those blocks stay uncached
             for i in (i for i in range(num) if dups[i]):
                 self._flush_run(block_hashes, run_start, i, run_parent, token_ids, lora_name)
                 run_start, run_parent = i + 1, block_hashes[i]
@@ -248,15 +250,14 @@ class CBlockPool(BlockPool):
     def release(self, block_ids: Sequence[int]) -> None:
         if not block_ids:
             return
-        ids = self._block_ids(block_ids)
-        bad = self._lib.th_pool_release(self._p, _addr(ids), len(ids))
+        bad = self._lib.th_pool_release(self._p, _addr(ids := array("q", block_ids)), len(ids))
+        self._check_range(bad, block_ids)
         assert bad < 0, f"double free of block {block_ids[bad]}"
 
-    def _block_ids(self, block_ids: Sequence[int]) -> array[int]:
-        ids = array("q", block_ids)
-        if ids and (min(ids) < 0 or max(ids) >= self.num_blocks):
-            raise IndexError(f"block ids out of range 0..{self.num_blocks - 1}")
-        return ids
+    def _check_range(self, code: int, block_ids: Sequence[int]) -> None:
+        if code == -2:  # the C call changed nothing
+            bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
+            raise IndexError(f"block ids {bad[:8]} out of range 0..{self.num_blocks - 1}")
 
     def _block_id(self, block_id: int) -> int:
         if not 0 <= block_id < self.num_blocks:

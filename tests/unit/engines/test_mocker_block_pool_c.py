@@ -27,6 +27,7 @@ class _Seq:
     block_ids: list[int] = field(default_factory=list)
     num_committed: int = 0  # blocks cached (or found a duplicate) so far
     last_hash: int | None = None
+    hashes: list[int] = field(default_factory=list)  # of the committed blocks
 
 
 def _state(pool: BlockPool) -> tuple[object, ...]:
@@ -83,8 +84,12 @@ def _run(seed: int, num_blocks: int, block_size: int, keep: bool, record: bool) 
                     seq.last_hash, tokens, lora)  # fmt: skip
             seq.num_committed += num
             seq.last_hash = hashes[-1] if hashes else seq.last_hash
+            seq.hashes += hashes
         elif roll < 0.65:  # a new sequence from a cached prefix
             probe = [rng.choice(universe) for _ in range(rng.randint(0, 4))]
+            if seqs and rng.random() < 0.5:  # a long prefix that is (mostly) cached
+                known = rng.choice(seqs).hashes
+                probe = known[: rng.randint(0, len(known))] + probe
             hits = pair.do("match_prefix", probe)
             assert isinstance(hits, list)
             pair.do("acquire", hits)

@@ -155,12 +155,18 @@ class CBlockPool(BlockPool):
         return int(self._lib.th_pool_ref_count(self._p, self._block_id(block_id)))
 
     def match_prefix(self, block_hashes: Sequence[int]) -> list[int]:
-        if not block_hashes:
-            return []
-        hashes = _u64s(block_hashes)
-        out = self._ids if len(hashes) <= self.num_blocks else array("q", bytes(8 * len(hashes)))
-        num = self._lib.th_pool_match(self._p, _addr(hashes), len(hashes), _addr(out))
-        return out[:num].tolist()
+        # in growing slices: a miss (most long prompts) converts a few hashes, not all
+        out: list[int] = []
+        start, step, num = 0, 8, len(block_hashes)
+        while start < num:
+            hashes = _u64s(block_hashes[start : start + step])
+            ids = self._ids if len(hashes) <= self.num_blocks else array("q", bytes(8 * step))
+            found = self._lib.th_pool_match(self._p, _addr(hashes), len(hashes), _addr(ids))
+            out += ids[:found].tolist()
+            if found < len(hashes):
+                break
+            start, step = start + step, step * 4
+        return out
 
     # ------------------------------------------------------------------ mutations
     def acquire(self, block_ids: Sequence[int]) -> None:

@@ -131,6 +131,9 @@ class CBlockPool(BlockPool):
         self._flags = array("B", bytes(num_blocks))
         self._loras = array("i", bytes(4 * num_blocks))
         self._num_dups = array("q", [0])
+        self._scratch = tuple(  # their addresses, as allocate passes them (they never move)
+            _addr(a) for a in (self._ids, self._hashes, self._parents, self._flags, self._loras)
+        )
         self._lora_names: list[str] = []
         self._lora_index: dict[str, int] = {}
 
@@ -177,10 +180,7 @@ class CBlockPool(BlockPool):
         assert bad < 0, "acquiring a free block"
 
     def allocate(self, num: int) -> list[int] | None:
-        num_evicted = self._lib.th_pool_allocate(
-            self._p, num, _addr(self._ids), _addr(self._hashes), _addr(self._parents),
-            _addr(self._flags), _addr(self._loras),
-        )  # fmt: skip
+        num_evicted = self._lib.th_pool_allocate(self._p, num, *self._scratch)
         if num_evicted < 0:
             return None
         if num <= 0:

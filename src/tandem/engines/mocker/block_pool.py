@@ -303,9 +303,6 @@ class PyBlockPool(BlockPool):
         token_ids: Sequence[int],
         lora_name: str | None = None,
     ) -> None:
-        """Mark newly computed full blocks as cached. `token_ids` holds their tokens
-        (len = len(block_ids) × block_size); `parent_hash` is the hash before the first one.
-        Emits one BlockStored per run of newly cached consecutive blocks."""
         size, blocks, cached, tokens = self.block_size, self._blocks, self._cached, self._tokens
         run_start, run_parent = 0, parent_hash  # the current run: block_hashes[run_start:i]
         prev = parent_hash

@@ -312,8 +312,8 @@ class _Span(ctypes.Structure):
 class DecoderPlan:
     """Every layer's four projections (qkv, o, gate_up as glu, down) as `to_decoder` takes
     them, for models whose projections are all C quantized kernels (`QuantLinear`): a step
-    then makes one C call for all its layers instead of ~6 Python calls a layer (measured
-    below in LlamaModel._hidden_c). Holds pointers into the model's weights, which must
+    then makes one C call for all its layers instead of ~6 Python calls a layer (figures in
+    docs/perf-engine.md, round 6). Holds pointers into the model's weights, which must
     outlive it. Immutable."""
 
     def __init__(self, layers: list[tuple[Any, Any, Any, Any]]) -> None:
@@ -327,7 +327,6 @@ class DecoderPlan:
                 entries.append(_Linear(fn, a.n, a.k, a.col_scale or None, a.qs, a.d, a.m))
         self.num_layers = len(layers)
         self.linears = (_Linear * len(entries))(*entries)
-        self.hidden = layers[0][0].in_features
         self.ffn = layers[0][2].out_features
 
 

@@ -49,6 +49,16 @@ typedef float kv_t;
 #endif
 #define KV_LINE (64 / (int64_t)sizeof(kv_t)) /* cache elements a 64-byte line */
 
+/* the cache slot of position p through a block table: a shift and a mask where bs is a power
+ * of two (an integer division per key cost decode attention ~20 % of its time), else / and % */
+static inline int64_t slot_of(const int64_t *table, int64_t p, int64_t bs) {
+    if ((bs & (bs - 1)) == 0) {
+        const int sh = __builtin_ctzll((unsigned long long)bs);
+        return (table[p >> sh] << sh) + (p & (bs - 1));
+    }
+    return table[p / bs] * bs + p % bs;
+}
+
 int to_kv_bytes(void) { return (int)sizeof(kv_t); }
 
 /* dst[0:n] = src[0:n] as cache elements (f_kv; NaN stays NaN) */
@@ -148,6 +158,33 @@ static inline __m256 dot8(const float *q, const kv_t *const *k, int64_t d) {
 }
 #endif
 
+#ifdef __AVX2__
+/* dot8 for G query heads at once: each key's 8 values are widened once for all G heads;
+ * per head the same sums in the same order as dot8 */
+static inline __attribute__((always_inline)) void dot8g(int G, const float *q, const kv_t *const *k,
+                                                      int64_t d, __m256 sv, float *out, int64_t ld) {
+    __m256 acc[3][8];
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < 8; j++) acc[g][j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+        __m256 qv[3];
+        for (int g = 0; g < G; g++) qv[g] = _mm256_loadu_ps(q + g * d + i);
+        for (int j = 0; j < 8; j++) {
+            const __m256 kv = KV8(k[j] + i);
+            for (int g = 0; g < G; g++) acc[g][j] = _mm256_fmadd_ps(qv[g], kv, acc[g][j]);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        __m256 a = _mm256_hadd_ps(acc[g][0], acc[g][1]), b = _mm256_hadd_ps(acc[g][2], acc[g][3]);
+        __m256 c = _mm256_hadd_ps(acc[g][4], acc[g][5]), e = _mm256_hadd_ps(acc[g][6], acc[g][7]);
+        a = _mm256_hadd_ps(a, b);
+        c = _mm256_hadd_ps(c, e);
+        __m256 lo = _mm256_permute2f128_ps(a, c, 0x20), hi = _mm256_permute2f128_ps(a, c, 0x31);
+        _mm256_storeu_ps(out + g * ld, _mm256_mul_ps(_mm256_add_ps(lo, hi), sv));
+    }
+}
+#endif
+
 /* s[i] = exp(s[i] - max) / sum over the row; the vector/scalar split depends only on n. */
 static void softmax(float *s, int64_t n) {
     float m = -INFINITY, sum = 0.f;
@@ -184,6 +221,33 @@ static void softmax(float *s, int64_t n) {
     for (t = 0; t < n; t++) s[t] *= inv;
 }
 
+#if defined(__AVX512F__)
+/* out[g][c : c + 64] = sum over t of p[g][t] v[t][c : c + 64] for G query heads, the G x 4
+ * sums held in registers across the whole context, each key's value row widened once for
+ * all G heads; in t order, as axpy, so every output element is the same chain of FMAs as on
+ * the other paths (weigh_values below, axpy). */
+static inline __attribute__((always_inline)) void weigh_values16(
+    int G, const float *p, int64_t ctx, int64_t d, const kv_t *vc, int64_t kv, int64_t bs,
+    const int64_t *table, float *out) {
+    for (int64_t c = 0; c < d; c += 64) {
+        __m512 acc[4][4];
+        for (int g = 0; g < G; g++)
+            for (int j = 0; j < 4; j++) acc[g][j] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < ctx; t++) {
+            const kv_t *v = vc + slot_of(table, t, bs) * kv + c;
+            __m512 vv[4];
+            for (int j = 0; j < 4; j++) vv[j] = KV16(v + 16 * j);
+            for (int g = 0; g < G; g++) {
+                const __m512 w = _mm512_set1_ps(p[g * ctx + t]);
+                for (int j = 0; j < 4; j++) acc[g][j] = _mm512_fmadd_ps(w, vv[j], acc[g][j]);
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + g * d + c + 16 * j, acc[g][j]);
+    }
+}
+#endif
+
 #ifdef __AVX2__
 /* out[g][c : c + 32] = sum over t of p[g][t] v[t][c : c + 32] for G query heads, the sums
  * held in registers across the whole context (G x 4 vectors); in t order, as axpy. */
@@ -195,7 +259,7 @@ static inline __attribute__((always_inline)) void weigh_values(
         for (int g = 0; g < G; g++)
             for (int j = 0; j < 4; j++) acc[g][j] = _mm256_setzero_ps();
         for (int64_t t = 0; t < ctx; t++) {
-            const kv_t *v = vc + (table[t / bs] * bs + t % bs) * kv + c;
+            const kv_t *v = vc + slot_of(table, t, bs) * kv + c;
             __m256 vv[4];
             for (int j = 0; j < 4; j++) vv[j] = KV8(v + 8 * j);
             for (int g = 0; g < G; g++) {
@@ -224,12 +288,12 @@ static void attend(const float *q, int64_t group, int64_t d, const kv_t *kc, con
             const kv_t *k[8];
             for (int j = 0; j < 8; j++) {
                 int64_t p = t + j;
-                k[j] = kc + (table[p / bs] * bs + p % bs) * kv;
+                k[j] = kc + slot_of(table, p, bs) * kv;
                 /* the cache is DRAM-resident at large batch: ask for the keys 16 ahead and
                  * this key's values (read after the softmax) while these are scored */
                 const int64_t n = p + 16 < ctx ? p + 16 : p;
-                const kv_t *kn = kc + (table[n / bs] * bs + n % bs) * kv;
-                const kv_t *vp = vc + (table[p / bs] * bs + p % bs) * kv;
+                const kv_t *kn = kc + slot_of(table, n, bs) * kv;
+                const kv_t *vp = vc + slot_of(table, p, bs) * kv;
                 for (int64_t i = 0; i < d; i += KV_LINE) {
                     _mm_prefetch((const char *)(kn + i), _MM_HINT_T0);
                     _mm_prefetch((const char *)(vp + i), _MM_HINT_T1);
@@ -237,22 +301,37 @@ static void attend(const float *q, int64_t group, int64_t d, const kv_t *kc, con
             }
             if (ntable) /* the next sequence's keys and values, spread over this pass */
                 for (int64_t p = t * nctx / ctx; p < (t + 8) * nctx / ctx; p++) {
-                    const int64_t slot = (ntable[p / bs] * bs + p % bs) * kv;
+                    const int64_t slot = slot_of(ntable, p, bs) * kv;
                     for (int64_t i = 0; i < d; i += KV_LINE) {
                         _mm_prefetch((const char *)(kc + slot + i), _MM_HINT_T1);
                         _mm_prefetch((const char *)(vc + slot + i), _MM_HINT_T1);
                     }
                 }
-            for (int64_t g = 0; g < group; g++)
-                _mm256_storeu_ps(scores + g * ctx + t, _mm256_mul_ps(dot8(q + g * d, k, d), sv));
+            if (group == 3)
+                dot8g(3, q, k, d, sv, scores + t, ctx);
+            else if (group == 2)
+                dot8g(2, q, k, d, sv, scores + t, ctx);
+            else
+                for (int64_t g = 0; g < group; g++)
+                    _mm256_storeu_ps(scores + g * ctx + t, _mm256_mul_ps(dot8(q + g * d, k, d), sv));
         }
     }
 #endif
     for (; t < ctx; t++) {
-        const kv_t *k = kc + (table[t / bs] * bs + t % bs) * kv;
+        const kv_t *k = kc + slot_of(table, t, bs) * kv;
         for (int64_t g = 0; g < group; g++) scores[g * ctx + t] = dot_kv(q + g * d, k, d) * scale;
     }
     for (int64_t g = 0; g < group; g++) softmax(scores + g * ctx, ctx);
+#if defined(__AVX512F__)
+    if (d % 64 == 0 && group <= 4) { /* every key's value row widened once */
+        switch (group) {
+        case 1: weigh_values16(1, scores, ctx, d, vc, kv, bs, table, out); return;
+        case 2: weigh_values16(2, scores, ctx, d, vc, kv, bs, table, out); return;
+        case 3: weigh_values16(3, scores, ctx, d, vc, kv, bs, table, out); return;
+        default: weigh_values16(4, scores, ctx, d, vc, kv, bs, table, out); return;
+        }
+    }
+#endif
 #ifdef __AVX2__
     if (d % 32 == 0 && group <= 4) {
         switch (group) {
@@ -265,7 +344,7 @@ static void attend(const float *q, int64_t group, int64_t d, const kv_t *kc, con
 #endif
     memset(out, 0, (size_t)(group * d) * sizeof(float));
     for (t = 0; t < ctx; t++) {
-        const kv_t *v = vc + (table[t / bs] * bs + t % bs) * kv;
+        const kv_t *v = vc + slot_of(table, t, bs) * kv;
         for (int64_t g = 0; g < group; g++) axpy(out + g * d, scores[g * ctx + t], v, d);
     }
 }
@@ -386,7 +465,7 @@ static inline __attribute__((always_inline)) void weigh_block(
         const kv_t *vr[TB];
         for (int64_t t = 0; t < nt; t++) {
             const int64_t p = t0 + t;
-            vr[t] = vc + (table[p / bs] * bs + p % bs) * kv;
+            vr[t] = vc + slot_of(table, p, bs) * kv;
         }
         for (int64_t c = 0; c < d; c += PW) {
             pvec acc[12];
@@ -426,7 +505,7 @@ int to_prefill_attention(const float *q, int64_t q_stride, int64_t T, int64_t H,
         {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < cp; t++) {
-                const kv_t *k = t < ctx ? kc + (table[t / bs] * bs + t % bs) * kv : NULL;
+                const kv_t *k = t < ctx ? kc + slot_of(table, t, bs) * kv : NULL;
                 for (int64_t j = 0; j < kv; j++) kt[j * cp + t] = k ? (float)k[j] : 0.f;
             }
             float *S = scratch(12 * cp, &failed);

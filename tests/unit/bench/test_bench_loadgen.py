@@ -115,3 +115,44 @@ async def test_trace_replay_sends_at_timestamps_with_exact_prompts(fake_openai, 
     assert [len(b["prompt"]) for b in bodies] == [6, 8]
     assert bodies[0]["prompt"][:4] == bodies[1]["prompt"][:4]  # shared hash id 1
     assert [b["max_tokens"] for b in bodies] == [3, 2] and all(b["ignore_eos"] for b in bodies)
+
+
+async def test_bodies_are_encoded_before_the_run_and_past_the_cap_on_the_fly(
+    fake_openai, monkeypatch
+):
+    """Each request carries its own spec's body, whether encoded ahead or (past
+    BODY_CACHE_BYTES, and when the workload cycles) when it is sent; the encoding ahead is
+    not the run's client CPU."""
+    from tandem.bench import loadgen
+
+    url = f"http://127.0.0.1:{fake_openai.port}"
+    fake_openai.first_token_delay_s = fake_openai.token_gap_s = 0.0
+    specs = [RequestSpec(token_ids=[100 + i] * (i + 1), max_tokens=2) for i in range(6)]
+    encoded: list[int] = []
+    real = loadgen.encode_body
+
+    seen_at_encode: list[int] = []  # requests the server had received at each encode
+
+    def counting(spec, endpoint, model):
+        encoded.append(len(spec.token_ids))
+        seen_at_encode.append(len(fake_openai.bodies))
+        return real(spec, endpoint, model)
+
+    monkeypatch.setattr(loadgen, "encode_body", counting)
+    monkeypatch.setattr(loadgen, "BODY_CACHE_BYTES", 1)  # the first body fills the cache
+    run = await run_load(LoadConfig(url=url, concurrency=1, num_requests=8), specs)
+    assert all(r.ok for r in run.results)
+    # one ahead; specs 1..5 when sent, then the cycle: spec 0 cached, spec 1 again
+    assert encoded == [1, 2, 3, 4, 5, 6, 2]
+    assert [b["prompt"] for b in fake_openai.bodies[-8:]] == [s.token_ids for s in specs] + [
+        specs[0].token_ids,
+        specs[1].token_ids,
+    ]
+    assert seen_at_encode[1:6] == [n + 1 for n in range(seen_at_encode[0], seen_at_encode[0] + 5)]
+    encoded.clear()
+    seen_at_encode.clear()
+    before = len(fake_openai.bodies)
+    monkeypatch.setattr(loadgen, "BODY_CACHE_BYTES", 1 << 20)
+    await run_load(LoadConfig(url=url, concurrency=2, num_requests=6), specs)
+    assert encoded == [1, 2, 3, 4, 5, 6]
+    assert seen_at_encode == [before] * 6  # all before the first request went out

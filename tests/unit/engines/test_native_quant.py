@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.engines.native import quant
+from tandem.engines.native import quant, quant_screen
 from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import build_model
@@ -165,14 +165,16 @@ needs_vnni = pytest.mark.skipif(
 )
 
 
-def screened(n: int, k: int, fmt: str, seed: int) -> tuple[quant.QuantLinear, quant.ArgmaxScreen]:
+def screened(
+    n: int, k: int, fmt: str, seed: int
+) -> tuple[quant.QuantLinear, quant_screen.ArgmaxScreen]:
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.05
     w[n // 2] = w[1]  # equal columns: equal logits, the first must win
     w[n - 1] = w[1]
     weight = quant.convert(w, fmt)
     linear = quant.QuantLinear(weight, col_scale=torch.rand(k, generator=g) + 0.5)
-    return linear, quant.ArgmaxScreen(linear, weight)
+    return linear, quant_screen.ArgmaxScreen(linear, weight)
 
 
 @needs_vnni
@@ -204,7 +206,7 @@ def test_screened_argmax_ignores_the_padding_of_the_last_tile(fmt, n):
     g = torch.Generator().manual_seed(n)
     weight = quant.convert(torch.rand(n, 64, generator=g) + 0.1, fmt)
     linear = quant.QuantLinear(weight)
-    screen = quant.ArgmaxScreen(linear, weight)
+    screen = quant_screen.ArgmaxScreen(linear, weight)
     x = -torch.rand(4, 64, generator=g) - 0.5
     full = linear(x)
     assert bool((full < 0).all())

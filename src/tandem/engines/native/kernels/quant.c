@@ -404,15 +404,11 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
 
 int tq_activation_bits(void) { return XBITS; }
 
-/* acc += vpdpbusd(a, b), the accumulator updated in place: with the intrinsic, GCC 12 copied
- * every accumulator to another register and back around each product in these loops (34
- * moves and stack spills next to 16 products a quad; measured ~5 % of the GEMM) */
-INLINE void dp(__m512i *acc, __m512i a, __m512i b) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(*acc) : "v"(a), "v"(b));
-}
-
-/* acc += vpdpbusd(a, the 4 bytes at p in every lane): the broadcast folded into the product
- * (1.7 % less GEMM time at 8-32 rows than a separate broadcast, same bits) */
+/* acc += vpdpbusd(a, the 4 bytes at p in every lane), in inline asm: the accumulator is
+ * updated in place (with the intrinsic, GCC 12 copied every accumulator to another register
+ * and back around each product in these loops: 34 moves and stack spills next to 16 products
+ * a quad, ~5 % of the GEMM) and the broadcast is folded into the product (1.7 % less GEMM
+ * time at 8-32 rows than a separate broadcast, same bits) */
 INLINE void dpm(__m512i *acc, __m512i a, const int8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(*acc) : "v"(a), "m"(*(const int32_t *)(const void *)p));
 }
@@ -513,7 +509,7 @@ static void vrun(int R, int U, int kind, const uint8_t *q, int64_t tq, const flo
                  const float *res, int nc) {
 #define V(r, u, k)                                                                           \
     if (R == r && U == u && kind == k) {                                                     \
-        vblock(r, u, k, q, tq, d, m, td, xh, xl, sc, xs, K, y, ldy, res, nc);       \
+        vblock(r, u, k, q, tq, d, m, td, xh, xl, sc, xs, K, y, ldy, res, nc);                \
         return;                                                                              \
     }
 #define VK(r, u) V(r, u, 4) V(r, u, 8)
@@ -603,7 +599,7 @@ static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, co
  * max_g (max code |d| + |m|); the two rounding terms are taken SCREEN_SAFETY times. So any
  * column whose H + bound reaches the largest H - bound of the row may be the argmax, and
  * only the tiles holding such columns run in full (vrun, one row: the same arithmetic as in
- * any batch). On SmolLM2's head ~2-10 tiles of 1536 a row run in full. A row with a value
+ * any batch). On SmolLM2's head ~13 tiles of 1536 a row run in full. A row with a value
  * outside +-SCREEN_MAX (NaN and inf included) runs every tile in full. Returns 1 where a
  * result is NaN (the caller takes the full logits instead). */
 #define SBK 64 /* k a screening block (the last one may be 32) */

@@ -112,9 +112,11 @@ def test_rope_store_rotates_q_and_k_and_stores_k_and_v(ops):
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_decode_attention_reads_the_paged_cache_in_place(ops, block_size):
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 4), (8, 2), (10, 2)])
+def test_decode_attention_reads_the_paged_cache_in_place(ops, block_size, heads, kv_heads):
+    """Query groups of 3 (SmolLM2), 1, 2, 4 and 5 heads: the scores go three heads at a time."""
     torch.manual_seed(1)
-    heads, kv_heads, d, num_blocks = 9, 3, 64, 40
+    d, num_blocks = 64, 40
     ctx_lens = [1, 7, 8, 9, 33, 70]  # across the 8-key vector path and its scalar tail
     width = max(-(-n // block_size) for n in ctx_lens)
     k_cache = torch.randn(num_blocks, block_size, kv_heads, d)

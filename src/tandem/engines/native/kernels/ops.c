@@ -139,28 +139,11 @@ void to_rope_store(float *qkv, int64_t T, int64_t stride, int64_t H, int64_t KVH
     }
 }
 
-/* Scores of q against 8 keys: one dot per key, reduced together (a transposing tree of
- * horizontal adds instead of eight separate reductions). */
 #ifdef __AVX2__
-static inline __m256 dot8(const float *q, const kv_t *const *k, int64_t d) {
-    __m256 acc[8];
-    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d; i += 8) {
-        __m256 qv = _mm256_loadu_ps(q + i);
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, KV8(k[j] + i), acc[j]);
-    }
-    __m256 a = _mm256_hadd_ps(acc[0], acc[1]), b = _mm256_hadd_ps(acc[2], acc[3]);
-    __m256 c = _mm256_hadd_ps(acc[4], acc[5]), e = _mm256_hadd_ps(acc[6], acc[7]);
-    a = _mm256_hadd_ps(a, b);  /* lanes: 0 1 2 3 | 0 1 2 3 (low and high halves) */
-    c = _mm256_hadd_ps(c, e);  /* lanes: 4 5 6 7 | 4 5 6 7 */
-    __m256 lo = _mm256_permute2f128_ps(a, c, 0x20), hi = _mm256_permute2f128_ps(a, c, 0x31);
-    return _mm256_add_ps(lo, hi);
-}
-#endif
-
-#ifdef __AVX2__
-/* dot8 for G query heads at once: each key's 8 values are widened once for all G heads;
- * per head the same sums in the same order as dot8 */
+/* Scores of G (<= 3) query heads q[g] against 8 keys, times sv, into out[g * ld : + 8]: one
+ * dot per head and key, each key's 8 values widened once for all G heads, and a head's 8
+ * dots reduced together (a transposing tree of horizontal adds instead of eight separate
+ * reductions). A head's sums do not depend on G. */
 static inline __attribute__((always_inline)) void dot8g(int G, const float *q, const kv_t *const *k,
                                                       int64_t d, __m256 sv, float *out, int64_t ld) {
     __m256 acc[3][8];
@@ -307,13 +290,15 @@ static void attend(const float *q, int64_t group, int64_t d, const kv_t *kc, con
                         _mm_prefetch((const char *)(vc + slot + i), _MM_HINT_T1);
                     }
                 }
-            if (group == 3)
-                dot8g(3, q, k, d, sv, scores + t, ctx);
-            else if (group == 2)
-                dot8g(2, q, k, d, sv, scores + t, ctx);
-            else
-                for (int64_t g = 0; g < group; g++)
-                    _mm256_storeu_ps(scores + g * ctx + t, _mm256_mul_ps(dot8(q + g * d, k, d), sv));
+            for (int64_t g = 0; g < group; g += 3) { /* heads three at a time */
+                const float *qg = q + g * d;
+                float *sg = scores + g * ctx + t;
+                switch (group - g < 3 ? group - g : 3) {
+                case 1: dot8g(1, qg, k, d, sv, sg, ctx); break;
+                case 2: dot8g(2, qg, k, d, sv, sg, ctx); break;
+                default: dot8g(3, qg, k, d, sv, sg, ctx); break;
+                }
+            }
         }
     }
 #endif

@@ -290,15 +290,13 @@ static void attend(const float *q, int64_t group, int64_t d, const kv_t *kc, con
                         _mm_prefetch((const char *)(vc + slot + i), _MM_HINT_T1);
                     }
                 }
-            for (int64_t g = 0; g < group; g += 3) { /* heads three at a time */
-                const float *qg = q + g * d;
-                float *sg = scores + g * ctx + t;
-                switch (group - g < 3 ? group - g : 3) {
-                case 1: dot8g(1, qg, k, d, sv, sg, ctx); break;
-                case 2: dot8g(2, qg, k, d, sv, sg, ctx); break;
-                default: dot8g(3, qg, k, d, sv, sg, ctx); break;
-                }
-            }
+            int64_t g = 0;
+            for (; g + 3 <= group; g += 3) /* heads three at a time, then the one or two left */
+                dot8g(3, q + g * d, k, d, sv, scores + g * ctx + t, ctx);
+            if (group - g == 2)
+                dot8g(2, q + g * d, k, d, sv, scores + g * ctx + t, ctx);
+            else if (group - g == 1)
+                dot8g(1, q + g * d, k, d, sv, scores + g * ctx + t, ctx);
         }
     }
 #endif

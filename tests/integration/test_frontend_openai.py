@@ -4,6 +4,7 @@ driven by the official `openai` SDK."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ class FakeWorker:
     tokenizer: ModelTokenizer
     delay_s: float = 0.0
     die_after: int | None = None  # stop this worker's server after this many tokens
+    fail_after: int | None = None  # an engine error output after this many tokens
     deaths: dict = field(default_factory=lambda: {"left": 0})  # shared death budget
     runtime: Runtime | None = None
     requests: list = field(default_factory=list)
@@ -55,6 +57,9 @@ class FakeWorker:
                         asyncio.ensure_future, self.runtime.server.stop(0.0)
                     )
                     await asyncio.Event().wait()
+                if i == self.fail_after:
+                    yield encode(EngineOutput(finish_reason="error", error="the engine broke"))
+                    return
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 last = i + 1 == req.stop.max_tokens
@@ -171,6 +176,44 @@ async def test_chat_stream_with_usage_and_models() -> None:
         assert 'tandem_frontend_output_tokens_total{model="smollm2"} 8' in metrics
         assert "tandem_frontend_time_to_first_token_seconds_count" in metrics
         assert 'tandem_frontend_worker_load{model="smollm2"' in metrics
+
+
+@pytest.mark.timeout(30)
+async def test_a_burst_of_tokens_streams_as_one_chunk_each_with_its_own_usage() -> None:
+    """The fake worker sends its tokens back to back, so they reach the frontend in bursts
+    that are handed on in batches. Each token is still its own chunk, and with
+    continuous_usage_stats each chunk counts the tokens up to itself (not its batch's)."""
+    async with AsyncExitStack() as stack:
+        s = await _start(stack)
+        stream = await s.client().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+        counts = [c.usage.completion_tokens async for c in stream if c.choices and c.usage]
+        # strictly rising to 24 (a token ending inside a UTF-8 character has no chunk)
+        assert counts[-1] == 24 and len(counts) >= 20
+        assert all(a < b for a, b in zip(counts, counts[1:], strict=False))
+
+
+@pytest.mark.timeout(30)
+async def test_an_engine_error_after_a_burst_streams_the_tokens_before_it() -> None:
+    """An engine error that arrives in the same burst as tokens: those tokens' chunks still
+    go out, then the error event."""
+    async with AsyncExitStack() as stack:
+        s = await _start(stack, fail_after=5)
+        url, body = f"{s.base_url}/completions", {"model": MODEL, "prompt": [7] * 8}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url, json={**body, "max_tokens": 20, "stream": True}) as resp,
+        ):
+            events = [line async for line in resp.content if line.startswith(b"data: {")]
+        texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]]
+        script = s.tokenizer.encode(SCRIPT)
+        assert "".join(texts) == s.tokenizer.decode(script[8:13])
+        assert b"the engine broke" in events[-1] and b'"error"' in events[-1]
 
 
 @pytest.mark.timeout(30)

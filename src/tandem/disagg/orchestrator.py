@@ -95,6 +95,16 @@ class DisaggStreamer:
             if prefill_router is not None:  # a prefill routed but never run is not in flight
                 prefill_router.on_finish(request.request_id)
 
+    async def stream_batches(
+        self, request: PreprocessedRequest, router: Router
+    ) -> AsyncGenerator[list[EngineOutput], None]:
+        """`stream` in the frontend's batch form: one output per batch (the two legs'
+        outputs are not gathered)."""
+        outputs = self.stream(request, router)
+        async with contextlib.aclosing(outputs):
+            async for out in outputs:
+                yield [out]
+
     def _split(
         self,
         request: PreprocessedRequest,

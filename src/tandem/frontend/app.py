@@ -34,7 +34,7 @@ from tandem.frontend.metrics import FrontendMetrics, TokenTimer
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.openapi import build_openapi
-from tandem.frontend.postprocess import ChoiceState, best_candidates
+from tandem.frontend.postprocess import ChoiceState, Event, best_candidates
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import ResponseFormat, cached_tokens, usage
 from tandem.frontend.responses import ResponsesEndpoint
@@ -61,8 +61,7 @@ _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _json = msgspec.json.Encoder()
 PIN_HEADER = "x-worker-instance-id"
 _MODEL_PREFIX = "/v1/models/"
-# (state, delta_text, delta_logprobs, finish_reason) of one processed engine chunk
-Event = tuple[ChoiceState, str, Any, str | None]
+Events = AsyncGenerator[list[Event], None]
 # the `endpoint` label of tandem_frontend_requests_total; probes, scrapes and pages are not counted
 API_ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
@@ -296,7 +295,7 @@ class FrontendApp:
         num_slots = self._admit(req)
         if client_id is not None:
             self._client_request_ids.add(client_id)
-        request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{client_id or uuid.uuid4().hex}"
+        request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{client_id or utility.new_request_id()}"
         try:
             with (
                 request_scope(request_id),
@@ -449,7 +448,7 @@ class FrontendApp:
         req: Any,
         prepared: Prepared,
         states: list[ChoiceState],
-        events: AsyncGenerator[Event, None],
+        events: Events,
         fmt: ResponseFormat,
         timer: TokenTimer,
         parsers: list[HermesToolParser] | None = None,
@@ -457,23 +456,27 @@ class FrontendApp:
         opts = req.stream_options
         include_usage = opts is not None and opts.include_usage
         continuous = include_usage and opts.continuous_usage_stats
-        event = await anext(events, None)  # errors before this point get a real status
+        batch = await anext(events, None)  # errors before this point get a real status
         await response.start_stream()
         if fmt.chat:
             await response.write(b"".join(fmt.role_chunk(s.index) for s in states))
-        while event is not None:
-            state, text, logprobs, finish = event
-            timer.token()
-            calls = None
-            if parsers is not None:  # tool-call markup becomes delta.tool_calls
-                parser = parsers[state.index]
-                text, calls = parser.feed(text, final=finish is not None)
-                finish = "tool_calls" if finish == "stop" and parser.calls else finish
-            if text or finish is not None or logprobs or calls:
-                running = usage(prepared, states) if continuous else None
-                chunk = fmt.chunk(state.index, text, logprobs, finish, running, calls)
-                await response.write(chunk)
-            event = await anext(events, None)
+        while batch is not None:
+            timer.tokens(len(batch))
+            chunks = []  # one SSE chunk per engine chunk; a batch's leave in one write
+            for state, text, logprobs, finish, num_tokens in batch:
+                calls = None
+                if parsers is not None:  # tool-call markup becomes delta.tool_calls
+                    parser = parsers[state.index]
+                    text, calls = parser.feed(text, final=finish is not None)
+                    finish = "tool_calls" if finish == "stop" and parser.calls else finish
+                if text or finish is not None or logprobs or calls:
+                    running = None
+                    if continuous:
+                        running = usage(prepared, states, at=(state, num_tokens))
+                    chunks.append(fmt.chunk(state.index, text, logprobs, finish, running, calls))
+            if chunks:
+                await response.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            batch = await anext(events, None)
         if include_usage:
             await response.write(fmt.usage_chunk(usage(prepared, states)))
         await response.write(b"data: [DONE]\n\n")
@@ -484,7 +487,7 @@ class FrontendApp:
         response: HttpResponse,
         prepared: Prepared,
         states: list[ChoiceState],
-        events: AsyncGenerator[Event, None],
+        events: Events,
         fmt: ResponseFormat,
         timer: TokenTimer,
         parsers: list[HermesToolParser] | None = None,
@@ -503,9 +506,7 @@ class FrontendApp:
         await response.send(200, body)
 
     # ------------------------------------------------------------------ engine streams
-    def _events(
-        self, prepared: Prepared, states: list[ChoiceState], *, keep_text: bool
-    ) -> AsyncGenerator[Event, None]:
+    def _events(self, prepared: Prepared, states: list[ChoiceState], *, keep_text: bool) -> Events:
         if len(states) == 1:
             return self._choice_events(prepared, prepared.requests[0], states[0], keep_text)
         return self._merged_events(prepared, states, keep_text)
@@ -516,27 +517,45 @@ class FrontendApp:
         request: PreprocessedRequest,
         state: ChoiceState,
         keep_text: bool,
-    ) -> AsyncGenerator[Event, None]:
-        outputs = self.streamer.stream(request, prepared.model.router)
-        async with aclosing(outputs):
-            async for out in outputs:
-                state.process(out, keep_text=keep_text)
-                yield state, state.delta_text, state.delta_logprobs, state.finish_reason
+    ) -> Events:
+        """Batches of events, as the engine stream hands over its outputs: every one that
+        had already arrived. An engine error comes after the events before it."""
+        batches = self.streamer.stream_batches(request, prepared.model.router)
+        async with aclosing(batches):
+            async for outputs in batches:
+                events: list[Event] = []
+                error = None
+                for out in outputs:
+                    try:
+                        state.process(out, keep_text=keep_text)
+                    except Exception as exc:
+                        error = exc
+                        break
+                    finish = state.finish_reason
+                    events.append(
+                        (state, state.delta_text, state.delta_logprobs, finish, state.num_tokens)
+                    )
+                    if finish is not None:
+                        break
+                if events:
+                    yield events
+                if error is not None:
+                    raise error
                 if state.finish_reason is not None:
-                    return  # closing `outputs` cancels the worker (e.g. a stop string hit)
+                    return  # closing `batches` cancels the worker (e.g. a stop string hit)
 
     async def _merged_events(
         self, prepared: Prepared, states: list[ChoiceState], keep_text: bool
-    ) -> AsyncGenerator[Event, None]:
-        queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue(maxsize=256)
+    ) -> Events:
+        queue: asyncio.Queue[list[Event] | BaseException | None] = asyncio.Queue(maxsize=256)
 
         async def pump(request: PreprocessedRequest, state: ChoiceState) -> None:
             try:
                 async with aclosing(
                     self._choice_events(prepared, request, state, keep_text)
                 ) as choice_events:
-                    async for event in choice_events:
-                        await queue.put(event)
+                    async for batch in choice_events:
+                        await queue.put(batch)
                 await queue.put(None)
             except Exception as exc:
                 await queue.put(exc)

@@ -334,21 +334,32 @@ class TokenTimer:
         self._epoch = -1
 
     def token(self) -> None:
+        self.tokens(1)
+
+    def tokens(self, count: int) -> None:
+        """`count` token chunks that reach the client in one write: the first's TTFT or ITL
+        as measured, the others' ITL 0."""
         now = time.perf_counter()
         last, self.last = self.last, now
+        num_itl, seconds = count - 1, 0.0
+        series = self._itl_series  # LoopHistogram.observe, inline
         if last == 0.0:
             self._metrics.first_token(self._model, now - self.started)
             tracing.since_current("first_token")
-            return
-        seconds = now - last
-        series = self._itl_series  # LoopHistogram.observe, inline
-        series[bisect_left(self._buckets, seconds)] += 1
-        series[-1] += seconds
+            if not num_itl:
+                return
+        else:
+            seconds = now - last
+            series[bisect_left(self._buckets, seconds)] += 1
+            series[-1] += seconds
+            num_itl += 1
+        if count > 1:
+            series[bisect_left(self._buckets, 0.0)] += count - 1
         interval = self._interval
         if interval is not None:  # RequestStatsCollector.itl, inline
             row = self._row
             if row is None or self._epoch != interval.epoch:
                 row, self._epoch = interval.row(self._model), interval.epoch
                 self._row = row
-            row.num_itl += 1
+            row.num_itl += num_itl
             row.sum_itl_ms += seconds * 1000.0

@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import msgspec
@@ -61,7 +62,19 @@ class EngineStreamer:
     async def stream(
         self, request: PreprocessedRequest, router: Router
     ) -> AsyncGenerator[EngineOutput, None]:
-        """Yield the request's EngineOutputs until one has `finish_reason`. Raises what
+        """`stream_batches`, one output at a time."""
+        batches = self.stream_batches(request, router)
+        async with aclosing(batches):
+            async for batch in batches:
+                for out in batch:
+                    yield out
+
+    async def stream_batches(
+        self, request: PreprocessedRequest, router: Router
+    ) -> AsyncGenerator[list[EngineOutput], None]:
+        """Yield the request's EngineOutputs, in order, until one has `finish_reason`: each
+        time every output that has already arrived (one or more), so a reader that fell
+        behind catches up in one resume instead of one per token. Raises what
         routing raises (NoWorkersAvailable, Overloaded, ...), PeerGone once the migration
         limit is spent, and the worker's ServingError. Closing the iterator cancels the
         request on the worker.
@@ -125,13 +138,19 @@ class EngineStreamer:
                                 break
                         if health is not None:
                             health.output(decision.instance_id)
-                        out = decode_output(payload)
-                        if not has_token and out.token_ids:
-                            has_token = True
-                            router.on_first_token(rid)
+                        batch = []
+                        while payload is not None:  # the payloads already here, in order
+                            out = decode_output(payload)
+                            batch.append(out)
+                            if not has_token and out.token_ids:
+                                has_token = True
+                                router.on_first_token(rid)
+                            generated.extend(out.token_ids)
+                            if out.finish_reason is not None:
+                                break
+                            payload = next_ready()
                         started = True
-                        generated.extend(out.token_ids)
-                        yield out
+                        yield batch
                         if out.finish_reason is not None:
                             return
                     raise PeerGone(f"stream from {decision.instance_id} ended without finishing")

@@ -152,6 +152,11 @@ class ChoiceState:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
 
+# (state, delta_text, delta_logprobs, finish_reason, state.num_tokens) of one processed engine
+# chunk; the frontend hands them on in batches: every chunk that had already arrived
+Event = tuple[ChoiceState, str, Any, str | None, int]
+
+
 def best_candidates(
     states: list[ChoiceState], best_of: int, n: int, *, keep_logprobs: bool
 ) -> list[ChoiceState]:

@@ -173,9 +173,15 @@ def cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
     return sum(states[p * n].num_cached_tokens or 0 for p in range(len(prepared.prompt_lens)))
 
 
-def usage(prepared: Prepared, states: list[ChoiceState]) -> dict[str, Any]:
+def usage(
+    prepared: Prepared, states: list[ChoiceState], *, at: tuple[ChoiceState, int] | None = None
+) -> dict[str, Any]:
+    """The request's usage; `at` (state, its token count then): as of one of its chunks, for
+    `continuous_usage_stats` (the state may already have taken later chunks of its batch)."""
     prompt = sum(prepared.prompt_lens)
     completion = sum(s.num_tokens for s in states)
+    if at is not None:
+        completion += at[1] - at[0].num_tokens
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,

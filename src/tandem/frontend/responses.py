@@ -32,7 +32,7 @@ from tandem.frontend import errors as http_errors
 from tandem.frontend.http_message import ClientDisconnected
 from tandem.frontend.http_server import HttpRequest, HttpResponse
 from tandem.frontend.metrics import TokenTimer
-from tandem.frontend.postprocess import ChoiceState
+from tandem.frontend.postprocess import ChoiceState, Event
 from tandem.frontend.preprocess import Prepared
 from tandem.frontend.response_events import ResponseBuilder, new_response_id
 from tandem.frontend.response_store import ResponseStore
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 PREFIX = "/v1/responses/"
 _decoder = msgspec.json.Decoder(ResponsesRequest)
 _json = msgspec.json.Encoder()
-Event = tuple[ChoiceState, str, Any, str | None]
 
 
 class ResponsesEndpoint:
@@ -198,7 +197,7 @@ class ResponsesEndpoint:
         response: HttpResponse,
         prepared: Prepared,
         state: ChoiceState,
-        events: AsyncGenerator[Event, None],
+        events: AsyncGenerator[list[Event], None],
         b: ResponseBuilder,
         timer: TokenTimer,
         save: Callable[[ResponseBuilder], None],
@@ -216,20 +215,21 @@ class ResponsesEndpoint:
         response: HttpResponse,
         prepared: Prepared,
         state: ChoiceState,
-        events: AsyncGenerator[Event, None],
+        events: AsyncGenerator[list[Event], None],
         b: ResponseBuilder,
         timer: TokenTimer,
         save: Callable[[ResponseBuilder], None],
     ) -> None:
-        event = await anext(events, None)  # errors before this point get a real status
+        batch = await anext(events, None)  # errors before this point get a real status
         await response.start_stream()
         await response.write(b.start_events())
         try:
-            while event is not None:
-                timer.token()
-                if event[1]:
-                    await response.write(b.delta_event(event[1]))
-                event = await anext(events, None)
+            while batch is not None:
+                timer.tokens(len(batch))
+                deltas = [b.delta_event(event[1]) for event in batch if event[1]]
+                if deltas:
+                    await response.write(b"".join(deltas))
+                batch = await anext(events, None)
         except ServingError as exc:  # mid-stream: OpenAI's error event, then response.failed
             await response.write(b.error_events(exc.error_type, exc.message, exc.param))
             await response.end_stream()

@@ -1,0 +1,160 @@
+"""The frontend's token path in batches: `EngineStreamer.stream_batches` hands on every output
+that has already arrived in one batch (in order, ending at the finished one), across a
+migration too; `TokenTimer.tokens` counts a batch's chunks as the ITLs the client sees."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import pytest
+
+from tandem.errors import PeerGone
+from tandem.frontend.metrics import FrontendMetrics, TokenTimer
+from tandem.frontend.migration import EngineStreamer
+from tandem.frontend.request_stats import RequestStatsCollector
+from tandem.frontend.watchdog import StallConfig
+from tandem.protocols.engine import (
+    EngineOutput,
+    PreprocessedRequest,
+    StopConditions,
+    decode_request,
+    encode,
+)
+from tandem.router.base import RouteDecision
+
+
+class ScriptedStream:
+    """A request-plane stream whose payloads arrive in the given bursts: each burst lands in
+    the buffer at once, when the reader has to wait; `next_ready` takes what is buffered.
+    A burst of None breaks the stream (the worker died)."""
+
+    def __init__(self, bursts: list[list[bytes] | None]) -> None:
+        self._bursts = deque(bursts)
+        self._buf: deque[bytes] = deque()
+        self.closed = False
+
+    def __aiter__(self) -> ScriptedStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self._buf:
+            await asyncio.sleep(0)
+            if not self._bursts:
+                raise StopAsyncIteration
+            burst = self._bursts.popleft()
+            if burst is None:
+                raise PeerGone("worker died")
+            self._buf.extend(burst)
+        return self._buf.popleft()
+
+    def next_ready(self) -> bytes | None:
+        return self._buf.popleft() if self._buf else None
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class ScriptedClient:
+    """Gives each stream opened the next script; records the requests."""
+
+    def __init__(self, scripts: list[list[list[bytes] | None]]) -> None:  # RequestClient
+        self._scripts = deque(scripts)
+        self.requests: list[PreprocessedRequest] = []
+        self.streams: list[ScriptedStream] = []
+
+    def stream(self, address: str, path: str, payload: bytes, **_: object) -> ScriptedStream:
+        self.requests.append(decode_request(payload))
+        self.streams.append(ScriptedStream(self._scripts.popleft()))
+        return self.streams[-1]
+
+    async def close(self) -> None:
+        pass
+
+
+class TwoWorkers:
+    """A router over w0 and w1 that honours `exclude` (a migration leaves the lost one)."""
+
+    def __init__(self) -> None:
+        self.first_tokens: list[str] = []
+
+    async def route(
+        self, request: PreprocessedRequest, exclude: frozenset[str] = frozenset()
+    ) -> RouteDecision:
+        worker = next(w for w in ("w0", "w1") if w not in exclude)
+        return RouteDecision(instance_id=worker, address=f"{worker}:1")
+
+    def on_first_token(self, request_id: str) -> None:
+        self.first_tokens.append(request_id)
+
+    def on_finish(self, request_id: str) -> None:
+        pass
+
+
+def _out(token: int, finish: str | None = None) -> bytes:
+    return encode(EngineOutput(token_ids=[token], finish_reason=finish))
+
+
+def _request() -> PreprocessedRequest:
+    return PreprocessedRequest(
+        request_id="r", model="m", token_ids=[1, 2, 3], stop=StopConditions(max_tokens=7)
+    )
+
+
+async def _batches(streamer: EngineStreamer, router: TwoWorkers) -> list[list[list[int]]]:
+    return [
+        [out.token_ids for out in batch]
+        async for batch in streamer.stream_batches(_request(), router)
+    ]
+
+
+@pytest.mark.parametrize("stall", [StallConfig(), StallConfig(stall_timeout_s=0)])
+async def test_every_output_already_arrived_comes_in_one_batch(stall: StallConfig) -> None:
+    """Bursts of 1, 4 and 2 outputs give batches of 1, 4 and 2, in order; the finished
+    output ends its batch and the stream (what follows it is never read)."""
+    client = ScriptedClient([[[_out(10)], [_out(11), _out(12), _out(13), _out(14)],
+                              [_out(15), _out(16, "length"), _out(99)]]])  # fmt: skip
+    router = TwoWorkers()
+    streamer = EngineStreamer(client, "p", stall=stall)
+    assert await _batches(streamer, router) == [[[10]], [[11], [12], [13], [14]], [[15], [16]]]
+    assert router.first_tokens == ["r"] and client.streams[0].closed
+    flat = EngineStreamer(ScriptedClient([[[_out(1), _out(2)], [_out(3, "stop")]]]), "p")
+    outputs = flat.stream(_request(), router)
+    assert [o.token_ids async for o in outputs] == [[1], [2], [3]]  # one at a time
+    await streamer.close()
+    await flat.close()
+
+
+async def test_a_migration_continues_after_every_output_of_the_batches_taken() -> None:
+    """The worker dies after two batches (3 outputs): the continuation on the other worker
+    carries all three generated tokens and the caller sees one unbroken stream."""
+    client = ScriptedClient(
+        [
+            [[_out(10)], [_out(11), _out(12)], None],
+            [[_out(13), _out(14)], [_out(15), _out(16, "length")]],
+        ]
+    )
+    streamer = EngineStreamer(client, "p", migration_limit=1)
+    batches = await _batches(streamer, TwoWorkers())
+    assert [t for batch in batches for ids in batch for t in ids] == [10, 11, 12, 13, 14, 15, 16]
+    moved = client.requests[1]
+    assert moved.token_ids == [1, 2, 3, 10, 11, 12] and moved.stop.max_tokens == 4
+    await streamer.close()
+
+
+def test_a_batch_of_chunks_counts_its_first_gap_and_zero_for_the_rest() -> None:
+    """Five chunks in one write after a first one: the histogram and the planner's interval
+    row get 5 ITLs, one the measured gap and four of 0 s; a first batch of 3 counts TTFT once
+    and 2 ITLs of 0 s."""
+    metrics = FrontendMetrics(interval=RequestStatsCollector("pool"))
+    timer = TokenTimer(metrics, "m")
+    timer.tokens(1)
+    timer.tokens(5)
+    series = metrics.itl.child("m")
+    assert sum(series[:-1]) == 5 and series[0] >= 4  # four in the lowest bucket (le=0.001)
+    assert metrics.interval is not None
+    row = metrics.interval.row("m")
+    assert row.num_itl == 5 and row.sum_itl_ms == pytest.approx(series[-1] * 1000.0)
+    other = TokenTimer(metrics, "n")
+    other.tokens(3)
+    assert sum(metrics.itl.child("n")[:-1]) == 2 and metrics.interval.row("n").num_itl == 2

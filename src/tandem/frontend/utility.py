@@ -1,9 +1,11 @@
-"""Utility routes: /tokenize and /detokenize (vLLM's shapes), GET /v1/models/{id}, and the
-X-Request-ID header's validation."""
+"""Utility routes: /tokenize and /detokenize (vLLM's shapes), GET /v1/models/{id}, the
+X-Request-ID header's validation and the ids of requests without one."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import re
 
 import msgspec
@@ -29,6 +31,25 @@ _tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 _json = msgspec.json.Encoder()
 _THREAD_TOKENIZE_CHARS = 16_384
+
+
+class _IdSource:
+    """32 hex digits: a random prefix per process (drawn again in a forked child) and a
+    counter. uuid4 reads os.urandom per id, a syscall per request on the hot path."""
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.counter = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter):016x}"
+
+
+new_request_id = _IdSource()
 
 
 def client_request_id(headers: dict[str, str]) -> str | None:

@@ -40,10 +40,11 @@ class ModelTokenizer:
     id_text: tuple[str | None, ...] | None = field(default=None, repr=False)
     # exact and ~10x cheaper for ASCII text on GPT-2-style byte-level BPE; None otherwise
     ascii_encoder: AsciiByteLevelEncoder | None = field(default=None, repr=False)
+    vocab_size: int = field(init=False, default=0)  # with added tokens; read per request
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self.backend.get_vocab_size(with_added_tokens=True))
+    def __post_init__(self) -> None:
+        size = int(self.backend.get_vocab_size(with_added_tokens=True))
+        object.__setattr__(self, "vocab_size", size)
 
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import MutableSequence
 from dataclasses import dataclass, field
@@ -12,17 +13,15 @@ from tandem.protocols.engine import FinishReason, MmItem, PreprocessedRequest, p
 from tandem.tokens.hashing import sequence_hashes
 
 _M64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
+_INDEX = struct.Struct("<Q")
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 def pseudo_token(seed: int, index: int, first_id: int, vocab_size: int) -> int:
-    """Token number `index` of the stream seeded by `seed`: a pure function (splitmix64), so
-    a preempted and recomputed request produces the same tokens."""
-    z = (seed + (index + 1) * _GOLDEN) & _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    z ^= z >> 31
-    return first_id + z % (vocab_size - first_id)
+    """Token number `index` of the stream seeded by `seed`: a pure function (xxh3 of the
+    index, keyed by the seed), so a preempted and recomputed request produces the same
+    tokens. One C hash call: the mocker's per-token cost at thousands of tokens a second."""
+    return first_id + _xxh3(_INDEX.pack(index), seed) % (vocab_size - first_id)
 
 
 def request_seed(request: PreprocessedRequest) -> int:

@@ -138,10 +138,11 @@ class _ClientConnection(FrameTransport):
         self.streams[sid] = stream
         path, request_id, deadline_s, payload, traceparent = request
         window = self.client.stream_window
-        if traceparent is None:
-            self.send((fr.REQUEST, sid, path, request_id, deadline_s, window, payload))
-        else:  # an optional trailing field: servers that predate it ignore it
-            self.send((fr.REQUEST, sid, path, request_id, deadline_s, window, payload, traceparent))
+        # optional trailing fields, which servers that predate them ignore: the caller's
+        # trace context, and that this client takes BATCH frames
+        self.send(
+            (fr.REQUEST, sid, path, request_id, deadline_s, window, payload, traceparent, True)
+        )
         return sid
 
     def cancel(self, sid: int) -> None:
@@ -192,7 +193,20 @@ class _ClientConnection(FrameTransport):
         if not self.ready.done():
             return self._handshake(f)
         kind, sid = f[0], f[1]
-        if kind == fr.DATA:
+        if kind == fr.BATCH:
+            if not len(f) & 1:
+                raise fr.FrameError(f"a BATCH of {len(f)} fields from {self.address}")
+            streams = self.streams
+            pairs = iter(f)
+            next(pairs)
+            for sid, payload in zip(pairs, pairs, strict=True):
+                if payload is not None:  # a DATA
+                    st = streams.get(sid)
+                    if st is not None:
+                        st.push(payload)
+                elif (st := streams.pop(sid, None)) is not None:  # an END
+                    st.finish(None)
+        elif kind == fr.DATA:
             st = self.streams.get(sid)
             if st is not None:
                 st.push(f[2])

@@ -9,8 +9,9 @@ with a handshake, then carries many streams whose frames interleave:
     [REFUSED, reason]                       s -> c, then the server closes the connection
 
     [REQUEST, stream_id, endpoint_path, request_id, deadline_s | None, window, payload
-     (, traceparent)?]                                                               c -> s
+     (, traceparent | None (, takes_batches)?)?]                                     c -> s
     [DATA,    stream_id, payload]                                                    s -> c
+    [BATCH,   stream_id, payload | None, stream_id, payload | None, ...]             s -> c
     [END,     stream_id]                                                             s -> c
     [ERROR,   stream_id, error_class_name, message, retry_after_s | None]            s -> c
     [CANCEL,  stream_id]                                                             c -> s
@@ -26,7 +27,17 @@ on that stream until CREDIT returns some. END and ERROR need no credit. So a con
 stops reading holds back its own stream only; the others on the connection keep flowing.
 
 A REQUEST may end with the caller's W3C `traceparent` (tracing on, `tandem.runtime.tracing`);
-without tracing the field is left out, and a server ignores trailing fields it does not know.
+without tracing the field is left out or None, and a server ignores trailing fields it does not
+know.
+
+BATCH: a client that sets `takes_batches` in a REQUEST lets the server put, from then on, the
+DATA and END of that connection's streams in BATCH frames: each pair is one stream's payload (a
+DATA) or None (its END), in the order they were sent, and each payload needs credit as a DATA
+does. A server sends, per event-loop iteration, one BATCH of what its streams sent (a new one
+after any other frame, so order holds, and past `BATCH_MAX_BYTES`); a payload over
+`BATCH_MAX_PAYLOAD_BYTES` goes as its own DATA. At many concurrent streams of one token each,
+that is one frame to pack and parse a step instead of one per token. Servers that predate
+BATCH ignore the field, and a client that does not set it never receives one.
 
 Stream ids are chosen by the client, unique per connection. Version 1 (no handshake, no
 credit) is not spoken: a v1 peer is refused with a message naming both versions.
@@ -43,7 +54,9 @@ from tandem import errors
 
 PROTOCOL_VERSION = 2
 HELLO, AUTH, WELCOME, REFUSED = 10, 11, 12, 13
-REQUEST, DATA, END, ERROR, CANCEL, CREDIT = 0, 1, 2, 3, 4, 5
+REQUEST, DATA, END, ERROR, CANCEL, CREDIT, BATCH = 0, 1, 2, 3, 4, 5, 6
+BATCH_MAX_BYTES = 256 << 10  # a BATCH's payloads; past it the next payload opens another
+BATCH_MAX_PAYLOAD_BYTES = 64 << 10  # a payload over this goes as its own DATA frame
 DEFAULT_MAX_FRAME_BYTES = 16 << 20  # a 128k-token prompt is ~0.6 MB of msgpack ints
 HANDSHAKE_MAX_FRAME_BYTES = 1024  # before authentication nothing larger is read
 MAX_WINDOW = 1 << 16

@@ -83,7 +83,7 @@ class StreamContext:
             return False  # the handler's path raises the error that names it
         self.credit -= 1
         conn.server.stats.response_bytes += len(payload)
-        conn.send((fr.DATA, self.sid, payload))
+        conn.send_data(self.sid, payload)
         return True
 
     def grant(self, num_frames: int) -> None:
@@ -290,6 +290,8 @@ class _ServerConnection(FrameTransport):
             if ctx is not None:
                 ctx.grant(f[2])
         elif kind == fr.REQUEST:
+            if len(f) > 8 and f[8] is True:  # the client takes BATCH frames
+                self.takes_batches = True
             self._open(sid, f[2], f[3], f[4], f[5], f[6], f[7] if len(f) > 7 else None)
         elif kind == fr.CANCEL:
             self._cancel(sid)
@@ -385,7 +387,7 @@ class _ServerConnection(FrameTransport):
                 ctx.credit_waiter = None
 
     async def _serve(self, sid: int, handler: Handler, payload: bytes, ctx: StreamContext) -> None:
-        send, streams, stats = self.send, self._streams, self._srv.stats
+        send_data, streams, stats = self.send_data, self._streams, self._srv.stats
         it = handler(payload, ctx)
         try:
             async for item in it:
@@ -398,12 +400,12 @@ class _ServerConnection(FrameTransport):
                     await self._wait_credit(ctx)
                 ctx.credit -= 1
                 stats.response_bytes += len(item)
-                send((fr.DATA, sid, item))
+                send_data(sid, item)
                 if self.write_paused:
                     await self.wait_writable()
             ctx.conn = None  # nothing may follow END
             if streams.pop(sid, None) is not None:
-                send((fr.END, sid))
+                self.send_end(sid)
         except errors.ServingError as exc:
             stats.errors[ctx.endpoint_path] += 1
             if streams.pop(sid, None) is not None:

@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 class FrameTransport(asyncio.Protocol):
     """Parses frames in `data_received` and calls `on_frame` for each (no task per frame).
     `send` queues a frame; all frames queued in one loop iteration leave in one write.
+    `send_data`/`send_end` put a stream's DATA/END into one BATCH frame per iteration once the
+    peer takes them (`takes_batches`), else send them as their own frames.
     `write_paused` + `wait_writable` give writers backpressure from the kernel buffer.
 
     A frame longer than `max_frame_bytes` (checked from its length prefix, before its body is
@@ -30,8 +32,11 @@ class FrameTransport(asyncio.Protocol):
         self.max_frame_bytes = fr.HANDSHAKE_MAX_FRAME_BYTES
         self.session_max_frame_bytes = max_frame_bytes  # the limit once authenticated
         self.write_paused = False
+        self.takes_batches = False  # the peer asked for BATCH frames (server side)
         self._rbuf = bytearray()
         self._wbuf: list[bytes] = []
+        self._batch: list[Any] = []  # [BATCH, sid, payload | None, ...] not yet encoded
+        self._batch_bytes = 0
         self._writable: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -43,6 +48,7 @@ class FrameTransport(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._wbuf.clear()
+        self._batch.clear()
         self._wake_writers()
 
     def data_received(self, data: bytes) -> None:
@@ -92,11 +98,45 @@ class FrameTransport(asyncio.Protocol):
     def send(self, frame: tuple[Any, ...]) -> None:
         if self.closed:
             return
-        if not self._wbuf:
+        if self._batch:  # it goes first: order holds across frame kinds
+            self._seal()
+        elif not self._wbuf:
             self.loop.call_soon(self._flush)
         self._wbuf.append(fr.encode(frame))
 
+    def send_data(self, sid: int, payload: bytes) -> None:
+        """One DATA of stream `sid`: into this iteration's BATCH where the peer takes them."""
+        if not self.takes_batches or len(payload) > fr.BATCH_MAX_PAYLOAD_BYTES:
+            self.send((fr.DATA, sid, payload))
+        elif not self.closed:
+            self._add(sid, payload)
+            self._batch_bytes += len(payload)
+            if self._batch_bytes >= fr.BATCH_MAX_BYTES:
+                self._seal()
+
+    def send_end(self, sid: int) -> None:
+        """The END of stream `sid` (after its DATA, in the same BATCH where batching)."""
+        if not self.takes_batches:
+            self.send((fr.END, sid))
+        elif not self.closed:
+            self._add(sid, None)
+
+    def _add(self, sid: int, payload: bytes | None) -> None:
+        batch = self._batch
+        if not batch:
+            if not self._wbuf:
+                self.loop.call_soon(self._flush)
+            batch.append(fr.BATCH)
+        batch.append(sid)
+        batch.append(payload)
+
+    def _seal(self) -> None:
+        self._wbuf.append(fr.encode(self._batch))
+        self._batch, self._batch_bytes = [], 0
+
     def _flush(self) -> None:
+        if self._batch:
+            self._seal()
         if self._wbuf and not self.closed and self.transport is not None:
             data = self._wbuf[0] if len(self._wbuf) == 1 else b"".join(self._wbuf)
             self.transport.write(data)

@@ -14,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -23,7 +23,7 @@ from tandem.protocols.discovery import ModelCard
 from tandem.protocols.scaling import RequestStats
 from tandem.router.metrics import router_families, worker_component
 from tandem.runtime import tracing
-from tandem.runtime.metrics import LoopHistogram, render
+from tandem.runtime.metrics import LoopHistogram, LoopMetric, render
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -55,29 +55,29 @@ class FrontendMetrics:
         self.router_sources: list[RouterSource] = []
         self._collector: RouterCollector | None = None
         self.registry = CollectorRegistry(auto_describe=True)
-        p, r, m = prefix, self.registry, ("model",)
-        self.requests = Counter(
+        p, m = prefix, ("model",)
+        # every one is updated per request on the event loop: lock-free loop metrics
+        self.requests = LoopMetric(
             f"{p}_requests",
             "HTTP API requests by model, endpoint, request type (stream/unary), outcome "
             "(success/error/cancelled) and HTTP status code",
             ("model", "endpoint", "request_type", "status", "status_code"),
-            registry=r,
+            counter=True,
         )
-        self.inflight = Gauge(
-            f"{p}_inflight_requests", "generate requests in flight", m, registry=r
+        self.inflight = LoopMetric(
+            f"{p}_inflight_requests", "generate requests in flight", m, counter=False
         )
-        self.queued = Gauge(
+        self.queued = LoopMetric(
             f"{p}_queued_requests",
             "generate requests in flight that have not received their first token yet",
             m,
-            registry=r,
+            counter=False,
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             f"{p}_time_to_first_token_seconds",
             "time from request arrival to the first token",
             m,
-            registry=r,
-            buckets=LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
         )
         self.itl = LoopHistogram(
             f"{p}_inter_token_latency_seconds",
@@ -85,46 +85,51 @@ class FrontendMetrics:
             m,
             LATENCY_BUCKETS,
         )
-        r.register(self.itl)
-        self.duration = Histogram(
+        self.duration = LoopHistogram(
             f"{p}_request_duration_seconds",
             "time from request arrival to its last byte",
             m,
-            registry=r,
-            buckets=DURATION_BUCKETS,
+            DURATION_BUCKETS,
         )
-        self.input_len = Histogram(
-            f"{p}_input_sequence_tokens",
-            "prompt tokens per request (ISL)",
-            m,
-            registry=r,
-            buckets=TOKEN_BUCKETS,
+        self.input_len = LoopHistogram(
+            f"{p}_input_sequence_tokens", "prompt tokens per request (ISL)", m, TOKEN_BUCKETS
         )
-        self.output_len = Histogram(
-            f"{p}_output_sequence_tokens",
-            "generated tokens per request (OSL)",
-            m,
-            registry=r,
-            buckets=TOKEN_BUCKETS,
+        self.output_len = LoopHistogram(
+            f"{p}_output_sequence_tokens", "generated tokens per request (OSL)", m, TOKEN_BUCKETS
         )
-        self.cached_len = Histogram(
+        self.cached_len = LoopHistogram(
             f"{p}_cached_tokens",
             "prompt tokens per request served from a worker's prefix cache",
             m,
-            registry=r,
-            buckets=TOKEN_BUCKETS,
+            TOKEN_BUCKETS,
         )
-        self.input_tokens = Counter(f"{p}_input_tokens", "prompt tokens", m, registry=r)
-        self.output_tokens = Counter(f"{p}_output_tokens", "generated tokens", m, registry=r)
-        self.migrations = Counter(
-            f"{p}_migrations", "streams moved to another worker mid-request", m, registry=r
+        self.input_tokens = LoopMetric(f"{p}_input_tokens", "prompt tokens", m, counter=True)
+        self.output_tokens = LoopMetric(f"{p}_output_tokens", "generated tokens", m, counter=True)
+        self.migrations = LoopMetric(
+            f"{p}_migrations", "streams moved to another worker mid-request", m, counter=True
         )
-        self.disconnects = Gauge(
+        self.disconnects = LoopMetric(
             f"{p}_disconnected_clients",
             "requests the client gave up on before they finished (count since start)",
             m,
-            registry=r,
+            counter=False,
         )
+        for metric in (
+            self.requests,
+            self.inflight,
+            self.queued,
+            self.ttft,
+            self.itl,
+            self.duration,
+            self.input_len,
+            self.output_len,
+            self.cached_len,
+            self.input_tokens,
+            self.output_tokens,
+            self.migrations,
+            self.disconnects,
+        ):
+            self.registry.register(metric)
         self._by_model: dict[str, _ModelSeries] = {}
         # requests' children by label values (a few models × endpoints × outcomes × codes)
         self._requests_by_key: dict[tuple[str, str, str, str, int], Any] = {}

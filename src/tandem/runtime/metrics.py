@@ -1,6 +1,7 @@
 """Prometheus exposition shared by the frontend, the router and the workers.
 
-Metrics are `prometheus_client` objects (Counter, Gauge, Histogram) and collectors registered on
+Metrics are `prometheus_client` objects (Counter, Gauge, Histogram), their lock-free one-loop
+counterparts for hot paths (`LoopMetric`, `LoopHistogram`) and collectors registered on
 a per-process (per-frontend, per-worker) `CollectorRegistry`, never the global one, so two
 stacks in one test process never share series. `render` writes text format 0.0.4 as
 `prometheus_client.generate_latest` does, except that integral values are printed as integers:
@@ -17,7 +18,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import disable_created_metrics
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -87,10 +92,72 @@ class Families:
         return self._families
 
 
+class LoopValue:
+    """One series of a `LoopMetric`: a plain number (an int while only ints are added)."""
+
+    __slots__ = ("_counter", "value")
+
+    def __init__(self, counter: bool) -> None:
+        self.value: float = 0
+        self._counter = counter
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0 and self._counter:
+            raise ValueError(f"a counter only goes up; inc({amount})")
+        self.value += amount
+
+    def dec(self, amount: float = 1) -> None:
+        if self._counter:
+            raise ValueError("a counter only goes up; dec() is for gauges")
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        if self._counter:
+            raise ValueError("a counter only goes up; set() is for gauges")
+        self.value = value
+
+
+class LoopMetric:
+    """A counter or gauge for one event loop's hot path: `labels(...)` gives the series as a
+    `LoopValue` (inc/dec/set, no lock: prometheus_client's take one per update, and a
+    request updates ~10), exposed through `collect` (register it on a registry). Not
+    thread-safe."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], *, counter: bool
+    ) -> None:
+        self.name, self.documentation = name, documentation
+        self.labelnames, self._counter = tuple(labelnames), counter
+        self._series: dict[tuple[str, ...], LoopValue] = {}
+
+    def labels(self, *values: object) -> LoopValue:
+        key = tuple(map(str, values))
+        series = self._series.get(key)
+        if series is None:
+            if len(key) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}; got {key}")
+            series = self._series[key] = LoopValue(self._counter)
+        return series
+
+    def _family(self) -> CounterMetricFamily | GaugeMetricFamily:
+        cls = CounterMetricFamily if self._counter else GaugeMetricFamily
+        return cls(self.name, self.documentation, labels=self.labelnames)
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for labels, series in sorted(self._series.items()):
+            family.add_metric(list(labels), series.value)
+        return [family]
+
+
 class LoopHistogram:
     """A histogram for one event loop's hot path (a token's inter-token latency): no locks,
     one bisect and three additions per observation; exposed through `collect` like
-    prometheus_client's (register it on a registry). Not thread-safe."""
+    prometheus_client's (register it on a registry). Not thread-safe. `child` gives a series
+    for inline updates (`TokenTimer`), `labels(...).observe(v)` reads as prometheus_client's."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
@@ -111,6 +178,12 @@ class LoopHistogram:
         series[bisect.bisect_left(self.buckets, value)] += 1
         series[-1] += value
 
+    def labels(self, *values: object) -> LoopHistogramSeries:
+        key = tuple(map(str, values))
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}; got {key}")
+        return LoopHistogramSeries(self.buckets, self.child(*key))
+
     def describe(self) -> Iterable[Metric]:
         return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
 
@@ -123,6 +196,20 @@ class LoopHistogram:
                 buckets.append((le, acc))
             family.add_metric(list(labels), buckets, sum_value=series[-1])
         return [family]
+
+
+class LoopHistogramSeries:
+    """One series of a `LoopHistogram`, with prometheus_client's `observe`."""
+
+    __slots__ = ("_buckets", "_series")
+
+    def __init__(self, buckets: tuple[float, ...], series: list[float]) -> None:
+        self._buckets, self._series = buckets, series
+
+    def observe(self, value: float) -> None:
+        series = self._series
+        series[bisect.bisect_left(self._buckets, value)] += 1
+        series[-1] += value
 
 
 class Labelled:

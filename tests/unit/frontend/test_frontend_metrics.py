@@ -142,3 +142,36 @@ def test_loop_histogram_buckets_are_cumulative_and_inclusive() -> None:
     assert buckets == {"0.01": 1, "0.1": 3, "+Inf": 4}
     assert rows["x_seconds_count"][(("model", "m"),)] == 4
     assert rows["x_seconds_sum"][(("model", "m"),)] == pytest.approx(7.16)
+
+
+def test_loop_metrics_expose_what_prometheus_client_would() -> None:
+    """The frontend's lock-free counters, gauges and histograms write the same exposition as
+    prometheus_client's for the same updates; a counter refuses to go down."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from tandem.runtime.metrics import LoopHistogram, LoopMetric
+
+    ref = CollectorRegistry()
+    counter = Counter("x_requests", "requests", ("model", "code"), registry=ref)
+    gauge = Gauge("x_inflight", "in flight", ("model",), registry=ref)
+    histogram = Histogram("x_seconds", "latency", ("model",), registry=ref, buckets=(0.01, 0.1))
+    loop_counter = LoopMetric("x_requests", "requests", ("model", "code"), counter=True)
+    loop_gauge = LoopMetric("x_inflight", "in flight", ("model",), counter=False)
+    loop_histogram = LoopHistogram("x_seconds", "latency", ("model",), (0.01, 0.1))
+    for c, g, h in ((counter, gauge, histogram), (loop_counter, loop_gauge, loop_histogram)):
+        c.labels("a", 200).inc()
+        c.labels("a", 200).inc(12_345_678)
+        c.labels("b", 404).inc()
+        g.labels("a").inc()
+        g.labels("a").inc(3)
+        g.labels("a").dec()
+        g.labels("b").set(7.5)
+        for value in (0.01, 0.05, 2.0):
+            h.labels("a").observe(value)
+    assert render(loop_counter, loop_gauge, loop_histogram) == render(ref)
+    with pytest.raises(ValueError, match="only goes up"):
+        loop_counter.labels("a", 200).inc(-1)
+    with pytest.raises(ValueError, match="only goes up"):
+        loop_counter.labels("a", 200).dec()
+    with pytest.raises(ValueError, match="takes labels"):
+        loop_gauge.labels("a", "b")

@@ -53,6 +53,9 @@ class ChatTemplate:
             self._template = env.from_string(source or DEFAULT_TEMPLATE)
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template does not compile: {exc}") from exc
+        # the same globals as a plain dict: jinja keeps a ChainMap, which every render copies
+        # key by key in Python (8 of a short chat render's 15 us)
+        self._template.globals = dict(self._template.globals)
         self._bos_token = bos_token
         # a template that reads `tools` renders them itself; others get the default tool prompt
         self.takes_tools = source is not None and "tools" in source

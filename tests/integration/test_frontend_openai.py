@@ -4,6 +4,7 @@ driven by the official `openai` SDK."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -195,7 +196,7 @@ async def test_a_burst_of_tokens_streams_as_one_chunk_each_with_its_own_usage() 
         counts = [c.usage.completion_tokens async for c in stream if c.choices and c.usage]
         # strictly rising to 24 (a token ending inside a UTF-8 character has no chunk)
         assert counts[-1] == 24 and len(counts) >= 20
-        assert all(a < b for a, b in zip(counts, counts[1:], strict=False))
+        assert all(a < b for a, b in itertools.pairwise(counts))
 
 
 @pytest.mark.timeout(30)

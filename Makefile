@@ -33,6 +33,9 @@ $(STAMP): pyproject.toml
 	# the frontend's parse of token-id prompts (the general JSON decode stands in)
 	@$(BIN)/python -c "from tandem.frontend.prompt_ids import load_library; assert load_library()" \
 		|| echo "WARNING: the token-id prompt parser did not build; prompts take the general decode"
+	# the split of ASCII prompt text into words in one C pass, a CPython extension (`re` stands in)
+	@$(BIN)/python -c "from tandem.tokens.ascii_encoder import load_c_split; assert load_c_split()" \
+		|| echo "WARNING: the C prompt split did not build; prompts are split by re"
 	# block hashing of long prompts in one C pass (the Python pass stands in)
 	@$(BIN)/python -c "from tandem.tokens.hashing import _c_hasher; assert _c_hasher()" \
 		|| echo "WARNING: the C block hashing did not load; hashes take the Python pass"

@@ -28,6 +28,7 @@ from tandem.multimodal.loader import ImageLoader
 from tandem.multimodal.remote_provider import ENCODER_COMPONENT, ENCODER_ENDPOINT
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import Runtime, open_runtime
+from tandem.tokens import ascii_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ async def serve_frontend(
     Sets `ready` once listening; appends the bound (host, port) to `bound` if given (port 0
     picks a free port). On exit closes connections, routers and the instance watch."""
     await asyncio.to_thread(prompt_ids.load_library)  # built before the first request
+    await asyncio.to_thread(ascii_encoder.load_c_split)  # likewise: chat prompts' split
     workers = runtime.instance_set(config.worker_component, config.worker_endpoint)
     registry = ModelRegistry(
         config,

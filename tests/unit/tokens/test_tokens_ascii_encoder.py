@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import string
 
+import pytest
 from tokenizers import Tokenizer
 
 from tandem.tokens.ascii_encoder import AsciiByteLevelEncoder
@@ -84,3 +85,42 @@ def test_other_tokenizer_shapes_get_no_encoder(smollm2: ModelTokenizer) -> None:
 
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     assert AsciiByteLevelEncoder.build(backend) is None
+
+
+def test_the_c_split_gives_the_patterns_words_on_random_spans() -> None:
+    """ascii_split.c against SPLIT_PATTERN.findall(text, start, end): 5000 random texts of
+    the characters the pattern tells apart, at random bounds (the end bounds the lookahead)."""
+    from tandem.tokens.ascii_encoder import SPLIT_PATTERN, _c_split
+
+    c = _c_split()
+    assert c is not None, "the C split did not build here"
+    rng = random.Random(11)
+    alphabet = "aZ09 \t\n\r\x0b\x0c'.-_\x00\x7f" + "srtvemld" * 2
+    for _ in range(5000):
+        text = "".join(rng.choices(alphabet, k=rng.randint(0, 40)))
+        start = rng.randint(0, len(text))
+        end = rng.randint(start, len(text))
+        assert c.split(text, start, end) == SPLIT_PATTERN.findall(text, start, end), (
+            repr(text),
+            start,
+            end,
+        )
+    for bad in (("é", 0, 1), ("abc", 2, 1), ("abc", 0, 4), ("abc", -1, 2)):
+        with pytest.raises(ValueError):
+            c.split(*bad)
+
+
+def test_without_the_c_split_the_re_path_gives_the_same_ids(
+    smollm2: ModelTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tandem.tokens import ascii_encoder
+
+    encoder = smollm2.ascii_encoder
+    assert encoder is not None
+    rng = random.Random(5)
+    texts = ["".join(rng.choices(ALPHABET, k=rng.randint(0, 80))) for _ in range(300)]
+    texts += [p + t for p, t in zip(PIECES * 20, texts, strict=False)]
+    with_c = [encoder.encode(t) for t in texts]
+    monkeypatch.setattr(ascii_encoder, "_c_state", [None])
+    assert [encoder.encode(t) for t in texts] == with_c
+    assert with_c == [_backend_ids(smollm2, t) for t in texts]

@@ -153,3 +153,49 @@ async def test_a_malformed_batch_drops_the_connection() -> None:
         await client.close()
         bad.close()
         await bad.wait_closed()
+
+
+async def test_batches_stay_within_the_smallest_frame_limit(monkeypatch) -> None:
+    """At --max-frame-bytes 64 KiB (the least allowed) on both sides, thousands of tiny
+    payloads and payloads just under and over a quarter of the limit all arrive, and no frame
+    the server encodes exceeds the limit (the pairs' msgpack overhead counted too)."""
+    limit = 64 << 10
+    sizes: list[int] = []
+    encode = fr.encode
+
+    def measured(frame: Any) -> bytes:
+        data = encode(frame)
+        sizes.append(len(data))
+        return data
+
+    monkeypatch.setattr(fr, "encode", measured)
+
+    async def mixed(payload: bytes, ctx: StreamContext) -> AsyncIterator[bytes]:
+        if payload == b"tiny":
+            for i in range(250):
+                yield bytes([i % 256])
+        else:
+            for size in (limit // 4 - 64, limit // 4 + 64, limit // 4 - 64, 1):
+                yield b"z" * size
+
+    srv = TcpRequestServer(max_frame_bytes=limit, max_inflight_per_connection=64)
+    srv.register("ns.c.mixed", mixed)
+    await srv.start()
+    client = TcpRequestClient(connect_timeout_s=2, max_frame_bytes=limit)
+    try:
+        kinds = [b"tiny"] * 30 + [b"big"] * 4
+        outs = await asyncio.gather(
+            *(
+                collect(client.stream(srv.address, "ns.c.mixed", k, request_id=f"r{i}"))
+                for i, k in enumerate(kinds)
+            )
+        )
+    finally:
+        await client.close()
+        await srv.stop(grace_s=0)
+    for kind, out in zip(kinds, outs, strict=True):
+        if kind == b"tiny":
+            assert out == [bytes([i % 256]) for i in range(250)]
+        else:
+            assert [len(p) for p in out] == [limit // 4 - 64, limit // 4 + 64, limit // 4 - 64, 1]
+    assert max(sizes) <= limit

@@ -34,10 +34,12 @@ BATCH: a client that sets `takes_batches` in a REQUEST lets the server put, from
 DATA and END of that connection's streams in BATCH frames: each pair is one stream's payload (a
 DATA) or None (its END), in the order they were sent, and each payload needs credit as a DATA
 does. A server sends, per event-loop iteration, one BATCH of what its streams sent (a new one
-after any other frame, so order holds, and past `BATCH_MAX_BYTES`); a payload over
-`BATCH_MAX_PAYLOAD_BYTES` goes as its own DATA. At many concurrent streams of one token each,
-that is one frame to pack and parse a step instead of one per token. Servers that predate
-BATCH ignore the field, and a client that does not set it never receives one.
+after any other frame, so order holds, and past `BATCH_MAX_BYTES` or half its own
+max_frame_bytes). A payload over `BATCH_MAX_PAYLOAD_BYTES` or a quarter of max_frame_bytes goes
+as its own DATA, so a BATCH stays within the frame limit both sides are configured with. At many
+concurrent streams of one token each, that is one frame to pack and parse a step instead of one
+per token. Servers that predate BATCH ignore the field, and a client that does not set it never
+receives one.
 
 Stream ids are chosen by the client, unique per connection. Version 1 (no handshake, no
 credit) is not spoken: a v1 peer is refused with a message naming both versions.
@@ -55,8 +57,10 @@ from tandem import errors
 PROTOCOL_VERSION = 2
 HELLO, AUTH, WELCOME, REFUSED = 10, 11, 12, 13
 REQUEST, DATA, END, ERROR, CANCEL, CREDIT, BATCH = 0, 1, 2, 3, 4, 5, 6
-BATCH_MAX_BYTES = 256 << 10  # a BATCH's payloads; past it the next payload opens another
+# a BATCH's bytes (payloads + BATCH_PAIR_OVERHEAD_BYTES a pair); past it the next opens another
+BATCH_MAX_BYTES = 256 << 10
 BATCH_MAX_PAYLOAD_BYTES = 64 << 10  # a payload over this goes as its own DATA frame
+BATCH_PAIR_OVERHEAD_BYTES = 16  # msgpack of a stream id (<= 9) and a bin header (<= 5)
 DEFAULT_MAX_FRAME_BYTES = 16 << 20  # a 128k-token prompt is ~0.6 MB of msgpack ints
 HANDSHAKE_MAX_FRAME_BYTES = 1024  # before authentication nothing larger is read
 MAX_WINDOW = 1 << 16

@@ -36,7 +36,11 @@ class FrameTransport(asyncio.Protocol):
         self._rbuf = bytearray()
         self._wbuf: list[bytes] = []
         self._batch: list[Any] = []  # [BATCH, sid, payload | None, ...] not yet encoded
-        self._batch_bytes = 0
+        self._batch_bytes = 0  # its payloads and a bound on each pair's msgpack overhead
+        # a BATCH stays within this side's frame limit (the peer is configured alike): at most
+        # half of it before the payload that closes it, each batched payload under a quarter
+        self._batch_budget = min(fr.BATCH_MAX_BYTES, max_frame_bytes // 2)
+        self._batch_payload_max = min(fr.BATCH_MAX_PAYLOAD_BYTES, max_frame_bytes // 4)
         self._writable: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -106,12 +110,12 @@ class FrameTransport(asyncio.Protocol):
 
     def send_data(self, sid: int, payload: bytes) -> None:
         """One DATA of stream `sid`: into this iteration's BATCH where the peer takes them."""
-        if not self.takes_batches or len(payload) > fr.BATCH_MAX_PAYLOAD_BYTES:
+        if not self.takes_batches or len(payload) > self._batch_payload_max:
             self.send((fr.DATA, sid, payload))
         elif not self.closed:
             self._add(sid, payload)
             self._batch_bytes += len(payload)
-            if self._batch_bytes >= fr.BATCH_MAX_BYTES:
+            if self._batch_bytes >= self._batch_budget:
                 self._seal()
 
     def send_end(self, sid: int) -> None:
@@ -129,6 +133,7 @@ class FrameTransport(asyncio.Protocol):
             batch.append(fr.BATCH)
         batch.append(sid)
         batch.append(payload)
+        self._batch_bytes += fr.BATCH_PAIR_OVERHEAD_BYTES
 
     def _seal(self) -> None:
         self._wbuf.append(fr.encode(self._batch))

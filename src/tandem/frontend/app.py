@@ -36,7 +36,12 @@ from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.openapi import build_openapi
 from tandem.frontend.postprocess import ChoiceState, Event, best_candidates
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
-from tandem.frontend.response import ResponseFormat, cached_tokens, usage
+from tandem.frontend.response import (
+    FLUSH_FIRST_TOKEN_PROMPT_TOKENS,
+    ResponseFormat,
+    cached_tokens,
+    usage,
+)
 from tandem.frontend.responses import ResponsesEndpoint
 from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser
 from tandem.frontend.utility import client_request_id
@@ -460,6 +465,7 @@ class FrontendApp:
         await response.start_stream()
         if fmt.chat:
             await response.write(b"".join(fmt.role_chunk(s.index) for s in states))
+        first, prompt_tokens = True, sum(prepared.prompt_lens)
         while batch is not None:
             timer.tokens(len(batch))
             chunks = []  # one SSE chunk per engine chunk; a batch's leave in one write
@@ -476,6 +482,10 @@ class FrontendApp:
                     chunks.append(fmt.chunk(state.index, text, logprobs, finish, running, calls))
             if chunks:
                 await response.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                if first:  # a long prompt's first token leaves now, as its REQUEST did
+                    if prompt_tokens >= FLUSH_FIRST_TOKEN_PROMPT_TOKENS:
+                        response.flush()
+                    first = False
             batch = await anext(events, None)
         if include_usage:
             await response.write(fmt.usage_chunk(usage(prepared, states)))

@@ -26,6 +26,10 @@ class Connection(Protocol):
 
     async def drain(self) -> None: ...
 
+    def flush(self) -> None:
+        """Send what is written so far now, not with the rest of this loop iteration."""
+        ...
+
 
 REASONS = {
     200: b"OK",
@@ -168,6 +172,11 @@ class HttpResponse:
         conn.write(data)  # raises ClientDisconnected once the client has gone
         if conn.write_blocked:
             await conn.drain()
+
+    def flush(self) -> None:
+        """Send what is written so far now (a stream's first token: the client's TTFT), not
+        after every other callback of this loop iteration."""
+        self._conn.flush()
 
     async def end_stream(self) -> None:
         self.finished = True

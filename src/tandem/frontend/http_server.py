@@ -371,6 +371,9 @@ class HttpProtocol(asyncio.Protocol):
         if self._wbuf_bytes >= FLUSH_BYTES:
             self._flush()
 
+    def flush(self) -> None:
+        self._flush()
+
     def _flush(self) -> None:
         wbuf = self._wbuf
         if not wbuf:

@@ -173,6 +173,12 @@ def cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
     return sum(states[p * n].num_cached_tokens or 0 for p in range(len(prepared.prompt_lens)))
 
 
+# a stream of a prompt this long writes its first token at once rather than after every
+# other callback of the loop iteration (its TTFT), as the request plane writes its REQUEST
+# (runtime/tcp/frame.FLUSH_NOW_BYTES); a short one's rides the iteration's coalesced write
+FLUSH_FIRST_TOKEN_PROMPT_TOKENS = 4096
+
+
 def usage(
     prepared: Prepared, states: list[ChoiceState], *, at: tuple[ChoiceState, int] | None = None
 ) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from tandem.frontend.http_server import HttpRequest, HttpResponse
 from tandem.frontend.metrics import TokenTimer
 from tandem.frontend.postprocess import ChoiceState, Event
 from tandem.frontend.preprocess import Prepared
+from tandem.frontend.response import FLUSH_FIRST_TOKEN_PROMPT_TOKENS
 from tandem.frontend.response_events import ResponseBuilder, new_response_id
 from tandem.frontend.response_store import ResponseStore
 from tandem.protocols.openai import ChatCompletionRequest, show_value
@@ -223,12 +224,16 @@ class ResponsesEndpoint:
         batch = await anext(events, None)  # errors before this point get a real status
         await response.start_stream()
         await response.write(b.start_events())
+        flush_first = sum(prepared.prompt_lens) >= FLUSH_FIRST_TOKEN_PROMPT_TOKENS
         try:
             while batch is not None:
                 timer.tokens(len(batch))
                 deltas = [b.delta_event(event[1]) for event in batch if event[1]]
                 if deltas:
                     await response.write(b"".join(deltas))
+                    if flush_first:  # a long prompt's first token leaves now (TTFT)
+                        response.flush()
+                        flush_first = False
                 batch = await anext(events, None)
         except ServingError as exc:  # mid-stream: OpenAI's error event, then response.failed
             await response.write(b.error_events(exc.error_type, exc.message, exc.param))

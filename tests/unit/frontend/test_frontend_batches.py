@@ -1,18 +1,25 @@
 """The frontend's token path in batches: `EngineStreamer.stream_batches` hands on every output
 that has already arrived in one batch (in order, ending at the finished one), across a
-migration too; `TokenTimer.tokens` counts a batch's chunks as the ITLs the client sees."""
+migration too; `TokenTimer.tokens` counts a batch's chunks as the ITLs the client sees; a long
+prompt's first token is flushed at once."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import pytest
 
 from tandem.errors import PeerGone
+from tandem.frontend.app import FrontendApp
 from tandem.frontend.metrics import FrontendMetrics, TokenTimer
 from tandem.frontend.migration import EngineStreamer
+from tandem.frontend.postprocess import ChoiceState, Event
 from tandem.frontend.request_stats import RequestStatsCollector
+from tandem.frontend.response import FLUSH_FIRST_TOKEN_PROMPT_TOKENS as FLUSH_AT
+from tandem.frontend.response import ResponseFormat
 from tandem.frontend.watchdog import StallConfig
 from tandem.protocols.engine import (
     EngineOutput,
@@ -158,3 +165,48 @@ def test_a_batch_of_chunks_counts_its_first_gap_and_zero_for_the_rest() -> None:
     other = TokenTimer(metrics, "n")
     other.tokens(3)
     assert sum(metrics.itl.child("n")[:-1]) == 2 and metrics.interval.row("n").num_itl == 2
+
+
+class RecordingResponse:
+    """What `_stream` writes, and where the flushes fall among the writes."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def start_stream(self) -> None:
+        self.calls.append("head")
+
+    async def write(self, data: bytes) -> None:
+        self.calls.append("write")
+
+    def flush(self) -> None:
+        self.calls.append("flush")
+
+    async def end_stream(self) -> None:
+        self.calls.append("end")
+
+
+@pytest.mark.parametrize(("prompt_tokens", "flushed"), [(64, False), (FLUSH_AT, True)])
+async def test_a_long_prompts_first_token_is_flushed_at_once(
+    prompt_tokens: int, flushed: bool
+) -> None:
+    """A stream of a long prompt sends its first token right after writing it (not after the
+    loop iteration's other callbacks: that wait is TTFT); a short one's rides the
+    iteration's coalesced write. Later tokens are never flushed one by one."""
+    state = ChoiceState(0, None, [])
+
+    async def events() -> AsyncIterator[list[Event]]:
+        for batch in ([(state, "a", None, None, 1)], [(state, "b", None, None, 2)]):
+            yield batch
+        yield [(state, "c", None, "length", 3)]
+
+    prepared = SimpleNamespace(prompt_lens=[prompt_tokens])
+    req = SimpleNamespace(stream_options=None)
+    fmt = ResponseFormat(chat=False)
+    fmt.bind("cmpl-1", "m")
+    response = RecordingResponse()
+    timer = TokenTimer(FrontendMetrics(), "m")
+    stream = FrontendApp._stream
+    await stream(None, response, req, prepared, [state], events(), fmt, timer)
+    expected = ["head", "write", *(["flush"] if flushed else []), "write", "write", "write", "end"]
+    assert response.calls == expected

@@ -199,3 +199,32 @@ async def test_batches_stay_within_the_smallest_frame_limit(monkeypatch) -> None
         else:
             assert [len(p) for p in out] == [limit // 4 - 64, limit // 4 + 64, limit // 4 - 64, 1]
     assert max(sizes) <= limit
+
+
+async def test_a_large_request_is_written_at_once_a_small_one_with_the_iteration(
+    server,
+) -> None:
+    """A REQUEST of FLUSH_NOW_BYTES or more (a long prompt) reaches the socket before the
+    loop runs anything else (that wait would be its TTFT); a small one is written with the
+    rest of the iteration's frames."""
+    client = TcpRequestClient(connect_timeout_s=2)
+    try:
+        assert await collect(client.stream(server.address, "ns.c.echo", b"1", request_id="w"))
+        (conn,) = client._conns.values()
+        writes: list[int] = []
+        write = conn.transport.write
+        conn.transport.write = lambda data: writes.append(len(data)) or write(data)
+        small = client.stream(server.address, "ns.c.echo", b"3", request_id="s")
+        big = client.stream(
+            server.address, "ns.c.echo", b"4" + b" " * fr.FLUSH_NOW_BYTES, request_id="b"
+        )
+        first_small, first_big = (
+            asyncio.ensure_future(anext(small)),
+            asyncio.ensure_future(anext(big)),
+        )
+        await asyncio.sleep(0)  # both open their streams in this step; nothing else has run
+        assert writes and writes[0] > fr.FLUSH_NOW_BYTES  # the big one (and the small one with it)
+        assert await first_small == b"0" and await first_big == b"0"
+        assert await collect(small) == [b"1", b"2"] and len(await collect(big)) == 3
+    finally:
+        await client.close()

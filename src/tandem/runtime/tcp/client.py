@@ -143,6 +143,8 @@ class _ClientConnection(FrameTransport):
         self.send(
             (fr.REQUEST, sid, path, request_id, deadline_s, window, payload, traceparent, True)
         )
+        if len(payload) >= fr.FLUSH_NOW_BYTES:  # a long prompt: on its way at once (TTFT)
+            self._flush()
         return sid
 
     def cancel(self, sid: int) -> None:

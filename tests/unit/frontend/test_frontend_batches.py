@@ -20,6 +20,8 @@ from tandem.frontend.postprocess import ChoiceState, Event
 from tandem.frontend.request_stats import RequestStatsCollector
 from tandem.frontend.response import FLUSH_FIRST_TOKEN_PROMPT_TOKENS as FLUSH_AT
 from tandem.frontend.response import ResponseFormat
+from tandem.frontend.response_events import ResponseBuilder
+from tandem.frontend.responses import ResponsesEndpoint
 from tandem.frontend.watchdog import StallConfig
 from tandem.protocols.engine import (
     EngineOutput,
@@ -28,6 +30,7 @@ from tandem.protocols.engine import (
     decode_request,
     encode,
 )
+from tandem.protocols.openai_responses import ResponsesRequest
 from tandem.router.base import RouteDecision
 
 
@@ -210,3 +213,24 @@ async def test_a_long_prompts_first_token_is_flushed_at_once(
     await stream(None, response, req, prepared, [state], events(), fmt, timer)
     expected = ["head", "write", *(["flush"] if flushed else []), "write", "write", "write", "end"]
     assert response.calls == expected
+
+
+@pytest.mark.parametrize(("prompt_tokens", "flushed"), [(64, False), (FLUSH_AT, True)])
+async def test_a_long_prompts_first_delta_is_flushed_at_once_in_responses(
+    prompt_tokens: int, flushed: bool
+) -> None:
+    """/v1/responses streams flush a long prompt's first text delta the same way."""
+    state = ChoiceState(0, None, [])
+
+    async def events() -> AsyncIterator[list[Event]]:
+        yield [(state, "a", None, None, 1), (state, "b", None, None, 2)]
+        yield [(state, "c", None, "stop", 3)]
+
+    prepared = SimpleNamespace(prompt_lens=[prompt_tokens])
+    builder = ResponseBuilder(ResponsesRequest(model="m", input="hi"), "m", "resp_1")
+    response = RecordingResponse()
+    timer = TokenTimer(FrontendMetrics(), "m")
+    stream = ResponsesEndpoint._stream
+    await stream(None, response, prepared, state, events(), builder, timer, lambda b: None)
+    expected = ["head", "write", "write", *(["flush"] if flushed else []), "write", "write", "end"]
+    assert response.calls == expected  # start events, the first batch's deltas, ..., end events

@@ -313,7 +313,7 @@ class HttpProtocol(asyncio.Protocol):
     def _send_continue(self) -> None:
         if self._continue_wanted and not self.is_busy and self._transport is not None:
             self._continue_wanted = False
-            self._flush()
+            self.flush()
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     # ---------------------------------------------------------------- timers
@@ -365,16 +365,14 @@ class HttpProtocol(asyncio.Protocol):
             raise ClientDisconnected("client disconnected")
         wbuf = self._wbuf
         if not wbuf:
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
         wbuf.append(data)
         self._wbuf_bytes += len(data)
         if self._wbuf_bytes >= FLUSH_BYTES:
-            self._flush()
+            self.flush()
 
     def flush(self) -> None:
-        self._flush()
-
-    def _flush(self) -> None:
+        """Send what is queued now (`write` leaves it to the end of the loop iteration)."""
         wbuf = self._wbuf
         if not wbuf:
             return
@@ -405,7 +403,7 @@ class HttpProtocol(asyncio.Protocol):
     def _write_error_and_close(self, status: int, message: bytes) -> None:
         if self._transport is None or self._closed:
             return
-        self._flush()
+        self.flush()
         self._transport.write(error_response(status, message))
         self._linger()
 
@@ -430,7 +428,7 @@ class HttpProtocol(asyncio.Protocol):
         """Send what is buffered, then close (the transport still sends its own buffer)."""
         self._cancel_timers()
         if self._transport is not None and not self._closed:
-            self._flush()
+            self.flush()
             self._closed = True
             self._transport.close()
 

@@ -114,22 +114,9 @@ class FrontendMetrics:
             m,
             counter=False,
         )
-        for metric in (
-            self.requests,
-            self.inflight,
-            self.queued,
-            self.ttft,
-            self.itl,
-            self.duration,
-            self.input_len,
-            self.output_len,
-            self.cached_len,
-            self.input_tokens,
-            self.output_tokens,
-            self.migrations,
-            self.disconnects,
-        ):
-            self.registry.register(metric)
+        for metric in list(vars(self).values()):  # each one above, in order
+            if isinstance(metric, LoopMetric | LoopHistogram):
+                self.registry.register(metric)
         self._by_model: dict[str, _ModelSeries] = {}
         # requests' children by label values (a few models × endpoints × outcomes × codes)
         self._requests_by_key: dict[tuple[str, str, str, str, int], Any] = {}
@@ -346,22 +333,20 @@ class TokenTimer:
         as measured, the others' ITL 0."""
         now = time.perf_counter()
         last, self.last = self.last, now
-        num_itl, seconds = count - 1, 0.0
         series = self._itl_series  # LoopHistogram.observe, inline
+        if count > 1:
+            series[bisect_left(self._buckets, 0.0)] += count - 1
         if last == 0.0:
             self._metrics.first_token(self._model, now - self.started)
             tracing.since_current("first_token")
-            if not num_itl:
-                return
+            num_itl, seconds = count - 1, 0.0
         else:
             seconds = now - last
             series[bisect_left(self._buckets, seconds)] += 1
             series[-1] += seconds
-            num_itl += 1
-        if count > 1:
-            series[bisect_left(self._buckets, 0.0)] += count - 1
+            num_itl = count
         interval = self._interval
-        if interval is not None:  # RequestStatsCollector.itl, inline
+        if num_itl and interval is not None:  # RequestStatsCollector.itl, inline
             row = self._row
             if row is None or self._epoch != interval.epoch:
                 row, self._epoch = interval.row(self._model), interval.epoch

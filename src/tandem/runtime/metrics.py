@@ -182,7 +182,7 @@ class LoopHistogram:
         key = tuple(map(str, values))
         if len(key) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}; got {key}")
-        return LoopHistogramSeries(self.buckets, self.child(*key))
+        return LoopHistogramSeries(self, self.child(*key))
 
     def describe(self) -> Iterable[Metric]:
         return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
@@ -201,15 +201,13 @@ class LoopHistogram:
 class LoopHistogramSeries:
     """One series of a `LoopHistogram`, with prometheus_client's `observe`."""
 
-    __slots__ = ("_buckets", "_series")
+    __slots__ = ("_histogram", "_series")
 
-    def __init__(self, buckets: tuple[float, ...], series: list[float]) -> None:
-        self._buckets, self._series = buckets, series
+    def __init__(self, histogram: LoopHistogram, series: list[float]) -> None:
+        self._histogram, self._series = histogram, series
 
     def observe(self, value: float) -> None:
-        series = self._series
-        series[bisect.bisect_left(self._buckets, value)] += 1
-        series[-1] += value
+        self._histogram.observe(self._series, value)
 
 
 class Labelled:

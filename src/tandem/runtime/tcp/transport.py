@@ -112,20 +112,20 @@ class FrameTransport(asyncio.Protocol):
         """One DATA of stream `sid`: into this iteration's BATCH where the peer takes them."""
         if not self.takes_batches or len(payload) > self._batch_payload_max:
             self.send((fr.DATA, sid, payload))
-        elif not self.closed:
+        else:
             self._add(sid, payload)
-            self._batch_bytes += len(payload)
-            if self._batch_bytes >= self._batch_budget:
-                self._seal()
 
     def send_end(self, sid: int) -> None:
         """The END of stream `sid` (after its DATA, in the same BATCH where batching)."""
         if not self.takes_batches:
             self.send((fr.END, sid))
-        elif not self.closed:
+        else:
             self._add(sid, None)
 
     def _add(self, sid: int, payload: bytes | None) -> None:
+        """One pair into this iteration's BATCH; sealed once past its byte budget."""
+        if self.closed:
+            return
         batch = self._batch
         if not batch:
             if not self._wbuf:
@@ -133,7 +133,9 @@ class FrameTransport(asyncio.Protocol):
             batch.append(fr.BATCH)
         batch.append(sid)
         batch.append(payload)
-        self._batch_bytes += fr.BATCH_PAIR_OVERHEAD_BYTES
+        self._batch_bytes += fr.BATCH_PAIR_OVERHEAD_BYTES + (0 if payload is None else len(payload))
+        if self._batch_bytes >= self._batch_budget:
+            self._seal()
 
     def _seal(self) -> None:
         self._wbuf.append(fr.encode(self._batch))

@@ -87,41 +87,28 @@ class AsciiByteLevelEncoder:
         return encoder
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ASCII `text` (the caller checks `text.isascii()`)."""
+        """Token ids of ASCII `text` (the caller checks `text.isascii()`): added tokens by
+        their id, the text between them word by word through the cache."""
         c = _c_split()
-        if c is not None:
-            return self._encode_c(c.encode, text)
-        lookup = self._cache.__getitem__
-        pattern = self._added_pattern
-        if pattern is None:
-            return list(chain.from_iterable(map(lookup, SPLIT_PATTERN.findall(text))))
-        out: list[int] = []
-        start = 0
-        for match in pattern.finditer(text):
-            if match.start() > start:
-                out.extend(chain.from_iterable(map(lookup, _split(text, start, match.start()))))
-            out.append(self._added[match.group()])
-            start = match.end()
-        if start < len(text):
-            out.extend(chain.from_iterable(map(lookup, _split(text, start, len(text)))))
-        return out
-
-    def _encode_c(self, c_encode: Any, text: str) -> list[int]:
+        encode_span = c.encode if c is not None else _encode_span
         out: list[int] = []
         cache, pattern, start = self._cache, self._added_pattern, 0
         if pattern is not None:
             for match in pattern.finditer(text):
                 if match.start() > start:
-                    c_encode(text, start, match.start(), cache, out)
+                    encode_span(text, start, match.start(), cache, out)
                 out.append(self._added[match.group()])
                 start = match.end()
         if start < len(text):
-            c_encode(text, start, len(text), cache, out)
+            encode_span(text, start, len(text), cache, out)
         return out
 
 
-def _split(text: str, start: int, end: int) -> list[str]:
-    return SPLIT_PATTERN.findall(text, start, end)
+def _encode_span(
+    text: str, start: int, end: int, cache: dict[str, tuple[int, ...]], out: list[int]
+) -> None:
+    """`ascii_split.c`'s encode in Python: out += cache[w] for each word w of text[start:end]."""
+    out.extend(chain.from_iterable(map(cache.__getitem__, SPLIT_PATTERN.findall(text, start, end))))
 
 
 _C_SOURCE = Path(__file__).with_name("ascii_split.c")

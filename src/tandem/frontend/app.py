@@ -13,7 +13,7 @@ import logging
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -28,13 +28,14 @@ from tandem.frontend import utility
 from tandem.frontend.auth import ApiKeys
 from tandem.frontend.decode import completion_decoder, decode_body, decode_completion
 from tandem.frontend.embeddings import EmbeddingsEndpoint
+from tandem.frontend.engine_events import Events, engine_events
 from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http_server import ClientDisconnected, HttpRequest, HttpResponse
 from tandem.frontend.metrics import FrontendMetrics, TokenTimer
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.openapi import build_openapi
-from tandem.frontend.postprocess import ChoiceState, Event, best_candidates
+from tandem.frontend.postprocess import ChoiceState, best_candidates
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import (
     FLUSH_FIRST_TOKEN_PROMPT_TOKENS,
@@ -48,7 +49,6 @@ from tandem.frontend.utility import client_request_id
 from tandem.frontend.worker_scrape import WorkerScraper
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
-from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -66,7 +66,6 @@ _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _json = msgspec.json.Encoder()
 PIN_HEADER = "x-worker-instance-id"
 _MODEL_PREFIX = "/v1/models/"
-Events = AsyncGenerator[list[Event], None]
 # the `endpoint` label of tandem_frontend_requests_total; probes, scrapes and pages are not counted
 API_ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
@@ -422,7 +421,7 @@ class FrontendApp:
                 per_prompt = len(states) // len(prepared.echo_texts)
                 for state in states:
                     state.prefix = prepared.echo_texts[state.index // per_prompt]
-            events = self._events(prepared, states, keep_text=not req.stream)
+            events = engine_events(self.streamer, prepared, states, keep_text=not req.stream)
             parsers = _tool_parsers(prepared)
             async with aclosing(events):
                 if req.stream:
@@ -514,79 +513,6 @@ class FrontendApp:
                 parsers = [parsers[position[id(s)]] for s in choices]
         body = fmt.full_response(choices, usage(prepared, states), parsers)
         await response.send(200, body)
-
-    # ------------------------------------------------------------------ engine streams
-    def _events(self, prepared: Prepared, states: list[ChoiceState], *, keep_text: bool) -> Events:
-        if len(states) == 1:
-            return self._choice_events(prepared, prepared.requests[0], states[0], keep_text)
-        return self._merged_events(prepared, states, keep_text)
-
-    async def _choice_events(
-        self,
-        prepared: Prepared,
-        request: PreprocessedRequest,
-        state: ChoiceState,
-        keep_text: bool,
-    ) -> Events:
-        """Batches of events, as the engine stream hands over its outputs: every one that
-        had already arrived. An engine error comes after the events before it."""
-        batches = self.streamer.stream_batches(request, prepared.model.router)
-        async with aclosing(batches):
-            async for outputs in batches:
-                events: list[Event] = []
-                error = None
-                for out in outputs:
-                    try:
-                        state.process(out, keep_text=keep_text)
-                    except Exception as exc:
-                        error = exc
-                        break
-                    finish = state.finish_reason
-                    events.append(
-                        (state, state.delta_text, state.delta_logprobs, finish, state.num_tokens)
-                    )
-                    if finish is not None:
-                        break
-                if events:
-                    yield events
-                if error is not None:
-                    raise error
-                if state.finish_reason is not None:
-                    return  # closing `batches` cancels the worker (e.g. a stop string hit)
-
-    async def _merged_events(
-        self, prepared: Prepared, states: list[ChoiceState], keep_text: bool
-    ) -> Events:
-        queue: asyncio.Queue[list[Event] | BaseException | None] = asyncio.Queue(maxsize=256)
-
-        async def pump(request: PreprocessedRequest, state: ChoiceState) -> None:
-            try:
-                async with aclosing(
-                    self._choice_events(prepared, request, state, keep_text)
-                ) as choice_events:
-                    async for batch in choice_events:
-                        await queue.put(batch)
-                await queue.put(None)
-            except Exception as exc:
-                await queue.put(exc)
-
-        tasks = [
-            asyncio.create_task(pump(r, s)) for r, s in zip(prepared.requests, states, strict=True)
-        ]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield item
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _route_path(path: str) -> str:

@@ -8,7 +8,7 @@ POST, per request:
    then the `input` items (developer → system).
 3. Run them as a chat completion: the same admission, preprocess (chat template, context
    check), routing, migration and detokenization as `/v1/chat/completions`
-   (`FrontendApp._preprocess` / `_events`), one choice.
+   (`FrontendApp._preprocess` / `engine_events`), one choice.
 4. Answer with a Response object (`response_events.ResponseBuilder`), or stream its events.
 5. With `store` (OpenAI's default: true) keep the object and the conversation in the
    frontend's `ResponseStore` (bounded; see `response_store.py`) for `previous_response_id`,
@@ -21,7 +21,7 @@ import asyncio
 import re
 import time
 import urllib.parse
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +29,11 @@ import msgspec
 
 from tandem.errors import InvalidRequest, ServingError
 from tandem.frontend import errors as http_errors
+from tandem.frontend.engine_events import Events, engine_events
 from tandem.frontend.http_message import ClientDisconnected
 from tandem.frontend.http_server import HttpRequest, HttpResponse
 from tandem.frontend.metrics import TokenTimer
-from tandem.frontend.postprocess import ChoiceState, Event
+from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared
 from tandem.frontend.response import FLUSH_FIRST_TOKEN_PROMPT_TOKENS
 from tandem.frontend.response_events import ResponseBuilder, new_response_id
@@ -175,7 +176,7 @@ class ResponsesEndpoint:
             skip_special_tokens=prepared.skip_special_tokens,
         )
         try:
-            events = app._events(prepared, [state], keep_text=True)
+            events = engine_events(app.streamer, prepared, [state], keep_text=True)
             async with aclosing(events):
                 if req.stream:
                     await self._stream(response, prepared, state, events, b, timer, save)
@@ -198,7 +199,7 @@ class ResponsesEndpoint:
         response: HttpResponse,
         prepared: Prepared,
         state: ChoiceState,
-        events: AsyncGenerator[list[Event], None],
+        events: Events,
         b: ResponseBuilder,
         timer: TokenTimer,
         save: Callable[[ResponseBuilder], None],
@@ -216,7 +217,7 @@ class ResponsesEndpoint:
         response: HttpResponse,
         prepared: Prepared,
         state: ChoiceState,
-        events: AsyncGenerator[list[Event], None],
+        events: Events,
         b: ResponseBuilder,
         timer: TokenTimer,
         save: Callable[[ResponseBuilder], None],

@@ -38,9 +38,9 @@ from tandem.frontend.openapi import build_openapi
 from tandem.frontend.postprocess import ChoiceState, best_candidates
 from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.response import (
-    FLUSH_FIRST_TOKEN_PROMPT_TOKENS,
     ResponseFormat,
     cached_tokens,
+    flushes_first_token,
     usage,
 )
 from tandem.frontend.responses import ResponsesEndpoint
@@ -464,7 +464,7 @@ class FrontendApp:
         await response.start_stream()
         if fmt.chat:
             await response.write(b"".join(fmt.role_chunk(s.index) for s in states))
-        first, prompt_tokens = True, sum(prepared.prompt_lens)
+        flush_first = flushes_first_token(prepared)
         while batch is not None:
             timer.tokens(len(batch))
             chunks = []  # one SSE chunk per engine chunk; a batch's leave in one write
@@ -481,10 +481,9 @@ class FrontendApp:
                     chunks.append(fmt.chunk(state.index, text, logprobs, finish, running, calls))
             if chunks:
                 await response.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-                if first:  # a long prompt's first token leaves now, as its REQUEST did
-                    if prompt_tokens >= FLUSH_FIRST_TOKEN_PROMPT_TOKENS:
-                        response.flush()
-                    first = False
+                if flush_first:  # a long prompt's first token leaves now, as its REQUEST did
+                    response.flush()
+                    flush_first = False
             batch = await anext(events, None)
         if include_usage:
             await response.write(fmt.usage_chunk(usage(prepared, states)))

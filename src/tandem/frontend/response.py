@@ -179,6 +179,11 @@ def cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
 FLUSH_FIRST_TOKEN_PROMPT_TOKENS = 4096
 
 
+def flushes_first_token(prepared: Prepared) -> bool:
+    """Whether a stream of `prepared` sends its first token at once (a long prompt's)."""
+    return sum(prepared.prompt_lens) >= FLUSH_FIRST_TOKEN_PROMPT_TOKENS
+
+
 def usage(
     prepared: Prepared, states: list[ChoiceState], *, at: tuple[ChoiceState, int] | None = None
 ) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from tandem.frontend.http_server import HttpRequest, HttpResponse
 from tandem.frontend.metrics import TokenTimer
 from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared
-from tandem.frontend.response import FLUSH_FIRST_TOKEN_PROMPT_TOKENS
+from tandem.frontend.response import flushes_first_token
 from tandem.frontend.response_events import ResponseBuilder, new_response_id
 from tandem.frontend.response_store import ResponseStore
 from tandem.protocols.openai import ChatCompletionRequest, show_value
@@ -225,7 +225,7 @@ class ResponsesEndpoint:
         batch = await anext(events, None)  # errors before this point get a real status
         await response.start_stream()
         await response.write(b.start_events())
-        flush_first = sum(prepared.prompt_lens) >= FLUSH_FIRST_TOKEN_PROMPT_TOKENS
+        flush_first = flushes_first_token(prepared)
         try:
             while batch is not None:
                 timer.tokens(len(batch))

@@ -53,6 +53,9 @@ LINGER_BYTES = 1 << 20  # and how many at most
 # after a client's EOF, when to check that it is still reading: the first probe draws a reset
 # from a peer that closed for good (a loopback round trip), the second write then fails
 EOF_PROBE_DELAYS_S = (0.05, 0.5)
+# the first probe waits this long, so a quick answer (a health check) needs none: a probe
+# before the response is an interim 100 Continue, which a naive client may take for it
+EOF_FIRST_PROBE_S = 0.1
 Phase = Literal["idle", "head", "body"]
 
 
@@ -131,15 +134,22 @@ class HttpProtocol(asyncio.Protocol):
         self._arm_timer()
 
     def eof_received(self) -> bool | None:
+        """The client sent EOF: a half-close (shutdown(SHUT_WR)) still wants the answers to
+        every request it sent, a full close looks the same until a write meets the peer's
+        reset. So the write side stays open until every response owed is out (they may still
+        sit in the write buffer, or not be written yet), then the connection closes. Half a
+        request can never complete: after the earlier responses it is answered 400."""
         if self._closed:
             return None
-        if self.is_busy and self._phase == "idle":
-            # a half-close (shutdown(SHUT_WR)) still wants its answer, but a full close looks
-            # the same until a write meets the peer's reset: probe so the request is cancelled
-            self._eof = True
-            self._probe(0)
-            return True  # keep the write side open to answer
-        return None  # nothing to answer (or half a request): close
+        self._eof = True
+        if self._phase != "idle":
+            self._reject(400, b"connection closed by the client in the middle of a request")
+        if self.is_busy:
+            # probe, so that a client that closed for good has its request cancelled
+            self._probe_timer = self._loop.call_later(EOF_FIRST_PROBE_S, self._probe, 0)
+        elif not self._closed:
+            self.close()  # sends what is buffered first
+        return True  # keep the write side open until then (close() ends it)
 
     def _probe(self, num_done: int) -> None:
         """While answering a client that sent EOF: write something every client ignores
@@ -220,6 +230,13 @@ class HttpProtocol(asyncio.Protocol):
         if self._stopped:
             return
         self._phase = "body"
+        version = self._parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            # httptools reads a request line without a version as HTTP/0.9
+            got = "none" if version == "0.9" else f"HTTP/{version}"
+            message = f"request line needs HTTP/1.1 or HTTP/1.0 at its end (got {got})"
+            self._reject(400, message.encode())
+            return
         length = self._headers.get("content-length")
         limit = self._config.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
@@ -415,8 +432,8 @@ class HttpProtocol(asyncio.Protocol):
         assert transport is not None
         self._closed = True  # data_received drops everything from now on
         self._cancel_timers()
-        if not transport.can_write_eof():
-            transport.close()
+        if self._eof or not transport.can_write_eof():
+            transport.close()  # after the client's EOF: nothing to drop, no reset to avoid
             return
         transport.write_eof()
         if self._reading_paused:

@@ -238,6 +238,152 @@ def _recv_all(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+async def _routes(request: HttpRequest, response: HttpResponse) -> None:
+    """GET answers at once (a health check), POST after a moment (a worker's answer), /stream
+    is an event stream."""
+    if request.path == "/stream":
+        await response.start_stream()
+        for i in range(3):
+            await asyncio.sleep(0.01)
+            await response.write(b"data: %d\n\n" % i)
+        await response.end_stream()
+        return
+    if request.method == "POST":
+        await asyncio.sleep(0.05)
+    await response.send(200, f"{request.method} {request.path} ".encode() + request.body)
+
+
+def _parse_responses(data: bytes) -> list[tuple[bytes, bytes]]:
+    """(status line, body) of each final response in `data`, in order (chunked bodies
+    joined)."""
+    out = []
+    while data:
+        head, sep, data = data.partition(b"\r\n\r\n")
+        assert sep, f"truncated response head: {head!r}"
+        status, *lines = head.split(b"\r\n")
+        if status.split()[1].startswith(b"1"):
+            continue  # interim (a probe of a half-closed client): no body
+        headers = dict(line.lower().split(b": ", 1) for line in lines)
+        if b"content-length" in headers:
+            n = int(headers[b"content-length"])
+            body, data = data[:n], data[n:]
+        elif headers.get(b"transfer-encoding") == b"chunked":
+            body = b""
+            while True:
+                size, _, data = data.partition(b"\r\n")
+                chunk, data = data[: int(size, 16)], data[int(size, 16) + 2 :]
+                if not chunk:
+                    break
+                body += chunk
+        else:  # HTTP/1.0 stream: the rest
+            body, data = data, b""
+        out.append((status, body))
+    return out
+
+
+async def _half_closed_exchange(addr: tuple[str, int], sent: bytes) -> tuple[bytes, float]:
+    """Send `sent`, shut down the write side, read until the server closes (bounded)."""
+    sock = socket.create_connection(addr)
+    sock.sendall(sent)
+    sock.shutdown(socket.SHUT_WR)
+    start = asyncio.get_running_loop().time()
+    data = await asyncio.to_thread(_recv_all, sock)
+    return data, asyncio.get_running_loop().time() - start
+
+
+POST_A = b"POST /chat HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
+
+
+@pytest.mark.parametrize(
+    ("sent", "expected"),
+    [
+        (b"GET /live HTTP/1.1\r\nHost: h\r\n\r\n", [(b"200", b"GET /live ")]),
+        (POST_A, [(b"200", b"POST /chat hello")]),
+        (b"GET /stream HTTP/1.1\r\n\r\n", [(b"200", b"data: 0\n\ndata: 1\n\ndata: 2\n\n")]),
+        (
+            b"GET /a HTTP/1.1\r\n\r\n" + POST_A + b"GET /health HTTP/1.1\r\n\r\n"
+            b"POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+            b"GET /v1/models HTTP/1.1\r\n\r\n",
+            [
+                (b"200", b"GET /a "),
+                (b"200", b"POST /chat hello"),
+                (b"200", b"GET /health "),
+                (b"200", b"POST /b hi"),
+                (b"200", b"GET /v1/models "),
+            ],
+        ),
+        (
+            b"GET /a HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\n",
+            [(b"200", b"GET /a "), (b"200", b"GET /health "), (b"200", b"GET /v1/models ")],
+        ),
+        (b"GET /live HTTP/1.1\r\nConnection: close\r\n\r\n", [(b"200", b"GET /live ")]),
+        (b"GET /live HTTP/1.0\r\n\r\n", [(b"200", b"GET /live ")]),
+    ],
+    ids=[
+        "get",
+        "post-body",
+        "stream",
+        "pipelined",
+        "pipelined-gets",
+        "connection-close",
+        "http-1.0",
+    ],
+)
+async def test_complete_requests_then_half_close_are_all_answered_in_order(
+    sent: bytes, expected: list[tuple[bytes, bytes]]
+) -> None:
+    server = HttpServer(_routes)
+    addr = await server.start("127.0.0.1", 0)
+    data, _ = await _half_closed_exchange(addr, sent)  # _recv_all: closed within 5 s
+    got = [(status.split()[1], body) for status, body in _parse_responses(data)]
+    assert got == expected, data
+    await eventually(lambda: not server.connections)
+    await server.stop()
+
+
+async def test_a_quick_answer_to_a_half_closed_client_has_no_interim_response() -> None:
+    server = HttpServer(_routes)
+    addr = await server.start("127.0.0.1", 0)
+    data, _ = await _half_closed_exchange(addr, b"GET /live HTTP/1.1\r\n\r\n")
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n"), data  # not "100 Continue" first
+    await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("sent", "answered"),
+    [
+        (b"", []),
+        (b"GET /live HTTP/1.1\r\nHost: h\r\n", [b"400"]),
+        (b"POST /chat HTTP/1.1\r\nContent-Length: 50\r\n\r\nonly some", [b"400"]),
+        (b"GET /a HTTP/1.1\r\n\r\n" + POST_A + b"GET /b HT", [b"200", b"200", b"400"]),
+    ],
+    ids=["nothing", "half-a-head", "half-a-body", "pipelined-then-half"],
+)
+async def test_incomplete_request_then_half_close_is_400_and_closed_at_once(
+    sent: bytes, answered: list[bytes]
+) -> None:
+    server = HttpServer(_routes)
+    addr = await server.start("127.0.0.1", 0)
+    data, took_s = await _half_closed_exchange(addr, sent)
+    responses = _parse_responses(data)
+    assert [status.split()[1] for status, _ in responses] == answered, data
+    if answered and answered[-1] == b"400":
+        assert b"in the middle of a request" in responses[-1][1]
+    assert took_s < 1.0  # closed when the answers are out, not after a timeout
+    await eventually(lambda: not server.connections)
+    await server.stop()
+
+
+@pytest.mark.parametrize("line", [b"GET /live", b"GET /live HTTP/0.9"])
+async def test_request_line_without_http_1_version_is_400_and_closes(line: bytes) -> None:
+    server, reader, writer = await _serve(_echo)
+    writer.write(line + b"\r\n\r\n")
+    data = await _closed_within(reader, 5)
+    assert data.startswith(b"HTTP/1.1 400 "), data
+    assert b"needs HTTP/1.1 or HTTP/1.0" in data and b"connection: close" in data
+    await server.stop()
+
+
 async def test_pipelined_continue_and_error_wait_for_the_running_stream() -> None:
     release = asyncio.Event()
 

@@ -139,10 +139,11 @@ class PolicyRouter:
         live = self._instances.instances
         pinned = request.routing.worker_id if request.routing else None
         if pinned is not None:
-            if pinned not in live:
-                known = ", ".join(sorted(live)) or "none"
+            if pinned not in live:  # the live ids are the operator's, not the client's
+                shown = pinned if len(pinned) <= 64 else pinned[:64] + "..."
                 raise InvalidRequest(
-                    f"pinned worker_id '{pinned}' is not a live instance; live: {known}",
+                    f"pinned worker_id '{shown}' is unknown or not live; expected the id of a "
+                    "live worker (the operator's /health lists them)",
                     param="worker_id",
                 )
             if pinned in exclude:

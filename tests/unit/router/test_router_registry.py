@@ -62,8 +62,12 @@ async def test_pinning_and_errors() -> None:
     insts = StaticInstanceSet([inst(0), inst(1)])
     r = make_router("random", RouterConfig(seed=1), instances=insts)
     assert (await r.route(req(pinned="w1"))).instance_id == "w1"
-    with pytest.raises(InvalidRequest, match="'w9'"):
+    with pytest.raises(InvalidRequest, match="'w9' is unknown or not live") as err:
         await r.route(req(pinned="w9"))
+    assert "w0" not in str(err.value) and "w1" not in str(err.value)  # the fleet is not shown
+    with pytest.raises(InvalidRequest) as err:
+        await r.route(req(pinned="x" * 10_000))
+    assert len(str(err.value)) < 300  # nor a megabyte echoed back
     with pytest.raises(NoWorkersAvailable):
         await r.route(req(), exclude=frozenset({"w0", "w1"}))
     insts.remove("w0")

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import re
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -88,8 +89,9 @@ BAD_INPUTS: list[tuple[str, Any, str | None, str]] = [
     (COMPLETIONS, _completion(top_k=BIG), "top_k", "[1, 2147483647]"),
     (CHAT, _chat(min_tokens=BIG), "min_tokens", "[0, 2147483647]"),
     (COMPLETIONS, _completion(min_tokens=3), "min_tokens", "exceeds max_tokens=2"),
-    (COMPLETIONS, _completion(stop_token_ids=[BIG]), "stop_token_ids[0]", str(BIG)),
-    (CHAT, _chat(stop_token_ids=[7, -1]), "stop_token_ids[1]", "a token id >= 0"),
+    (COMPLETIONS, _completion(stop_token_ids=[BIG]), "stop_token_ids[0]", f"={BIG} is not"),
+    (COMPLETIONS, _completion(stop_token_ids=[BIG, 3, 49152]), "stop_token_ids[0]", "[0, 49152)"),
+    (CHAT, _chat(stop_token_ids=[7, -1]), "stop_token_ids[1]", "[1]=-1 is not a token id"),
     (COMPLETIONS, _completion(stop_token_ids=[49152]), "stop_token_ids[0]", "[0, 49152)"),
     (COMPLETIONS, _completion(max_tokens=BIG), "max_tokens", "[1, 2147483647]"),
     (CHAT, _chat(max_completion_tokens=BIG), "max_completion_tokens", "[1, 2147483647]"),
@@ -337,3 +339,48 @@ def test_max_fanout_is_a_flag_with_a_bounded_default() -> None:
     parser = argparse.ArgumentParser()
     add_frontend_args(parser)
     assert frontend_config_from_args(parser.parse_args(["--max-fanout", "9"])).max_fanout == 9
+
+
+def _half_closed(host: str, port: int, sent: bytes) -> bytes:
+    """Send `sent`, shut down the write side (as `nc -N` and some health checkers do) and
+    read until the server closes (5 s at most)."""
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(sent)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def test_every_route_kind_answers_a_half_closed_client_and_http_0_9_is_400() -> None:
+    async with AsyncExitStack() as exit_stack:
+        s = await _stack(exit_stack)
+        host, port = s.base.removeprefix("http://").rsplit(":", 1)
+
+        async def exchange(sent: bytes) -> bytes:
+            return await asyncio.to_thread(_half_closed, host, int(port), sent)
+
+        for path in ("/live", "/health", "/v1/models"):
+            data = await exchange(b"GET %s HTTP/1.1\r\nHost: h\r\n\r\n" % path.encode())
+            assert data.startswith(b"HTTP/1.1 200 OK\r\n"), (path, data[:200])
+        body = json.dumps(_chat()).encode()
+        post = b"POST %s HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n%s" % (
+            CHAT.encode(),
+            len(body),
+            body,
+        )
+        data = await exchange(post)
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n") and b'"finish_reason"' in data, data
+        data = await exchange(
+            b"GET /live HTTP/1.1\r\n\r\n" + post + b"GET /v1/models HTTP/1.1\r\n\r\n"
+        )
+        finals = re.findall(rb"HTTP/1\.1 (\d\d\d) ", data)
+        assert [s for s in finals if not s.startswith(b"1")] == [b"200"] * 3, data
+        assert (
+            data.index(b'"status":"live"')
+            < data.index(b'"finish_reason"')
+            < data.rindex(b'"object":"list"')
+        )
+        data = await exchange(b"GET /live\r\n\r\n")  # no HTTP version: HTTP/0.9
+        assert data.startswith(b"HTTP/1.1 400 ") and b"needs HTTP/1.1 or HTTP/1.0" in data

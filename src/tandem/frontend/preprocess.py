@@ -36,6 +36,7 @@ from tandem.protocols.engine import (
     token_u32,
 )
 from tandem.protocols.openai import (
+    MAX_INT32,
     ChatCompletionRequest,
     CompletionIdsRequest,
     CompletionRequest,
@@ -259,14 +260,28 @@ def _out_of_range(t: int, vocab: int | None, index: int) -> InvalidRequest:
     )
 
 
+MAX_IDS_SHOWN = 8  # of the offending ids an error names
+
+
 def _check_stop_ids(model: ServedModel, ids: list[int]) -> None:
-    vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
-    for i, t in enumerate(ids):
-        if vocab is not None and t >= vocab:
-            raise InvalidRequest(
-                f"stop_token_ids[{i}]={t} is invalid; expected a token id in [0, {vocab})",
-                param=f"stop_token_ids[{i}]",
-            )
+    """Raise InvalidRequest naming every stop token id outside [0, vocab_size) (the first
+    few of them), and the range; without a tokenizer, outside the int32 ids workers take."""
+    vocab = vocab_of(model)
+    end = vocab if vocab is not None else MAX_INT32 + 1
+    bad = [(i, t) for i, t in enumerate(ids) if not 0 <= t < end]
+    if not bad:
+        return
+    named = ", ".join(f"stop_token_ids[{i}]={show_value(t)}" for i, t in bad[:MAX_IDS_SHOWN])
+    if len(bad) > MAX_IDS_SHOWN:
+        named += f" and {len(bad) - MAX_IDS_SHOWN} more"
+    where = (
+        f"[0, {vocab}) (the model's vocab_size is {vocab})" if vocab is not None else f"[0, {end})"
+    )
+    raise InvalidRequest(
+        f"{named} {'is not a token id' if len(bad) == 1 else 'are not token ids'} of this "
+        f"model; expected ids in {where}",
+        param=f"stop_token_ids[{bad[0][0]}]",
+    )
 
 
 def _echo_texts(model: ServedModel, prompts: list[str | Sequence[int]]) -> list[str]:

@@ -1,6 +1,7 @@
-"""Migration for real (DESIGN.md §3 step 7): `tandem serve --migration-limit 3` with two mocker
-workers at real-time speed; a worker is SIGKILLed while every stream is mid-flight, and every
-client still gets one unbroken stream with the full number of tokens."""
+"""Migration for real (DESIGN.md §3 step 7): `tandem serve` with its default flags (migration
+on: `--migration-limit` 3) and two mocker workers at real-time speed; a worker is SIGKILLed
+while every stream is mid-flight, and every client still gets one unbroken stream with the
+full number of tokens. (`--migration-limit 3` given explicitly: test_migration_stall.py.)"""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class StreamLog:
 def served(tmp_path: Path) -> Iterator[tuple[TandemProcess, str]]:
     port = free_port()
     args = ["serve", "--engine", "mocker", "--workers", "2", "--speedup-ratio", "1"]
-    args += ["--migration-limit", "3", "--port", str(port), "--run-dir", str(tmp_path / "run")]
+    args += ["--port", str(port), "--run-dir", str(tmp_path / "run")]  # default: migration on
     proc = start_tandem("serve", args, tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -23,9 +23,11 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
     g.add_argument(
         "--migration-limit",
         type=int,
-        default=0,
+        default=3,
         metavar="N",
-        help="re-send a stream broken by a dead worker to another worker up to N times",
+        help="re-send a stream broken by a dead or frozen worker to another worker (prompt + "
+        "tokens so far; the client sees one stream) up to N times; 0: fail it instead "
+        "(default: 3, so a lost worker loses no request)",
     )
     g.add_argument(
         "--max-inflight-requests",

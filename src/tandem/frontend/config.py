@@ -67,7 +67,9 @@ class FrontendConfig:
     port: int = 8000
     router_policy: str = "round_robin"
     router: RouterConfig = field(default_factory=RouterConfig)
-    migration_limit: int = 0
+    # a stream broken by a dead or frozen worker moves on (migration costs the frontend
+    # nothing it does not keep anyway: it tracks each stream's tokens): see args.py
+    migration_limit: int = 3
     max_inflight_requests: int = 1024
     max_fanout: int = 128
     http: HttpConfig = field(default_factory=HttpConfig)

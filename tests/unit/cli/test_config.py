@@ -192,7 +192,7 @@ def test_env_booleans_lists_and_empty_values() -> None:
     }
     args = parse_args(_frontend(), [], env)
     assert (args.disagg, args.no_kv_events, args.api_key) == (True, True, ["a", "b"])
-    assert args.migration_limit == 0
+    assert args.migration_limit == 3  # the default: a lost worker loses no stream
     # a repeatable flag on the command line replaces the env list, it does not extend it
     assert parse_args(_frontend(), ["--api-key", "c"], env).api_key == ["c"]
     assert parse_args(_frontend(), ["--no-disagg"], env).disagg is False

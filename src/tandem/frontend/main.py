@@ -63,6 +63,7 @@ async def serve_frontend(
         migration_limit=config.migration_limit,
         on_migrate=lambda model: metrics.migrations.labels(model).inc(),
         stall=config.stall,
+        on_routed=metrics.queue_wait,
     )
     aggregated = streamer
     pool = prefill = None

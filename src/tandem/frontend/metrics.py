@@ -147,6 +147,11 @@ class FrontendMetrics:
         if self.interval is not None:
             self.interval.arrived(model)
 
+    def queue_wait(self, model: str, seconds: float) -> None:
+        """One dispatch waited `seconds` for the router's decision (its queue included)."""
+        if self.interval is not None:
+            self.interval.queue_wait(model, seconds)
+
     def first_token(self, model: str, seconds: float) -> None:
         s = self._of(model)
         s.queued.dec()

@@ -47,11 +47,15 @@ class EngineStreamer:
         migration_limit: int = 0,
         on_migrate: Callable[[str], None] | None = None,
         stall: StallConfig | None = None,
+        on_routed: Callable[[str, float], None] | None = None,
     ) -> None:
+        """`on_routed(model, seconds)`: each dispatch, the time its route call took (the
+        router's queue, when every worker is busy, included): the planner's queue wait."""
         self._client = client
         self._path = endpoint_path
         self._limit = migration_limit
         self._on_migrate = on_migrate
+        self._on_routed = on_routed
         stall = stall or StallConfig()
         self.health: WorkerHealth | None = WorkerHealth(stall) if stall.enabled else None
 
@@ -99,7 +103,10 @@ class EngineStreamer:
             while True:
                 suspects = health.excluded() if health is not None else frozenset()
                 with tracing.use(migration):  # its route and worker spans are its children
+                    asked = time.perf_counter()
                     decision = await router.route(current, exclude=frozenset(excluded) | suspects)
+                    if self._on_routed is not None:
+                        self._on_routed(current.model, time.perf_counter() - asked)
                     rid = current.request_id
                     stream = self._client.stream(
                         decision.address,

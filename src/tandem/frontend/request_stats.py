@@ -1,8 +1,9 @@
 """Per-interval request statistics for the planner (DESIGN.md §11), published on the event plane.
 
-`RequestStatsCollector` is fed by the frontend's metrics (arrivals, TTFT, ITL, ISL/OSL, cached
-tokens, outcomes) and cut into one `RequestStats` per model per interval; `publish_request_stats`
-sends them on `{namespace}.frontend.request_stats` every `interval_s`.
+`RequestStatsCollector` is fed by the frontend's metrics (arrivals, queue wait before dispatch,
+TTFT, ITL, ISL/OSL, cached tokens, outcomes) and cut into one `RequestStats` per model per
+interval; `publish_request_stats` sends them on `{namespace}.frontend.request_stats` every
+`interval_s`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ class RequestStatsCollector:
         row = self._row(model)
         row.num_itl += 1
         row.sum_itl_ms += seconds * 1000.0
+
+    def queue_wait(self, model: str, seconds: float) -> None:
+        row = self._row(model)
+        row.num_dispatched += 1
+        row.sum_queue_wait_ms += seconds * 1000.0
+        row.max_queue_wait_ms = max(row.max_queue_wait_ms, seconds * 1000.0)
 
     def finished(self, model: str, *, isl: float, osl: float) -> None:
         row = self._row(model)

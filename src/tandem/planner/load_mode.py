@@ -15,11 +15,17 @@ below 1) multiplies the survivors' predictions in the scale-down test, so a mode
 optimistic on a live fleet does not drain a worker the measured latency still needs (scale-up
 needs no such factor: it already answers to the measured means).
 
-Scale up by one when every worker's TTFT or every worker's ITL is over its target (or the
-frontends measured a mean TTFT/ITL over target in the last interval). Scale down by one when
-the frontends' measured means are under target × margin and the n−1 survivors, each taking
-1/(n−1) of the pool's total waiting, prefill and decode load, stay under target ×
-margin and the pool's active KV blocks fit in theirs × kv_fit_fraction.
+Queue wait: a request that finds every worker over the router's busy thresholds waits in the
+router's queue, which no worker's `num_waiting` shows. The frontends measure that wait per
+dispatch (`PoolTraffic.mean_queue_wait_ms`); it is added to every worker's predicted TTFT
+(it comes before any of them), and to the survivors' as q·n/(n−1) (the same queue drained by
+fewer workers).
+
+Scale up by one when every worker's TTFT (queue wait included) or every worker's ITL is over
+its target (or the frontends measured a mean TTFT/ITL over target in the last interval). Scale
+down by one when the frontends' measured means are under target × margin and the n−1
+survivors, each taking 1/(n−1) of the pool's total waiting, prefill and decode load, stay under
+target × margin and the pool's active KV blocks fit in theirs × kv_fit_fraction.
 """
 
 from __future__ import annotations
@@ -95,7 +101,8 @@ def fleet_means(
     if not busy:
         return None, None
     isl = _effective_isl(pool)
-    ttfts = [_worker_ttft(model, w, isl, 1.0) for w in busy]
+    queued = queue_wait_ms(pool)  # measured: part of what the frontends' TTFT counts
+    ttfts = [_worker_ttft(model, w, isl, 1.0) + queued for w in busy]
     itls = [
         predict_itl_ms(
             model, prefill_tokens_per_s=w.prefill_tokens_per_s, decode_kv=w.decode_kv_tokens
@@ -123,7 +130,10 @@ def decide(
     if not workers:
         return Verdict(0, "no ready workers")
     isl = _effective_isl(pool)
-    ttfts = [_worker_ttft(model, w, isl, growth) if kind != "decode" else 0.0 for w in workers]
+    queued = queue_wait_ms(pool) if kind != "decode" else 0.0
+    ttfts = [
+        _worker_ttft(model, w, isl, growth) + queued if kind != "decode" else 0.0 for w in workers
+    ]
     itls = [
         predict_itl_ms(
             model,
@@ -136,7 +146,11 @@ def decide(
     ]
     t = pool.traffic if kind == "aggregated" else None
     if min(ttfts) > cfg.ttft_target_ms:
-        return Verdict(+1, f"every worker's predicted TTFT > target (min {min(ttfts):.0f} ms)")
+        return Verdict(
+            +1,
+            f"every worker's predicted TTFT > target (min {min(ttfts):.0f} ms, of it "
+            f"{queued:.0f} ms measured queue wait before dispatch)",
+        )
     if min(itls) > cfg.itl_target_ms:
         return Verdict(+1, f"every worker's predicted ITL > target (min {min(itls):.1f} ms)")
     if t is not None and t.mean_ttft_ms is not None and t.mean_ttft_ms > cfg.ttft_target_ms:
@@ -148,7 +162,13 @@ def decide(
         return Verdict(0, f"measured mean TTFT {t.mean_ttft_ms:.0f} ms is over target × margin")
     if t is not None and t.mean_itl_ms is not None and t.mean_itl_ms > cfg.itl_target_ms * hot:
         return Verdict(0, f"measured mean ITL {t.mean_itl_ms:.1f} ms is over target × margin")
-    return _scale_down_verdict(workers, model, cfg, isl, kind, calibration)
+    return _scale_down_verdict(workers, model, cfg, isl, kind, calibration, queued)
+
+
+def queue_wait_ms(pool: PoolObservation) -> float:
+    """The frontends' measured mean wait before dispatch (0 without traffic)."""
+    t = pool.traffic
+    return t.mean_queue_wait_ms or 0.0 if t is not None else 0.0
 
 
 def _scale_down_verdict(
@@ -158,6 +178,7 @@ def _scale_down_verdict(
     isl: float,
     kind: str,
     calibration: Calibration,
+    queued: float = 0.0,
 ) -> Verdict:
     n = len(workers)
     if n < 2:
@@ -168,7 +189,7 @@ def _scale_down_verdict(
     prefill_rate = sum(w.prefill_tokens_per_s for w in workers) / survivors
     chunk = min(w.max_num_batched_tokens for w in workers)
     ttft = predict_ttft_ms(model, num_waiting=waiting, isl=isl, decode_kv=decode_kv, chunk=chunk)
-    ttft *= calibration.ttft
+    ttft = (ttft + queued * n / survivors) * calibration.ttft
     itl = predict_itl_ms(model, prefill_tokens_per_s=prefill_rate, decode_kv=decode_kv)
     itl *= calibration.itl
     if kind == "decode":

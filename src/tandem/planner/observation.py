@@ -42,6 +42,9 @@ class PoolTraffic:
     cached_fraction: float = 0.0  # share of prompt tokens served from the prefix cache
     mean_ttft_ms: float | None = None
     mean_itl_ms: float | None = None
+    # per dispatch, the wait for the router's decision: > 0 when every worker was over a busy
+    # threshold and requests queued in the router, a wait the workers' own queues do not show
+    mean_queue_wait_ms: float | None = None
 
     @property
     def request_rate(self) -> float:
@@ -54,6 +57,7 @@ class PoolTraffic:
         sum_isl = sum(r.sum_isl for r in rows)
         num_ttft = sum(r.num_ttft for r in rows)
         num_itl = sum(r.num_itl for r in rows)
+        num_dispatched = sum(r.num_dispatched for r in rows)
         return PoolTraffic(
             interval_s=interval_s,
             num_arrivals=arrivals,
@@ -63,6 +67,9 @@ class PoolTraffic:
             cached_fraction=sum(r.sum_cached_tokens for r in rows) / sum_isl if sum_isl else 0.0,
             mean_ttft_ms=sum(r.sum_ttft_ms for r in rows) / num_ttft if num_ttft else None,
             mean_itl_ms=sum(r.sum_itl_ms for r in rows) / num_itl if num_itl else None,
+            mean_queue_wait_ms=(
+                sum(r.sum_queue_wait_ms for r in rows) / num_dispatched if num_dispatched else None
+            ),
         )
 
 

@@ -42,6 +42,7 @@ class TickRecord:
     draining: dict[str, int]
     request_rate: float
     actions: list[ScaleAction]
+    queue_wait_ms: float | None = None  # the frontends' mean wait before dispatch
 
 
 class PlannerService:
@@ -134,6 +135,7 @@ class PlannerService:
                 draining={c: len(o.draining) for c, o in observations.items()},
                 request_rate=traffic.request_rate,
                 actions=actions,
+                queue_wait_ms=traffic.mean_queue_wait_ms,
             )
         )
         return actions

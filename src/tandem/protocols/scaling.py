@@ -61,6 +61,11 @@ class RequestStats(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_ttft_ms: float = 0.0
     num_itl: int = 0  # inter-token gaps
     sum_itl_ms: float = 0.0
+    # each dispatch: time from asking the router to its decision (its queue, when every
+    # worker is over a busy threshold, and the choice itself)
+    num_dispatched: int = 0
+    sum_queue_wait_ms: float = 0.0
+    max_queue_wait_ms: float = 0.0
 
 
 _encoder = msgspec.msgpack.Encoder()

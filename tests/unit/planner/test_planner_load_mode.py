@@ -116,3 +116,33 @@ def test_fleet_means_cover_the_busy_workers() -> None:
     assert itl == pytest.approx(20.0)  # a alone: 10 + 0.001 · 10000
     assert ttft == pytest.approx(10 + 0.1 * 1000 + 0.001 * 10_000)
     assert load_mode.fleet_means(_pool(idle), MODEL) == (None, None)
+
+
+def _queued(wait_ms: float | None) -> PoolTraffic:
+    return PoolTraffic(interval_s=1.0, num_arrivals=5, num_finished=5, mean_isl=1000.0,
+                       mean_osl=100.0, mean_queue_wait_ms=wait_ms)  # fmt: skip
+
+
+def test_measured_queue_wait_before_dispatch_counts_in_every_workers_ttft() -> None:
+    # alone each worker predicts 110 ms (< 300); requests held 250 ms in the router's queue
+    # first: no worker can answer within 300 ms
+    idle = [WorkerView(worker_id=i, num_inflight=1, num_total_blocks=100) for i in "ab"]
+    assert load_mode.decide(_pool(*idle, traffic=_queued(None)), MODEL, CFG).delta != +1
+    v = load_mode.decide(_pool(*idle, traffic=_queued(250.0)), MODEL, CFG)
+    assert v.delta == +1 and "250 ms measured queue wait" in v.reason
+    # a decode pool's TTFT is not its to meet
+    assert load_mode.decide(_pool(*idle, traffic=_queued(250.0)), MODEL, CFG, "decode").delta != +1
+
+
+def test_queue_wait_keeps_a_pool_from_scaling_down() -> None:
+    idle = [WorkerView(worker_id=i, num_total_blocks=100) for i in "ab"]
+    assert load_mode.decide(_pool(*idle, traffic=_queued(0.0)), MODEL, CFG).delta == -1
+    # the survivor: 110 ms + 60 ms × 2/1 queued = 230 ms > 300 × 0.7
+    v = load_mode.decide(_pool(*idle, traffic=_queued(60.0)), MODEL, CFG)
+    assert v.delta == 0 and "survivors' TTFT 230 ms" in v.reason
+
+
+def test_fleet_means_include_the_queue_wait_the_frontends_measured() -> None:
+    busy = WorkerView(worker_id="a", num_inflight=1, num_total_blocks=100)
+    ttft, _ = load_mode.fleet_means(_pool(busy, traffic=_queued(40.0)), MODEL)
+    assert ttft == pytest.approx(110.0 + 40.0)

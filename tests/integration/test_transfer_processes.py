@@ -122,7 +122,7 @@ class Peer:
     ):
         args = [sys.executable, __file__, agent_id, backends, "1" if shm else "0", str(seed)]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        hello = self.read(20)
+        hello = self.read(60)  # nixl imports torch (to find CUDA): seconds on a busy host
         self.address, self.pid = tuple(hello["address"]), hello["pid"]
 
     def send(self, cmd: str, **kwargs: object) -> None:
@@ -163,14 +163,29 @@ def segments_of(pid: int) -> list[str]:
     return [n for n in os.listdir(SHM_DIR) if n.startswith(f"tandem-{pid}-")]
 
 
+# each backend with the ones it is tried before (nixl: UCX between the two processes, its
+# progress thread in each; only the exactness tests run it, the faults are the layer's own)
+BACKENDS = {"shm": "shm,tcp", "nixl": "nixl,tcp", "mooncake": "mooncake,tcp", "tcp": "tcp"}
+OPTIONAL = {  # what `make venv` installs for them
+    "nixl": ("nixl", "make venv installs nixl==1.5.1"),
+    "mooncake": ("mooncake.engine", "make venv installs mooncake-transfer-engine-non-cuda and "
+                 "Debian's libibverbs1 (its TCP transport needs no RDMA device)"),
+}  # fmt: skip
+EVERY_BACKEND = pytest.mark.parametrize("backend", list(BACKENDS), indirect=True)
+
+
 @pytest.fixture(params=["shm", "tcp"])
 def backend(request: pytest.FixtureRequest) -> str:
+    if request.param in OPTIONAL:
+        from tests.support.optional import require  # not importable where this file is the peer
+
+        require(*OPTIONAL[request.param])
     return str(request.param)
 
 
 @pytest.fixture
 def local(backend: str) -> Iterator[TransferAgent]:
-    backends = ("shm", "tcp") if backend == "shm" else ("tcp",)
+    backends = tuple(BACKENDS[backend].split(","))
     agent = TransferAgent(TransferAgentConfig(agent_id="local", backends=backends))
     agent.create_region("kv", LAYOUT).data[:] = np.random.default_rng(9).integers(
         0, 256, LAYOUT.span_bytes, np.uint8)  # fmt: skip
@@ -182,7 +197,7 @@ def local(backend: str) -> Iterator[TransferAgent]:
 
 @pytest.fixture
 def peer(backend: str) -> Iterator[Peer]:
-    p = Peer("peer", "shm,tcp" if backend == "shm" else "tcp")
+    p = Peer("peer", BACKENDS[backend])
     yield p
     p.close()
     if p.proc.returncode != 0:  # killed: its segment stays until an agent sweeps it
@@ -194,6 +209,7 @@ def local_blocks(agent: TransferAgent, ids: list[int]) -> np.ndarray:
     return agent.region("kv").blocks()[:, :, ids]
 
 
+@EVERY_BACKEND
 def test_pull_from_another_process_is_exact(local: TransferAgent, peer: Peer, backend: str) -> None:
     meta = peer.meta("readable", [5, 6, 7, 20])
     result = local.pull(meta, "kv", [0, 1, 2, 3], timeout_s=5)
@@ -201,6 +217,7 @@ def test_pull_from_another_process_is_exact(local: TransferAgent, peer: Peer, ba
     assert np.array_equal(local_blocks(local, [0, 1, 2, 3]), peer.blocks([5, 6, 7, 20]))
 
 
+@EVERY_BACKEND
 def test_push_into_another_process_is_exact(local: TransferAgent, peer: Peer, backend: str) -> None:
     op = local.create_writable("kv", [10, 11, 30])
     peer.send(

@@ -1,5 +1,6 @@
-"""The optional RDMA-capable backends (Mooncake, NIXL) move blocks exactly, each tried with
-TCP as the fallback; skipped where the package is absent or its engine does not start."""
+"""The optional RDMA-capable backends (Mooncake over its TCP transport, NIXL over UCX) move
+blocks exactly, each tried with TCP as the fallback. `make venv` installs both; where one is
+absent or its engine does not start the test skips, except under CI=true, where it fails."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from tests.support.optional import in_ci, require
 
 from tandem.disagg.transfer import OpStatus, RegionLayout, TransferAgent, TransferAgentConfig
 
@@ -19,26 +21,28 @@ LAYOUT = RegionLayout.for_kv_cache(
 
 class Backend(NamedTuple):
     name: str
-    module: str  # imported only to skip when absent
+    module: str  # imported first: a skip (CI: a failure) says why it does not import
+    install: str
     agent_prefix: str
-    not_started: str  # skip reason when installed but not usable
 
 
 BACKENDS = [
-    Backend("mooncake", "mooncake.engine", "mc", "its engine did not start"),
-    Backend("nixl", "nixl", "nixl", "its UCX backend did not start"),
-]
+    Backend("mooncake", "mooncake.engine", "make venv installs mooncake-transfer-engine-non-cuda "
+            "and Debian's libibverbs1 (make libibverbs)", "mc"),
+    Backend("nixl", "nixl", "make venv installs nixl==1.5.1", "nixl"),
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=BACKENDS, ids=lambda b: b.name)
 def agents(request):
     backend: Backend = request.param
-    pytest.importorskip(backend.module, reason=f"{backend.name} is optional")
+    require(backend.module, backend.install)
     backends = (backend.name, "tcp")
     a = TransferAgent(TransferAgentConfig(agent_id=f"{backend.agent_prefix}-a", backends=backends))
     b = TransferAgent(TransferAgentConfig(agent_id=f"{backend.agent_prefix}-b", backends=backends))
-    if backend.name not in a.backend_names:
-        pytest.skip(f"{backend.name} is installed but {backend.not_started}")
+    if backend.name not in a.backend_names:  # the reason is in the INFO log
+        reason = f"{backend.name} imports but its engine did not start on 127.0.0.1"
+        pytest.fail(reason) if in_ci() else pytest.skip(reason)
     rng = np.random.default_rng(5)
     a.register_region("kv", rng.integers(0, 256, LAYOUT.span_bytes, np.uint8), LAYOUT)
     b.register_region("kv", np.zeros(LAYOUT.span_bytes, np.uint8), LAYOUT)

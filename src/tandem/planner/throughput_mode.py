@@ -12,8 +12,13 @@ OSL, and turn a measured engine profile into replicas per pool.
   only while ρ ≤ 1 − d / (target × margin); the prefill utilisation is capped by that and by
   the TTFT bound (M/D/1 at TTFT target × margin): replicas = ⌈rate · S / min(ρ_ttft, ρ_itl)⌉,
   d taken at the batch each replica then decodes (a few fixed-point rounds).
-A target the engine cannot meet even alone (S ≥ T, ITL(1) > target) falls back to ρ = 0.5
-and b = 1: the forecast load is still served, as close to the target as the engine allows.
+The prefill utilisation is never planned below ρ = 0.5: a target the engine meets only
+below it (S > 2T/3) or cannot meet even alone (S ≥ T) runs at ρ = 0.5, and an ITL target
+unmet at b = 1 decodes with b = 1, so the forecast load is still served as close to the
+target as the engine allows, and longer prompts never ask for fewer replicas.
+Degenerate forecasts are defined: a rate of 0 wants 0 engines, prompts of 0 tokens (or a
+profile that prefills in 0 ms) want only the decode share, and NaN, ±inf or negative
+fields read 0 (the hit rate is clamped into [0, 1]); every share is finite and ≥ 0.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from tandem.engines.profile import EngineProfile
 from tandem.planner.predictor import Predictor, make_predictor
 
 MIN_UTILISATION = 0.5  # when the target is unreachable
+MAX_OBSERVED = 1e12  # req/s or tokens: beyond any real interval, far from float overflow
+MAX_REPLICAS = 1_000_000  # a bound on any answer (the planner caps at the pool's max_workers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +40,10 @@ class Forecast:
     isl: float
     osl: float
     kv_hit_rate: float = 0.0
+
+
+def _observed(x: float) -> float:
+    return min(max(x, 0.0), MAX_OBSERVED)
 
 
 class TrafficForecaster:
@@ -46,11 +57,16 @@ class TrafficForecaster:
         self.num_observed = 0
 
     def observe(self, rate: float, isl: float | None, osl: float | None, hit: float) -> None:
-        self._rate.observe(rate)
+        """Non-finite values (a 0/0 upstream) are not observed, the others are clamped into
+        [0, MAX_OBSERVED] (the hit rate into [0, 1]): every forecast stays finite."""
+        if math.isfinite(rate):
+            self._rate.observe(_observed(rate))
         if isl is not None and osl is not None:  # lengths only from intervals that finished any
-            self._isl.observe(isl)
-            self._osl.observe(osl)
-            self._hit.observe(hit)
+            if math.isfinite(isl) and math.isfinite(osl):
+                self._isl.observe(_observed(isl))
+                self._osl.observe(_observed(osl))
+            if math.isfinite(hit):
+                self._hit.observe(min(max(hit, 0.0), 1.0))
         self.num_observed += 1
 
     def forecast(self) -> Forecast:
@@ -62,21 +78,57 @@ class TrafficForecaster:
         )
 
 
-def prefill_share(f: Forecast, profile: EngineProfile, ttft_target_ms: float) -> float:
-    """Engines' worth of prefill work (unrounded) to keep TTFT under target."""
-    isl_eff = f.isl * (1.0 - f.kv_hit_rate)
-    if f.request_rate <= 0 or isl_eff <= 0:
-        return 0.0
-    service_s = profile.ttft_ms(isl_eff) / 1000.0
-    target_s = ttft_target_ms / 1000.0
+def _amount(x: float) -> float:
+    """A forecast quantity as a finite amount ≥ 0: NaN, ±inf and negatives carry no usable
+    information (the forecaster never yields them; a caller's arithmetic might) and read 0."""
+    return x if math.isfinite(x) and x > 0 else 0.0
+
+
+def _bounded(share: float) -> float:
+    """A share within [0, MAX_REPLICAS]: an overflow (a profile extrapolated far past its
+    grid) asks for the most, never for an infinite or NaN count."""
+    return share if 0.0 <= share <= MAX_REPLICAS else (0.0 if share < 0 else float(MAX_REPLICAS))
+
+
+def _clean(f: Forecast) -> Forecast:
+    hit = f.kv_hit_rate if math.isfinite(f.kv_hit_rate) else 0.0
+    return Forecast(
+        request_rate=_amount(f.request_rate),
+        isl=_amount(f.isl),
+        osl=_amount(f.osl),
+        kv_hit_rate=min(max(hit, 0.0), 1.0),
+    )
+
+
+def _prefill_utilisation(service_s: float, target_s: float) -> float:
+    """Largest M/D/1 utilisation whose mean TTFT stays under `target_s` (MIN_UTILISATION
+    when even an idle engine misses it), within [MIN_UTILISATION, 0.95]."""
     if service_s >= target_s:
-        rho = MIN_UTILISATION
-    else:
-        rho = min(2 * (target_s - service_s) / (2 * target_s - service_s), 0.95)
-    return f.request_rate * service_s / rho
+        return MIN_UTILISATION
+    return min(max(2 * (target_s - service_s) / (2 * target_s - service_s), MIN_UTILISATION), 0.95)
+
+
+def _decode_utilisation(step_ms: float, target_ms: float) -> float:
+    """Largest share of time prefill may take while steps of `step_ms` stretched by it stay
+    under `target_ms`, within [0.05, 1]."""
+    if target_ms <= 0:
+        return 0.05
+    return min(max(1.0 - step_ms / target_ms, 0.05), 1.0)
+
+
+def prefill_share(f: Forecast, profile: EngineProfile, ttft_target_ms: float) -> float:
+    """Engines' worth of prefill work (unrounded, finite, ≥ 0) to keep TTFT under target."""
+    f = _clean(f)
+    service_s = profile.ttft_ms(f.isl * (1.0 - f.kv_hit_rate)) / 1000.0
+    if f.request_rate <= 0 or service_s <= 0:
+        return 0.0
+    rho = _prefill_utilisation(service_s, ttft_target_ms / 1000.0)
+    return _bounded(f.request_rate * service_s / rho)
 
 
 def best_decode_batch(f: Forecast, profile: EngineProfile, itl_target_ms: float) -> int:
+    """The largest batch (≥ 1) whose ITL at the mean context meets the target and whose KV fits."""
+    f = _clean(f)
     context = f.isl + f.osl / 2
     per_seq_kv = max(f.isl + f.osl, 1.0)
     cap = min(profile.max_num_seqs, int(profile.kv_capacity_tokens // per_seq_kv))
@@ -92,32 +144,51 @@ def best_decode_batch(f: Forecast, profile: EngineProfile, itl_target_ms: float)
 
 
 def decode_share(f: Forecast, profile: EngineProfile, itl_target_ms: float) -> float:
+    """Engines' worth of decode work (unrounded, finite, ≥ 0) to keep ITL under target."""
+    f = _clean(f)
     if f.request_rate <= 0 or f.osl <= 0:
         return 0.0
     batch = best_decode_batch(f, profile, itl_target_ms)
     itl_s = profile.itl_ms(batch, f.isl + f.osl / 2) / 1000.0
     concurrent = f.request_rate * f.osl * itl_s
-    return concurrent / batch
+    return _bounded(concurrent / batch)
 
 
 def aggregated_share(
     f: Forecast, profile: EngineProfile, ttft_target_ms: float, itl_target_ms: float, margin: float
 ) -> float:
+    """Engines' worth of work (unrounded, finite, ≥ 0) when every engine both prefills and
+    decodes: the least n with n ≥ g(n) = rate · S / min(ρ_ttft, ρ_itl(d(batch(n)))), where
+    each of max(n, 1) engines decodes rate · OSL · d(1) / max(n, 1) sequences; and at least
+    the decode pool's share. g falls as n grows (smaller batches, shorter steps), so the
+    least fixed point is found by bisection and grows with the rate."""
+    f = _clean(f)
     if f.request_rate <= 0:
         return 0.0
-    isl_eff = f.isl * (1.0 - f.kv_hit_rate)
-    service_s = profile.ttft_ms(isl_eff) / 1000.0
-    by_ttft = prefill_share(f, profile, ttft_target_ms * margin)
-    rho_ttft = f.request_rate * service_s / by_ttft if by_ttft else 0.95
+    decode = decode_share(f, profile, itl_target_ms * margin)
+    service_s = profile.ttft_ms(f.isl * (1.0 - f.kv_hit_rate)) / 1000.0
+    if service_s <= 0:  # no prompt work: decode alone sizes the pool
+        return decode
     context = f.isl + f.osl / 2
-    n = max(by_ttft, 1.0)
-    for _ in range(4):
-        d_ms = profile.itl_ms(1, context)
-        batch = max(f.request_rate * f.osl * d_ms / 1000.0 / n, 1.0)
-        d_ms = profile.itl_ms(batch, context)
-        rho_itl = max(1.0 - d_ms / (itl_target_ms * margin), 0.05)
-        n = f.request_rate * service_s / min(rho_ttft, rho_itl)
-    return max(n, decode_share(f, profile, itl_target_ms * margin))
+    work = f.request_rate * service_s  # engines' worth of prefill at 100 % utilisation
+    rho_ttft = _prefill_utilisation(service_s, ttft_target_ms * margin / 1000.0)
+    in_flight = f.request_rate * f.osl * profile.itl_ms(1, context) / 1000.0
+
+    def g(n: float) -> float:
+        batch = max(in_flight / max(n, 1.0), 1.0)
+        rho_itl = _decode_utilisation(profile.itl_ms(batch, context), itl_target_ms * margin)
+        return work / min(rho_ttft, rho_itl)
+
+    # at hi every engine decodes one sequence, so g(hi) = g(∞) ≤ hi: a fixed point lies below
+    hi = max(in_flight, 1.0, g(math.inf))
+    lo = 0.0
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        if mid >= g(mid):
+            hi = mid
+        else:
+            lo = mid
+    return _bounded(max(hi, decode))
 
 
 def replicas(

@@ -65,3 +65,41 @@ def test_zero_traffic_wants_zero() -> None:
 def test_unreachable_ttft_still_serves_the_load() -> None:
     f = Forecast(request_rate=4.0, isl=10_000.0, osl=0.0)  # S = 1 s > target
     assert tm.prefill_share(f, linear_profile(), 500.0) == pytest.approx(4.0 * 1.0 / 0.5)
+
+
+def test_requests_counted_before_any_tokens_want_no_prefill_and_do_not_raise() -> None:
+    # the planner's first intervals: a rate is counted before any request finished (ISL = OSL = 0)
+    f = Forecast(request_rate=0.2, isl=0.0, osl=0.0)
+    for kind in ("prefill", "decode", "aggregated"):
+        assert tm.replicas(kind, f, linear_profile(), 1000.0, 50.0) == 0
+
+
+def test_a_profile_that_prefills_in_no_time_is_sized_by_decode_alone() -> None:
+    free = EngineProfile(
+        engine="test", model="m", block_size=16, num_total_blocks=10_000, max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        prefill=PrefillCurve(isl=[100, 10_000], ttft_ms=[0.0, 0.0]),
+        decode=linear_profile().decode,
+    )  # fmt: skip
+    f = Forecast(request_rate=20.0, isl=100.0, osl=100.0)
+    agg = tm.aggregated_share(f, free, 300.0, 50.0, 1.0)
+    assert agg == pytest.approx(tm.decode_share(f, free, 50.0))
+    assert tm.prefill_share(f, free, 300.0) == 0.0
+
+
+def test_non_finite_forecast_fields_read_as_nothing() -> None:
+    f = Forecast(request_rate=10.0, isl=float("nan"), osl=float("inf"), kv_hit_rate=float("nan"))
+    assert tm.aggregated_share(f, linear_profile(), 300.0, 50.0, 0.7) == 0.0
+    assert (
+        tm.replicas("prefill", Forecast(float("inf"), 1000.0, 10.0), linear_profile(), 300.0, 50.0)
+        == 0
+    )
+
+
+def test_prefill_never_planned_below_half_utilisation() -> None:
+    # S = 0.9 s just under the 1 s target: M/D/1 allows rho = 0.2/1.1; planned at 0.5 instead,
+    # the same as a prompt just over the target, so a longer prompt never wants fewer engines
+    under = tm.prefill_share(Forecast(1.0, 9000.0, 0.0), linear_profile(), 1000.0)
+    over = tm.prefill_share(Forecast(1.0, 10_000.0, 0.0), linear_profile(), 1000.0)
+    assert under == pytest.approx(0.9 / 0.5)
+    assert over == pytest.approx(1.0 / 0.5) and over >= under

@@ -388,7 +388,23 @@ def parse_known_args(
         resolve_defaults(parser, argv, environ)
     except ConfigError as exc:
         parser.error(str(exc))
-    return parser.parse_known_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    _check_tracing(parser, args)
+    return args, rest
+
+
+def _check_tracing(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An OTLP endpoint (flag, env or config file) needs the tracing extra: without it the
+    command exits here, naming the extra, not at its first span with an import traceback."""
+    endpoint = getattr(args, "otlp_endpoint", "")
+    if not endpoint:
+        return
+    from tandem.runtime.tracing import INSTALL_HINT, missing_extra
+
+    why = missing_extra()
+    if why is not None:
+        parser.error(f"--otlp-endpoint {endpoint} needs the tracing extra ({why}): "
+                     f"{INSTALL_HINT}")  # fmt: skip
 
 
 def early_value(

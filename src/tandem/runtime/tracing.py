@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import logging
 import re
 from collections.abc import Iterator
@@ -34,6 +35,23 @@ _NOOP = contextlib.nullcontext(None)
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 SERVER, CLIENT, INTERNAL = "server", "client", "internal"
+# what `configure` imports: the `tracing` extra (pyproject.toml), not a default dependency
+INSTALL_HINT = "pip install 'tandem[tracing]'"
+_EXTRA_MODULES = (
+    "opentelemetry.sdk.trace",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+)
+
+
+def missing_extra() -> str | None:
+    """Why `configure` cannot run in this environment (a module of the tracing extra does not
+    import), or None when it can."""
+    for name in _EXTRA_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            return f"{exc.name or name} is not installed"
+    return None
 
 
 def configure(endpoint: str, service_name: str, *, exporter: Any = None) -> None:

@@ -14,6 +14,7 @@ from tandem.disagg.config import (
     DisaggWorkerConfig,
 )
 from tandem.disagg.transfer.base import BACKEND_NAMES
+from tandem.disagg.transfer.config import backends_from_spec
 
 
 def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
@@ -52,12 +53,7 @@ def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
 
 
 def disagg_worker_config_from_args(ns: argparse.Namespace) -> DisaggWorkerConfig:
-    spec = ns.disagg_transfer_backends.strip()
-    lazy: tuple[str, ...]
-    if spec == "auto":
-        backends, lazy = BACKEND_NAMES, LAZY_BACKENDS
-    else:
-        backends, lazy = tuple(b.strip() for b in spec.split(",") if b.strip()), ()
+    backends, lazy = backends_from_spec(ns.disagg_transfer_backends)
     return DisaggWorkerConfig(
         mode=ns.disagg_mode,
         backends=backends,

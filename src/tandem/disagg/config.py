@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.disagg.transfer.base import BACKEND_NAMES
+from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 
 DISAGG_MODES = ("none", "prefill", "decode")
 FLOWS = ("prefill-first", "decode-first")
 FAILURE_POLICIES = ("local", "fail")
-LAZY_BACKENDS = ("nixl", "mooncake")  # busy threads / agents a single host never needs
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -7,7 +7,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from tandem.disagg.transfer.config import backends_from_spec
 from tandem.multimodal.encode_engine import EncodeWorkerConfig
+from tandem.multimodal.provider_args import MM_TRANSFER_BACKENDS_HELP
 from tandem.multimodal.sim_encoder import SimEncoderConfig
 
 # flag -> (type, default, help)
@@ -23,8 +25,7 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--mm-encoder-max-queued-images": (int, 512, "images queued before requests get 503"),
     "--mm-embedding-slots": (int, 512, "embeddings held for pulling (shared-memory pool)"),
     "--mm-embedding-ttl-s": (float, 30.0, "an embedding not pulled within this is freed"),
-    "--mm-transfer-backends": (str, "shm,nixl,tcp", "embedding transfer backends, preferred "
-                               "first (nixl starts on the first peer on another host)"),
+    "--mm-transfer-backends": (str, "auto", MM_TRANSFER_BACKENDS_HELP),
     "--mm-sim-base-ms": (float, 1.0, "sim encoder: fixed ms per batch"),
     "--mm-sim-ms-per-image": (float, 8.0, "sim encoder: ms per image"),
     "--mm-sim-num-tokens": (int, 50, "sim encoder: rows per image"),
@@ -40,6 +41,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(ns: argparse.Namespace) -> EncodeWorkerConfig:
+    backends, lazy = backends_from_spec(ns.mm_transfer_backends)
     return EncodeWorkerConfig(
         encoder=ns.mm_encoder,
         model=ns.model,
@@ -50,7 +52,8 @@ def config_from_args(ns: argparse.Namespace) -> EncodeWorkerConfig:
         num_slots=ns.mm_embedding_slots,
         embedding_ttl_s=ns.mm_embedding_ttl_s,
         num_threads=ns.num_threads,
-        transfer_backends=tuple(b for b in ns.mm_transfer_backends.split(",") if b),
+        transfer_backends=backends,
+        transfer_lazy_backends=lazy,
         transfer_host=getattr(ns, "transfer_host", None) or "127.0.0.1",
         sim=SimEncoderConfig(
             num_tokens_per_image=ns.mm_sim_num_tokens,

@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
+from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.errors import EngineError, InvalidRequest, Overloaded
@@ -50,7 +51,10 @@ class EncodeWorkerConfig:
     max_queued_images: int = 512
     num_slots: int = 512
     embedding_ttl_s: float = 30.0
-    transfer_backends: tuple[str, ...] = ("shm", "nixl", "tcp")
+    transfer_backends: tuple[str, ...] = BACKEND_NAMES
+    # those of transfer_backends started only for a peer on another host (NIXL's progress
+    # thread, Mooncake's engine: a one-host stack never uses them)
+    transfer_lazy_backends: tuple[str, ...] = LAZY_BACKENDS
     # where the embedding transfer agent listens and what peers dial
     transfer_host: str = "127.0.0.1"
     # torch intra-op threads: 1 by default — bit-identical rows whatever the batch, and no
@@ -108,12 +112,11 @@ class EncoderEngine:
     async def start(self) -> EngineInfo:
         self.encoder = await asyncio.to_thread(self._load_encoder)
         slot_bytes = self.encoder.num_tokens_per_image * self.encoder.hidden_size * 4
-        lazy = tuple(b for b in ("nixl", "mooncake") if b in self.config.transfer_backends)
         self.agent = TransferAgent(
             TransferAgentConfig(
                 host=self.config.transfer_host,
                 backends=self.config.transfer_backends,
-                lazy_backends=lazy,
+                lazy_backends=self.config.transfer_lazy_backends,
                 cluster_secret=self.cluster_secret,
             )
         )

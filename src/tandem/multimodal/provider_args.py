@@ -7,11 +7,20 @@ import argparse
 import logging
 from typing import Any
 
+from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
+from tandem.disagg.transfer.config import backends_from_spec
 from tandem.multimodal.embedding_cache import EmbeddingCache
 from tandem.multimodal.embedding_transfer import EmbeddingReceiver
 from tandem.multimodal.remote_provider import CachingEmbeddingProvider, RemoteEncoderClient
 
 logger = logging.getLogger(__name__)
+
+MM_TRANSFER_BACKENDS_HELP = (
+    f"image-embedding transfer backends, fastest preferred first (any of "
+    f"{', '.join(BACKEND_NAMES)}); the missing optional ones are skipped. 'auto': all of them, "
+    f"with {', '.join(LAZY_BACKENDS)} started only when a peer on another host needs them "
+    "(named explicitly, they start at once)"
+)
 
 
 def add_embedding_provider_args(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +51,11 @@ def add_embedding_provider_args(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="bound on asking encode workers (failover included) and pulling the embeddings; "
         "past it the request fails with 503",
+    )
+    group.add_argument(
+        "--mm-transfer-backends",
+        default="auto",
+        help=f"with --mm-remote-encode: {MM_TRANSFER_BACKENDS_HELP}",
     )
     group.add_argument(
         "--mm-receive-slots",
@@ -90,9 +104,12 @@ async def attach_embedding_provider(
     if ns.mm_remote_encode:
         from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
 
+        backends, lazy = backends_from_spec(ns.mm_transfer_backends)
         agent = TransferAgent(
             TransferAgentConfig(
                 host=getattr(ns, "transfer_host", None) or "127.0.0.1",
+                backends=backends,
+                lazy_backends=lazy,
                 cluster_secret=runtime.config.cluster_secret,  # peers prove the secret
             )
         )

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from tandem.disagg.transfer.region import MemoryRegion
 
 BACKEND_NAMES = ("shm", "nixl", "mooncake", "tcp")  # fastest first
+LAZY_BACKENDS = ("nixl", "mooncake")  # busy threads / agents a single host never needs
 DTYPE_BYTES = {
     "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "float16": 2, "bfloat16": 2, "int16": 2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tandem.disagg.transfer.base import BACKEND_NAMES
+from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,3 +53,17 @@ class TransferAgentConfig:
                 raise ValueError(f"{name}={value} outside (0, 86400]")
         if self.max_ops < 1:
             raise ValueError(f"max_ops={self.max_ops} must be >= 1")
+
+
+def backends_from_spec(spec: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(backends, lazy_backends) of a `--*-transfer-backends` value: 'auto' is every backend,
+    with nixl and mooncake started only for a peer on another host; a list (fastest first)
+    starts every backend it names at once. Unknown names: `TransferAgentConfig` says which."""
+    spec = spec.strip()
+    if spec == "auto":
+        return BACKEND_NAMES, LAZY_BACKENDS
+    names = tuple(b.strip() for b in spec.split(",") if b.strip())
+    if not names:
+        raise ValueError(f"transfer backends {spec!r}: expected 'auto' or a comma-separated "
+                         f"list of {', '.join(BACKEND_NAMES)}")  # fmt: skip
+    return names, ()

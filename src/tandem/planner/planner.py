@@ -242,7 +242,10 @@ class Planner:
         (an exponential average over about `stats_window_s`, each ratio within
         [1, MAX_CALIBRATION]). Only the latency the pool answers for is calibrated: the
         frontends measure whole requests, which a prefill pool's TTFT and a decode pool's
-        ITL stand for."""
+        ITL stand for. An interval with nothing to compare (no request measured, or no busy
+        worker) moves the calibration back toward 1 at the same rate: it describes the load
+        that was measured, and a stale factor from a burst kept an idle pool from ever
+        draining (survivors' idle ITL × 2 over target × margin, seen live on a decode pool)."""
         t, kind = obs.traffic, pool.config.kind
         if t is None:
             return
@@ -252,7 +255,7 @@ class Planner:
 
         def fold(old: float, measured: float | None, predicted: float | None) -> float:
             if measured is None or not predicted:
-                return old
+                return old + alpha * (1.0 - old)
             ratio = min(max(measured / predicted, 1.0), MAX_CALIBRATION)
             return old + alpha * (ratio - old)
 

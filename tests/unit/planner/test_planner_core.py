@@ -168,3 +168,32 @@ def test_scale_down_waits_for_a_stable_verdict() -> None:
     assert p.tick(23.0, _obs("a", "b")) == []
     assert p.tick(25.0, _obs("a", "b")) == []  # 2 s of quiet
     assert [a.kind for a in p.tick(26.0, _obs("a", "b"))] == ["remove"]  # 3 s
+
+
+def test_calibration_from_a_burst_fades_once_nothing_is_measured() -> None:
+    """A burst measured ~1.5 × the model's ITL; then the pool goes idle (no request measured,
+    no busy worker): the factor returns to 1 over about the stats window and the idle pool is
+    drained (with the burst's factor kept, the idle survivor's 6 ms × 1.5 > 12 × 0.7: never)."""
+    from tandem.planner.observation import PoolTraffic
+
+    cfg = PlannerConfig(
+        pools=(PoolConfig(component="backend", min_workers=1, max_workers=2),),
+        ttft_target_ms=3000.0, itl_target_ms=12.0, cooldown_down_s=0.0, scale_down_stable_s=0.0,
+        interval_s=1.0, stats_window_s=4.0,
+    )  # fmt: skip
+    busy = [WorkerView(worker_id=i, num_inflight=3, decode_kv_tokens=10_000,
+                       num_total_blocks=100_000) for i in "ab"]  # fmt: skip
+    burst = PoolTraffic(interval_s=1.0, num_arrivals=3, num_finished=3, mean_isl=10.0,
+                        mean_osl=10.0, mean_ttft_ms=50.0, mean_itl_ms=21.0)  # fmt: skip
+    p = Planner(cfg)
+    for t in range(8):
+        p.tick(float(t), {"backend": PoolObservation(component="backend", ready=busy,
+                                                     traffic=burst)})  # fmt: skip
+    assert p.pools["backend"].calibration.itl > 1.4
+    idle = [WorkerView(worker_id=i, num_total_blocks=100_000) for i in "ab"]
+    quiet = PoolTraffic(interval_s=1.0)
+    actions: list[str] = []
+    for t in range(8, 30):
+        obs = {"backend": PoolObservation(component="backend", ready=idle, traffic=quiet)}
+        actions += [a.kind for a in p.tick(float(t), obs)]
+    assert actions == ["remove"]

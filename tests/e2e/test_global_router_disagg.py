@@ -58,7 +58,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "port": port,
             "pools": [{"name": "agg", "namespace": "agg", "url": agg_url},
                       {"name": "prefill", "namespace": "pd"},
-                      {"name": "gone", "namespace": "gone"},
+                      {"name": "gone", "namespace": "pd"},  # a second, dead pd frontend
                       {"name": "decode", "namespace": "pd"}],
             # tight TTFT targets (≤ 500 ms) go to a disaggregated pair, the rest to `agg`;
             # the middle target (the default) is 2000 ms: aggregated

@@ -27,9 +27,9 @@ def _dead_url() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: connection refused
 
 
-async def _pool(stack: AsyncExitStack) -> PlannerStack:
-    pool = PlannerStack(stack)
-    await pool.start_frontend()
+async def _pool(stack: AsyncExitStack, namespace: str, **frontend: Any) -> PlannerStack:
+    pool = PlannerStack(stack, namespace=namespace)
+    await pool.start_frontend(**frontend)
     rt = await pool.runtime()
     from tests.support.planner_stack import mocker_engine
 
@@ -45,7 +45,7 @@ async def _pool(stack: AsyncExitStack) -> PlannerStack:
 
 async def test_global_router_sends_each_request_to_the_pool_of_its_targets() -> None:
     async with AsyncExitStack() as stack:
-        fast, cheap = await _pool(stack), await _pool(stack)
+        fast, cheap = await _pool(stack, "fast"), await _pool(stack, "cheap")
         raw = {
             "pools": [{"name": "fast", "namespace": "fast", "url": fast.base},
                       {"name": "cheap", "namespace": "cheap", "url": cheap.base},

@@ -38,10 +38,15 @@ class PlannerStack:
     (file discovery + zmq events reach worker processes)."""
 
     def __init__(
-        self, exit_stack: AsyncExitStack, runtime_config: RuntimeConfig | None = None
+        self,
+        exit_stack: AsyncExitStack,
+        runtime_config: RuntimeConfig | None = None,
+        *,
+        namespace: str = "tandem",  # of the memory planes' runtimes
     ) -> None:
         self.exit_stack = exit_stack
         self.runtime_config = runtime_config
+        self.namespace = namespace
         self.discovery, self.events = MemoryDiscovery(), MemoryEventBus()
         self.base = ""
         self.http: aiohttp.ClientSession | None = None
@@ -55,7 +60,11 @@ class PlannerStack:
         if self.runtime_config is not None:
             return await self.exit_stack.enter_async_context(open_runtime(self.runtime_config))
         return await self.exit_stack.enter_async_context(
-            open_runtime(RuntimeConfig(), discovery=self.discovery, events=self.events)
+            open_runtime(
+                RuntimeConfig(namespace=self.namespace),
+                discovery=self.discovery,
+                events=self.events,
+            )
         )
 
     async def start_frontend(self, **config: Any) -> None:

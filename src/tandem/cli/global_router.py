@@ -3,7 +3,8 @@
 Each pool is a namespace with its own workers, local router and frontend; the config's grids
 map a request's latency targets (request field `tandem: {ttft_target_ms, itl_target_ms}`,
 default the grid's middle) and its ISL/context to a pool; `priority` ranges can override it
-(tandem.planner.global_router.config). Runs until SIGTERM/SIGINT.
+(tandem.planner.global_router.config). Every OpenAI route is forwarded with the client's
+end-to-end headers; `--api-key` guards the router itself. Runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -17,6 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="global router JSON (pools and grids)")
     parser.add_argument("--host", help="overrides the config's host")
     parser.add_argument("--port", type=int, help="overrides the config's port")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require `Authorization: Bearer KEY` on every route but /health and /live (the "
+        "header is forwarded, so pools started with --api-key must accept it too); repeat for "
+        "several keys (env: comma-separated)",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="file of API keys, one per line or comma-separated",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(parser)
 
@@ -25,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from tandem.engines.mocker.config import default_tokenizer
+    from tandem.frontend.args import api_keys
     from tandem.planner.global_router.app import GlobalRouterApp
     from tandem.planner.global_router.config import load_config
     from tandem.tokens.tokenizer import load_tokenizer
@@ -36,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"tandem global-router: {exc}") from None
     spec = config.raw.tokenizer or default_tokenizer()
     tokenizer = load_tokenizer(spec) if spec else None
-    app = GlobalRouterApp(config, tokenizer).app()
-    web.run_app(app, host=args.host or config.raw.host, port=args.port or config.raw.port,
+    router = GlobalRouterApp(config, tokenizer, api_keys=api_keys(args.api_key, args.api_key_file))
+    web.run_app(router.app(), host=args.host or config.raw.host, port=args.port or config.raw.port,
                 print=None)  # fmt: skip
     return 0

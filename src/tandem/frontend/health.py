@@ -8,6 +8,7 @@ engines are all alive, its router and tokenizer loaded. A worker's engine counts
 while its load metrics keep arriving on the event plane (a worker publishes them at least
 every second, busy or idle); a worker silent for `stale_s` (frozen, SIGSTOPped, engine loop
 dead, event plane cut) is named in the report. Otherwise 503 with what is missing.
+The /health report names the namespace the frontend serves (the global router checks it).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ class HealthMonitor:
         stale_s: float,
         encoders: Any | None = None,
         clock: Callable[[], float] = time.monotonic,
+        namespace: str = "",
     ) -> None:
+        self.namespace = namespace  # reported, so a global router can check which pool it is
         self._registry, self._workers, self._prefill = registry, workers, prefill
         self._encoders = encoders
         self._events, self._subjects, self._stale_s, self._clock = events, subjects, stale_s, clock
@@ -139,6 +142,7 @@ class HealthMonitor:
         healthy = not problems
         body = {
             "status": "healthy" if healthy else "unhealthy",
+            "namespace": self.namespace,
             "missing": problems,
             "models": models,
             "discovery": discovery,

@@ -86,6 +86,7 @@ async def serve_frontend(
             )
         ],
         stale_s=config.health_stale_s,
+        namespace=runtime.namespace,
     )
     app = FrontendApp(
         registry=registry,

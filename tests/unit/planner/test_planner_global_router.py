@@ -48,8 +48,9 @@ def test_retry_order_is_faster_pools_nearest_first() -> None:
 
 def test_prefill_first_pairs_from_two_grids() -> None:
     raw = {
-        "pools": [{"name": "pf", "namespace": "pf"}, {"name": "ps", "namespace": "ps"},
-                  {"name": "df", "namespace": "df"}, {"name": "ds", "namespace": "ds"}],
+        # one namespace: each pair's frontend runs its prefill and decode pools (components)
+        "pools": [{"name": "pf", "namespace": "pd"}, {"name": "ps", "namespace": "pd"},
+                  {"name": "df", "namespace": "pd"}, {"name": "ds", "namespace": "pd"}],
         "prefill": {"isl": [1000, 8000], "ttft_ms": [300, 3000],
                     "pools": [["pf", "ps"], ["pf", "pf"]]},
         "decode": {"context": [2000, 16000], "itl_ms": [30, 300],
@@ -87,6 +88,16 @@ def test_an_aggregated_cell_hands_over_to_the_prefill_first_pair() -> None:
         _mixed(cell="agg")  # pair grids nobody reaches are an error, not silently ignored
     with pytest.raises(ValueError, match="unknown pool 'disaggregated'"):
         _config(aggregated={"ttft_ms": [1], "itl_ms": [1], "pools": [["disaggregated"]]})
+
+
+def test_a_pool_namespace_is_checked_not_ignored() -> None:
+    raw = msgspec.to_builtins(_mixed().raw)
+    raw["pools"][2]["namespace"] = "elsewhere"  # the pair's decode pool in another namespace
+    with pytest.raises(ValueError, match="prefill namespace 'pd' != decode namespace 'elsewhere'"):
+        GlobalRouterConfig(msgspec.convert(raw, GlobalRouterFile))
+    raw["pools"][2]["namespace"] = "a.b"
+    with pytest.raises(ValueError, match=r"pool 'df' namespace='a.b': expected the non-empty"):
+        GlobalRouterConfig(msgspec.convert(raw, GlobalRouterFile))
 
 
 def test_config_errors_name_the_offender(tmp_path: Path) -> None:

@@ -11,7 +11,10 @@
      "priority": [{"min": 8, "max": 10, "pool": "fast"}]}
 
 Pools are listed fastest first; a pool is a namespace with its own workers and local router,
-reached through its frontend `url`. A grid's axes are bucket upper bounds (a value above the
+reached through its frontend `url`. `namespace` is the one that frontend serves: the router
+checks it against the frontend's `/health` before sending there (a url that points at another
+pool is refused), and the two pools of a disaggregated pair share one (their pair's frontend
+serves both). A grid's axes are bucket upper bounds (a value above the
 last bound falls in the last bucket); `pools[i][j]` serves row bucket i, column bucket j.
 Aggregated: (TTFT target, ITL target). Prefill-first disaggregated: the prefill pool from
 (ISL, TTFT target), the decode pool from (context length, ITL target), and the pair's
@@ -127,9 +130,18 @@ class GlobalRouterConfig:
         ):
             raise ValueError(f"'prefill' + 'decode' grids are unreachable: no 'aggregated' "
                              f"grid cell is '{DISAGGREGATED}'")  # fmt: skip
+        for pool in raw.pools:
+            if not pool.namespace or "." in pool.namespace:
+                raise ValueError(f"pool '{pool.name}' namespace={pool.namespace!r}: expected the "
+                                 "non-empty namespace (no '.') its frontend serves")  # fmt: skip
         self.pairs = {(p.prefill, p.decode): p.url for p in raw.disaggregated}
-        for pair in self.pairs:
-            self._known("disaggregated", *pair)
+        for pn, dn in self.pairs:
+            self._known("disaggregated", pn, dn)
+            p_ns, d_ns = self.pools[pn].namespace, self.pools[dn].namespace
+            if p_ns != d_ns:  # a frontend runs the prefill-first flow within its one namespace
+                raise ValueError(f"disaggregated pair '{pn}' + '{dn}': prefill namespace "
+                                 f"'{p_ns}' != decode namespace '{d_ns}'; one frontend serves "
+                                 "both pools of a pair, so they share its namespace")  # fmt: skip
         if self.prefill is not None and self.decode is not None:
             for pn in {n for row in self.prefill.pools for n in row}:
                 for dn in {n for row in self.decode.pools for n in row}:

@@ -10,10 +10,17 @@ cells). A cell is `--num-requests` streamed completions of random
 `--isl`-token prompts with `--osl` output tokens (ignore_eos). Each cell also records the CPU
 time of every process of every stack (by role: API server / frontend / worker host /
 EngineCore / model Worker), so overhead shows where it is spent, and an idle stack is seen to
-be idle. Prints every cell, then per concurrency the median over rounds of the paired ratios
-against vLLM's server, and issue 16's targets: throughput overhead <= 5 % and TTFT p50
-overhead <= 5 ms; writes everything to `--json`. TTFT at concurrency > 1 mostly measures how
-the arrivals fell into prefill steps (a request that misses a step waits a whole one); the
+be idle.
+
+Verdicts on issue 16's targets (throughput overhead <= 5 %, TTFT p50 overhead <= 5 ms) come from
+the paired per-round values against vLLM's server (tandem's TTFT p50 minus vLLM's, tandem's
+tokens/s over vLLM's, same round, same prompts) and their confidence interval (Student's t over
+the rounds; `tandem.bench.paired` says why): met when the interval lies within the target,
+missed when it lies beyond it. Rounds continue from `--min-rounds` until every target is
+resolved, or `--max-rounds` / `--max-minutes` run out; a target still unresolved then is
+reported as one this machine cannot resolve, with its interval. Prints every cell and the
+verdicts; writes everything to `--json`. TTFT at concurrency > 1 mostly measures how the
+arrivals fell into prefill steps (a request that misses a step waits a whole one); the
 per-request overhead shows at concurrency 1.
 """
 
@@ -26,8 +33,8 @@ import logging
 import os
 import shlex
 import signal
-import statistics
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +42,7 @@ from typing import Any
 
 import psutil
 
+from tandem.bench import paired
 from tandem.bench.compare import cell_metrics, run_cell, write_report
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.stack import ProcessStack, free_port, wait_ready
@@ -69,7 +77,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-args", default=DEFAULT_ENGINE_ARGS, help="vLLM flags, all")
     parser.add_argument("--concurrency", default="1,8", help="comma list")
     parser.add_argument("--num-requests", type=int, default=32, help="per cell")
-    parser.add_argument("--rounds", type=int, default=3, help="cells per system and concurrency")
+    parser.add_argument(
+        "--min-rounds",
+        type=int,
+        default=3,
+        help="rounds before the first verdict (each: one cell per system and concurrency)",
+    )
+    parser.add_argument(
+        "--max-rounds", type=int, default=20, help="stop here even if a target is still unresolved"
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=90.0,
+        help="no round is started that would end past this (measured rounds)",
+    )
+    parser.add_argument(
+        "--confidence", type=float, default=0.95, help="of the paired intervals the verdicts read"
+    )
     parser.add_argument("--warmup-requests", type=int, default=8)
     parser.add_argument("--duration-s", type=float, default=120.0, help="cap per cell")
     parser.add_argument("--isl", type=int, default=128)
@@ -257,7 +282,8 @@ def _log_setting_differences(systems: list[System]) -> None:
     logger.info("model Worker env: %s; thread CPUs: %s", base.engine_env, base.thread_cpus)
 
 
-def measure(systems: list[System], args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure(systems: list[System], args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
+    """Every cell, and why the rounds stopped."""
     all_pids = tuple(pid for s in systems for pid in s.roles)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     warmup = synthetic_requests(SyntheticConfig(isl=args.isl, osl=args.osl, seed=WARMUP_SEED), 512)
@@ -269,8 +295,10 @@ def measure(systems: list[System], args: argparse.Namespace) -> list[dict[str, A
                 run_cell(LoadConfig(url=system.url, model=MODEL, concurrency=conc,
                                     num_requests=n), warmup[offset:offset + n])  # fmt: skip
                 offset += n
-    cells = []
-    for rnd in range(args.rounds):
+    cells: list[dict[str, Any]] = []
+    started = time.monotonic()
+    rnd = 0
+    while True:
         for conc in concurrencies:
             # the same fresh prompts for every system of this cell
             seed = rnd * 1000 + conc
@@ -281,7 +309,27 @@ def measure(systems: list[System], args: argparse.Namespace) -> list[dict[str, A
             for system in order:
                 with _alone(system, systems):
                     cells.append(_cell(system, systems, conc, rnd, specs, all_pids, args))
-    return cells
+        rnd += 1
+        why = stop_reason(cells, rnd, time.monotonic() - started, args)
+        if why is not None:
+            logger.info("rounds stop after %d: %s", rnd, why)
+            return cells, why
+
+
+def stop_reason(
+    cells: list[dict[str, Any]], rounds: int, elapsed_s: float, args: argparse.Namespace
+) -> str | None:
+    """Why no further round runs (None: run another): every target resolved, the round cap,
+    or a next round (as long as the mean one so far) would end past the time budget."""
+    if rounds >= args.min_rounds:
+        rows = summarize_ratios(cells, args.confidence)
+        if rows and all(r["verdict"] != paired.UNRESOLVED for r in rows):
+            return f"every target resolved after {rounds} rounds"
+    if rounds >= args.max_rounds:
+        return f"--max-rounds {args.max_rounds} reached"
+    if elapsed_s + elapsed_s / rounds > args.max_minutes * 60:
+        return f"another round would pass --max-minutes {args.max_minutes:g}"
+    return None
 
 
 @contextlib.contextmanager
@@ -358,9 +406,9 @@ def _cpu_by_role(
     return {k: round(v, 2) for k, v in sorted(out.items())}
 
 
-def summarize_ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize_ratios(cells: list[dict[str, Any]], confidence: float = 0.95) -> list[dict[str, Any]]:
     """Per system (not vLLM) and concurrency: the paired per-round throughput ratios and TTFT
-    p50 differences against vLLM's server, their medians and the verdict."""
+    p50 differences against vLLM's server, their t intervals (`paired`) and the verdicts."""
     by = {(c["system"], c["concurrency"], c["round"]): c for c in cells}
     rows = []
     systems = sorted({c["system"] for c in cells} - {"vllm"}, key=lambda s: s != "tandem")
@@ -376,15 +424,25 @@ def summarize_ratios(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     ttft_diffs.append(t["ttft_p50_ms"] - v["ttft_p50_ms"])
             if not ratios:
                 continue
-            ratio = statistics.median(ratios)
-            ttft = statistics.median(ttft_diffs) if ttft_diffs else None
-            ok = ratio >= 1 - THROUGHPUT_TARGET and ttft is not None and ttft <= TTFT_TARGET_MS
+            ratio = paired.paired_interval(ratios, confidence)
+            ttft = paired.paired_interval(ttft_diffs, confidence)
+            ratio_verdict = paired.verdict(ratio, 1 - THROUGHPUT_TARGET, at_most=False)
+            ttft_verdict = paired.verdict(ttft, TTFT_TARGET_MS, at_most=True)
             rows.append({
                 "system": system, "concurrency": conc, "throughput_ratios": ratios,
-                "ttft_p50_diffs_ms": ttft_diffs, "median_throughput_ratio": ratio,
-                "median_ttft_p50_diff_ms": ttft, "meets_target": ok,
+                "ttft_p50_diffs_ms": ttft_diffs, "throughput_ratio": _interval(ratio),
+                "ttft_p50_diff_ms": _interval(ttft), "throughput_verdict": ratio_verdict,
+                "ttft_verdict": ttft_verdict,
+                "verdict": paired.combined([ratio_verdict, ttft_verdict]),
             })  # fmt: skip
     return rows
+
+
+def _interval(interval: paired.Interval | None) -> dict[str, float] | None:
+    if interval is None:
+        return None
+    return {"mean": interval.mean, "low": interval.low, "high": interval.high, "n": interval.n,
+            "confidence": interval.confidence}  # fmt: skip
 
 
 def format_cells(cells: list[dict[str, Any]]) -> str:
@@ -401,23 +459,49 @@ def format_cells(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def format_ratios(rows: list[dict[str, Any]]) -> str:
-    lines = []
+_VERDICT_WORDS = {paired.MET: "MET", paired.MISSED: "MISSED",
+                  paired.UNRESOLVED: "UNRESOLVED: this machine cannot resolve it"}  # fmt: skip
+
+
+def format_ratios(rows: list[dict[str, Any]], stopped: str = "") -> str:
+    """Per system and concurrency: each target's paired mean, its interval and its verdict."""
+    lines = [f"paired against vLLM's server, round by round ({stopped})" if stopped else
+             "paired against vLLM's server, round by round"]  # fmt: skip
     for r in rows:
         per_run = ", ".join(f"{x:.3f}" for x in r["throughput_ratios"])
         diffs = ", ".join(f"{x:+.1f}" for x in r["ttft_p50_diffs_ms"])
-        ttft = r["median_ttft_p50_diff_ms"]
+        head = f"{r['system']}/vllm c={r['concurrency']}"
         lines.append(
-            f"{r['system']}/vllm c={r['concurrency']}: "
-            f"throughput x{r['median_throughput_ratio']:.3f} (runs {per_run}), "
-            f"TTFT p50 {_num(ttft, '+.1f')} ms (runs {diffs}): "
-            f"{'OK' if r['meets_target'] else 'OVER TARGET'}"
+            f"{head}: TTFT p50 {_ci(r['ttft_p50_diff_ms'], '+.1f', ' ms')} (rounds {diffs}); "
+            f"target <= +{TTFT_TARGET_MS:g} ms: {_VERDICT_WORDS[r['ttft_verdict']]}"
+        )
+        lines.append(
+            f"{head}: throughput x{_ci(r['throughput_ratio'], '.3f', '')} (rounds {per_run}); "
+            f"target >= x{1 - THROUGHPUT_TARGET:g}: {_VERDICT_WORDS[r['throughput_verdict']]}"
         )
     return "\n".join(lines)
 
 
+def _ci(interval: dict[str, float] | None, spec: str, unit: str) -> str:
+    if interval is None:
+        return "- (fewer than 2 paired rounds)"
+    level = f"{interval['confidence'] * 100:g}%"
+    return (f"{interval['mean']:{spec}}{unit}, {level} CI [{interval['low']:{spec}}, "
+            f"{interval['high']:{spec}}]{unit}, n={interval['n']}")  # fmt: skip
+
+
 def _num(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not 2 <= args.min_rounds <= args.max_rounds:
+        parser.error(f"--min-rounds {args.min_rounds} --max-rounds {args.max_rounds}: expected "
+                     "2 <= min <= max (an interval needs two paired rounds)")  # fmt: skip
+    if not 0.5 <= args.confidence < 1:
+        parser.error(f"--confidence {args.confidence}: expected a value in [0.5, 1)")
+    if args.max_minutes <= 0:
+        parser.error(f"--max-minutes {args.max_minutes}: expected > 0")
 
 
 def main(argv: list[str]) -> int:
@@ -427,6 +511,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tandem bench vllm", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    _validate(parser, args)
     python = vllm_python()
     if python is None:
         raise SystemExit(HINT.format(venv=default_venv()))
@@ -435,14 +520,15 @@ def main(argv: list[str]) -> int:
     names = ["vllm", "tandem", *(["dynamo"] if args.dynamo_python else [])]
     with ProcessStack(args.work_dir) as stack:
         systems = start_systems(stack, names, python, model_dir, args)
-        cells = measure(systems, args)
-    rows = summarize_ratios(cells)
+        cells, stopped = measure(systems, args)
+    rows = summarize_ratios(cells, args.confidence)
     print(format_cells(cells), flush=True)
-    print(format_ratios(rows), flush=True)
+    print(format_ratios(rows, stopped), flush=True)
     write_report(args.json, {"engine_args": args.engine_args, "isl": args.isl, "osl": args.osl,
                              "env": engine_env(), "load_avg": os.getloadavg(),
                              "engine_settings": {s.name: {"env": s.engine_env,
                                                           "thread_cpus": s.thread_cpus}
                                                  for s in systems},
-                             "cells": cells, "ratios": rows})  # fmt: skip
+                             "cells": cells, "ratios": rows, "stopped": stopped,
+                             "confidence": args.confidence})  # fmt: skip
     return 0 if all(c["num_ok"] == args.num_requests for c in cells) else 1

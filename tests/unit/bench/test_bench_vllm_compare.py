@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 import pytest
@@ -14,7 +15,7 @@ def _cell(system, conc, rnd, tok_s, ttft):
             "output_tok_per_s": tok_s, "ttft_p50_ms": ttft}  # fmt: skip
 
 
-def test_ratios_pair_each_round_with_vllms_and_take_the_median():
+def test_rows_pair_each_round_with_vllms_and_read_the_verdict_from_the_interval():
     cells = [
         _cell("vllm", 8, 0, 100.0, 400.0), _cell("tandem", 8, 0, 90.0, 410.0),
         _cell("vllm", 8, 1, 50.0, 800.0), _cell("tandem", 8, 1, 50.0, 801.0),
@@ -22,17 +23,65 @@ def test_ratios_pair_each_round_with_vllms_and_take_the_median():
     ]  # fmt: skip
     (row,) = vllm_compare.summarize_ratios(cells)
     assert row["throughput_ratios"] == [0.9, 1.0, 0.97]
-    assert row["median_throughput_ratio"] == 0.97
-    assert row["median_ttft_p50_diff_ms"] == 3.0 and row["meets_target"]
+    assert row["ttft_p50_diffs_ms"] == [10.0, 1.0, 3.0]
+    # the median diff (3 ms) would have passed 5 ms; the interval, mean 4.67, does not decide
+    ttft = row["ttft_p50_diff_ms"]
+    assert ttft["mean"] == pytest.approx(14 / 3) and ttft["n"] == 3
+    assert ttft["low"] < 0 < 5 < ttft["high"]
+    assert row["ttft_verdict"] == "unresolved" and row["verdict"] == "unresolved"
+    text = vllm_compare.format_ratios([row], "--max-rounds 3 reached")
+    assert "UNRESOLVED: this machine cannot resolve it" in text and "95% CI [" in text
 
 
-@pytest.mark.parametrize(("ratio", "ttft", "ok"), [(0.96, 5.0, True), (0.94, 0.0, False),
-                                                    (1.2, 5.5, False)])  # fmt: skip
-def test_verdict_is_the_issue_targets(ratio, ttft, ok):
-    cells = [_cell("vllm", 1, 0, 100.0, 200.0), _cell("tandem", 1, 0, 100 * ratio, 200 + ttft)]
-    (row,) = vllm_compare.summarize_ratios(cells)
-    assert row["meets_target"] is ok
-    assert ("OK" in vllm_compare.format_ratios([row])) is ok
+def _rounds(diffs: list[float], ratio: float = 1.0, conc: int = 1) -> list[dict]:
+    cells = []
+    for rnd, diff in enumerate(diffs):
+        cells += [
+            _cell("vllm", conc, rnd, 100.0, 200.0),
+            _cell("tandem", conc, rnd, 100.0 * ratio + rnd % 2 * 0.1, 200.0 + diff),
+        ]
+    return cells  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("diffs", "ratio", "ttft", "overall"),
+    [([1.0, 2.0, 1.5, 0.5, 1.0, 2.0], 1.0, "met", "met"),
+     ([9.0, 11.0, 10.0, 12.0], 1.0, "missed", "missed"),
+     ([1.0, 2.0, 1.5, 0.5], 0.8, "met", "missed"),
+     ([-20.0, 20.0, 15.0, -10.0], 1.0, "unresolved", "unresolved")],
+)  # fmt: skip
+def test_verdicts_on_both_targets(diffs, ratio, ttft, overall):
+    (row,) = vllm_compare.summarize_ratios(_rounds(diffs, ratio))
+    assert (row["ttft_verdict"], row["verdict"]) == (ttft, overall)
+    ttft_line = vllm_compare.format_ratios([row]).splitlines()[1]
+    assert ttft_line.endswith(f"target <= +5 ms: {ttft.upper()}") or ttft == "unresolved"
+    assert ("UNRESOLVED" in ttft_line) is (ttft == "unresolved")
+
+
+def _args(**kw):
+    base = {"min_rounds": 3, "max_rounds": 8, "max_minutes": 60.0, "confidence": 0.95}
+    return argparse.Namespace(**(base | kw))
+
+
+def test_rounds_continue_until_resolved_or_a_budget_runs_out():
+    resolved = _rounds([1.0, 2.0, 1.5, 0.5])
+    assert vllm_compare.stop_reason(resolved[:4], 2, 60.0, _args()) is None  # below min
+    assert "resolved after 4" in vllm_compare.stop_reason(resolved, 4, 60.0, _args())
+    noisy = _rounds([-20.0, 20.0, 15.0, -10.0])
+    assert vllm_compare.stop_reason(noisy, 4, 60.0, _args()) is None  # runs another round
+    assert "--max-rounds 4" in vllm_compare.stop_reason(noisy, 4, 60.0, _args(max_rounds=4))
+    # 4 rounds took 50 min: a fifth would end past the hour
+    assert "--max-minutes 60" in vllm_compare.stop_reason(noisy, 4, 3000.0, _args())
+
+
+def test_round_flags_are_checked():
+    parser = argparse.ArgumentParser()
+    vllm_compare.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        vllm_compare._validate(parser, parser.parse_args(["--min-rounds", "1"]))
+    with pytest.raises(SystemExit):
+        vllm_compare._validate(parser, parser.parse_args(["--confidence", "1"]))
+    vllm_compare._validate(parser, parser.parse_args([]))
 
 
 def test_cpu_by_role_sums_the_measured_stack_and_counts_the_idle_ones_apart():

@@ -1,13 +1,15 @@
 """int8 / int4 weight-only quantized projections of the native engine: the kernels against
-an fp64 reference (both the AVX2 build and the portable scalar build), the GGUF blocks
-loaded packed against gguf's own dequantization, and the quality check on SmolLM2."""
+an fp64 reference in every instruction-set build this CPU executes (cbuild.runnable_isas:
+AVX-512 VNNI, AVX-512, AVX2, scalar; the one this machine serves with among them), the
+screened greedy head in each, the GGUF blocks loaded packed against gguf's own
+dequantization, and the quality check on SmolLM2."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tandem.engines.native import quant, quant_screen
+from tandem.engines.native import cbuild, quant, quant_screen
 from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import build_model
@@ -23,7 +25,8 @@ pytestmark = pytest.mark.timeout(300)
 FORMATS = ("int8", "int4")
 
 
-VARIANTS = tuple(quant.VARIANTS)  # native (AVX-512 here), avx2, portable (scalar)
+VARIANTS = tuple(cbuild.runnable_isas())  # every build this CPU executes, widest first
+SERVING = cbuild.select_isa()[0]  # the build this machine serves with (TANDEM_NATIVE_ISA or widest)
 ROW_COUNTS = (1, 2, 3, 4, 5, 8, 13, 32, 64, 512)
 
 
@@ -160,27 +163,40 @@ def test_quant_linear_glu_and_norm_agree_on_the_c_and_torch_paths(monkeypatch):
     assert torch.allclose(dense(x, norm_eps=1e-5), dense(normed), rtol=1e-5, atol=1e-5)
 
 
-needs_vnni = pytest.mark.skipif(
-    quant.activation_bits() != 15, reason="the screened argmax runs on VNNI builds only"
-)
+@pytest.fixture(params=VARIANTS)
+def isa(request, monkeypatch) -> str:
+    """Each build this CPU executes, forced as TANDEM_NATIVE_ISA forces it (quant.kernels()
+    and everything built on it then run that build)."""
+    monkeypatch.setenv(cbuild.ISA_ENV, request.param)
+    assert cbuild.select_isa()[0] == request.param
+    return str(request.param)
 
 
 def screened(
     n: int, k: int, fmt: str, seed: int
 ) -> tuple[quant.QuantLinear, quant_screen.ArgmaxScreen]:
+    """A projection and its screen in the build quant.kernels() picks (the screen on, also
+    where it does not serve by default)."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.05
     w[n // 2] = w[1]  # equal columns: equal logits, the first must win
     w[n - 1] = w[1]
     weight = quant.convert(w, fmt)
     linear = quant.QuantLinear(weight, col_scale=torch.rand(k, generator=g) + 0.5)
-    return linear, quant_screen.ArgmaxScreen(linear, weight)
+    return linear, quant_screen.ArgmaxScreen(linear, weight, enabled=True)
 
 
-@needs_vnni
+# every build on small heads; SmolLM2's head size (~8 s to build a screen) where the screen
+# serves (VNNI); test_screen_of_smollm2s_head_in_every_build has that size in every build
+SCREEN_CASES = [
+    *((v, n, k) for v in VARIANTS for n, k in [(1000, 576), (33, 64), (31, 64), (64, 96)]),
+    *([("avx512vnni", 49152, 576)] if "avx512vnni" in VARIANTS else []),
+]
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize(("n", "k"), [(49152, 576), (1000, 576), (33, 64), (31, 64), (64, 96)])
-def test_screened_argmax_is_the_full_logits_argmax(fmt, n, k):
+@pytest.mark.parametrize(("isa", "n", "k"), SCREEN_CASES, indirect=["isa"])
+def test_screened_argmax_is_the_full_logits_argmax(isa, fmt, n, k):
     """Rows of every kind (random, a row that is a small negative multiple of another so its
     logits are all near zero, zero rows, rows whose logits are all negative over a padded
     last tile) pick exactly the column `linear(x).max(-1)` picks, for 1..33 rows (one VR
@@ -197,16 +213,15 @@ def test_screened_argmax_is_the_full_logits_argmax(fmt, n, k):
         assert screen(x) == full.max(-1).indices.tolist(), rows
 
 
-@needs_vnni
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [33, 63, 1000])
-def test_screened_argmax_ignores_the_padding_of_the_last_tile(fmt, n):
+def test_screened_argmax_ignores_the_padding_of_the_last_tile(isa, fmt, n):
     """Positive weights and negative rows: every logit is negative, so the zero columns that
     pad the last tile to 32 would win if the screen looked at them."""
     g = torch.Generator().manual_seed(n)
     weight = quant.convert(torch.rand(n, 64, generator=g) + 0.1, fmt)
     linear = quant.QuantLinear(weight)
-    screen = quant_screen.ArgmaxScreen(linear, weight)
+    screen = quant_screen.ArgmaxScreen(linear, weight, enabled=True)
     x = -torch.rand(4, 64, generator=g) - 0.5
     full = linear(x)
     assert bool((full < 0).all())
@@ -214,9 +229,8 @@ def test_screened_argmax_ignores_the_padding_of_the_last_tile(fmt, n):
     assert all(0 <= p < n for p in screen(x) or [])
 
 
-@needs_vnni
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_screened_argmax_prefers_the_first_of_equal_columns(fmt):
+def test_screened_argmax_prefers_the_first_of_equal_columns(isa, fmt):
     """Columns 1, n/2 and n-1 hold the same weights, so their logits are equal; a row along
     them makes that the maximum, and the pick must be column 1, as torch's max picks."""
     n, k = 1000, 576
@@ -231,9 +245,8 @@ def test_screened_argmax_prefers_the_first_of_equal_columns(fmt):
     assert screen(along) == [1, 1]
 
 
-@needs_vnni
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 3e38])
-def test_screened_argmax_on_non_finite_rows_matches_or_defers(bad):
+def test_screened_argmax_on_non_finite_rows_matches_or_defers(isa, bad):
     """A NaN, inf or huge activation: the screen answers what the full kernel answers, or
     None (a NaN logit: the head then takes the full logits, as QuantHead.greedy does)."""
     linear, screen = screened(1000, 576, "int8", seed=5)
@@ -248,11 +261,36 @@ def test_screened_argmax_on_non_finite_rows_matches_or_defers(bad):
 
 
 def test_builds_use_the_vectors_they_were_compiled_for(libs):
-    assert libs["portable"].tq_isa() == 0
-    assert libs["avx2"].tq_isa() == 256
-    assert libs["native"].tq_isa() in (256, 512)
-    assert quant.activation_bits(libs["portable"]) == quant.activation_bits(libs["avx2"]) == 32
-    assert quant.activation_bits(libs["native"]) in (15, 32)
+    """Each build runs the path it is named for: its vector width, and 15-bit activations
+    on the VNNI build only; the build this machine serves with is among those tested."""
+    expected = {"avx512vnni": (512, 15), "avx512": (512, 32), "avx2": (256, 32), "scalar": (0, 32)}
+    assert set(expected) == set(cbuild.ISAS)
+    for isa, lib in libs.items():
+        assert (lib.tq_isa(), quant.activation_bits(lib)) == expected[isa], isa
+    assert SERVING in libs and "scalar" in libs
+    assert len({quant.build(isa) for isa in VARIANTS}) == len(VARIANTS)  # one library each
+    assert all(f"tq-{isa}-" in quant.build(isa).name for isa in VARIANTS)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_head_serves_the_screen_on_vnni_and_the_full_logits_elsewhere(isa, fmt):
+    """What QuantHead.greedy runs in each build: the screen on the VNNI build (measured faster
+    there), the full logits' argmax on the fp32 builds (their screen is slower than their
+    full head), and the same picks either way."""
+    from tandem.engines.native.quant_model import QuantHead
+
+    g = torch.Generator().manual_seed(5)
+    weight = quant.convert(torch.randn(1000, 576, generator=g) * 0.05, fmt)
+    head = QuantHead(quant.QuantLinear(weight), weight)
+    assert head.screen.available == (isa == "avx512vnni")
+    assert (head.screen.num_bytes > 0) == head.screen.available
+    x = torch.randn(9, 576, generator=g)
+    calls = []
+    real = head.logits
+    head.logits = lambda x: calls.append(1) or real(x)  # type: ignore[method-assign]
+    picks = head.greedy(x)
+    assert picks == real(x).max(-1).indices.tolist()
+    assert len(calls) == (0 if head.screen.available else 1)
 
 
 def test_q4_converts_to_int8_exactly():
@@ -382,18 +420,39 @@ def test_quantized_engine_agrees_with_fp32(models, prompts, fmt):
 
 
 @pytest.mark.native
-@needs_vnni
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_quantized_head_greedy_is_the_argmax_of_its_logits(models, prompts, fmt):
-    """SmolLM2's head (49152 columns) on real hidden states: the screened greedy pick is the
-    argmax of the full logits at every position, in batches of every size."""
+def test_quantized_head_greedy_is_the_argmax_of_its_logits(models, prompts, fmt, monkeypatch):
+    """SmolLM2's head (49152 columns) on real hidden states: the head's greedy pick (the
+    screen where it serves) is the argmax of its full logits at every position, in batches of
+    every size."""
     model = models[fmt]
     x = torch.cat([hidden(model, p) for p in prompts])
-    assert model.head.screen.available
+    assert model.head.screen.available == (quant.activation_bits() == 15)
     expected = model.head.logits(x).max(-1).indices.tolist()
     for rows in (1, 2, 7, 32, len(x)):
         got = [t for i in range(0, len(x), rows) for t in model.head.greedy(x[i : i + rows])]
         assert got == expected, rows
+
+
+@pytest.mark.native
+def test_screen_of_smollm2s_head_in_every_build(models, prompts, monkeypatch):
+    """In every build this CPU executes, the screen (forced on) over SmolLM2's head (int8 in
+    both formats) picks the argmax of that build's full logits on real hidden states."""
+    from tandem.engines.native.loader import load_quant_weights
+
+    model = models["int8"]
+    head_q8 = quant.convert(
+        load_quant_weights(None, "int8")[2]["model.embed_tokens.weight"], "int8"
+    )
+    x = torch.cat([hidden(model, p) for p in prompts])[:48]
+    for isa in VARIANTS:
+        monkeypatch.setenv(cbuild.ISA_ENV, isa)
+        linear = quant.QuantLinear(head_q8, col_scale=model.final_norm)
+        screen = quant_screen.ArgmaxScreen(linear, head_q8, enabled=True)
+        expected = linear(x).max(-1).indices.tolist()
+        for rows in (1, 7, len(x)):
+            got = [t for i in range(0, len(x), rows) for t in screen(x[i : i + rows]) or []]
+            assert got == expected, (isa, rows)
 
 
 def test_weights_auto_is_int4_where_the_kernels_build(monkeypatch):

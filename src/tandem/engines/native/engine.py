@@ -29,6 +29,7 @@ import torch
 
 from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
+from tandem.engines.native.cbuild import select_isa
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.embedding import pooled_embeddings, token_groups
 from tandem.engines.native.engine_core import EngineCore
@@ -137,10 +138,11 @@ class NativeEngine:
         self._thread = threading.Thread(target=self._run, name="native-engine-step", daemon=True)
         self._thread.start()
         logger.info(
-            "native engine started: model=%s device=%s weights=%s kv_cache=%s blocks=%d "
-            "block_size=%d",
+            "native engine started: model=%s device=%s kernels=%s weights=%s kv_cache=%s "
+            "blocks=%d block_size=%d",
             self._info.model_name,
             self.core.model.device,
+            select_isa()[0] if self.core.model.device.type == "cpu" else "torch",
             self.config.weights,
             str(self.core.model.kv_dtype).removeprefix("torch."),
             self._info.num_total_blocks,

@@ -10,8 +10,9 @@ else (CUDA, bf16, a machine where the library cannot be built) gets None from `c
 runs the torch code in model.py / attention.py.
 
 Built like the quantized kernels (tandem.engines.native.quant): once per machine with the
-system C compiler into the tandem cache directory, keyed by source and flags (`make` does it
-at install time, else the first use). A failed build logs a warning once and the torch path
+system C compiler into the tandem cache directory, keyed by source and flags, for the
+instruction-set build `cbuild.select_isa` picks (`make` does it at install time, else the
+first use). A failed build logs a warning once and the torch path
 serves: same results up to fp32 rounding, more time per step.
 """
 
@@ -27,29 +28,35 @@ from typing import Any
 
 import torch
 
-from tandem.engines.native.cbuild import CBuildError, compile_c
+from tandem.engines.native.cbuild import ISAS, CBuildError, check_isa, compile_c, select_isa
 
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("kernels") / "ops.c"
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")  # and the build's (cbuild.ISAS)
 # the KV cache dtypes the C ops serve, and each one's build flags
 KV_DTYPES = {torch.float32: (), torch.float16: ("-DTO_KV_HALF",)}
 _lock = threading.Lock()
-_libs: dict[torch.dtype, ctypes.CDLL | None] = {}  # None: the build failed (warned once)
+# per (KV dtype, instruction-set build); None: the build failed (warned once)
+_libs: dict[tuple[torch.dtype, str], ctypes.CDLL | None] = {}
 
 
 class OpsBuildError(RuntimeError):
     """The C ops could not be built; the message has the compiler's output."""
 
 
-def build(kv_dtype: torch.dtype = torch.float32) -> Path:
-    """Compile `kernels/ops.c` for a KV cache of `kv_dtype` (a key of KV_DTYPES; idempotent);
-    returns the shared library's path."""
+def build(kv_dtype: torch.dtype = torch.float32, isa: str | None = None) -> Path:
+    """Compile `kernels/ops.c` for a KV cache of `kv_dtype` (a key of KV_DTYPES; idempotent)
+    and the instruction-set build `isa` (a key of cbuild.ISAS; default cbuild.select_isa(),
+    as the quantized kernels: a build this CPU cannot execute is an IsaError); returns the
+    shared library's path."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"no C ops for a {kv_dtype} KV cache; expected one of {list(KV_DTYPES)}")
+    if isa is None:
+        isa = select_isa()[0]
+    check_isa(isa)
     try:
-        return compile_c(_SOURCE, "ops", (*_FLAGS, *KV_DTYPES[kv_dtype]))
+        return compile_c(_SOURCE, f"ops-{isa}", (*ISAS[isa][0], *_FLAGS, *KV_DTYPES[kv_dtype]))
     except CBuildError as exc:
         raise OpsBuildError(f"building the native engine's C ops: {exc}") from exc
 
@@ -88,20 +95,23 @@ def _load(path: Path) -> ctypes.CDLL:
 def library(kv_dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
     """The loaded C ops for a `kv_dtype` cache (built on first use), or None where they
     cannot be built (warned once; callers then run the torch path). TANDEM_NATIVE_OPS=torch
-    turns them off for the models built while it is set (read on every call)."""
+    turns them off for the models built while it is set (read on every call). The build is
+    cbuild.select_isa()'s; a TANDEM_NATIVE_ISA this CPU cannot execute is an IsaError."""
     if os.environ.get("TANDEM_NATIVE_OPS", "c") == "torch":
         return None
+    isa = select_isa()[0]
+    key = (kv_dtype, isa)
     with _lock:
-        if kv_dtype not in _libs:
+        if key not in _libs:
             try:
-                _libs[kv_dtype] = _load(build(kv_dtype))
+                _libs[key] = _load(build(kv_dtype, isa))
             except (OpsBuildError, OSError, subprocess.SubprocessError) as exc:
                 logger.warning(
                     "native C ops for a %s KV cache unavailable, using torch ops (slower): %s",
                     kv_dtype, exc,
                 )  # fmt: skip
-                _libs[kv_dtype] = None
-        return _libs[kv_dtype]
+                _libs[key] = None
+        return _libs[key]
 
 
 class CpuOps:

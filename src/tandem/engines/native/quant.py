@@ -1,7 +1,8 @@
 """Weight-only quantized linear layers: int4 (groups of 32 with a scale and a minimum, GGUF
 Q4_1's layout) and int8 (uint8 codes, groups of 32 with a scale and a minimum), run by the C
-kernels in `kernels/quant.c` (AVX-512 or AVX2 + FMA where the compiler targets it, a scalar
-path else).
+kernels in `kernels/quant.c`, compiled once per instruction set (AVX-512 VNNI, AVX-512,
+AVX2 + FMA, scalar): the widest this CPU executes, or the one TANDEM_NATIVE_ISA forces
+(`cbuild.select_isa`, logged at INFO).
 
 `Q4Weight` / `Q8Weight` hold a weight in source order (GGUF blocks, row-major): what is
 loaded, cached, fused (`cat_rows`) and converted. `pack` turns one into a `PackedWeight`,
@@ -13,10 +14,11 @@ scale / 17; Q8_0: codes + 128, minimum -128 x scale): the SmolLM2 GGUF is Q4_1, 
 engine that re-rounded its weights would not be the model the fp32 engine serves.
 
 The kernels are compiled once per machine with the system C compiler (`make` does it at
-install time; else the first use does) into the tandem cache directory, keyed by the source
-and the compiler flags. Activations are fp32 on AVX2 and the scalar path; where the CPU has
-AVX512-VNNI they are rounded to 15-bit integers per group of 32 and the products summed in
-int32, twice the fp32 FMA rate (`activation_bits`; the kernel's header says why 15 bits).
+install time; else the first use does) into the tandem cache directory, keyed by the build,
+the source and the compiler flags. Activations are fp32 on the AVX-512, AVX2 and scalar
+builds; on the AVX-512 VNNI build they are rounded to 15-bit integers per group of 32 and the
+products summed in int32, twice the fp32 FMA rate (`activation_bits`; the kernel's header
+says why 15 bits).
 
 The C kernels serve weights on the CPU. A weight on another device (CUDA), or any weight
 where TANDEM_QUANT_KERNELS=torch, runs the torch path instead (`matmul_torch`): the
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tandem.engines.native.cbuild import CBuildError, compile_c
+from tandem.engines.native.cbuild import ISAS, CBuildError, check_isa, compile_c, select_isa
 
 logger = logging.getLogger(__name__)
 
@@ -46,33 +48,29 @@ GROUP = 32
 WEIGHT_FORMATS = ("fp32", "int8", "int4")
 _SOURCE = Path(__file__).with_name("kernels") / "quant.c"
 _COMMON = ("-O3", "-fopenmp", "-fPIC", "-shared")
-# builds: the machine's widest vectors (AVX-512 here), AVX2 + FMA, and the scalar path that
-# compiles for any x86-64 / arm (tests run all three; within one build every row count and
-# row position gives bit-identical rows, across builds only fp32 rounding differs)
-VARIANTS = {
-    "native": ("-march=native", *_COMMON),
-    "avx2": ("-mavx2", "-mfma", *_COMMON),
-    "portable": _COMMON,
-}
+# one build per instruction set (cbuild.ISAS: AVX-512 VNNI, AVX-512, AVX2 + FMA, scalar): the
+# kernels pick their path at compile time; tests run every build the CPU executes (within one
+# build every row count and row position gives bit-identical rows; across builds fp32
+# rounding differs, and the VNNI build rounds activations to 15 bits)
+VARIANTS = {isa: (*flags, *_COMMON) for isa, (flags, _) in ISAS.items()}
 TILE = 32  # output columns per packed tile (kernels/quant.c TN)
 _lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
+_libs: dict[str, ctypes.CDLL] = {}  # per build
 
 
 class QuantKernelError(RuntimeError):
     """The quantized kernels cannot be built or loaded; the message says why and what to do."""
 
 
-def build(variant: str | None = None) -> Path:
-    """Compile the kernels (idempotent); returns the shared library's path. `variant` is a
-    key of VARIANTS; default 'native', or 'portable' (the scalar path, no -march=native)
-    where TANDEM_QUANT_PORTABLE=1."""
-    if variant is None:
-        variant = "portable" if os.environ.get("TANDEM_QUANT_PORTABLE", "0") == "1" else "native"
-    if variant not in VARIANTS:
-        raise ValueError(f"kernel variant '{variant}'; expected one of {sorted(VARIANTS)}")
+def build(isa: str | None = None) -> Path:
+    """Compile the kernels (idempotent); returns the shared library's path. `isa` is a key
+    of VARIANTS; default: cbuild.select_isa() (TANDEM_NATIVE_ISA, else the widest build this
+    CPU executes). A build this CPU cannot execute is refused (cbuild.IsaError)."""
+    if isa is None:
+        isa = select_isa()[0]
+    check_isa(isa)
     try:
-        return compile_c(_SOURCE, "tq", VARIANTS[variant])
+        return compile_c(_SOURCE, f"tq-{isa}", VARIANTS[isa])
     except CBuildError as exc:
         raise QuantKernelError(
             f"building the int8/int4 kernels: {exc}\nserve with --weights fp32, or install/fix gcc"
@@ -93,6 +91,7 @@ def load_library(path: Path) -> ctypes.CDLL:
     for fn in (lib.tq_gemm_q4, lib.tq_gemm_q8, lib.tq_head_greedy):
         fn.restype = ctypes.c_int
     lib.tq_screen_block.restype = ctypes.c_int
+    lib.tq_screen_layout.restype = ctypes.c_int
     lib.tq_isa.restype = ctypes.c_int
     lib.tq_activation_bits.restype = ctypes.c_int
     return lib
@@ -119,15 +118,15 @@ def auto_weights(dtype: str, device: str = "cpu") -> str:
 
 
 def kernels() -> ctypes.CDLL:
-    """The loaded kernel library (built on first use)."""
-    global _lib
+    """The loaded kernel library of the build cbuild.select_isa() picks (built on first use)."""
+    isa = select_isa()[0]
     with _lock:
-        if _lib is None:
-            lib = load_library(build())
+        if isa not in _libs:
+            lib = load_library(build(isa))
             if not lib.tq_isa():
                 logger.warning("int8/int4 kernels built without AVX2: the scalar path is slow")
-            _lib = lib
-        return _lib
+            _libs[isa] = lib
+        return _libs[isa]
 
 
 class Q4Weight(NamedTuple):

@@ -27,14 +27,22 @@ class ArgmaxScreen:
     only on the few tiles that may hold the maximum (`kernels/quant.c`, tq_head_greedy). For
     the output head of greedy rows: at 32 rows the head's cost is its integer products, and
     the screen takes half of them and a quarter of the scale steps. None where it cannot
-    answer (a NaN result: the caller takes the full logits). `available` says whether this
-    build screens (the VNNI kernels; elsewhere it is unused). The copy costs one byte a
-    weight beside the packed weight. Immutable; thread-safe."""
+    answer (a NaN result: the caller takes the full logits). Every kernel build has the
+    screen (the VNNI one in integer products; the fp32 builds, AVX-512, AVX2 and scalar, with
+    the fp32 kernel's rounding in the bound); it serves where `enabled` (default: on the VNNI
+    build, where it was measured faster than the full head: docs/perf-engine.md; the fp32
+    builds' screen sums one int8 product per weight, which is no cheaper than their full
+    head). `available` says whether it serves. The copy costs one byte a weight beside the
+    packed weight. Immutable; thread-safe."""
 
-    def __init__(self, linear: QuantLinear, weight: QWeight) -> None:
+    def __init__(
+        self, linear: QuantLinear, weight: QWeight, *, enabled: bool | None = None
+    ) -> None:
         self.linear = linear
         self._fn: Any = None
-        if linear._args is None or linear.glu or activation_bits() != 15:
+        if enabled is None:
+            enabled = activation_bits() == 15
+        if linear._args is None or linear.glu or not enabled:
             return
         lib = kernels()
         block = int(lib.tq_screen_block())
@@ -68,8 +76,11 @@ class ArgmaxScreen:
             stats[3, r0:r1] = (top * d.abs() + m.abs()).amax(1)
         up = 1.0 + 2.0**-20  # fp32 rounding of the float64 figures, upwards
         self._cols = (stats * up).float().contiguous()
-        # the kernel's order: per tile of 32 columns, quads of 4 k, columns 0..15 then 16..31
-        self._q = q_out.view(tiles, 2, 16, k // 4, 4).permute(0, 3, 1, 2, 4).contiguous()
+        if lib.tq_screen_layout() == 1:
+            # VNNI: per tile of 32 columns, quads of 4 k, columns 0..15 then 16..31
+            self._q = q_out.view(tiles, 2, 16, k // 4, 4).permute(0, 3, 1, 2, 4).contiguous()
+        else:  # the fp32 builds: per tile, k-major (32 columns a k)
+            self._q = q_out.view(tiles, TILE, k).transpose(1, 2).contiguous()
         self._d = d_out.view(tiles, TILE, blocks).transpose(1, 2).contiguous()
         self._kind = 4 if isinstance(weight, Q4Weight) else 8
         self._fn = lib.tq_head_greedy

@@ -376,6 +376,13 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
 }
 #endif
 
+/* the greedy head's screen (head_greedy below; every build has one) */
+#define SBK 64 /* k a screening block (the last one may be 32) */
+#define SCREEN_SAFETY 4.0 /* times the rounding bounds of the screen and of the exact kernel */
+#define SCREEN_MAX 1e15 /* rows with larger activations skip the screen (no overflow below it) */
+
+int tq_screen_block(void) { return SBK; }
+
 /* ------------------------------------------------------------------ VNNI path */
 #if VNNI
 /* Where AVX512-VNNI is present the codes are never widened: each row's activations are
@@ -602,11 +609,8 @@ static int vgemm(int kind, const float *x, int64_t M, int64_t K, float alpha, co
  * any batch). On SmolLM2's head ~13 tiles of 1536 a row run in full. A row with a value
  * outside +-SCREEN_MAX (NaN and inf included) runs every tile in full. Returns 1 where a
  * result is NaN (the caller takes the full logits instead). */
-#define SBK 64 /* k a screening block (the last one may be 32) */
-#define SCREEN_SAFETY 4.0 /* times the rounding bounds above */
-#define SCREEN_MAX 1e15 /* rows with larger activations skip the screen (no overflow below it) */
 
-int tq_screen_block(void) { return SBK; }
+int tq_screen_layout(void) { return 1; } /* the copy in the packed q8 order (quads of 4 k) */
 
 /* R <= VR rows of one tile of the screening copy: per row, the max over the tile's valid
  * columns of H + bound and of H - bound into tu, tl (stride ldt) */
@@ -758,21 +762,154 @@ static int head_greedy(int kind, const float *x, int64_t M, int64_t K, float alp
 }
 #else
 int tq_activation_bits(void) { return 32; }
-int tq_screen_block(void) { return 0; }
+int tq_screen_layout(void) { return 0; }
+
+/* The screen on the fp32 builds (AVX-512 without VNNI, AVX2, scalar): head_greedy's contract
+ * and its bound with the terms of the fp32 kernel. The row's exact activations xa are what
+ * gemm multiplies (x times alpha, its RMS factor and cs, in fp32) rounded again to 8 bits per
+ * block, x~ = S h; the screening copy is k-major here (tile t: sq + t K TN, byte k TN + c,
+ * Q + 128), its integer sums exact in int32 and scaled in double (the fp32 bound covers it).
+ * The exact fp32 kernel's result per column rounds by at most (2G + GROUP + 4) 2^-24 mag_n
+ * |xa|_1 with fused multiply-adds (the 32-term product chain, the group sums, 2G
+ * accumulation steps), twice that without (the scalar build); SCREEN_SAFETY times twice it
+ * is taken. Candidate tiles run what gemm runs for one row (run_tile: bit-identical). */
+static int head_greedy_f(int kind, const float *x, int64_t M, int64_t K, float alpha,
+                         const float *cs, const uint8_t *pq, const float *pd, const float *pm,
+                         int64_t N, const uint8_t *sq, const float *sd, const float *cols,
+                         int64_t *out, int nt, float eps) {
+    if (K % GROUP || K <= 0 || M < 0 || N <= 0) return -1;
+    if (M == 0) return 0;
+    const int64_t G = K / GROUP, T = (N + TN - 1) / TN, tq = K * (kind == 4 ? TN / 2 : TN);
+    const int64_t B = (K + SBK - 1) / SBK, ncols = T * TN;
+    float *xa = malloc(sizeof(float) * (size_t)(M * K + M * G + M * B + 4 * M + 2 * M * T));
+    int8_t *h = malloc((size_t)(M * K));
+    int32_t *hs = malloc(sizeof(int32_t) * (size_t)(M * B + 2 * M));
+    if (!xa || !h || !hs) {
+        free(xa), free(h), free(hs);
+        return -2;
+    }
+    float *xs = xa + M * K, *S = xs + M * G, *rs = S + M * B, *tu = rs + 4 * M, *tl = tu + M * T;
+    int32_t *bad = hs + M * B, *all = bad + M;
+    if (nt < 1) nt = 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && M * K >= 4096)
+    for (int64_t r = 0; r < M; r++) {
+        const float *xr = x + r * K;
+        float *ar = xa + r * K;
+        const float a = row_alpha(xr, K, alpha, eps);
+        for (int64_t k = 0; k < K; k++) ar[k] = a * (cs ? xr[k] * cs[k] : xr[k]); /* gemm's xa */
+        for (int64_t g = 0; g < G; g++) {
+            float s = 0.f;
+            for (int j = 0; j < GROUP; j++) s += ar[g * GROUP + j];
+            xs[r * G + g] = s;
+        }
+        double e2 = 0., t2 = 0., t1 = 0., a1 = 0.;
+        int big = 0;
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t k0 = b * SBK, k1 = k0 + SBK < K ? k0 + SBK : K;
+            double amax = 0.;
+            for (int64_t k = k0; k < k1; k++) {
+                amax = fmax(amax, fabs((double)ar[k]));
+                if (!(fabs((double)ar[k]) <= SCREEN_MAX)) big = 1; /* NaN too */
+            }
+            const float s = (float)(amax / 127.);
+            S[r * B + b] = s;
+            int32_t hsum = 0;
+            for (int64_t k = k0; k < k1; k++) {
+                double v = s > 0.f ? rint((double)ar[k] / (double)s) : 0.;
+                v = v > 127. ? 127. : v < -127. ? -127. : v;
+                h[r * K + k] = (int8_t)(int)v;
+                hsum += (int32_t)v;
+                const double xt = (double)s * v;
+                e2 += ((double)ar[k] - xt) * ((double)ar[k] - xt);
+                t2 += xt * xt;
+                t1 += fabs(xt);
+                a1 += fabs((double)ar[k]);
+            }
+            hs[r * B + b] = hsum;
+        }
+        const double up = 1. + 1e-6; /* the bound's own steps, upwards */
+        rs[4 * r + 0] = (float)(sqrt(e2) * up);
+        rs[4 * r + 1] = (float)(sqrt(t2) * up);
+        rs[4 * r + 2] = (float)(SCREEN_SAFETY * (double)(B + 2) * 0x1p-24 * t1 * up);
+        rs[4 * r + 3] = (float)(2. * SCREEN_SAFETY * (double)(2 * G + GROUP + 4) * 0x1p-24 * a1 * up);
+        bad[r] = 0;
+        all[r] = big;
+    }
+    int nt1 = nt > T ? (int)T : nt;
+#pragma omp parallel for num_threads(nt1) schedule(static) if (nt1 > 1)
+    for (int64_t t = 0; t < T; t++) {
+        const int nc = tile_cols(N, t, 0);
+        const uint8_t *w = sq + t * K * TN;
+        const float *D = sd + t * B * TN, *cl = cols + t * TN;
+        for (int64_t r = 0; r < M; r++) {
+            const int8_t *hr = h + r * K;
+            double acc[TN] = {0};
+            for (int64_t b = 0; b < B; b++) {
+                const int64_t k0 = b * SBK, k1 = k0 + SBK < K ? k0 + SBK : K;
+                int32_t isum[TN] = {0};
+                for (int64_t k = k0; k < k1; k++) {
+                    const int32_t hk = hr[k];
+                    for (int c = 0; c < TN; c++) isum[c] += (int32_t)w[k * TN + c] * hk;
+                }
+                const float s = S[r * B + b];
+                const int32_t off = 128 * hs[r * B + b]; /* (Q + 128) . h less 128 sum h */
+                for (int c = 0; c < TN; c++) acc[c] += (double)(D[b * TN + c] * s) * (isum[c] - off);
+            }
+            double hi = -INFINITY, lo = -INFINITY;
+            for (int c = 0; c < nc; c++) { /* cols: |W_n|_2, |W_n - W'_n|_2, max|W'_n|, mag_n */
+                double bd = 0.;
+                for (int i = 0; i < 4; i++) bd += (double)cl[i * ncols + c] * rs[4 * r + i];
+                if (acc[c] != acc[c]) __atomic_store_n(&bad[r], 1, __ATOMIC_RELAXED);
+                hi = fmax(hi, acc[c] + bd);
+                lo = fmax(lo, acc[c] - bd);
+            }
+            tu[r * T + t] = (float)hi; /* float: the bound's rounding (up) covers these */
+            tl[r * T + t] = (float)lo;
+        }
+    }
+    int failed = 0;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && M > 1) reduction(| : failed)
+    for (int64_t r = 0; r < M; r++) {
+        float floor = -INFINITY, best = -INFINITY, y[TN] __attribute__((aligned(64)));
+        int64_t pick = -1;
+        float *buf = NULL; /* the scalar build widens a tile's codes first */
+        if (!MR_REG && !(buf = malloc(sizeof(float) * (size_t)(K * TN)))) {
+            failed = 1;
+            continue;
+        }
+        if (all[r]) bad[r] = 0; /* every tile in full: the screen's sums do not count */
+        for (int64_t t = 0; t < T && !all[r]; t++) floor = fmaxf(floor, tl[r * T + t]);
+        for (int64_t t = 0; t < T && !bad[r]; t++) {
+            if (!all[r] && !(tu[r * T + t] >= floor)) continue;
+            const int nc = tile_cols(N, t, 0);
+            if (buf) codes_tile(kind, pq + t * tq, K, buf);
+            run_tile(1, kind, buf, pq + t * tq, pd + t * G * TN, pm + t * G * TN, xa + r * K,
+                     xs + r * G, K, y, TN, NULL, nc);
+            for (int c = 0; c < nc; c++) {
+                if (y[c] != y[c]) bad[r] = 1;
+                if (pick < 0 || y[c] > best) best = y[c], pick = t * TN + c;
+            }
+        }
+        free(buf);
+        out[r] = pick;
+        failed |= bad[r] || pick < 0;
+    }
+    free(xa), free(h), free(hs);
+    return failed ? 1 : 0;
+}
 #endif
 
-/* argmax per row of tq_gemm_*'s result (kind 4 or 8; tq_activation_bits 15 builds, -3
- * elsewhere), screened through the copy sq, sd, cols (head_greedy) */
+/* argmax per row of tq_gemm_*'s result (kind 4 or 8), screened through the copy sq, sd, cols
+ * (head_greedy on the VNNI build, head_greedy_f on the others; tq_screen_layout says the
+ * copy's order) */
 int tq_head_greedy(int kind, const float *x, int64_t M, int64_t K, float alpha, const float *cs,
                    const uint8_t *pq, const float *pd, const float *pm, int64_t N, const uint8_t *sq,
                    const float *sd, const float *cols, int64_t *out, int nt, float eps) {
-#if VNNI
     if (kind != 4 && kind != 8) return -1;
+#if VNNI
     return head_greedy(kind, x, M, K, alpha, cs, pq, pd, pm, N, sq, sd, cols, out, nt, eps);
 #else
-    (void)kind, (void)x, (void)M, (void)K, (void)alpha, (void)cs, (void)pq, (void)pd, (void)pm;
-    (void)N, (void)sq, (void)sd, (void)cols, (void)out, (void)nt, (void)eps;
-    return -3;
+    return head_greedy_f(kind, x, M, K, alpha, cs, pq, pd, pm, N, sq, sd, cols, out, nt, eps);
 #endif
 }
 

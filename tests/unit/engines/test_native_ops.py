@@ -1,4 +1,5 @@
-"""The native engine's C ops (kernels/ops.c) against their torch definitions."""
+"""The native engine's C ops (kernels/ops.c) against their torch definitions, in every
+instruction-set build this CPU executes (cbuild.runnable_isas)."""
 
 from __future__ import annotations
 
@@ -9,23 +10,33 @@ import torch
 import torch.nn.functional as F
 
 from tandem.engines.native.attention import to_cache
-from tandem.engines.native.ops import CpuOps, cpu_ops
+from tandem.engines.native.cbuild import runnable_isas, select_isa
+from tandem.engines.native.ops import CpuOps, _load, build, cpu_ops
 
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.fixture(scope="module", params=runnable_isas())
+def isa(request) -> str:
+    """Every instruction-set build this CPU executes (the serving one among them)."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def ops() -> CpuOps:
+def ops(isa) -> CpuOps:
+    return CpuOps(_load(build(torch.float32, isa)), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def ops16(isa) -> CpuOps:
+    return CpuOps(_load(build(torch.float16, isa)), torch.float16)
+
+
+def test_every_build_runs_its_own_path_and_the_serving_one_is_tested(ops, ops16, isa):
+    assert ops.lib.to_has_avx2() == ops16.lib.to_has_avx2() == (isa != "scalar")
+    assert select_isa()[0] in runnable_isas()
     found = cpu_ops(torch.float32)
     assert found is not None, "the C ops did not build on this machine (gcc missing?)"
-    return found
-
-
-@pytest.fixture(scope="module")
-def ops16() -> CpuOps:
-    found = cpu_ops(torch.float32, kv_dtype=torch.float16)
-    assert found is not None, "the fp16-cache C ops did not build on this machine"
-    return found
 
 
 def test_only_fp32_on_cpu_gets_the_c_ops():

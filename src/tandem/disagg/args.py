@@ -9,11 +9,10 @@ from tandem.disagg.config import (
     DISAGG_MODES,
     FAILURE_POLICIES,
     FLOWS,
-    LAZY_BACKENDS,
     DisaggRouteConfig,
     DisaggWorkerConfig,
 )
-from tandem.disagg.transfer.base import BACKEND_NAMES
+from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 from tandem.disagg.transfer.config import backends_from_spec
 
 

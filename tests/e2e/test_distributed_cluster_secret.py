@@ -5,6 +5,7 @@ still succeeds on the real worker."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import openai
@@ -24,8 +25,8 @@ def _secret_file(path: Path, value: str) -> str:
 def test_rogue_worker_with_another_secret_gets_no_prompt(
     tmp_path: Path, etcd_server: Service, nats_server: Service
 ) -> None:
-    ours = _secret_file(tmp_path / "ours", "a" * 64)
-    theirs = _secret_file(tmp_path / "theirs", "b" * 64)
+    ours = _secret_file(tmp_path / "ours", secrets.token_hex(32))
+    theirs = _secret_file(tmp_path / "theirs", secrets.token_hex(32))
     flags = ["--namespace", "sec", "--discovery", "etcd", "--etcd-url", etcd_server.url,
              "--events", "nats", "--nats-url", nats_server.url]  # fmt: skip
     port = free_port()

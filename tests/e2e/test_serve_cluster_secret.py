@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import socket
 import stat
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from tests.support.services import free_port
 from tests.support.tandem_procs import (
+    MODEL,
     TandemProcess,
     http_request,
     start_tandem,
@@ -111,3 +113,43 @@ def _create_time(pid: int) -> float:
     import psutil
 
     return float(psutil.Process(pid).create_time())
+
+
+def _serve_with(tmp: Path, *secret_args: str) -> tuple[TandemProcess, str, Path]:
+    port, run_dir = free_port(), tmp / "run"
+    args = ["serve", "--engine", "mocker", "--workers", "1", "--speedup-ratio", "0"]
+    args += ["--port", str(port), "--run-dir", str(run_dir), *secret_args]
+    return start_tandem("serve", args, tmp), f"http://127.0.0.1:{port}", run_dir
+
+
+def test_serve_uses_the_given_secret_for_the_whole_stack(tmp_path: Path, monkeypatch) -> None:
+    """`--cluster-secret S`: the frontend and the worker both hold S (before, every worker
+    exited: it got the flag and serve's own secret file at once)."""
+    for name in ("TANDEM_CLUSTER_SECRET", "TANDEM_CLUSTER_SECRET_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    given = secrets.token_hex(32)
+    proc, base, run_dir = _serve_with(tmp_path, "--cluster-secret", given)
+    try:
+        wait_instances(base, lambda ids: len(ids) == 1, timeout_s=60, proc=proc)
+        wait_healthy(base)
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        status, _, reply = http_request(f"{base}/v1/completions", body)
+        assert status == 200, reply
+        assert (run_dir / "cluster-secret").read_text().strip() == given
+        payload = kv.encode(kv.KvStateRequest(after_event_id=None))
+        worker = _worker(run_dir)
+        out = asyncio.run(_call(worker.address, "tandem.backend.kv_state", payload, given))
+        assert [type(kv.decode_batch(p)).__name__ for p in out] == ["KvEventBatch"]
+        assert "both --cluster-secret" not in proc.log() and given not in proc.log()
+    finally:
+        proc.stop()
+
+
+def test_serve_refuses_a_placeholder_secret(tmp_path: Path) -> None:
+    placeholder = "replace-me-with-the-output-of-openssl-rand-hex-32"
+    proc, _, _ = _serve_with(tmp_path, f"--cluster-secret={placeholder}")
+    try:
+        assert proc.proc.wait(timeout=60) != 0
+        assert "contains 'replace'" in proc.log() and "openssl rand -hex 32" in proc.log()
+    finally:
+        proc.stop()

@@ -7,7 +7,9 @@ says. The image build itself: test_docker_image (marker `docker`, `make test-doc
 from __future__ import annotations
 
 import argparse
+import base64
 import re
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,20 +19,53 @@ import pytest
 import yaml
 
 from tandem.cli.config import load_config_file, parse_args
+from tandem.runtime.args import resolve_cluster_secret
+from tandem.runtime.secret import check_secret
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
+SECRET_FILE = "cluster-secret.txt"  # the operator makes it: openssl rand -hex 32
 
 
-@pytest.fixture(scope="module")
-def rendered() -> list[dict[str, Any]]:
+def _kustomize(tree: Path) -> subprocess.CompletedProcess[str]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl not installed (Debian: apt-get install kubernetes-client)")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return subprocess.run([kubectl, "kustomize", str(tree)], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def _committed_tree(tmp: Path) -> Path:
+    """deploy/k8s as committed: without the operator's gitignored cluster-secret.txt."""
+    tree = tmp / "k8s"
+    shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns(SECRET_FILE))
+    return tree
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    tree = _committed_tree(tmp_path_factory.mktemp("k8s"))
+    (tree / SECRET_FILE).write_text(secrets.token_hex(32) + "\n")  # as the README tells
+    out = _kustomize(tree)
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def test_manifests_as_committed_require_a_real_secret(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    out = _kustomize(_committed_tree(tmp_path))
+    assert out.returncode != 0 and SECRET_FILE in out.stderr  # no placeholder rendered
+    assert SECRET_FILE in (REPO / ".gitignore").read_text()
+    (secret,) = [d for d in rendered if d["kind"] == "Secret"]
+    value = base64.b64decode(secret["data"]["secret"]).decode()
+    env = {"TANDEM_CLUSTER_SECRET": value}
+    assert resolve_cluster_secret(None, None, env) == value.strip()
+    check_secret(value.strip())  # what every tandem container gets through its env
+    for pod in _deployments(rendered).values():
+        refs = [e["valueFrom"]["secretKeyRef"]["name"] for c in pod["containers"]
+                for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]  # fmt: skip
+        assert refs == [secret["metadata"]["name"]]
 
 
 def test_manifests_validate_against_the_kubernetes_schemas(rendered: list[dict[str, Any]]) -> None:

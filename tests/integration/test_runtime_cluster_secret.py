@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 
 import pytest
@@ -21,7 +22,7 @@ from tandem.runtime.runtime import Runtime, open_runtime
 from tandem.runtime.tcp import TcpRequestClient
 
 pytestmark = pytest.mark.timeout(15)
-SECRET = "cluster-secret-of-this-test-0123456789"
+SECRET = secrets.token_hex(32)  # as `openssl rand -hex 32` makes one
 
 
 @pytest.fixture

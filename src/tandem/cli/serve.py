@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tandem serve",
         description=__doc__,
-        epilog="Unknown flags go to every worker, e.g. --speedup-ratio 0 for the mocker.",
+        epilog="Unknown flags go to every worker, e.g. --speedup-ratio 0 for the mocker. "
+        "--cluster-secret S or --cluster-secret-file P (or TANDEM_CLUSTER_SECRET(_FILE)) is "
+        "the whole stack's cluster secret; without one serve generates one per stack.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = parser.add_argument_group("serve")
@@ -251,7 +253,7 @@ async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
         discovery="file",
         discovery_dir=os.path.join(run_dir, "discovery"),
         events="zmq",
-        cluster_secret=_cluster_secret(run_dir),
+        cluster_secret=_cluster_secret(run_dir, args.secret_flags),
     )
     try:
         frontend_config = frontend_config_from_args(args)
@@ -404,20 +406,58 @@ def _worker_config_flags(args: argparse.Namespace, run_dir: str) -> list[str]:
     return ["--config", worker_path]
 
 
-def _cluster_secret(run_dir: str) -> str:
-    """The stack's cluster secret: TANDEM_CLUSTER_SECRET(_FILE) when set (the workers inherit
-    it), else a fresh one in a 0600 file of the run dir that the workers are pointed at."""
-    from tandem.runtime.args import resolve_cluster_secret
-    from tandem.runtime.secret import generate_secret, write_secret_file
+SECRET_FLAGS = ("--cluster-secret", "--cluster-secret-file")
 
-    given = resolve_cluster_secret(None, None, os.environ)
-    if given is not None:
+
+def take_secret_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`argv` without `--cluster-secret[=]S` and `--cluster-secret-file[=]P`, and their values
+    by flag: serve resolves the secret once for the whole stack rather than pass the flags
+    on to workers (which would also inherit serve's secret file, two sources at once)."""
+    rest: list[str] = []
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in SECRET_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise SystemExit(f"tandem serve: {name} expects a value")
+                value, i = argv[i + 1], i + 1
+            if name in found:
+                raise SystemExit(f"tandem serve: {name} is given twice")
+            found[name] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, found
+
+
+def _cluster_secret(run_dir: str, flags: dict[str, str] | None = None) -> str:
+    """The stack's cluster secret, for serve's frontend and every process it starts:
+    `--cluster-secret` / `--cluster-secret-file`, else TANDEM_CLUSTER_SECRET(_FILE), else a
+    fresh one. Unless it came from TANDEM_CLUSTER_SECRET(_FILE) (which the workers inherit),
+    it is written to a 0600 file of the run dir that the workers are pointed at."""
+    from tandem.runtime.args import resolve_cluster_secret
+    from tandem.runtime.secret import check_secret, generate_secret, write_secret_file
+
+    flags = flags or {}
+    try:
+        given = resolve_cluster_secret(
+            flags.get("--cluster-secret"), flags.get("--cluster-secret-file"), os.environ
+        )
+        if given is not None:
+            check_secret(given)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+    if given is not None and not flags:
         return given
-    secret, path = generate_secret(), os.path.join(run_dir, "cluster-secret")
+    secret, path = given or generate_secret(), os.path.join(run_dir, "cluster-secret")
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # left by an earlier stack in the same --run-dir
     write_secret_file(path, secret)
+    os.environ.pop("TANDEM_CLUSTER_SECRET", None)  # one source for the workers: the file
     os.environ["TANDEM_CLUSTER_SECRET_FILE"] = path  # inherited by the worker processes
     return secret
 
@@ -470,9 +510,11 @@ async def serve_with_planner(
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = original = list(sys.argv[1:] if argv is None else argv)
+    argv, args_secret = take_secret_flags(argv)  # replicas get the secret as the workers do
     args, passthrough = parse_known_args(build_parser(), argv)
     args.argv = argv  # frontend replicas get the same command line
+    args.secret_flags = args_secret
     _validate(args)
     if any(a == "--system-port" or a.startswith("--system-port=") for a in passthrough):
         # every worker would get the same port; serve's are scraped through the frontend
@@ -483,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine == "vllm":
         from tandem.engines.vllm.venv import reexec_in_vllm_venv
 
-        reexec_in_vllm_venv(["serve", *argv])
+        reexec_in_vllm_venv(["serve", *original])
     configure_logging(args.log_level, args.log_format)
     configure_tracing(args)
     with contextlib.suppress(KeyboardInterrupt):

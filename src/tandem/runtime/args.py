@@ -94,5 +94,5 @@ def resolve_cluster_secret(
         if path is not None:
             return read_secret_file(path)
         if value is not None:
-            return value
+            return value.strip()  # a Secret made from `openssl rand -hex 32 > file` ends in \n
     return None

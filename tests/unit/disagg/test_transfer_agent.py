@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Iterator
 
@@ -268,7 +269,7 @@ async def test_async_wrappers_round_trip(pair) -> None:
     assert await owner.wait_async(op.op_id, 1) is OpStatus.COMPLETE
 
 
-SECRET = "transfer-secret-of-this-test-0123456789"
+SECRET = secrets.token_hex(32)  # as `openssl rand -hex 32` makes one
 
 
 def _secured(name: str, secret: str | None, seed: int) -> TransferAgent:

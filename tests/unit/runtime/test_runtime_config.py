@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_registry_builds_memory_backends() -> None:
     assert type(make_event_bus(cfg, disc)).__name__ == "MemoryEventBus"
 
 
-SECRET = "0123456789abcdef0123456789abcdef"
+SECRET = secrets.token_hex(32)  # as `openssl rand -hex 32` makes one
 
 
 def _parse(*argv: str, env: dict[str, str] | None = None) -> argparse.Namespace:
@@ -96,3 +97,36 @@ def test_cluster_secret_never_printed_and_checked(tmp_path) -> None:
     with pytest.raises(ValueError, match="give the cluster secret one way"):  # flag + env
         env = {"TANDEM_CLUSTER_SECRET_FILE": str(path)}
         runtime_config_from_args(_parse("--cluster-secret", SECRET, env=env))
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("replace-me-with-the-output-of-openssl-rand-hex-32", "contains 'replace'"),
+        ("CHANGEME-please-0123456789abcdef0123", "contains 'changeme'"),
+        ("an-example-value-for-the-docs-0123456789", "contains 'example'"),
+        ("placeholder-0123456789abcdef0123456789", "contains 'placeholder'"),
+        ("my-cluster-secret-0123456789abcdef0123", "contains 'secret'"),
+        ("a" * 64, "only 1 distinct characters"),
+        ("abcab" * 8, "only 3 distinct characters"),
+        ("a" * 56 + "bcdefghi", "bits of entropy per character"),
+        ("0123456789abcdef" * 4, "repeats a 16-character pattern"),
+        (secrets.token_hex(8), "too short"),
+    ],
+)
+def test_placeholder_and_low_entropy_secrets_are_refused(value: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why) as info:
+        RuntimeConfig(cluster_secret=value)
+    assert "openssl rand -hex 32" in str(info.value)
+
+
+def test_real_random_secrets_always_pass() -> None:
+    import base64
+
+    from tandem.runtime.secret import check_secret
+
+    for _ in range(2_000):  # hex as `openssl rand -hex 16|32`, base64 as `-base64 24|32`
+        check_secret(secrets.token_hex(16))
+        check_secret(secrets.token_hex(32))
+        check_secret(base64.b64encode(secrets.token_bytes(24)).decode())
+        check_secret(base64.b64encode(secrets.token_bytes(32)).decode())

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import stat
 import time
 from pathlib import Path
@@ -95,7 +96,7 @@ async def test_heartbeat_keeps_record_alive_past_ttl(tmp_path: Path) -> None:
     await owner.close()
 
 
-SECRET = "discovery-secret-of-this-test-0123456789"
+SECRET = secrets.token_hex(32)  # as `openssl rand -hex 32` makes one
 
 
 async def test_forged_record_is_ignored_and_logged_once(tmp_path: Path, caplog) -> None:

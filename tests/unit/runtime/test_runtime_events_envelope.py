@@ -4,13 +4,14 @@ were sealed for, once, and recently, are opened."""
 from __future__ import annotations
 
 import logging
+import secrets
 
 import pytest
 
 from tandem.runtime.events import envelope
 from tandem.runtime.events.envelope import EventOpener, EventSealer
 
-SECRET = "event-secret-of-this-test-0123456789"
+SECRET = secrets.token_hex(32)  # as `openssl rand -hex 32` makes one
 
 
 def test_sealed_message_opens_once() -> None:

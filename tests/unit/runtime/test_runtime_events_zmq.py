@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 
 import pytest
 import zmq
@@ -67,7 +68,7 @@ async def test_closed_subscription_stops_receiving() -> None:
         await b.close()
 
 
-SECRET = "event-plane-secret-of-this-test-0123"
+SECRET = secrets.token_hex(32)  # as `openssl rand -hex 32` makes one
 HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import struct
 from collections.abc import AsyncIterator, Callable
 
@@ -15,7 +16,7 @@ from tandem import errors
 from tandem.runtime.tcp import StreamContext, TcpRequestClient, TcpRequestServer
 
 pytestmark = pytest.mark.timeout(30)
-SECRET = "s3cret-of-this-cluster-0123456789"
+SECRET = secrets.token_hex(32)  # as `openssl rand -hex 32` makes one
 
 
 async def echo_n(payload: bytes, ctx: StreamContext) -> AsyncIterator[bytes]:

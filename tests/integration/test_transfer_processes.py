@@ -172,6 +172,8 @@ OPTIONAL = {  # what `make venv` installs for them
                  "Debian's libibverbs1 (its TCP transport needs no RDMA device)"),
 }  # fmt: skip
 EVERY_BACKEND = pytest.mark.parametrize("backend", list(BACKENDS), indirect=True)
+# nixl imports torch to find CUDA: its peer and agent take many seconds on a busy 2-core host
+SLOW_START = pytest.mark.timeout(120)
 
 
 @pytest.fixture(params=["shm", "tcp"])
@@ -210,6 +212,7 @@ def local_blocks(agent: TransferAgent, ids: list[int]) -> np.ndarray:
 
 
 @EVERY_BACKEND
+@SLOW_START
 def test_pull_from_another_process_is_exact(local: TransferAgent, peer: Peer, backend: str) -> None:
     meta = peer.meta("readable", [5, 6, 7, 20])
     result = local.pull(meta, "kv", [0, 1, 2, 3], timeout_s=5)
@@ -218,6 +221,7 @@ def test_pull_from_another_process_is_exact(local: TransferAgent, peer: Peer, ba
 
 
 @EVERY_BACKEND
+@SLOW_START
 def test_push_into_another_process_is_exact(local: TransferAgent, peer: Peer, backend: str) -> None:
     op = local.create_writable("kv", [10, 11, 30])
     peer.send(

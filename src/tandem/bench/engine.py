@@ -3,14 +3,17 @@ HF transformers on the same weights, and llama.cpp on the same GGUF when
 `llama-cpp-python` is installed (--llamacpp).
 
 Prints, in one run on the same model and thread count: prefill tokens/s at --prompt-len
-tokens; decode tokens/s (aggregate) at each --concurrency; the weight-streaming bound of
-each format (its weight bytes / measured memcpy GB/s) and how far its batch-1 step is from
-it. Repeats of every engine alternate, so on a shared machine all meet the same load.
+tokens; decode tokens/s (aggregate) at each --concurrency, timed over the decode steps only
+("n/a" where an engine does not run that many sequences: llama.cpp beyond one); the
+weight-streaming bound of each format (its weight bytes / measured memcpy GB/s) and how far
+its batch-1 step is from it. Repeats of every engine alternate, so on a shared machine all
+meet the same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import random
 import statistics
@@ -191,17 +194,21 @@ def hf_prefill_s(model: Any, args: argparse.Namespace, rng: random.Random) -> fl
 
 
 @torch.inference_mode()
-def hf_generate_s(model: Any, ids: torch.Tensor, new_tokens: int) -> float:
-    """Wall time of `generate` producing exactly new_tokens greedy tokens for the batch."""
+def hf_decode_s(model: Any, ids: torch.Tensor, new_tokens: int) -> float:
+    """Seconds of `new_tokens` greedy decode steps of the batch `ids` through HF's KV cache,
+    timed as the native windows are: the steps only, the prefill (and the first token it
+    gives) before the clock starts. The loop is `generate`'s without its per-step logits
+    processors and stopping checks, so HF's figure is, if anything, flattered."""
+    # transformers 5 names the KV cache `cache` (argument and output), 4.x `past_key_values`
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else None
+    name = name or "past_key_values"
+    out = model(input_ids=ids, use_cache=True)
+    past, token = getattr(out, name), out.logits[:, -1:].argmax(-1)
+    _sync(str(ids.device))
     start = time.perf_counter()
-    model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        do_sample=False,
-        pad_token_id=0,
-    )
+    for _ in range(new_tokens):
+        out = model(input_ids=token, use_cache=True, **{name: past})
+        past, token = getattr(out, name), out.logits[:, -1:].argmax(-1)
     _sync(str(ids.device))
     return time.perf_counter() - start
 
@@ -212,7 +219,9 @@ class Baseline:
     def prefill_s(self, args: argparse.Namespace, rng: random.Random) -> float:
         raise NotImplementedError
 
-    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float:
+    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float | None:
+        """Seconds of new_tokens decode steps of the batch `ids`, prefill excluded; None
+        where this engine does not run such a batch (reported as unavailable)."""
         raise NotImplementedError
 
 
@@ -224,12 +233,7 @@ class HfBaseline(Baseline):
         return float(hf_prefill_s(self.model, args, rng))
 
     def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float:
-        """time(generate 1 + T) - time(generate 1): prefill excluded (nan when a neighbour
-        slowed the 1-token run more than the full one)."""
-        t = torch.tensor(ids, device=self.model.device)
-        first = hf_generate_s(self.model, t, 1)
-        full = hf_generate_s(self.model, t, 1 + new_tokens)
-        return full - first if full > first else float("nan")
+        return hf_decode_s(self.model, torch.tensor(ids, device=self.model.device), new_tokens)
 
 
 class LlamaCppBaseline(Baseline):
@@ -252,9 +256,9 @@ class LlamaCppBaseline(Baseline):
         self.llm.eval(_prompt(rng, args.prompt_len, args.vocab_size))
         return time.perf_counter() - start
 
-    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float:
+    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float | None:
         if len(ids) != 1:
-            return float("nan")
+            return None  # llama-cpp-python's Llama decodes one sequence
         self.llm.reset()
         self.llm.eval(ids[0])
         start = time.perf_counter()
@@ -289,24 +293,34 @@ def decode_figures(
 ) -> dict[str, float]:
     """Aggregate decode tokens/s at n sequences, prefill excluded, for each engine: the
     fastest of --repeats windows of --decode-tokens steps (a shared machine only ever slows
-    a window down), all engines' windows interleaved so they meet the same load."""
+    a window down), all engines' windows interleaved so they meet the same load. None for an
+    engine that does not run n sequences; a window that is not a positive time is an error
+    (a rate is never silently 0 or nan)."""
     for native in natives.values():
         native.start_decode(n)
         native.threads_used = {}
     ids = [_prompt(rng, args.decode_prompt_len, args.vocab_size) for _ in range(n)]
-    for base in baselines.values():
-        base.decode_window_s(ids, 1)  # warm-up
-    best = {name: float("inf") for name in (*natives, *baselines)}
+    runs = {name: base.decode_window_s(ids, 1) is not None for name, base in baselines.items()}
+    best: dict[str, float] = {name: float("inf") for name in natives}
+    best.update({name: float("inf") for name, ok in runs.items() if ok})
     for _ in range(args.repeats):
         for name, native in natives.items():
-            best[name] = min(best[name], native.decode_window_s())
+            best[name] = min(best[name], _window(name, native.decode_window_s()))
         for name, base in baselines.items():
-            window = base.decode_window_s(ids, args.decode_tokens)
-            best[name] = window if best[name] == float("inf") else min(best[name], window)
+            if runs[name]:
+                best[name] = min(
+                    best[name], _window(name, base.decode_window_s(ids, args.decode_tokens))
+                )
     for native in natives.values():
         native.stop_decode()
     tokens = n * args.decode_tokens
-    return {name: tokens / s if s == s and s > 0 else float("nan") for name, s in best.items()}
+    return {name: tokens / best[name] if name in best else None for name in (*natives, *baselines)}
+
+
+def _window(name: str, seconds: float | None) -> float:
+    if seconds is None or not seconds > 0 or seconds == float("inf"):
+        raise RuntimeError(f"{name}: a decode window took {seconds} s; expected a positive time")
+    return seconds
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -399,7 +413,8 @@ def format_result(r: dict[str, Any]) -> str:
     ]
     for name, row in engines.items():
         lines.append(
-            f"{name:14}{row['prefill_tok_s']:>15.0f}" + "".join(f"{row[k]:>13.1f}" for k in keys)
+            f"{name:14}{row['prefill_tok_s']:>15.0f}"
+            + "".join(f"{'n/a' if row[k] is None else f'{row[k]:.1f}':>13}" for k in keys)
         )
     anchors = [a for a in ("llama.cpp", "hf") if a in engines]
     columns = ["prefill_tok_s", *keys]
@@ -408,7 +423,7 @@ def format_result(r: dict[str, Any]) -> str:
         line = f"{name}: weights {weight_bytes / 1e6:.0f} MB"
         if name in r.get("kv_dtype", {}):
             line += f", KV cache {r['kv_dtype'][name]}"
-        if "decode_tok_s@1" in row:
+        if row.get("decode_tok_s@1") is not None:
             step_ms = 1e3 / row["decode_tok_s@1"]
             bound = r["bound_step_ms"][name]
             line += f", batch-1 step {step_ms:.1f} ms = {step_ms / bound:.2f}x its memcpy bound"
@@ -420,7 +435,9 @@ def format_result(r: dict[str, Any]) -> str:
                 continue
             base = engines[a]
             ratios = "  ".join(
-                f"{c.replace('_tok_s', '')} {row[c] / base[c]:.2f}x" for c in columns if base.get(c)
+                f"{c.replace('_tok_s', '')} {row[c] / base[c]:.2f}x"
+                for c in columns
+                if base.get(c) and row.get(c) is not None
             )
             lines.append(f"  {name} / {a}: {ratios}")
     used = r.get("decode_steps_by_threads", {})

@@ -1,14 +1,17 @@
 """`tandem bench engine` runs end to end (tiny model from a local HF dir) and reports every
-figure it promises."""
+figure it promises: every rate measured and positive, or reported unavailable."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import random
+import time
 
 import pytest
 import torch
 
-from tandem.bench.engine import main
+from tandem.bench.engine import Baseline, HfBaseline, decode_figures, format_result, hf_model, main
 from tandem.engines.native.loader import random_weights, save_hf_dir
 from tandem.engines.native.model_config import ModelConfig
 
@@ -76,3 +79,68 @@ def test_bench_engine_refuses_a_device_it_cannot_use():
         main(["--device", "cuda", "--skip-hf"])
     with pytest.raises(SystemExit, match="device='tpu'; expected one of"):
         main(["--device", "tpu", "--skip-hf"])
+
+
+def test_hf_decode_window_times_the_decode_steps_only():
+    """A stall outside the decode steps (the prefill, or a neighbour slowing it) never enters
+    HF's window: it was once generate(1 + T) - generate(1), nan whenever the 1-token run was
+    slowed more than the full one. The steps fed are generate's greedy tokens."""
+    model = hf_model(TINY, random_weights(TINY), torch.float32)
+    ids = [[5, 17, 99, 130, 42, 7, 64, 200]] * 2
+    real = model.forward
+    fed: list[list[int]] = []
+    prefills = []
+
+    def forward(*args, **kwargs):
+        input_ids = kwargs["input_ids"]
+        if input_ids.shape[1] > 1:
+            prefills.append(1)
+            if len(prefills) == 1:
+                time.sleep(0.5)  # a stall in the first prefill only
+        else:
+            fed.append(input_ids[:, 0].tolist())
+        return real(*args, **kwargs)
+
+    model.forward = forward
+    window = HfBaseline(model).decode_window_s(ids, 3)
+    assert 0 < window < 0.5
+    assert len(prefills) == 1 and len(fed) == 3
+    model.forward = real
+    out = model.generate(
+        input_ids=torch.tensor(ids), max_new_tokens=4, do_sample=False, pad_token_id=0
+    )
+    assert [list(step) for step in zip(*out[:, 8:11].tolist(), strict=True)] == fed
+
+
+class _OneSequence(Baseline):
+    """A baseline that decodes one sequence only (as llama.cpp here), or gives `window`."""
+
+    def __init__(self, window: float | None = 0.01) -> None:
+        self.window = window
+
+    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float | None:
+        return None if len(ids) > 1 else self.window
+
+
+def test_an_engine_that_cannot_run_a_batch_is_reported_unavailable_never_nan(tmp_path):
+    args = argparse.Namespace(decode_prompt_len=4, vocab_size=256, repeats=2, decode_tokens=3)
+    rng = random.Random(0)
+    assert decode_figures({}, {"one": _OneSequence()}, 1, args, rng) == {"one": 300.0}
+    assert decode_figures({}, {"one": _OneSequence()}, 4, args, rng) == {"one": None}
+    for bad in (float("nan"), 0.0, -0.002):
+        with pytest.raises(RuntimeError, match=r"one: a decode window took .* expected a positive"):
+            decode_figures({}, {"one": _OneSequence(bad)}, 1, args, rng)
+    row = {"prefill_tok_s": 900.0, "decode_tok_s@1": 300.0, "decode_tok_s@4": None}
+    result = {
+        "model": "tiny", "dtype": "float32", "threads": 1, "memcpy_gbps": 10.0,
+        "matvec_gbps": 8.0, "weight_bytes": {"native-int4": 1000},
+        "bound_step_ms": {"native-int4": 1e-4},
+        "engines": {"native-int4": {**row, "decode_tok_s@4": 1200.0}, "llama.cpp": row},
+    }  # fmt: skip
+    text = format_result(result)
+    assert "n/a" in text.splitlines()[3] and "decode@4" not in text.split("/ llama.cpp:")[1]
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    assert (
+        json.loads((tmp_path / "r.json").read_text())["engines"]["llama.cpp"]["decode_tok_s@4"]
+        is None
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections import deque
 
 import pytest
@@ -48,7 +49,7 @@ async def test_forged_messages_are_dropped_with_a_secret(nats_server: Service) -
 
     from tandem.runtime.events.envelope import EventSealer
 
-    secret = "nats-secret-of-this-test-0123456789"
+    secret = secrets.token_hex(32)  # as `openssl rand -hex 32` makes one
     cfg = RuntimeConfig(events="nats", nats_url=nats_server.url, cluster_secret=secret)
     a, b = make_event_bus(cfg, MemoryDiscovery()), make_event_bus(cfg, MemoryDiscovery())
     forger = await nats.connect(nats_server.url)

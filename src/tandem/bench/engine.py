@@ -290,7 +290,7 @@ def decode_figures(
     n: int,
     args: argparse.Namespace,
     rng: random.Random,
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """Aggregate decode tokens/s at n sequences, prefill excluded, for each engine: the
     fastest of --repeats windows of --decode-tokens steps (a shared machine only ever slows
     a window down), all engines' windows interleaved so they meet the same load. None for an
@@ -380,8 +380,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name, tok_s in prefill_figures(natives, baselines, args, rng).items():
         result["engines"][name]["prefill_tok_s"] = tok_s
     for n in args.concurrency:
-        for name, tok_s in decode_figures(natives, baselines, n, args, rng).items():
-            result["engines"][name][f"decode_tok_s@{n}"] = tok_s
+        for name, rate in decode_figures(natives, baselines, n, args, rng).items():
+            result["engines"][name][f"decode_tok_s@{n}"] = rate
         for name, native in natives.items():
             result.setdefault("decode_steps_by_threads", {}).setdefault(name, {})[str(n)] = (
                 native.threads_used

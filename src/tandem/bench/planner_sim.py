@@ -5,7 +5,11 @@ observations, simulated time only (no sleeps, no processes).
 Event-driven: arrivals, step ends and planner ticks in time order. A step starts when a
 worker is idle and has work and ends `duration_ms / speedup` later, when its tokens are
 delivered. An added worker is ready `startup_s` after the planner asks (measured live); a
-removed one takes no new requests and exits when its last request finishes.
+removed one takes no new requests and exits when its last request finishes. A static fleet
+(`num_static`, no planner) is simulated the same way, so the planner's fleet and the static
+one are measured on the same arrivals by the same code: the run ends when the last request
+has its last token, and a worker's seconds run from its spawn (0 for a static worker) to its
+exit or that end.
 """
 
 from __future__ import annotations
@@ -51,6 +55,16 @@ class SimResult:
     requests: list[SimRequest]
     workers: list[SimWorker]
     timeline: list[tuple[float, int]]  # (t, live workers)
+    end_s: float = 0.0  # the last request's last token (or the last arrival)
+
+    @property
+    def worker_seconds(self) -> float:
+        """Each worker from its spawn to its exit (or `end_s`), within [0, end_s]."""
+        return sum(
+            max(min(w.exited_s if w.exited_s is not None else self.end_s, self.end_s)
+                - w.spawned_s, 0.0)
+            for w in self.workers
+        )  # fmt: skip
 
 
 class FleetSimulation:
@@ -64,10 +78,15 @@ class FleetSimulation:
         planner: PlannerConfig | None,
         num_static: int = 0,
         seed: int = 0,
+        planner_core: Planner | None = None,
     ) -> None:
+        """`planner_core` replaces `Planner(planner)` (tests hand in a deliberately wrong one);
+        `planner` still gives the interval and the stats window."""
+        if planner is None and num_static < 1:
+            raise ValueError(f"num_static={num_static} without a planner; expected >= 1")
         self.mocker, self.isl, self.osl, self.startup_s = mocker, isl, osl, startup_s
         self.speedup = mocker.speedup_ratio or 1.0
-        self.planner = Planner(planner) if planner is not None else None
+        self.planner = planner_core or (Planner(planner) if planner is not None else None)
         self.planner_config = planner
         self.workers: dict[str, SimWorker] = {}
         self._ids = itertools.count()
@@ -134,15 +153,17 @@ class FleetSimulation:
         if w.draining and not w.requests and w.busy_until is None:
             w.exited_s = now
 
-    def run(self, send_times: list[float], horizon_s: float) -> SimResult:
+    def run(self, send_times: list[float]) -> SimResult:
+        """Replay `send_times` (seconds from 0) until every request has finished; the planner
+        ticks every interval from 0 while requests arrive or run (as live, where it runs
+        until the last request is answered)."""
         for n, t in enumerate(send_times):
             self._push(t, "arrive", str(n))
         if self.planner_config is not None:
-            t = 0.0
-            while t <= horizon_s:
-                self._push(t, "tick")
-                t += self.planner_config.interval_s
-        timeline: list[tuple[float, int]] = []
+            self._push(0.0, "tick")
+        last_arrival = max(send_times, default=0.0)
+        timeline: list[tuple[float, int]] = [(0.0, self._num_live())]
+        end = 0.0
         while self._events:
             now, _, kind, arg = heapq.heappop(self._events)
             if kind == "arrive":
@@ -151,10 +172,20 @@ class FleetSimulation:
                 self._step_end(self.workers[arg], now)
             else:
                 self._tick(now)
-                timeline.append((now, sum(1 for w in self.workers.values() if w.exited_s is None)))
+                timeline.append((now, self._num_live()))
+                busy = any(w.requests for w in self.workers.values())
+                if now < last_arrival or busy:
+                    self._push(now + self.planner_config.interval_s, "tick")  # type: ignore[union-attr]
+                continue
+            end = max(end, now)
+        timeline.append((end, self._num_live(end)))
         requests = [r for w in self.workers.values() for r in w.requests.values()]
         requests += [r for _, r, _ in self.finished]
-        return SimResult(requests, list(self.workers.values()), timeline)
+        return SimResult(requests, list(self.workers.values()), timeline, end_s=end)
+
+    def _num_live(self, at: float | None = None) -> int:
+        return sum(1 for w in self.workers.values()
+                   if w.exited_s is None or (at is not None and w.exited_s >= at))  # fmt: skip
 
     def _tick(self, now: float) -> None:
         assert self.planner is not None and self.planner_config is not None

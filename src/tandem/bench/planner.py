@@ -18,8 +18,9 @@ Per run, measured: share of requests within both SLOs (attainment), goodput, wor
 (each worker from its spawn, or the load's start for a static one, to its exit or the last
 answer, so the planner's startups and drains count), failed requests, seconds the planner spent
 at its cap; the planner's worker-seconds over the static peak's from the same source, and the
-scaling timeline as a PNG. Verdict: PASS when every planner run answered every request and met
-the SLO for `--slo-attainment` of them (exit 0), else FAIL (exit 1).
+scaling timeline as a PNG. Verdict: PASS when every planner run answered every request, met
+the SLO for `--slo-attainment` of them and used no more worker-seconds than the static peak
+(exit 0), else FAIL (exit 1).
 """
 
 from __future__ import annotations
@@ -396,8 +397,9 @@ def summarize_all(runs: list[RunResult], cfg: BenchConfig) -> list[dict[str, Any
 
 
 def verdict(rows: list[dict[str, Any]], cfg: BenchConfig) -> tuple[bool, list[str]]:
-    """Pass when every planner run (simulated and live) answered every request and met the
-    SLO for at least `slo_attainment` of them; the lines say why, beside the static peak."""
+    """Pass when every planner run (simulated and live) answered every request, met the SLO
+    for at least `slo_attainment` of them and used no more worker-seconds than the static
+    peak fleet on the same arrivals (the point of a planner); the lines say why."""
     lines, passed = [], True
     by = {(r["run"], r["source"]): r for r in rows}
     for (name, source), r in sorted(by.items()):
@@ -405,6 +407,8 @@ def verdict(rows: list[dict[str, Any]], cfg: BenchConfig) -> tuple[bool, list[st
             continue
         peak = by.get(("static-peak", source))
         ok = r["failed"] == 0 and r["slo_attainment"] >= cfg.slo_attainment
+        costlier = peak is not None and r["worker_seconds"] > peak["worker_seconds"]
+        ok &= not costlier
         passed &= ok
         vs = (f"; static peak ({cfg.n_peak} workers): {peak['slo_attainment']:.1%} in SLO, "
               f"{peak['worker_seconds']:.0f} worker-s; planner / static peak worker-s "
@@ -414,6 +418,8 @@ def verdict(rows: list[dict[str, Any]], cfg: BenchConfig) -> tuple[bool, list[st
             f"{r['requests']} requests in SLO (need {cfg.slo_attainment:.0%}), {r['failed']} "
             f"failed, {r['worker_seconds']:.0f} worker-s{vs}"
         )
+        if costlier:
+            lines.append(f"  the planner used more worker-seconds than the static peak ({source})")
         if r["s_at_cap"] > 0:
             lines.append(
                 f"  at its cap ({cfg.max_workers} workers) for {r['s_at_cap']:.0f} s of "

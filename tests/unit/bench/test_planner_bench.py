@@ -238,3 +238,20 @@ def test_meets_slo_judges_ttft_and_mean_itl() -> None:
     assert not bench.meets_slo(bench.Outcome(True, 0.5, 0.051), 500, 50)
     assert not bench.meets_slo(bench.Outcome(False, 0.1, 0.01), 500, 50)
     assert bench.meets_slo(bench.Outcome(True, 0.1, None), 500, 50)  # one token: no gaps
+
+
+def test_a_planner_costlier_than_the_static_peak_fails_at_equal_attainment() -> None:
+    cfg = bench.BenchConfig(
+        duration_s=10, peak_rate=1, isl=1, osl=1, ttft_slo_ms=100, itl_slo_ms=10,
+        slo_attainment=0.9, planner_fraction=0.6, worker_args=[], n_avg=1, n_peak=2,
+        max_workers=4, seed=0, out_dir=Path("."), speedup=1, margin=0.7, cooldown_down_s=1,
+    )  # fmt: skip
+    fast = bench.Outcome(True, 0.01, 0.001)
+    runs = [
+        bench.RunResult("planner", "live", [fast] * 10, 10.0, 25.0, [(0.0, 3)]),
+        bench.RunResult("static-peak", "live", [fast] * 10, 10.0, 20.0),
+    ]
+    passed, lines = bench.verdict(bench.summarize_all(runs, cfg), cfg)
+    assert not passed
+    assert lines[0].startswith("FAIL (live): planner 100.0%")
+    assert "more worker-seconds than the static peak (live)" in lines[1]

@@ -69,7 +69,8 @@ class PlannerStack:
 
     async def start_frontend(self, **config: Any) -> None:
         self.frontend_rt = rt = await self.runtime()
-        cfg = FrontendConfig(port=0, migration_limit=3, request_stats_interval_s=0.2, **config)
+        config = {"migration_limit": 3, **config}  # a test may turn migration off
+        cfg = FrontendConfig(port=0, request_stats_interval_s=0.2, **config)
         self.base, self.http = await start_frontend_task(self.exit_stack, rt, cfg)
 
     async def start_planner(

@@ -1,6 +1,7 @@
-"""`tandem profile --engine mocker|native [engine flags] --output FILE`: measure an engine over
-a grid of ISL (prefill: TTFT) and batch × context (decode: ITL) and write the profile JSON the
-planner's throughput mode and the mocker's `--perf-profile` read (tandem.engines.profile)."""
+"""`tandem profile --engine mocker|native|vllm [engine flags] --output FILE`: measure an engine
+over a grid of ISL (prefill: TTFT) and batch × context (decode: ITL) and write the profile JSON
+the planner's throughput mode and the mocker's `--perf-profile` read (tandem.engines.profile).
+`--engine vllm` re-executes in the vLLM virtualenv (.venv-vllm), as `tandem serve` does."""
 
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.planner.profiler import profile_engine
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    from tandem.cli.worker import _engine_from_argv
+
+    if _engine_from_argv(argv, "profile") == "vllm":
+        from tandem.engines.vllm.venv import reexec_in_vllm_venv
+
+        reexec_in_vllm_venv(["profile", *argv])  # vLLM lives in its own venv, as for serve
     args = parse_args(build_parser(argv), argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"

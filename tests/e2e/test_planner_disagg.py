@@ -61,7 +61,7 @@ async def test_prefill_and_decode_pools_scale_up_and_down_live_under_load(
                 await asyncio.sleep(0.05)
 
         sampler = asyncio.create_task(sample())
-        await s.load(rate=60, duration_s=12, prompt_len=1200, max_tokens=30)
+        await s.load(rate=60, duration_s=8, prompt_len=1200, max_tokens=30)
         sampler.cancel()
         assert peak == {"prefill": 2, "backend": 2}, peak
         assert s.failures == []

@@ -8,7 +8,7 @@ PORT ?= 8000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-vllm test-docker lint fmt venv venv-vllm clean prometheus kubectl libibverbs
+.PHONY: serve test test-vllm image test-image lint fmt venv venv-vllm clean prometheus kubectl libibverbs
 
 venv: $(STAMP)
 
@@ -75,11 +75,17 @@ serve: $(STAMP)
 	$(BIN)/tandem serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
 test: $(STAMP) prometheus kubectl libibverbs
-	$(BIN)/python -m pytest -q -m "not docker" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not image" $(PYTEST_ARGS)
 
-# the container image built and run (needs a Docker daemon; make test validates deploy/k8s)
-test-docker: $(STAMP)
-	$(BIN)/python -m pytest -q -m docker $(PYTEST_ARGS)
+# the CPU container image, localhost/tandem:VERSION (the name deploy/k8s runs), built with podman
+# from a Debian base made by mmdebstrap (deploy/image/build.sh: it installs podman, runc and
+# mmdebstrap from Debian where missing; TANDEM_BASE_IMAGE, TANDEM_TORCH_SOURCE choose otherwise)
+image:
+	bash deploy/image/build.sh
+
+# the image run in podman: serve answers from outside, as non-root, /health, SIGTERM drains
+test-image: $(STAMP) image
+	$(BIN)/python -m pytest -q -m image $(PYTEST_ARGS)
 
 # kubectl (Debian's kubernetes-client) renders deploy/k8s for tests/integration/test_deploy_manifests.py;
 # idempotent: installs only when missing, from the Debian registry.

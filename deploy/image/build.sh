@@ -35,6 +35,11 @@ esac
 
 say() { echo "build.sh: $*" >&2; }
 started=$SECONDS
+source=${TANDEM_TORCH_SOURCE:-auto}
+case "$source" in
+  auto | local | http://* | https://* | file://*) ;;
+  *) say "TANDEM_TORCH_SOURCE='$source'; expected auto, local or an index URL"; exit 2 ;;
+esac
 
 # --- tools, from Debian's archive where missing
 need=()
@@ -86,7 +91,6 @@ fi
 WHEELS=deploy/image/wheels  # in the build context; its *.whl are not committed
 rm -f "$WHEELS"/*.whl
 trap 'rm -f "$WHEELS"/*.whl' EXIT
-source=${TANDEM_TORCH_SOURCE:-auto}
 wheel=""
 if [ "$source" = auto ] || [ "$source" = local ]; then
   dirs=${TANDEM_WHEEL_DIR:-}
@@ -116,10 +120,7 @@ elif [ "$source" = auto ]; then
   TORCH_INDEX=https://download.pytorch.org/whl/cpu
   say "torch: no local wheel, from $TORCH_INDEX"
 else
-  case "$source" in
-    http://* | https://* | file://*) TORCH_INDEX=$source ;;
-    *) say "TANDEM_TORCH_SOURCE='$source'; expected auto, local or an index URL"; exit 2 ;;
-  esac
+  TORCH_INDEX=$source
 fi
 
 # pip inside the build trusts what pip here trusts (a TLS-inspecting proxy's CA, if any): a

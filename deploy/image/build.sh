@@ -60,8 +60,19 @@ fi
 # compile for the CPU they run on (and Python's headers for the one CPython extension), CA
 # certificates for TLS
 PACKAGES=python3,python3-venv,ca-certificates,gcc,libc6-dev,libpython3.11-dev
-MIRROR=${TANDEM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-SECURITY=${TANDEM_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
+# the Debian archive this host's apt already uses (deb822 or one-line sources), unless given
+apt_uri() {  # $1: the archive's last path part, debian or debian-security
+  cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null \
+    | sed -n -e 's|^URIs:[[:space:]]*||p' -e 's|^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?||p' \
+    | tr ' ' '\n' | grep -E "^https?://[^[:space:]]+/$1/?$" | head -1 | sed 's|/$||'
+}
+MIRROR=${TANDEM_DEBIAN_MIRROR:-$(apt_uri debian)}
+SECURITY=${TANDEM_DEBIAN_SECURITY:-$(apt_uri debian-security)}
+if [ -z "${TANDEM_BASE_IMAGE:-}" ] && { [ -z "$MIRROR" ] || [ -z "$SECURITY" ]; }; then
+  say "no Debian archive found in this host's apt sources; set TANDEM_DEBIAN_MIRROR and"
+  say "TANDEM_DEBIAN_SECURITY (URLs ending in /debian and /debian-security)"
+  exit 1
+fi
 if [ -n "${TANDEM_BASE_IMAGE:-}" ]; then
   BASE=$TANDEM_BASE_IMAGE
 else

@@ -124,3 +124,33 @@ def test_without_the_c_split_the_re_path_gives_the_same_ids(
     monkeypatch.setattr(ascii_encoder, "_c_state", [None])
     assert [encoder.encode(t) for t in texts] == with_c
     assert with_c == [_backend_ids(smollm2, t) for t in texts]
+
+
+def test_the_word_cache_stays_bounded_under_endless_distinct_words(
+    smollm2: ModelTokenizer,
+) -> None:
+    """Prompts bring words that never repeat (request numbers, ids): the cache's size and
+    memory stay bounded (a soak of distinct prompts grew the frontend's RSS without end)."""
+    import tracemalloc
+
+    from tandem.tokens.ascii_encoder import MAX_CACHED_WORDS
+
+    encoder = AsciiByteLevelEncoder.build(smollm2.backend)  # a cold cache of its own
+    assert encoder is not None
+    cache = encoder._cache
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        peak_words = 0
+        for i in range(15_000):
+            ids = encoder.encode(f"request {i}: user{i * 7919} asks about item{i}")
+            if i % 997 == 0:
+                assert ids == _backend_ids(
+                    smollm2, f"request {i}: user{i * 7919} asks about item{i}"
+                )
+            peak_words = max(peak_words, len(cache))
+        grown_mb = (tracemalloc.get_traced_memory()[1] - base) / 1e6  # the peak
+    finally:
+        tracemalloc.stop()
+    assert peak_words <= MAX_CACHED_WORDS
+    assert grown_mb < 6.0, f"the word cache reached {grown_mb:.1f} MB over 45k distinct words"

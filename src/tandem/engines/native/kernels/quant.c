@@ -1034,7 +1034,7 @@ static void dequant(int kind, const uint8_t *qs, const float *d, const float *m,
                 } else {
                     q = qs[n * K + g * GROUP + j];
                 }
-                o[j] = dg * (float)q + mg;
+                o[j] = fmaf(dg, (float)q, mg); /* fused in every build: the same w anywhere */
             }
         }
 }

@@ -38,12 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiohttp import web
+    import asyncio
 
     from tandem.engines.mocker.config import default_tokenizer
     from tandem.frontend.args import api_keys
     from tandem.planner.global_router.app import GlobalRouterApp
     from tandem.planner.global_router.config import load_config
+    from tandem.runtime.aiohttp_half_close import serve_app
     from tandem.tokens.tokenizer import load_tokenizer
 
     configure_logging(args.log_level, args.log_format)
@@ -54,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
     spec = config.raw.tokenizer or default_tokenizer()
     tokenizer = load_tokenizer(spec) if spec else None
     router = GlobalRouterApp(config, tokenizer, api_keys=api_keys(args.api_key, args.api_key_file))
-    web.run_app(router.app(), host=args.host or config.raw.host, port=args.port or config.raw.port,
-                print=None)  # fmt: skip
+    # not web.run_app: its runner drops the answer to a client that half-closes after its request
+    asyncio.run(serve_app(router.app(), args.host or config.raw.host, args.port or config.raw.port))
     return 0

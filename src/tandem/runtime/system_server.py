@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tandem.runtime.aiohttp_half_close import HalfCloseAppRunner
 from tandem.runtime.metrics import CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ class SystemServer:
         app.router.add_get("/metrics", self._get_metrics)
         app.router.add_get("/health", self._get_health)
         app.router.add_get("/live", self._get_live)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        # a probe that half-closes after its request (nc -N) still gets the answer
+        self._runner = HalfCloseAppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen on host:port (0 = a free port); returns the bound address. Raises OSError

@@ -64,7 +64,7 @@ PACKAGES=python3,python3-venv,ca-certificates,gcc,libc6-dev,libpython3.11-dev
 apt_uri() {  # $1: the archive's last path part, debian or debian-security
   cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null \
     | sed -n -e 's|^URIs:[[:space:]]*||p' -e 's|^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?||p' \
-    | tr ' ' '\n' | grep -E "^https?://[^[:space:]]+/$1/?$" | head -1 | sed 's|/$||'
+    | tr ' ' '\n' | grep -E "^https?://[^[:space:]]+/$1/?$" | head -1 | sed 's|/$||' || true
 }
 MIRROR=${TANDEM_DEBIAN_MIRROR:-$(apt_uri debian)}
 SECURITY=${TANDEM_DEBIAN_SECURITY:-$(apt_uri debian-security)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from tandem.bench.compare import run_cell
+from tandem.bench.cell import run_cell
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.stacks import tandem_mocker_stack
 from tandem.bench.workload import SyntheticConfig, synthetic_requests

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from tandem.bench.anchor import DEFAULT_ANCHOR_DIR, DEFAULT_INSTALL_DIR, AnchorConfig
-from tandem.bench.compare import cell_metrics, run_cell, write_report
+from tandem.bench.cell import cell_metrics, format_number, measure_each, run_cell
 from tandem.bench.cpu import CpuMeter
 from tandem.bench.loadgen import LoadConfig
+from tandem.bench.report import write_json
 from tandem.bench.stacks import LAYOUTS, RunningStack, dynamo_mocker_stack, tandem_mocker_stack
 from tandem.bench.workload import RequestSpec, SyntheticConfig, synthetic_requests
 
@@ -208,16 +209,12 @@ def format_table(cells: list[dict[str, Any]]) -> str:
         for col in cols:
             tv, dv = t.get(col), d.get(col)
             ratio = f"{tv / dv:.2f}x" if tv is not None and dv else "-"
-            row += f" {_num(tv):>9} / {_num(dv):>9} ({ratio:>5})"
+            row += f" {format_number(tv):>9} / {format_number(dv):>9} ({ratio:>5})"
         loads = [c["load_avg_1m"] for c in (t, d) if "load_avg_1m" in c]
         lines.append(row + (f"  load {'/'.join(f'{x:.1f}' for x in loads)}" if loads else ""))
     scopes = {c["system"]: (c["cpu_scope"], c.get("frontend_processes", 1)) for c in cells}
     lines.append(f"CPU measured on (scope, frontend processes): {scopes}")
     return "\n".join(lines)
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 def main(argv: list[str]) -> int:
@@ -226,15 +223,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     systems = _csv(args.systems, SYSTEMS)
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="tandem-bench-frontend-"))
-    cells: list[dict[str, Any]] = []
-    failures: dict[str, str] = {}
-    for system in systems:
-        try:
-            cells.extend(measure_system(system, args, work_dir))
-        except Exception as exc:  # one system failing must not lose the other's numbers
-            logger.exception("%s failed: %s", system, exc)
-            failures[system] = str(exc)
+    per_system, failures = measure_each(
+        systems, lambda system: measure_system(system, args, work_dir)
+    )
+    cells = [cell for system_cells in per_system for cell in system_cells]
     print(format_table(cells))
-    write_report(args.json, {"args": vars(args), "cells": cells, "failures": failures})
+    write_json(args.json, {"args": vars(args), "cells": cells, "failures": failures})
     print(f"wrote {args.json}; logs under {work_dir}")
     return 1 if failures or not cells else 0

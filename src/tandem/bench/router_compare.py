@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from tandem.bench.args import add_workload_arguments, workload
-from tandem.bench.compare import cell_metrics, run_cell, write_report
+from tandem.bench.cell import cell_metrics, format_number, measure_each, run_cell
 from tandem.bench.loadgen import LoadConfig
+from tandem.bench.report import write_json
 from tandem.bench.stacks import LAYOUTS, tandem_mocker_stack
 from tandem.bench.workload import RequestSpec
 
@@ -82,17 +83,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['mode']:<14}{r['num_ok']:>7}{r['num_errors']:>5}"
             + "".join(
-                f"{_num(r[k]):>10}"
+                f"{format_number(r[k], '.1f'):>10}"
                 for k in ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
             )
-            + f"{_num(r['req_per_s']):>8}{_num(r['output_tok_per_s']):>11}"
+            + f"{format_number(r['req_per_s'], '.1f'):>8}"
+            + f"{format_number(r['output_tok_per_s'], '.1f'):>11}"
             + f"{'-' if hit is None else f'{hit * 100:.1f}%':>8}{gain:>15}"
         )
     return "\n".join(lines)
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
 
 
 def main(argv: list[str]) -> int:
@@ -102,15 +100,8 @@ def main(argv: list[str]) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     specs = workload(args)
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="tandem-bench-routers-"))
-    rows: list[dict[str, Any]] = []
-    failures: dict[str, str] = {}
-    for mode in modes:
-        try:
-            rows.append(measure_mode(mode, args, specs, work_dir))
-        except Exception as exc:  # keep the other modes' numbers
-            logger.exception("mode %s failed: %s", mode, exc)
-            failures[mode] = str(exc)
+    rows, failures = measure_each(modes, lambda mode: measure_mode(mode, args, specs, work_dir))
     print(format_table(rows))
-    write_report(args.json, {"args": vars(args), "modes": rows, "failures": failures})
+    write_json(args.json, {"args": vars(args), "modes": rows, "failures": failures})
     print(f"wrote {args.json}; logs under {work_dir}")
     return 1 if failures or not rows else 0

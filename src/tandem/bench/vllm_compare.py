@@ -43,8 +43,9 @@ from typing import Any
 import psutil
 
 from tandem.bench import paired
-from tandem.bench.compare import cell_metrics, run_cell, write_report
+from tandem.bench.cell import cell_metrics, format_number, run_cell
 from tandem.bench.loadgen import LoadConfig
+from tandem.bench.report import write_json
 from tandem.bench.stack import ProcessStack, free_port, wait_ready
 from tandem.bench.workload import RequestSpec, SyntheticConfig, synthetic_requests
 
@@ -453,8 +454,8 @@ def format_cells(cells: list[dict[str, Any]]) -> str:
         cpu = " ".join(f"{k}={v:g}" for k, v in c["cpu_ms_per_req"].items())
         lines.append(
             f"{c['round']:>3} {c['concurrency']:>4} {c['system']:>7} "
-            f"{_num(c['output_tok_per_s']):>8} {_num(c['ttft_p50_ms']):>8} "
-            f"{_num(c['itl_p50_ms']):>7} {_num(c['e2e_p50_ms']):>8}  {cpu}"
+            f"{format_number(c['output_tok_per_s']):>8} {format_number(c['ttft_p50_ms']):>8} "
+            f"{format_number(c['itl_p50_ms']):>7} {format_number(c['e2e_p50_ms']):>8}  {cpu}"
         )
     return "\n".join(lines)
 
@@ -490,10 +491,6 @@ def _ci(interval: dict[str, float] | None, spec: str, unit: str) -> str:
             f"{interval['high']:{spec}}]{unit}, n={interval['n']}")  # fmt: skip
 
 
-def _num(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not 2 <= args.min_rounds <= args.max_rounds:
         parser.error(f"--min-rounds {args.min_rounds} --max-rounds {args.max_rounds}: expected "
@@ -524,7 +521,7 @@ def main(argv: list[str]) -> int:
     rows = summarize_ratios(cells, args.confidence)
     print(format_cells(cells), flush=True)
     print(format_ratios(rows, stopped), flush=True)
-    write_report(args.json, {"engine_args": args.engine_args, "isl": args.isl, "osl": args.osl,
+    write_json(args.json, {"engine_args": args.engine_args, "isl": args.isl, "osl": args.osl,
                              "env": engine_env(), "load_avg": os.getloadavg(),
                              "engine_settings": {s.name: {"env": s.engine_env,
                                                           "thread_cpus": s.thread_cpus}

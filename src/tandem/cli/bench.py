@@ -14,13 +14,8 @@ only when asked for.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
-from collections.abc import Coroutine
-from typing import Any, TypeVar
-
-T = TypeVar("T")
 
 SUBCOMMANDS = {
     "frontend": "frontend_compare",
@@ -67,14 +62,14 @@ def build_load_parser() -> argparse.ArgumentParser:
 
 def run_load_command(argv: list[str]) -> int:
     from tandem.bench.args import load_config, workload
-    from tandem.bench.loadgen import run_load
+    from tandem.bench.loadgen import run_load_blocking
     from tandem.bench.report import format_summary, result_record, summarize, write_json
     from tandem.cli.config import parse_args
 
     args = parse_args(build_load_parser(), argv)
     config = load_config(args)
     specs = workload(args)
-    run = _run(run_load(config, specs))
+    run = run_load_blocking(config, specs)
     summary = summarize(run)
     print(format_summary(summary))
     if args.json:
@@ -87,11 +82,3 @@ def run_load_command(argv: list[str]) -> int:
             },
         )
     return 0 if summary["num_ok"] else 1
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:  # uvloop when present: a cheaper client
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)

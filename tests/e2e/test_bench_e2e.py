@@ -7,7 +7,7 @@ import pytest
 
 from tandem.bench.cell import run_cell
 from tandem.bench.loadgen import LoadConfig
-from tandem.bench.stacks import tandem_mocker_stack
+from tandem.bench.tandem_stack import tandem_mocker_stack
 from tandem.bench.workload import SyntheticConfig, synthetic_requests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

@@ -9,6 +9,7 @@ PIDs, anything still alive.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -17,13 +18,15 @@ import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from tandem.bench.shared import DYNAMO_ANCHOR_DIR
-from tandem.bench.stack import free_port
+from tandem.bench.process_stack import free_port, wait_ready
+from tandem.bench.shared_dir import DYNAMO_ANCHOR_DIR
+from tandem.bench.tandem_stack import RunningStack
 
 logger = logging.getLogger(__name__)
 
@@ -151,3 +154,24 @@ def _is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@contextlib.contextmanager
+def dynamo_mocker_stack(
+    work_dir: Path, config: AnchorConfig, *, ready_timeout_s: float = 120.0
+) -> Iterator[RunningStack]:
+    """Dynamo's Rust frontend over its mocker (separate processes: the PID is the frontend)."""
+    anchor = DynamoAnchor(config, work_dir / "dynamo")
+    try:
+        url = anchor.start()
+        model = asyncio.run(wait_ready(url, timeout_s=ready_timeout_s))
+        assert anchor.frontend_pid is not None
+        yield RunningStack(
+            url=url,
+            model=model,
+            frontend_pid=anchor.frontend_pid,
+            cpu_scope="frontend",
+            engine_pids=anchor.mocker_pids,
+        )
+    finally:
+        anchor.stop()

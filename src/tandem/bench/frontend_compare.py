@@ -27,12 +27,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.anchor import DEFAULT_ANCHOR_DIR, DEFAULT_INSTALL_DIR, AnchorConfig
+from tandem.bench.anchor import (
+    DEFAULT_ANCHOR_DIR,
+    DEFAULT_INSTALL_DIR,
+    AnchorConfig,
+    dynamo_mocker_stack,
+)
 from tandem.bench.cell import cell_metrics, format_number, measure_each, run_cell
 from tandem.bench.cpu import CpuMeter
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.report import write_json
-from tandem.bench.stacks import LAYOUTS, RunningStack, dynamo_mocker_stack, tandem_mocker_stack
+from tandem.bench.tandem_stack import LAYOUTS, RunningStack, tandem_mocker_stack
 from tandem.bench.workload import RequestSpec, SyntheticConfig, synthetic_requests
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,7 @@ from typing import Any
 
 import msgspec
 
-from tandem.bench.text import tokens_to_text
-from tandem.bench.workload import SyntheticConfig, synthetic_requests
+from tandem.bench.workload import SyntheticConfig, synthetic_requests, tokens_to_text
 
 
 def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:

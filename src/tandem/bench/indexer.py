@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
-from tandem.bench.shared import MOONCAKE_TRACE
+from tandem.bench.shared_dir import MOONCAKE_TRACE
 from tandem.router.indexer import KvIndexer, WorkerKey
 
 DEFAULT_TRACE = MOONCAKE_TRACE

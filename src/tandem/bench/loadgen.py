@@ -23,8 +23,7 @@ import msgspec
 
 from tandem.bench.client import ConnectionPool, RequestResult
 from tandem.bench.cpu import CpuMeter
-from tandem.bench.text import tokens_to_text
-from tandem.bench.workload import RequestSpec, poisson_send_times
+from tandem.bench.workload import RequestSpec, poisson_send_times, tokens_to_text
 
 logger = logging.getLogger(__name__)
 

@@ -195,7 +195,7 @@ async def _repeat_effect(url: str, n: int) -> dict[str, float]:
 
 
 def bench_ttft(args: argparse.Namespace) -> dict[str, Any]:
-    from tandem.bench.stack import ProcessStack, free_port, tandem_argv, wait_ready
+    from tandem.bench.process_stack import ProcessStack, free_port, tandem_argv, wait_ready
 
     mocker = ["--engine", "mocker", "--workers", str(args.workers), "--router", "kv",
               "--mm-num-tokens-per-image",

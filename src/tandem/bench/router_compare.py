@@ -18,7 +18,7 @@ from tandem.bench.args import add_workload_arguments, workload
 from tandem.bench.cell import cell_metrics, format_number, measure_each, run_cell
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.report import write_json
-from tandem.bench.stacks import LAYOUTS, tandem_mocker_stack
+from tandem.bench.tandem_stack import LAYOUTS, tandem_mocker_stack
 from tandem.bench.workload import RequestSpec
 
 logger = logging.getLogger(__name__)

@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from tandem.bench.stacks import tandem_mocker_stack
+    from tandem.bench.tandem_stack import tandem_mocker_stack
 
     args = build_parser().parse_args(argv)
     config = SoakConfig(

@@ -45,8 +45,8 @@ import psutil
 from tandem.bench import paired
 from tandem.bench.cell import cell_metrics, format_number, run_cell
 from tandem.bench.loadgen import LoadConfig
+from tandem.bench.process_stack import ProcessStack, free_port, wait_ready
 from tandem.bench.report import write_json
-from tandem.bench.stack import ProcessStack, free_port, wait_ready
 from tandem.bench.workload import RequestSpec, SyntheticConfig, synthetic_requests
 
 logger = logging.getLogger(__name__)

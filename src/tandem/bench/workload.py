@@ -1,4 +1,5 @@
-"""Workloads: what the load generator sends, as a list of `RequestSpec`.
+"""Workloads: what the load generator sends, as a list of `RequestSpec`, and the text a chat
+endpoint is sent for a prompt of token ids.
 
 A workload is deterministic for a given seed: the same arguments give the same prompts (token
 ids, or text for chat endpoints) in the same order. Sources: random ISL/OSL prompts, the
@@ -128,3 +129,30 @@ def poisson_send_times(rate_per_s: float, num_requests: int, seed: int = 0) -> l
         return []
     gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=num_requests - 1)
     return [0.0, *np.cumsum(gaps).tolist()]
+
+
+# Text prompts for chat endpoints, which take no token ids: `tokens_to_text` maps each token id
+# to one common English word (most are a single token in BPE vocabularies with the leading
+# space), so a prompt of n ids becomes roughly n tokens and prompts sharing a token-id prefix
+# share a text prefix. Lengths are approximate; use `/v1/completions` with token-id prompts for
+# exact lengths.
+_WORDS_TEXT = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there one all we their has been will more "
+    "when would who so if out up no can its time only new some about could these two may "
+    "first then do any like my now over such our man me even most made after also did "
+    "many before must through back years where much your way well down should because "
+    "each just those people how too little state good very make world still own see men "
+    "work long get here between both life being under never day same another know while "
+    "last might us great old year off come since against go came right used take three "
+    "place house light water side city small home hand part high left large next early "
+    "young point often world open room word car book line name game door food tree bird "
+    "fish road hill ship wind rain snow sun "
+)
+WORDS = tuple(_WORDS_TEXT.split())
+
+
+def tokens_to_text(token_ids: list[int]) -> str:
+    words = WORDS
+    n = len(words)
+    return " ".join(words[t % n] for t in token_ids)

@@ -89,7 +89,7 @@ def test_every_cell_gets_fresh_prompts_and_both_systems_the_same(monkeypatch, tm
     import contextlib
     import os
 
-    from tandem.bench.stacks import RunningStack
+    from tandem.bench.tandem_stack import RunningStack
 
     sent: dict[str, list[tuple[int, ...]]] = {"tandem": [], "dynamo": []}
     current: list[str] = []

@@ -5,7 +5,7 @@ import sys
 import psutil
 import pytest
 
-from tandem.bench.stack import ProcessStack, free_port, wait_ready
+from tandem.bench.process_stack import ProcessStack, free_port, wait_ready
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,12 +5,12 @@ import itertools
 import numpy as np
 import pytest
 
-from tandem.bench.text import tokens_to_text
 from tandem.bench.workload import (
     FIRST_PLAIN_TOKEN_ID,
     SyntheticConfig,
     poisson_send_times,
     synthetic_requests,
+    tokens_to_text,
 )
 
 

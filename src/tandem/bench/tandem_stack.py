@@ -1,7 +1,8 @@
-"""The stacks the comparisons start: tandem (split or all-in-one) and Dynamo's anchor.
+"""tandem over mocker workers, started for a benchmark: split or all-in-one.
 
-Each is a context manager yielding a `RunningStack` (base URL, model, the frontend's PID) and
-stopping everything it started on exit, errors included.
+`tandem_mocker_stack` (and `dynamo_mocker_stack` for Dynamo's anchor) is a context manager
+yielding a `RunningStack` (base URL, model, the frontend's PID) and stopping everything it
+started on exit, errors included.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from tandem.bench.anchor import AnchorConfig, DynamoAnchor
-from tandem.bench.stack import ProcessStack, free_port, tandem_argv, wait_ready
+from tandem.bench.process_stack import ProcessStack, free_port, tandem_argv, wait_ready
 
 LAYOUTS = ("auto", "serve", "split")
 
@@ -133,24 +133,3 @@ def _has_children(pid: int) -> bool:
         return bool(psutil.Process(pid).children())
     except psutil.Error:
         return False
-
-
-@contextlib.contextmanager
-def dynamo_mocker_stack(
-    work_dir: Path, config: AnchorConfig, *, ready_timeout_s: float = 120.0
-) -> Iterator[RunningStack]:
-    """Dynamo's Rust frontend over its mocker (separate processes: the PID is the frontend)."""
-    anchor = DynamoAnchor(config, work_dir / "dynamo")
-    try:
-        url = anchor.start()
-        model = asyncio.run(wait_ready(url, timeout_s=ready_timeout_s))
-        assert anchor.frontend_pid is not None
-        yield RunningStack(
-            url=url,
-            model=model,
-            frontend_pid=anchor.frontend_pid,
-            cpu_scope="frontend",
-            engine_pids=anchor.mocker_pids,
-        )
-    finally:
-        anchor.stop()

@@ -18,7 +18,7 @@ import importlib
 import logging
 
 SUBCOMMANDS = {
-    "frontend": "frontend_compare",
+    "frontend": "compare.frontend",
     "frontend-stages": "frontend_stages",
     "mocker-path": "mocker_path",
     "routers": "router_compare",
@@ -30,7 +30,7 @@ SUBCOMMANDS = {
     "multimodal": "multimodal",
     "planner": "planner",
     "soak": "soak",
-    "vllm": "vllm_compare",
+    "vllm": "compare.vllm",
     "tracing": "tracing",
     "structured": "structured",
 }

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tandem.bench.paired import (
+from tandem.bench.compare.paired import (
     MET,
     MISSED,
     UNRESOLVED,

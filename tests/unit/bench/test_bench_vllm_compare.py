@@ -6,8 +6,8 @@ import asyncio
 import pytest
 from tests.support.eventually import eventually
 
-from tandem.bench import vllm_compare
-from tandem.bench.vllm_compare import System
+from tandem.bench.compare import vllm as vllm_compare
+from tandem.bench.compare.vllm import System
 
 
 def _cell(system, conc, rnd, tok_s, ttft):

@@ -15,8 +15,8 @@ be idle.
 Verdicts on issue 16's targets (throughput overhead <= 5 %, TTFT p50 overhead <= 5 ms) come from
 the paired per-round values against vLLM's server (tandem's TTFT p50 minus vLLM's, tandem's
 tokens/s over vLLM's, same round, same prompts) and their confidence interval (Student's t over
-the rounds; `tandem.bench.paired` says why): met when the interval lies within the target,
-missed when it lies beyond it. Rounds continue from `--min-rounds` until every target is
+the rounds; `tandem.bench.compare.paired` says why): met when the interval lies within the
+target, missed when it lies beyond it. Rounds continue from `--min-rounds` until every target is
 resolved, or `--max-rounds` / `--max-minutes` run out; a target still unresolved then is
 reported as one this machine cannot resolve, with its interval. Prints every cell and the
 verdicts; writes everything to `--json`. TTFT at concurrency > 1 mostly measures how the
@@ -42,8 +42,8 @@ from typing import Any
 
 import psutil
 
-from tandem.bench import paired
 from tandem.bench.cell import cell_metrics, format_number, run_cell
+from tandem.bench.compare import paired
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.process_stack import ProcessStack, free_port, wait_ready
 from tandem.bench.report import write_json

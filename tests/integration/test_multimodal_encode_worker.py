@@ -58,7 +58,7 @@ async def _encoder(
 
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
+    from tandem.transfer import TransferAgent, TransferAgentConfig
 
     disc, bus = MemoryDiscovery(), MemoryEventBus()
     async with AsyncExitStack() as exits:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tandem.disagg.transfer import (
+from tandem.transfer import (
     OpRef,
     OpStatus,
     RegionLayout,
@@ -28,7 +28,7 @@ from tandem.disagg.transfer import (
     decode_meta,
     encode_meta,
 )
-from tandem.disagg.transfer.region import SHM_DIR, sweep_stale_segments
+from tandem.transfer.region import SHM_DIR, sweep_stale_segments
 from tandem.errors import TransferError
 
 LAYOUT = RegionLayout.for_kv_cache(

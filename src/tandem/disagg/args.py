@@ -12,8 +12,8 @@ from tandem.disagg.config import (
     DisaggRouteConfig,
     DisaggWorkerConfig,
 )
-from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
-from tandem.disagg.transfer.config import backends_from_spec
+from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
+from tandem.transfer.config import backends_from_spec
 
 
 def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:

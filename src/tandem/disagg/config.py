@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
+from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 
 DISAGG_MODES = ("none", "prefill", "decode")
 FLOWS = ("prefill-first", "decode-first")

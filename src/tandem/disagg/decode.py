@@ -29,7 +29,7 @@ from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.guard import BlockGuard
 from tandem.disagg.params import DisaggParams, after_first_tokens
 from tandem.disagg.prefill import REGION
-from tandem.disagg.transfer import OpStatus, TransferAgent, decode_meta
+from tandem.transfer import OpStatus, TransferAgent, decode_meta
 from tandem.engines.base import Engine
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import InvalidRequest, Overloaded, TransferError

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from tandem.disagg.params import DisaggParams, after_first_tokens, without_image_bytes
-from tandem.disagg.transfer import OpRef
-from tandem.disagg.transfer.client import send_control
+from tandem.transfer import OpRef
+from tandem.transfer.client import send_control
 from tandem.errors import TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.router.base import RouteDecision, Router

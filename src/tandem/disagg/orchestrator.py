@@ -34,8 +34,8 @@ from tandem.disagg.config import DisaggRouteConfig
 from tandem.disagg.decode_first import decode_first
 from tandem.disagg.params import PINNED_ANNOTATION, DisaggParams, without_image_bytes
 from tandem.disagg.pool import PrefillPool
-from tandem.disagg.transfer import OpRef, decode_meta
-from tandem.disagg.transfer.client import send_control
+from tandem.transfer import OpRef, decode_meta
+from tandem.transfer.client import send_control
 from tandem.errors import EngineError, NoWorkersAvailable, Overloaded, PeerGone, TransferError
 from tandem.protocols.engine import (
     EngineOutput,

@@ -24,7 +24,7 @@ import msgspec
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.guard import BlockGuard
 from tandem.disagg.params import DisaggParams
-from tandem.disagg.transfer import OpRef, TransferAgent, encode_meta
+from tandem.transfer import OpRef, TransferAgent, encode_meta
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import EngineError, TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, encode

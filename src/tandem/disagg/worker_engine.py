@@ -21,7 +21,7 @@ from typing import Any
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.decode import DecodeSide
 from tandem.disagg.prefill import REGION, PrefillSide
-from tandem.disagg.transfer import RegionLayout, TransferAgent, TransferAgentConfig
+from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import InvalidRequest

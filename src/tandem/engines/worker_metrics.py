@@ -171,7 +171,7 @@ def _worker_families(w: Any) -> Iterator[Metric]:
 
 
 def transfer_families(stats: Any) -> list[Metric]:
-    """A transfer agent's counters (tandem.disagg.transfer.base.TransferStats)."""
+    """A transfer agent's counters (tandem.transfer.base.TransferStats)."""
     p = "tandem_transfer"
     ops = CounterMetricFamily(
         f"{p}_operations", "transfer operations created here, by final status", labels=["status"]

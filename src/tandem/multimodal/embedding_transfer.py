@@ -1,4 +1,4 @@
-"""Image embeddings through the KV transfer layer (`tandem.disagg.transfer`), DESIGN.md §10.
+"""Image embeddings through the KV transfer layer (`tandem.transfer`), DESIGN.md §10.
 
 The encode worker (`EmbeddingSender`) copies each image's embedding into a slot of a fixed pool in
 shared memory and opens one readable operation over a batch's slots, with a TTL; it answers per
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from tandem.disagg.transfer import RegionLayout, TransferAgent, TransferOp, decode_meta, encode_meta
+from tandem.transfer import RegionLayout, TransferAgent, TransferOp, decode_meta, encode_meta
 from tandem.errors import Overloaded, TransferError
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from tandem.disagg.transfer.config import backends_from_spec
+from tandem.transfer.config import backends_from_spec
 from tandem.multimodal.encode_engine import EncodeWorkerConfig
 from tandem.multimodal.provider_args import MM_TRANSFER_BACKENDS_HELP
 from tandem.multimodal.sim_encoder import SimEncoderConfig

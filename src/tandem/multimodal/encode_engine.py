@@ -21,8 +21,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
-from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
+from tandem.transfer import TransferAgent, TransferAgentConfig
+from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 from tandem.engines.base import EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.errors import EngineError, InvalidRequest, Overloaded

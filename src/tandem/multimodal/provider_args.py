@@ -7,8 +7,8 @@ import argparse
 import logging
 from typing import Any
 
-from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
-from tandem.disagg.transfer.config import backends_from_spec
+from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
+from tandem.transfer.config import backends_from_spec
 from tandem.multimodal.embedding_cache import EmbeddingCache
 from tandem.multimodal.embedding_transfer import EmbeddingReceiver
 from tandem.multimodal.remote_provider import CachingEmbeddingProvider, RemoteEncoderClient
@@ -102,7 +102,7 @@ async def attach_embedding_provider(
     if ns.mm_remote_encode and not ns.mm_local_fallback:
         local = None
     if ns.mm_remote_encode:
-        from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
+        from tandem.transfer import TransferAgent, TransferAgentConfig
 
         backends, lazy = backends_from_spec(ns.mm_transfer_backends)
         agent = TransferAgent(

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-import tandem.disagg.transfer.agent as agent_module
-import tandem.disagg.transfer.registry as registry
+import tandem.transfer.agent as agent_module
+import tandem.transfer.registry as registry
 from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
-from tandem.disagg.transfer import RegionLayout, TransferAgent, TransferAgentConfig
-from tandem.disagg.transfer.tcp import TcpBackend
+from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
+from tandem.transfer.tcp import TcpBackend
 
 pytestmark = pytest.mark.timeout(20)
 LAYOUT = RegionLayout.contiguous(num_blocks=8, block_bytes=256, num_layers=2)
@@ -73,7 +73,7 @@ def test_single_host_pair_never_starts_the_lazy_backend(started: list[str]) -> N
 def test_peer_on_another_host_starts_it_on_both_sides(
     started: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="tandem.disagg.transfer.agent")
+    caplog.set_level(logging.INFO, logger="tandem.transfer.agent")
     with agent("owner", LAZY) as owner, agent("far", LAZY, host="elsewhere/boot") as far:
         op = owner.create_readable("kv", [1, 2, 5])  # created before nixl started
         assert "nixl" not in op.meta.backends

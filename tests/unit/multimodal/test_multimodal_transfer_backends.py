@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tandem.disagg.transfer.config import backends_from_spec
+from tandem.transfer.config import backends_from_spec
 from tandem.multimodal import encode_args, provider_args
 
 
@@ -53,7 +53,7 @@ async def test_receiver_agent_follows_the_worker_flag(
         async def start(self) -> None:
             pass
 
-    monkeypatch.setattr("tandem.disagg.transfer.TransferAgent", configs.append)
+    monkeypatch.setattr("tandem.transfer.TransferAgent", configs.append)
     monkeypatch.setattr(provider_args, "EmbeddingReceiver", lambda agent, num_slots: None)
     monkeypatch.setattr(provider_args, "RemoteEncoderClient", Client)
     parser = argparse.ArgumentParser()

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tandem.disagg.transfer.base import OpKind, TransferOpMeta
-from tandem.disagg.transfer.operation import TransferOp
-from tandem.disagg.transfer.region import MemoryRegion
-from tandem.disagg.transfer.wire import recv_into_exact
+from tandem.transfer.base import OpKind, TransferOpMeta
+from tandem.transfer.operation import TransferOp
+from tandem.transfer.region import MemoryRegion
+from tandem.transfer.wire import recv_into_exact
 from tandem.errors import TransferError
 
 CHUNK_BYTES = 4 << 20

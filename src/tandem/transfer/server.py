@@ -13,10 +13,10 @@ import socket
 import threading
 from typing import TYPE_CHECKING
 
-from tandem.disagg.transfer import handshake
-from tandem.disagg.transfer.base import OpKind, OpStatus
-from tandem.disagg.transfer.operation import TransferOp
-from tandem.disagg.transfer.wire import (
+from tandem.transfer import handshake
+from tandem.transfer.base import OpKind, OpStatus
+from tandem.transfer.operation import TransferOp
+from tandem.transfer.wire import (
     Begin,
     BeginReply,
     Cancel,
@@ -30,7 +30,7 @@ from tandem.disagg.transfer.wire import (
 from tandem.errors import TransferError
 
 if TYPE_CHECKING:
-    from tandem.disagg.transfer.agent import TransferAgent
+    from tandem.transfer.agent import TransferAgent
 
 logger = logging.getLogger(__name__)
 _GRACE_S = 1.0  # the owner waits this much longer than the initiator before giving up

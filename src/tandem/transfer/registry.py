@@ -6,7 +6,7 @@ import importlib
 import importlib.util
 import logging
 
-from tandem.disagg.transfer.base import BACKEND_NAMES, TransferBackend
+from tandem.transfer.base import BACKEND_NAMES, TransferBackend
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +24,11 @@ _OPTIONAL = {
 def create_backend(name: str, *, agent_id: str, host_id: str, host: str) -> TransferBackend:
     """Build backend ``name``; raise BackendUnavailable when it cannot run here."""
     if name == "shm":
-        from tandem.disagg.transfer.shm import ShmBackend
+        from tandem.transfer.shm import ShmBackend
 
         return ShmBackend(host_id)
     if name == "tcp":
-        from tandem.disagg.transfer.tcp import TcpBackend
+        from tandem.transfer.tcp import TcpBackend
 
         return TcpBackend()
     if name in _OPTIONAL:
@@ -36,7 +36,7 @@ def create_backend(name: str, *, agent_id: str, host_id: str, host: str) -> Tran
         if not is_installed(name):
             raise BackendUnavailable(f"{name} is not installed ({hint})")
         try:
-            module = importlib.import_module(f"tandem.disagg.transfer.{name}_backend")
+            module = importlib.import_module(f"tandem.transfer.{name}_backend")
             backend: TransferBackend = module.create(agent_id=agent_id, host=host)
         except Exception as exc:  # native libraries fail in their own ways
             raise BackendUnavailable(

@@ -14,9 +14,9 @@ import threading
 import msgspec
 from mooncake.engine import TransferEngine
 
-from tandem.disagg.transfer.base import TransferOpMeta
-from tandem.disagg.transfer.operation import TransferOp
-from tandem.disagg.transfer.region import MemoryRegion, block_offsets
+from tandem.transfer.base import TransferOpMeta
+from tandem.transfer.operation import TransferOp
+from tandem.transfer.region import MemoryRegion, block_offsets
 from tandem.errors import TransferError
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tandem.disagg.transfer import (
+from tandem.transfer import (
     OpRef,
     OpStatus,
     RegionLayout,
@@ -16,8 +16,8 @@ from tandem.disagg.transfer import (
     TransferAgentConfig,
     TransferOp,
 )
-from tandem.disagg.transfer.shm import ShmBackend
-from tandem.disagg.transfer.tcp import TcpBackend
+from tandem.transfer.shm import ShmBackend
+from tandem.transfer.tcp import TcpBackend
 from tandem.errors import TransferError
 
 pytestmark = pytest.mark.timeout(20)
@@ -236,7 +236,7 @@ def test_unknown_backend_name_lists_the_known_ones() -> None:
 
 
 def test_selection_logs_info_for_shm_and_warning_for_fallback(caplog) -> None:
-    caplog.set_level(logging.INFO, logger="tandem.disagg.transfer")
+    caplog.set_level(logging.INFO, logger="tandem.transfer")
     owner = make_agent("owner", ("shm", "tcp"), shm=False, seed=1)  # region not in shm
     initiator = make_agent("initiator", ("shm", "tcp"), shm=False, seed=2)
     try:
@@ -291,7 +291,7 @@ def test_agents_sharing_the_secret_transfer() -> None:
 
 @pytest.mark.parametrize("secret", [None, "another-clusters-secret-0123456789"])
 def test_owner_with_secret_refuses_a_peer_without_it(secret, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="tandem.disagg.transfer")
+    caplog.set_level(logging.WARNING, logger="tandem.transfer")
     with _secured("owner", SECRET, 1) as owner, _secured("thief", secret, 2) as thief:
         op = owner.create_readable("kv", [1, 2])
         before = blocks(thief, [5, 6])
@@ -315,7 +315,7 @@ def test_raw_begin_without_handshake_is_refused() -> None:
     """A client that skips the handshake (as protocol v1 did) never claims an op."""
     import socket
 
-    from tandem.disagg.transfer.wire import AuthReply, Begin, Hello, recv_frame, send_frame
+    from tandem.transfer.wire import AuthReply, Begin, Hello, recv_frame, send_frame
 
     with _secured("owner", SECRET, 1) as owner:
         op = owner.create_readable("kv", [1])

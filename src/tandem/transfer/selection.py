@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from tandem.disagg.transfer.base import TransferBackend, TransferOpMeta
+from tandem.transfer.base import TransferBackend, TransferOpMeta
 
 logger = logging.getLogger(__name__)
 

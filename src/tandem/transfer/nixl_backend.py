@@ -26,9 +26,9 @@ import numpy as np
 from nixl import _api as nixl_api
 from nixl._api import nixl_agent, nixl_agent_config
 
-from tandem.disagg.transfer.base import RegionLayout, TransferOpMeta
-from tandem.disagg.transfer.operation import TransferOp
-from tandem.disagg.transfer.region import MemoryRegion, block_offsets
+from tandem.transfer.base import RegionLayout, TransferOpMeta
+from tandem.transfer.operation import TransferOp
+from tandem.transfer.region import MemoryRegion, block_offsets
 from tandem.errors import TransferError
 
 PROGRESS_DELAY_US = 1000

@@ -14,9 +14,9 @@ import threading
 
 import numpy as np
 
-from tandem.disagg.transfer.base import TransferOpMeta
-from tandem.disagg.transfer.operation import TransferOp
-from tandem.disagg.transfer.region import MemoryRegion, copy_blocks, map_shm_segment
+from tandem.transfer.base import TransferOpMeta
+from tandem.transfer.operation import TransferOp
+from tandem.transfer.region import MemoryRegion, copy_blocks, map_shm_segment
 
 
 class ShmBackend:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 if TYPE_CHECKING:
-    from tandem.disagg.transfer.operation import TransferOp
-    from tandem.disagg.transfer.region import MemoryRegion
+    from tandem.transfer.operation import TransferOp
+    from tandem.transfer.region import MemoryRegion
 
 BACKEND_NAMES = ("shm", "nixl", "mooncake", "tcp")  # fastest first
 LAZY_BACKENDS = ("nixl", "mooncake")  # busy threads / agents a single host never needs

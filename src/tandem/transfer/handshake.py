@@ -12,7 +12,7 @@ import hmac
 import logging
 import socket
 
-from tandem.disagg.transfer.wire import (
+from tandem.transfer.wire import (
     HANDSHAKE_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     Auth,

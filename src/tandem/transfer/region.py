@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tandem.disagg.transfer.base import RegionLayout
+from tandem.transfer.base import RegionLayout
 
 logger = logging.getLogger(__name__)
 

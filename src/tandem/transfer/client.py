@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from tandem.disagg.transfer import handshake
-from tandem.disagg.transfer.base import OpRef, TransferOpMeta
-from tandem.disagg.transfer.region import MemoryRegion
-from tandem.disagg.transfer.wire import (
+from tandem.transfer import handshake
+from tandem.transfer.base import OpRef, TransferOpMeta
+from tandem.transfer.region import MemoryRegion
+from tandem.transfer.wire import (
     Begin,
     BeginReply,
     Cancel,
@@ -26,7 +26,7 @@ from tandem.disagg.transfer.wire import (
 from tandem.errors import TransferError
 
 if TYPE_CHECKING:
-    from tandem.disagg.transfer.agent import TransferAgent
+    from tandem.transfer.agent import TransferAgent
 
 
 def run_transfer(

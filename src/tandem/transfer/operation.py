@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from tandem.disagg.transfer.base import OpStatus, TransferOpMeta
+from tandem.transfer.base import OpStatus, TransferOpMeta
 from tandem.errors import TransferError
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from tandem.disagg.transfer.base import (
+from tandem.transfer.base import (
     OpKind,
     OpRef,
     OpStatus,
@@ -36,19 +36,19 @@ from tandem.disagg.transfer.base import (
     TransferOpMeta,
     TransferStats,
 )
-from tandem.disagg.transfer.client import run_transfer, send_control
-from tandem.disagg.transfer.config import TransferAgentConfig
-from tandem.disagg.transfer.operation import ReleaseCallback, TransferOp
-from tandem.disagg.transfer.region import (
+from tandem.transfer.client import run_transfer, send_control
+from tandem.transfer.config import TransferAgentConfig
+from tandem.transfer.operation import ReleaseCallback, TransferOp
+from tandem.transfer.region import (
     MemoryRegion,
     as_bytes,
     create_shm_region,
     sweep_stale_segments,
 )
-from tandem.disagg.transfer.registry import create_backends, installed_backends
-from tandem.disagg.transfer.selection import BackendSelector
-from tandem.disagg.transfer.server import ControlServer
-from tandem.disagg.transfer.wire import Done
+from tandem.transfer.registry import create_backends, installed_backends
+from tandem.transfer.selection import BackendSelector
+from tandem.transfer.server import ControlServer
+from tandem.transfer.wire import Done
 from tandem.errors import TransferError
 
 logger = logging.getLogger(__name__)

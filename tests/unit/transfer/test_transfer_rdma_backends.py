@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tests.support.optional import in_ci, require
 
-from tandem.disagg.transfer import OpStatus, RegionLayout, TransferAgent, TransferAgentConfig
+from tandem.transfer import OpStatus, RegionLayout, TransferAgent, TransferAgentConfig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tandem.disagg.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
+from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,7 +1,7 @@
 """KV transfer layer: agents, operations and backends (shm, tcp, optional nixl/mooncake)."""
 
-from tandem.disagg.transfer.agent import TransferAgent, TransferResult, host_id
-from tandem.disagg.transfer.base import (
+from tandem.transfer.agent import TransferAgent, TransferResult, host_id
+from tandem.transfer.base import (
     BACKEND_NAMES,
     OpKind,
     OpRef,
@@ -13,9 +13,9 @@ from tandem.disagg.transfer.base import (
     decode_meta,
     encode_meta,
 )
-from tandem.disagg.transfer.config import TransferAgentConfig
-from tandem.disagg.transfer.operation import TransferOp
-from tandem.disagg.transfer.region import MemoryRegion, sweep_stale_segments
+from tandem.transfer.config import TransferAgentConfig
+from tandem.transfer.operation import TransferOp
+from tandem.transfer.region import MemoryRegion, sweep_stale_segments
 
 __all__ = [
     "BACKEND_NAMES",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tandem.bench.transfer import main
+from tandem.bench.component.transfer import main
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,14 +1,16 @@
 """`tandem bench`: the load generator, or a named benchmark.
 
     tandem bench [load options]               load generator against any OpenAI endpoint
-    tandem bench frontend|routers|vllm [options]   comparisons that start their own stacks
-    tandem bench indexer|engine|transfer|disagg|kvbm|multimodal|tracing|structured [options]
-                                              component benchmarks
+    tandem bench frontend|vllm [options]      against other systems (tandem.bench.compare)
+    tandem bench indexer|engine|transfer|disagg|kvbm|multimodal|tracing|structured|
+                 frontend-stages|mocker-path [options]
+                                              component benchmarks (tandem.bench.component)
+    tandem bench routers [options]            one tandem stack per router mode, same trace
     tandem bench planner [options]            planner vs static fleets on a time-varying load
     tandem bench soak [options]               RSS slope of every process under mixed load
 
-A named benchmark is the module `tandem.bench.<name>` exposing `main(argv) -> int`, imported
-only when asked for.
+A named benchmark is the module `tandem.bench.<SUBCOMMANDS[name]>` exposing
+`main(argv) -> int`, imported only when asked for.
 """
 
 from __future__ import annotations
@@ -19,20 +21,20 @@ import logging
 
 SUBCOMMANDS = {
     "frontend": "compare.frontend",
-    "frontend-stages": "frontend_stages",
-    "mocker-path": "mocker_path",
-    "routers": "router_compare",
-    "indexer": "indexer",
-    "engine": "engine",
-    "transfer": "transfer",
-    "disagg": "disagg",
-    "kvbm": "kvbm",
-    "multimodal": "multimodal",
-    "planner": "planner",
-    "soak": "soak",
+    "frontend-stages": "component.frontend_stages",
+    "mocker-path": "component.mocker_path",
+    "routers": "component.routers",
+    "indexer": "component.indexer",
+    "engine": "component.engine",
+    "transfer": "component.transfer",
+    "disagg": "component.disagg",
+    "kvbm": "component.kvbm",
+    "multimodal": "component.multimodal",
+    "planner": "component.planner",
+    "soak": "component.soak",
     "vllm": "compare.vllm",
-    "tracing": "tracing",
-    "structured": "structured",
+    "tracing": "component.tracing",
+    "structured": "component.structured",
 }
 
 

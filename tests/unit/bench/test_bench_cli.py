@@ -14,9 +14,9 @@ pytestmark = pytest.mark.timeout(20)
 
 def test_named_benchmark_dispatches_to_module_main(monkeypatch):
     seen = []
-    module = types.ModuleType("tandem.bench.indexer")
+    module = types.ModuleType("tandem.bench.component.indexer")
     module.main = lambda argv: seen.append(argv) or 7
-    monkeypatch.setitem(sys.modules, "tandem.bench.indexer", module)
+    monkeypatch.setitem(sys.modules, "tandem.bench.component.indexer", module)
     assert tandem_main(["bench", "indexer", "--workers", "64"]) == 7
     assert seen == [["--workers", "64"]]
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from tandem.bench import router_compare
 from tandem.bench.compare import frontend as frontend_compare
+from tandem.bench.component import routers as router_compare
 
 
 def _cell(system, conc, conn, req_per_s, cpu, isl=64):

@@ -11,7 +11,14 @@ import time
 import pytest
 import torch
 
-from tandem.bench.engine import Baseline, HfBaseline, decode_figures, format_result, hf_model, main
+from tandem.bench.component.engine import (
+    Baseline,
+    HfBaseline,
+    decode_figures,
+    format_result,
+    hf_model,
+    main,
+)
 from tandem.engines.native.loader import random_weights, save_hf_dir
 from tandem.engines.native.model_config import ModelConfig
 

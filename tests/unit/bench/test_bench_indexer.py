@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tandem.bench.indexer import build_ops, load_chains, main
+from tandem.bench.component.indexer import build_ops, load_chains, main
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench import mocker_path
+from tandem.bench.component import mocker_path
 
 
 @pytest.mark.timeout(60)

@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.bench.soak import SoakConfig, SoakRun, format_table, slope_mb_per_min, summarize
+from tandem.bench.component.soak import (
+    SoakConfig,
+    SoakRun,
+    format_table,
+    slope_mb_per_min,
+    summarize,
+)
 
 
 def test_slope_is_least_squares_in_mb_per_minute() -> None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tandem.bench.kvbm import main
+from tandem.bench.component.kvbm import main
 from tandem.engines.native.loader import random_weights, save_hf_dir
 from tandem.engines.native.model_config import ModelConfig
 

@@ -1,4 +1,4 @@
-"""`tandem bench planner` and its simulator (tandem.bench.planner_sim): the queueing and the
+"""`tandem bench planner` and its simulator (`component.planner_sim`): the queueing and the
 worker-seconds against hand-computed cases, the static baseline measured on the same arrivals,
 and a verdict that fails a planner that decides wrongly."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench import planner as bench
-from tandem.bench.planner_sim import FleetSimulation
+from tandem.bench.component import planner as bench
+from tandem.bench.component.planner_sim import FleetSimulation
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.profile import DecodeGrid, EngineProfile, PrefillCurve, ProfileFile
 from tandem.planner.observation import PoolObservation

@@ -6,7 +6,7 @@ mean ITL per request) is an input (`--ttft-slo-ms`, `--itl-slo-ms`), and the pea
 the engine profile says `--peak-workers` engines serve within it. The same arrivals (one seed)
 are replayed against each fleet, live (mocker worker processes replaying the profile, local
 connector, file discovery + ZMQ events, the frontend in this process) and in the offline
-simulation (tandem.bench.planner_sim: the same mocker scheduler and `Planner` core, simulated
+simulation (`planner_sim` beside it: the same mocker scheduler and `Planner` core, simulated
 time):
 
 1. `planner`: load mode, 1..`--max-workers` workers, planning for the SLO ×
@@ -54,7 +54,7 @@ _json = msgspec.json.Encoder()
 
 # `tandem profile --engine native` of the default model (SmolLM2-135M, Q4_1) on a 2-core AMD
 # EPYC with AVX2 and no AVX-512; how it was made: tandem/planner/profiles/README.md
-DEFAULT_PROFILE = (Path(__file__).resolve().parent.parent / "planner" / "profiles"
+DEFAULT_PROFILE = (Path(__file__).resolve().parents[2] / "planner" / "profiles"
                    / "smollm2-native-epyc-avx2.json")  # fmt: skip
 # The default SLO, for the default profile and ISL/OSL (128/32): TTFT 5 s, ~3× one 128-token
 # prefill alone there (1.7 s: room for a prompt or two queued ahead); mean ITL 400 ms, ~1.5×
@@ -330,7 +330,7 @@ def sim_run(
     """`name`'s fleet in the offline simulation, on the same arrivals as the live run; a
     static fleet is `fleet_size` workers ready at 0, the planner's fleet starts at one.
     `planner_core` replaces the planner (tests: a wrong one must fail the verdict)."""
-    from tandem.bench.planner_sim import FleetSimulation
+    from tandem.bench.component.planner_sim import FleetSimulation
 
     is_planner = name == "planner"
     sim = FleetSimulation(

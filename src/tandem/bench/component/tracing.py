@@ -22,7 +22,7 @@ from collections.abc import Callable
 from tandem.runtime import tracing
 from tandem.runtime.log_format import request_scope
 
-logger = logging.getLogger("tandem.bench.tracing")
+logger = logging.getLogger(__name__)
 
 
 def request_hooks() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import random
 import statistics
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tandem.bench.component.entry import figures_main
 from tandem.engines.native.config import (
     KV_CACHE_DTYPES,
     WEIGHT_FORMATS,
@@ -450,10 +450,4 @@ def format_result(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    result = run(args)
-    print(format_result(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    return figures_main(argv, parse_args, run, format_result)

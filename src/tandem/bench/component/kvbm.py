@@ -14,7 +14,6 @@ shared host). The G2→G3 reuse filter is off (every block offloaded to host is 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import tempfile
@@ -22,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.bench.component.entry import figures_main
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import build_core
 from tandem.engines.native.engine_core import EngineCore
@@ -269,10 +269,4 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    result = run(args)
-    print(format_result(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    return figures_main(argv, parse_args, run, format_result)

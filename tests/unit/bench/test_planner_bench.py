@@ -9,6 +9,15 @@ from pathlib import Path
 import pytest
 
 from tandem.bench.component import planner as bench
+from tandem.bench.component.planner_report import (
+    BenchConfig,
+    Outcome,
+    RunResult,
+    meets_slo,
+    summarize_all,
+    time_at_cap,
+    verdict,
+)
 from tandem.bench.component.planner_sim import FleetSimulation
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.profile import DecodeGrid, EngineProfile, PrefillCurve, ProfileFile
@@ -90,13 +99,13 @@ def test_simulation_without_planner_or_static_workers_is_refused(flat_profile: P
 
 def test_time_at_cap_sums_the_steps_held_at_the_cap() -> None:
     timeline = [(0.0, 1), (2.0, 3), (5.0, 4), (6.0, 2)]
-    assert bench.time_at_cap(timeline, 3, 10.0) == pytest.approx(4.0)
-    assert bench.time_at_cap(timeline, 4, 10.0) == pytest.approx(1.0)
-    assert bench.time_at_cap(timeline, 5, 10.0) == 0.0
-    assert bench.time_at_cap([(0.0, 2)], 2, 7.5) == pytest.approx(7.5)
+    assert time_at_cap(timeline, 3, 10.0) == pytest.approx(4.0)
+    assert time_at_cap(timeline, 4, 10.0) == pytest.approx(1.0)
+    assert time_at_cap(timeline, 5, 10.0) == 0.0
+    assert time_at_cap([(0.0, 2)], 2, 7.5) == pytest.approx(7.5)
 
 
-def _cfg(path: Path, *extra: str) -> tuple[bench.BenchConfig, list[float], Path]:
+def _cfg(path: Path, *extra: str) -> tuple[BenchConfig, list[float], Path]:
     args = bench.build_parser().parse_args(
         [
             "--profile",
@@ -169,7 +178,7 @@ def test_report_measures_the_static_peak_on_the_same_arrivals_and_passes_the_pla
     # measured, not assumed: n_peak workers from 0 to the static run's own last answer
     assert peak.worker_seconds == pytest.approx(cfg.n_peak * peak.duration_s)
     assert peak.duration_s > times[-1]
-    rows = {r["run"]: r for r in bench.summarize_all([peak, plan], cfg)}
+    rows = {r["run"]: r for r in summarize_all([peak, plan], cfg)}
     assert rows["planner"]["ws_vs_static_peak"] == pytest.approx(
         plan.worker_seconds / peak.worker_seconds)  # fmt: skip
     assert rows["static-peak"]["slo_attainment"] >= cfg.slo_attainment
@@ -205,8 +214,8 @@ def test_a_wrong_planner_decision_fails_the_verdict(flat_profile: Path, wrong: t
                       planner_core=wrong(bench.planner_config(cfg))),
         bench.sim_run("static-peak", cfg, times, mocker, startup_s=1.0),
     ]  # fmt: skip
-    rows = bench.summarize_all(runs, cfg)
-    passed, lines = bench.verdict(rows, cfg)
+    rows = summarize_all(runs, cfg)
+    passed, lines = verdict(rows, cfg)
     assert not passed
     assert lines[0].startswith("FAIL (sim): planner")
     planner_row = next(r for r in rows if r["run"] == "planner")
@@ -214,18 +223,18 @@ def test_a_wrong_planner_decision_fails_the_verdict(flat_profile: Path, wrong: t
 
 
 def test_verdict_names_the_cap_when_the_planner_sat_at_it() -> None:
-    cfg = bench.BenchConfig(
+    cfg = BenchConfig(
         duration_s=10, peak_rate=1, isl=1, osl=1, ttft_slo_ms=100, itl_slo_ms=10,
         slo_attainment=0.9, planner_fraction=0.6, worker_args=[], n_avg=1, n_peak=2,
         max_workers=2, seed=0, out_dir=Path("."), speedup=1, margin=0.7, cooldown_down_s=1,
     )  # fmt: skip
-    fast = bench.Outcome(True, 0.01, 0.001)
+    fast = Outcome(True, 0.01, 0.001)
     runs = [
-        bench.RunResult("planner", "sim", [fast] * 10, 10.0, 15.0, [(0.0, 1), (4.0, 2)]),
-        bench.RunResult("static-peak", "sim", [fast] * 9 + [bench.Outcome(False)], 10.0, 20.0),
+        RunResult("planner", "sim", [fast] * 10, 10.0, 15.0, [(0.0, 1), (4.0, 2)]),
+        RunResult("static-peak", "sim", [fast] * 9 + [Outcome(False)], 10.0, 20.0),
     ]
-    rows = bench.summarize_all(runs, cfg)
-    passed, lines = bench.verdict(rows, cfg)
+    rows = summarize_all(runs, cfg)
+    passed, lines = verdict(rows, cfg)
     assert passed
     assert "planner / static peak worker-s 0.75" in lines[0]
     assert "at its cap (2 workers) for 6 s of 10 s (sim)" in lines[1]
@@ -233,25 +242,25 @@ def test_verdict_names_the_cap_when_the_planner_sat_at_it() -> None:
 
 
 def test_meets_slo_judges_ttft_and_mean_itl() -> None:
-    assert bench.meets_slo(bench.Outcome(True, 0.5, 0.05), 500, 50)
-    assert not bench.meets_slo(bench.Outcome(True, 0.501, 0.05), 500, 50)
-    assert not bench.meets_slo(bench.Outcome(True, 0.5, 0.051), 500, 50)
-    assert not bench.meets_slo(bench.Outcome(False, 0.1, 0.01), 500, 50)
-    assert bench.meets_slo(bench.Outcome(True, 0.1, None), 500, 50)  # one token: no gaps
+    assert meets_slo(Outcome(True, 0.5, 0.05), 500, 50)
+    assert not meets_slo(Outcome(True, 0.501, 0.05), 500, 50)
+    assert not meets_slo(Outcome(True, 0.5, 0.051), 500, 50)
+    assert not meets_slo(Outcome(False, 0.1, 0.01), 500, 50)
+    assert meets_slo(Outcome(True, 0.1, None), 500, 50)  # one token: no gaps
 
 
 def test_a_planner_costlier_than_the_static_peak_fails_at_equal_attainment() -> None:
-    cfg = bench.BenchConfig(
+    cfg = BenchConfig(
         duration_s=10, peak_rate=1, isl=1, osl=1, ttft_slo_ms=100, itl_slo_ms=10,
         slo_attainment=0.9, planner_fraction=0.6, worker_args=[], n_avg=1, n_peak=2,
         max_workers=4, seed=0, out_dir=Path("."), speedup=1, margin=0.7, cooldown_down_s=1,
     )  # fmt: skip
-    fast = bench.Outcome(True, 0.01, 0.001)
+    fast = Outcome(True, 0.01, 0.001)
     runs = [
-        bench.RunResult("planner", "live", [fast] * 10, 10.0, 25.0, [(0.0, 3)]),
-        bench.RunResult("static-peak", "live", [fast] * 10, 10.0, 20.0),
+        RunResult("planner", "live", [fast] * 10, 10.0, 25.0, [(0.0, 3)]),
+        RunResult("static-peak", "live", [fast] * 10, 10.0, 20.0),
     ]
-    passed, lines = bench.verdict(bench.summarize_all(runs, cfg), cfg)
+    passed, lines = verdict(summarize_all(runs, cfg), cfg)
     assert not passed
     assert lines[0].startswith("FAIL (live): planner 100.0%")
     assert "more worker-seconds than the static peak (live)" in lines[1]

@@ -73,8 +73,8 @@ def _skimage_photo(name: str) -> bytes:
 
 # ------------------------------------------------------------------ 2. transfer
 def _owner(conn: Connection, backend: str, rows: int) -> None:
-    from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
     from tandem.multimodal.embedding_transfer import EmbeddingSender
+    from tandem.transfer import TransferAgent, TransferAgentConfig
 
     config = TransferAgentConfig(agent_id="bench-encoder", backends=(backend,))
     with TransferAgent(config) as agent:
@@ -87,9 +87,9 @@ def _owner(conn: Connection, backend: str, rows: int) -> None:
 
 
 def bench_transfer(iters: int) -> list[dict[str, Any]]:
-    from tandem.disagg.transfer import TransferAgent, TransferAgentConfig
-    from tandem.disagg.transfer.registry import installed_backends
     from tandem.multimodal.embedding_transfer import EmbeddingReceiver
+    from tandem.transfer import TransferAgent, TransferAgentConfig
+    from tandem.transfer.registry import installed_backends
 
     rows_list: list[tuple[int, int]] = [(ROWS, 1), (ROWS, 16), (BIG_ROWS, 1)]
     results = []

@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from tandem.disagg.transfer import RegionLayout, TransferAgent, TransferAgentConfig
+from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
 
 MIB = 1 << 20
 

@@ -19,9 +19,9 @@ import random
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
 
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
+from tandem.disagg.orchestrator import DisaggStreamer
 from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.base import Engine
 from tandem.engines.mocker.config import MockerConfig
@@ -31,6 +31,7 @@ from tandem.frontend.config import FrontendConfig
 from tandem.frontend.main import disagg_streamer
 from tandem.frontend.migration import EngineStreamer
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
+from tandem.router.base import Router
 from tandem.router.registry import make_router
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery
@@ -65,7 +66,9 @@ def workload(args: argparse.Namespace) -> list[Arrival]:
     return out
 
 
-async def build(stack: AsyncExitStack, kind: str, args: argparse.Namespace) -> tuple[Any, Any]:
+async def build(
+    stack: AsyncExitStack, kind: str, args: argparse.Namespace
+) -> tuple[EngineStreamer | DisaggStreamer, Router]:
     """(streamer, decode router) of a '1p1d' or '2agg' stack."""
     discovery, events = MemoryDiscovery(), MemoryEventBus()
     cfg = RuntimeConfig(namespace="bench")
@@ -86,14 +89,15 @@ async def build(stack: AsyncExitStack, kind: str, args: argparse.Namespace) -> t
     decode_set = front.instance_set("backend", "generate")
     router = make_router(args.router, fcfg.router, instances=decode_set, events=front.events,
                          client=front.client, namespace=front.namespace)  # fmt: skip
-    streamer: Any = EngineStreamer(front.client, front.endpoint_path("backend", "generate"))
+    aggregated = EngineStreamer(front.client, front.endpoint_path("backend", "generate"))
+    streamer: EngineStreamer | DisaggStreamer = aggregated
     await router.start()
     await decode_set.start()
     await decode_set.wait_for(1 if kind == "1p1d" else 2)
     stack.push_async_callback(router.close)
     stack.push_async_callback(decode_set.close)
     if kind == "1p1d":
-        streamer, pool = disagg_streamer(fcfg, front, streamer, decode_set)
+        streamer, pool = disagg_streamer(fcfg, front, aggregated, decode_set)
         await pool.start()
         stack.push_async_callback(pool.close)
         while await pool.router_for(MockerConfig().model_name) is None:  # noqa: ASYNC110
@@ -101,7 +105,14 @@ async def build(stack: AsyncExitStack, kind: str, args: argparse.Namespace) -> t
     return streamer, router
 
 
-async def one(streamer: Any, router: Any, i: int, a: Arrival, t0: float, out: Timing) -> None:
+async def one(
+    streamer: EngineStreamer | DisaggStreamer,
+    router: Router,
+    i: int,
+    a: Arrival,
+    t0: float,
+    out: Timing,
+) -> None:
     await asyncio.sleep(max(t0 + a.at_s - time.perf_counter(), 0))
     req = PreprocessedRequest(
         request_id=f"b{i}", model=MockerConfig().model_name, token_ids=a.token_ids,

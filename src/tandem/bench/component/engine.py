@@ -17,7 +17,7 @@ import inspect
 import random
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,7 +31,11 @@ from tandem.engines.native.config import (
 from tandem.engines.native.engine import build_model
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import default_model_path, load_model_weights
+from tandem.engines.native.model_config import ModelConfig
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
+
+if TYPE_CHECKING:  # transformers loads only when the HF baseline runs
+    from transformers import LlamaForCausalLM
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -171,21 +175,25 @@ class NativeBench:
         self.core.step()
 
 
-def hf_model(config: Any, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
+def hf_model(
+    config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype
+) -> LlamaForCausalLM:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf_config = {k: v for k, v in config.to_hf().items() if k != "architectures"}
+    # Any: transformers types `.to` through a wrapper that mypy reads as taking a model
     model: Any = LlamaForCausalLM(LlamaConfig(**hf_config))
     model = model.to(dtype).eval()
     state = dict(weights)
     if config.tie_word_embeddings:
         state["lm_head.weight"] = weights["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=False)
-    return model
+    loaded: LlamaForCausalLM = model
+    return loaded
 
 
 @torch.inference_mode()
-def hf_prefill_s(model: Any, args: argparse.Namespace, rng: random.Random) -> float:
+def hf_prefill_s(model: LlamaForCausalLM, args: argparse.Namespace, rng: random.Random) -> float:
     ids = torch.tensor([_prompt(rng, args.prompt_len, args.vocab_size)], device=args.device)
     start = time.perf_counter()
     model(ids)
@@ -194,7 +202,7 @@ def hf_prefill_s(model: Any, args: argparse.Namespace, rng: random.Random) -> fl
 
 
 @torch.inference_mode()
-def hf_decode_s(model: Any, ids: torch.Tensor, new_tokens: int) -> float:
+def hf_decode_s(model: LlamaForCausalLM, ids: torch.Tensor, new_tokens: int) -> float:
     """Seconds of `new_tokens` greedy decode steps of the batch `ids` through HF's KV cache,
     timed as the native windows are: the steps only, the prefill (and the first token it
     gives) before the clock starts. The loop is `generate`'s without its per-step logits
@@ -226,7 +234,7 @@ class Baseline:
 
 
 class HfBaseline(Baseline):
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
 
     def prefill_s(self, args: argparse.Namespace, rng: random.Random) -> float:
@@ -337,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     natives: dict[str, NativeBench] = {}
     weight_bytes: dict[str, int] = {}
     kv_dtypes: dict[str, str] = {}
-    config: Any = None
+    config: ModelConfig | None = None
     for fmt in args.weights:
         engine_config = NativeConfig(
             model=args.model,
@@ -358,6 +366,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         natives[name] = NativeBench(EngineCore(engine_config, model), args, rng)
         weight_bytes[name] = model.weight_bytes()
         kv_dtypes[name] = str(model.kv_dtype).removeprefix("torch.")
+    assert config is not None  # --weights takes one format at least (nargs="+")
     baselines: dict[str, Baseline] = {}
     if not args.skip_hf:
         _, hf_config, weights = load_model_weights(args.model)

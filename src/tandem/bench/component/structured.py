@@ -24,7 +24,18 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+if TYPE_CHECKING:  # torch and the engine load only for the subcommand that runs
+    import torch
+
+    from tandem.engines.native.engine_core import EngineCore
+    from tandem.tokens.tokenizer import ModelTokenizer
+
+T = TypeVar("T")
+# a grammar library's own matcher (llguidance.LLMatcher, xgrammar.GrammarMatcher,
+# outlines_core.Guide): objects of untyped third-party libraries
+LibraryMatcher: TypeAlias = Any
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -82,24 +93,24 @@ class Probe:
 
     name = ""
 
-    def load(self, tok: Any) -> None:
+    def load(self, tok: ModelTokenizer) -> None:
         raise NotImplementedError
 
-    def compile(self, schema: dict[str, Any]) -> Any:
+    def compile(self, schema: dict[str, Any]) -> LibraryMatcher:
         """A fresh matcher (compile included)."""
         raise NotImplementedError
 
-    def fill(self, matchers: list[Any], bitmask: Any) -> None:
+    def fill(self, matchers: list[LibraryMatcher], bitmask: torch.Tensor) -> None:
         raise NotImplementedError
 
-    def advance(self, matcher: Any, token: int) -> None:
+    def advance(self, matcher: LibraryMatcher, token: int) -> None:
         raise NotImplementedError
 
 
 class LlguidanceProbe(Probe):
     name = "llguidance"
 
-    def load(self, tok: Any) -> None:
+    def load(self, tok: ModelTokenizer) -> None:
         import llguidance
 
         self.llg = llguidance
@@ -108,25 +119,25 @@ class LlguidanceProbe(Probe):
         )
         self.executor = llguidance.LLExecutor()
 
-    def compile(self, schema: dict[str, Any]) -> Any:
+    def compile(self, schema: dict[str, Any]) -> LibraryMatcher:
         grammar = self.llg.LLMatcher.grammar_from_json_schema(
             schema, {"whitespace_flexible": False}
         )
         return self.llg.LLMatcher(self.tokenizer, grammar)
 
-    def fill(self, matchers: list[Any], bitmask: Any) -> None:
+    def fill(self, matchers: list[LibraryMatcher], bitmask: torch.Tensor) -> None:
         rows = [(m, i) for i, m in enumerate(matchers)]
         width = bitmask.shape[1] * 4
         self.executor.unsafe_compute_mask_ptr(rows, bitmask.data_ptr(), width, len(matchers))
 
-    def advance(self, matcher: Any, token: int) -> None:
+    def advance(self, matcher: LibraryMatcher, token: int) -> None:
         assert matcher.consume_token(token), matcher.get_error()
 
 
 class XgrammarProbe(Probe):
     name = "xgrammar"
 
-    def load(self, tok: Any) -> None:
+    def load(self, tok: ModelTokenizer) -> None:
         import xgrammar
 
         self.xgr = xgrammar
@@ -139,24 +150,24 @@ class XgrammarProbe(Probe):
         )
         self.compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
 
-    def compile(self, schema: dict[str, Any]) -> Any:
+    def compile(self, schema: dict[str, Any]) -> LibraryMatcher:
         compiled = self.compiler.compile_json_schema(
             json.dumps(schema), any_whitespace=False, separators=(",", ":")
         )
         return self.xgr.GrammarMatcher(compiled)
 
-    def fill(self, matchers: list[Any], bitmask: Any) -> None:
+    def fill(self, matchers: list[LibraryMatcher], bitmask: torch.Tensor) -> None:
         for i, m in enumerate(matchers):
             m.fill_next_token_bitmask(bitmask, i)
 
-    def advance(self, matcher: Any, token: int) -> None:
+    def advance(self, matcher: LibraryMatcher, token: int) -> None:
         assert matcher.accept_token(token)
 
 
 class OutlinesProbe(Probe):
     name = "outlines-core"
 
-    def load(self, tok: Any) -> None:
+    def load(self, tok: ModelTokenizer) -> None:
         import outlines_core
 
         self.oc = outlines_core
@@ -166,20 +177,20 @@ class OutlinesProbe(Probe):
                 by_text.setdefault(text, []).append(i)
         self.vocabulary = outlines_core.Vocabulary(tok.eos_token_ids[0], by_text)
 
-    def compile(self, schema: dict[str, Any]) -> Any:
+    def compile(self, schema: dict[str, Any]) -> LibraryMatcher:
         regex = self.oc.json_schema.build_regex_from_schema(json.dumps(schema), "")
         return self.oc.Guide(self.oc.Index(regex, self.vocabulary))
 
-    def fill(self, matchers: list[Any], bitmask: Any) -> None:
+    def fill(self, matchers: list[LibraryMatcher], bitmask: torch.Tensor) -> None:
         row = bitmask.shape[1]
         for i, m in enumerate(matchers):
             m.write_mask_into(bitmask[i].data_ptr(), row, 4)
 
-    def advance(self, matcher: Any, token: int) -> None:
+    def advance(self, matcher: LibraryMatcher, token: int) -> None:
         matcher.advance(token)
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+def _timed(fn: Callable[[], T]) -> tuple[T, float]:
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
@@ -225,7 +236,7 @@ def libraries(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _document_pass(
-    probe: Probe, ids: list[int], bitmask: Any, repeats: int
+    probe: Probe, ids: list[int], bitmask: torch.Tensor, repeats: int
 ) -> tuple[list[float], list[float], list[float]]:
     """Compile seconds per repeat; µs of every mask fill and advance over the document."""
     compile_s: list[float] = []
@@ -245,7 +256,7 @@ def _document_pass(
     return compile_s, mask_us, advance_us
 
 
-def _batch32(probe: Probe, ids: list[int], bitmask: Any) -> float:
+def _batch32(probe: Probe, ids: list[int], bitmask: torch.Tensor) -> float:
     """Mean ms to fill 32 masks whose matchers sit at 32 different points of the document."""
     matchers = []
     for k in range(32):
@@ -265,7 +276,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _tokenizer(model: str | None) -> Any:
+def _tokenizer(model: str | None) -> ModelTokenizer:
     from tandem.engines.native.engine import tokenizer_spec
     from tandem.engines.native.loader import default_model_path
     from tandem.tokens.tokenizer import load_tokenizer
@@ -325,7 +336,7 @@ def engine(args: argparse.Namespace) -> dict[str, Any]:
 class _GrammarTimer:
     """Wraps the core's mask pass and matcher advance with wall-clock accounting."""
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: EngineCore) -> None:
         from tandem.engines.native import engine_core
         from tandem.engines.native.structured import advance
 
@@ -333,23 +344,28 @@ class _GrammarTimer:
         masks = core.runner.grammar_masks
         apply = masks.apply
 
-        def timed_apply(logits: Any, matchers: list[Any]) -> None:
+        def timed_apply(logits: torch.Tensor, matchers: list[LibraryMatcher]) -> None:
             start = time.perf_counter()
             apply(logits, matchers)
             self.total_s += time.perf_counter() - start
 
-        def timed_advance(matcher: Any, token: int) -> tuple[bool, bool]:
+        def timed_advance(matcher: LibraryMatcher, token: int) -> tuple[bool, bool]:
             start = time.perf_counter()
             out = advance(matcher, token)
             self.total_s += time.perf_counter() - start
             return out
 
-        masks.apply = timed_apply
+        masks.apply = timed_apply  # type: ignore[method-assign]
         vars(engine_core)["advance"] = timed_advance  # the name _append calls
 
 
 def _decode_ms(
-    core: Any, prompt: list[int], batch: int, steps: int, spec: str | None, timer: _GrammarTimer
+    core: EngineCore,
+    prompt: list[int],
+    batch: int,
+    steps: int,
+    spec: str | None,
+    timer: _GrammarTimer,
 ) -> float:
     """Median ms of `steps` decode steps of `batch` greedy rows (after prefill + 2 warm-up)."""
     from tandem.protocols.engine import (

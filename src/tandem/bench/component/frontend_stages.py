@@ -17,11 +17,14 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from tandem.bench.workload import SyntheticConfig, synthetic_requests, tokens_to_text
+
+if TYPE_CHECKING:  # the frontend loads when a stage is measured, not for `--help`
+    from tandem.protocols.openai import CompletionRequest
 
 
 def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
@@ -105,7 +108,7 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
     return {name: _cpu_ms(fn, repeat) for name, fn in stages.items()}
 
 
-def _u32_prompt(req: Any, vocab: int) -> bytes:
+def _u32_prompt(req: CompletionRequest, vocab: int) -> bytes:
     """What preprocessing does with a prompt the C parser took (the general path without it)."""
     from tandem.frontend.preprocess import check_u32_prompt, prompt_id_bytes
     from tandem.frontend.prompt_ids import U32TokenIds
@@ -113,6 +116,7 @@ def _u32_prompt(req: Any, vocab: int) -> bytes:
     if isinstance(req.prompt, U32TokenIds):
         check_u32_prompt(req.prompt, vocab, 0)
         return req.prompt.u32_le
+    assert isinstance(req.prompt, list)  # this benchmark's prompts are token ids
     return prompt_id_bytes(req.prompt, vocab) or b""
 
 

@@ -25,6 +25,7 @@ from tandem.bench.component.entry import figures_main
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import build_core
 from tandem.engines.native.engine_core import EngineCore
+from tandem.engines.native.model import LlamaModel
 from tandem.kvbm.base import KvbmConfig
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
 
@@ -165,7 +166,7 @@ def configs(
 
 def run_once(
     args: argparse.Namespace,
-    model: Any,
+    model: LlamaModel,
     work: Workload,
     plan: list[tuple[str, KvbmConfig | None]],
     g1_blocks: int,

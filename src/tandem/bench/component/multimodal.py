@@ -25,9 +25,12 @@ import statistics
 import tempfile
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # aiohttp loads with the ttft part
+    import aiohttp
 
 ROWS, HIDDEN = 50, 576
 BIG_ROWS = 1606  # 1606 × 576 × 4 B = 3.70 MB, the tensor size Dynamo publishes figures for
@@ -142,8 +145,10 @@ def _synthetic_png(seed: int, size: int = 64) -> bytes:
     return out.getvalue()
 
 
-async def _ttft(session: Any, url: str, image: bytes | None, question: str) -> float:
-    content: Any = question
+async def _ttft(
+    session: aiohttp.ClientSession, url: str, image: bytes | None, question: str
+) -> float:
+    content: str | list[dict[str, Any]] = question
     if image is not None:
         content = [{"type": "image_url", "image_url": {"url": _data_url(image)}},
                    {"type": "text", "text": question}]  # fmt: skip

@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tandem.runtime.config import RuntimeConfig
+from tandem.runtime.process import pid_alive
 from tandem.runtime.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -32,16 +33,6 @@ def make_run_dir() -> str:
     with open(os.path.join(run_dir, OWNER_FILE), "w") as f:
         f.write(str(os.getpid()))
     return run_dir
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
@@ -61,7 +52,7 @@ def remove_stale_run_dirs(parent: str | None = None) -> list[str]:
                     owner = int(f.read().strip())
             except (OSError, ValueError):
                 continue
-            if owner != os.getpid() and not _pid_alive(owner):
+            if owner != os.getpid() and not pid_alive(owner):
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry.path)
     if removed:

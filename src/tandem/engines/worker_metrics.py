@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    SummaryMetricFamily,
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -113,8 +112,8 @@ class _ScrapeTime:
                 break  # wrappers that forward it would repeat it
         for obj in chain:
             agent = getattr(obj, "agent", None)
-            if agent is not None and hasattr(agent, "stats"):
-                yield from transfer_families(agent.stats)
+            if agent is not None and hasattr(agent, "families"):  # tandem.transfer's agent
+                yield from agent.families()
                 break
         for obj in chain:
             provider = getattr(obj, "embedding_provider", None)
@@ -168,27 +167,6 @@ def _worker_families(w: Any) -> Iterator[Metric]:
         "(rate() of the two counters gives it over a window)",
         w.metrics.prefix_cache_hit_rate,
     )
-
-
-def transfer_families(stats: Any) -> list[Metric]:
-    """A transfer agent's counters (tandem.transfer.base.TransferStats)."""
-    p = "tandem_transfer"
-    ops = CounterMetricFamily(
-        f"{p}_operations", "transfer operations created here, by final status", labels=["status"]
-    )
-    ops.add_metric(["created"], stats.num_created)
-    for status in ("complete", "errored", "cancelled", "expired"):
-        ops.add_metric([status], getattr(stats, f"num_{status}"))
-    moved = CounterMetricFamily(f"{p}_bytes", "KV bytes moved by this agent", labels=["direction"])
-    moved.add_metric(["sent"], stats.bytes_sent)
-    moved.add_metric(["received"], stats.bytes_received)
-    duration = SummaryMetricFamily(
-        f"{p}_duration_seconds",
-        "wall time of the pulls and pushes this agent ran",
-        count_value=stats.num_transfers,
-        sum_value=stats.transfer_seconds,
-    )
-    return [ops, moved, duration]
 
 
 def request_plane_families(server: Any) -> list[Metric]:

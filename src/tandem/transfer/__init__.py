@@ -1,19 +1,21 @@
-"""KV transfer layer: agents, operations and backends (shm, tcp, optional nixl/mooncake)."""
+"""The data plane: KV blocks and image embeddings between processes.
+
+Agents, operations and backends (shm, tcp, optional nixl/mooncake)."""
 
 from tandem.transfer.agent import TransferAgent, TransferResult, host_id
-from tandem.transfer.base import (
-    BACKEND_NAMES,
+from tandem.transfer.base import BACKEND_NAMES, TransferBackend
+from tandem.transfer.client import cancel_soon
+from tandem.transfer.config import TransferAgentConfig
+from tandem.transfer.descriptor import (
     OpKind,
     OpRef,
     OpStatus,
     RegionLayout,
-    TransferBackend,
     TransferOpMeta,
-    TransferStats,
     decode_meta,
     encode_meta,
 )
-from tandem.transfer.config import TransferAgentConfig
+from tandem.transfer.metrics import TransferStats
 from tandem.transfer.operation import TransferOp
 from tandem.transfer.region import MemoryRegion, sweep_stale_segments
 
@@ -31,6 +33,7 @@ __all__ = [
     "TransferOpMeta",
     "TransferResult",
     "TransferStats",
+    "cancel_soon",
     "decode_meta",
     "encode_meta",
     "host_id",

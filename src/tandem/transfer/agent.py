@@ -26,18 +26,14 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgspec
+from prometheus_client.metrics_core import Metric
 
-from tandem.transfer.base import (
-    OpKind,
-    OpRef,
-    OpStatus,
-    RegionLayout,
-    TransferBackend,
-    TransferOpMeta,
-    TransferStats,
-)
-from tandem.transfer.client import run_transfer, send_control
+from tandem.errors import TransferError
+from tandem.transfer.base import TransferBackend
+from tandem.transfer.client import cancel_soon, run_transfer, send_control
 from tandem.transfer.config import TransferAgentConfig
+from tandem.transfer.descriptor import OpKind, OpRef, OpStatus, RegionLayout, TransferOpMeta
+from tandem.transfer.metrics import TransferStats, transfer_families
 from tandem.transfer.operation import ReleaseCallback, TransferOp
 from tandem.transfer.region import (
     MemoryRegion,
@@ -49,7 +45,6 @@ from tandem.transfer.registry import create_backends, installed_backends
 from tandem.transfer.selection import BackendSelector
 from tandem.transfer.server import ControlServer
 from tandem.transfer.wire import Done
-from tandem.errors import TransferError
 
 logger = logging.getLogger(__name__)
 _RETAIN_S = 60.0  # finished ops stay queryable this long
@@ -399,10 +394,20 @@ class TransferAgent:
             self.agent_id, self.config.cluster_secret, target, "cancel", reason, timeout_s
         )
 
+    def cancel_remote_soon(self, target: TransferOpMeta | OpRef, reason: str) -> None:
+        """`cancel_remote` in a thread, not waited for (best effort; see `cancel_soon`)."""
+        cancel_soon(
+            target, reason, sender_id=self.agent_id, cluster_secret=self.config.cluster_secret
+        )
+
     def query_remote(self, target: TransferOpMeta | OpRef, timeout_s: float = 2.0) -> str:
         return send_control(
             self.agent_id, self.config.cluster_secret, target, "query", "", timeout_s
         )
+
+    def families(self) -> list[Metric]:
+        """This agent's counters as Prometheus families (``tandem_transfer_*``)."""
+        return transfer_families(self.stats)
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
+from tandem.errors import TransferError
 from tandem.transfer import handshake
-from tandem.transfer.base import OpRef, TransferOpMeta
+from tandem.transfer.base import TransferBackend
+from tandem.transfer.config import TransferAgentConfig
+from tandem.transfer.descriptor import OpRef, TransferOpMeta
 from tandem.transfer.region import MemoryRegion
 from tandem.transfer.wire import (
     Begin,
@@ -23,14 +28,28 @@ from tandem.transfer.wire import (
     recv_frame,
     send_frame,
 )
-from tandem.errors import TransferError
 
-if TYPE_CHECKING:
-    from tandem.transfer.agent import TransferAgent
+logger = logging.getLogger(__name__)
+
+
+class Initiator(Protocol):
+    """What a transfer needs of the agent that starts it (`TransferAgent`)."""
+
+    agent_id: str
+    host_id: str
+    config: TransferAgentConfig
+
+    def ensure_cross_host_backends(self, peer: str) -> None:
+        """Start the backends a peer on another host may need (idempotent, thread-safe)."""
+        ...
+
+    def choose_backend(self, remote: TransferOpMeta) -> TransferBackend:
+        """The fastest enabled backend that can reach ``remote``; TransferError if none."""
+        ...
 
 
 def run_transfer(
-    agent: TransferAgent,
+    agent: Initiator,
     direction: str,
     target: TransferOpMeta | OpRef,
     local: MemoryRegion,
@@ -61,7 +80,7 @@ def run_transfer(
 
 
 def _run(
-    agent: TransferAgent,
+    agent: Initiator,
     sock: socket.socket,
     direction: str,
     target: TransferOpMeta | OpRef,
@@ -153,6 +172,27 @@ def send_control(
             f"{what} failed: {exc}"
         ) from exc
     return reply.status if isinstance(reply, StatusReply) else "unknown"
+
+
+def cancel_soon(
+    target: TransferOpMeta | OpRef,
+    reason: str,
+    *,
+    sender_id: str,
+    cluster_secret: str | None,
+    timeout_s: float = 1.0,
+) -> None:
+    """Ask ``target``'s owner to cancel it (release its pins now) without waiting: the
+    Cancel runs on the running loop's default executor. Best effort: a failure is logged
+    at DEBUG and the op's TTL is the backstop. Call from a running event loop."""
+
+    def cancel() -> None:
+        try:
+            send_control(sender_id, cluster_secret, target, "cancel", reason, timeout_s)
+        except TransferError:
+            logger.debug("cancel of op=%s failed", target.op_id, exc_info=True)
+
+    asyncio.get_running_loop().run_in_executor(None, cancel)
 
 
 def _remaining(deadline: float) -> float:

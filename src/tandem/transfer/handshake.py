@@ -12,6 +12,8 @@ import hmac
 import logging
 import socket
 
+from tandem.errors import TransferError
+from tandem.runtime.secret import client_proof, key_for, new_nonce, server_proof
 from tandem.transfer.wire import (
     HANDSHAKE_MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -21,8 +23,6 @@ from tandem.transfer.wire import (
     recv_frame,
     send_frame,
 )
-from tandem.errors import TransferError
-from tandem.runtime.secret import client_proof, key_for, new_nonce, server_proof
 
 logger = logging.getLogger(__name__)
 PURPOSE = f"transfer-agent/v{PROTOCOL_VERSION}"

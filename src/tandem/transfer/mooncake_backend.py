@@ -14,10 +14,10 @@ import threading
 import msgspec
 from mooncake.engine import TransferEngine
 
-from tandem.transfer.base import TransferOpMeta
+from tandem.errors import TransferError
+from tandem.transfer.descriptor import TransferOpMeta
 from tandem.transfer.operation import TransferOp
 from tandem.transfer.region import MemoryRegion, block_offsets
-from tandem.errors import TransferError
 
 
 class MooncakeHandle(msgspec.Struct, frozen=True):

@@ -8,7 +8,7 @@ per layer per part without the owner's CPU.
 Two things NIXL's Python agent does its own way are set here. Its progress thread polls UCX
 with no pause (``pthrDelay`` 0, hard-coded): about 0.3 core per idle agent on these 2-core
 hosts; the thread cannot be turned off (the passive side must progress UCX's connection
-set-up), so it gets an idle pause of `PROGRESS_DELAY_US` (measured idle: 0.30 -> 0.02 core).
+set-up), so it gets an idle pause (`nixl_progress`; measured idle: 0.30 -> 0.02 core).
 And its logger writes to stdout with its own format, past tandem's handlers (JSON logs);
 its records go to tandem's logging instead.
 """
@@ -26,12 +26,11 @@ import numpy as np
 from nixl import _api as nixl_api
 from nixl._api import nixl_agent, nixl_agent_config
 
-from tandem.transfer.base import RegionLayout, TransferOpMeta
+from tandem.errors import TransferError
+from tandem.transfer.descriptor import RegionLayout, TransferOpMeta
+from tandem.transfer.nixl_progress import idle_progress
 from tandem.transfer.operation import TransferOp
 from tandem.transfer.region import MemoryRegion, block_offsets
-from tandem.errors import TransferError
-
-PROGRESS_DELAY_US = 1000
 
 _nixl_logger = logging.getLogger("nixl")
 for _handler in list(_nixl_logger.handlers):  # its stdout handler: tandem's handlers instead
@@ -151,31 +150,9 @@ class NixlBackend:
         return remote.num_bytes
 
 
-class _DelayedProgress:
-    """NIXL's bindings module, except that agents get `PROGRESS_DELAY_US`."""
-
-    def __init__(self, bindings: Any) -> None:
-        self._bindings = bindings
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bindings, name)
-
-    def nixlAgent(self, name: str, config: Any) -> Any:  # NIXL's name
-        config.pthrDelay = PROGRESS_DELAY_US
-        return self._bindings.nixlAgent(name, config)
-
-
-_agent_lock = threading.Lock()  # the bindings are swapped module-wide while one agent starts
-
-
 def _agent_with_idle_progress(name: str) -> Any:
-    with _agent_lock:
-        bindings = nixl_api.nixlBind
-        nixl_api.nixlBind = _DelayedProgress(bindings)
-        try:
-            return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
-        finally:
-            nixl_api.nixlBind = bindings
+    with idle_progress(nixl_api):
+        return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
 
 
 def _descs(base: int, layout: RegionLayout, ids: list[int], layers: range) -> np.ndarray:

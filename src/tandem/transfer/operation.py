@@ -6,8 +6,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from tandem.transfer.base import OpStatus, TransferOpMeta
 from tandem.errors import TransferError
+from tandem.transfer.descriptor import OpStatus, TransferOpMeta
 
 logger = logging.getLogger(__name__)
 

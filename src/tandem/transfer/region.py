@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from tandem.transfer.base import RegionLayout
+from tandem.runtime.process import pid_alive
+from tandem.transfer.descriptor import RegionLayout
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def sweep_stale_segments() -> list[str]:
     with contextlib.suppress(FileNotFoundError):
         for entry in os.listdir(SHM_DIR):
             pid = _segment_pid(entry)
-            if pid is not None and not _pid_alive(pid):
+            if pid is not None and not pid_alive(pid):
                 with contextlib.suppress(FileNotFoundError, PermissionError):
                     os.unlink(os.path.join(SHM_DIR, entry))
                     removed.append(entry)
@@ -142,16 +143,6 @@ def sweep_stale_segments() -> list[str]:
 def _segment_pid(shm_name: str) -> int | None:
     match = _SEGMENT_RE.match(shm_name)
     return int(match.group(1)) if match else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def copy_blocks(

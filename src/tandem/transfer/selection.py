@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from tandem.transfer.base import TransferBackend, TransferOpMeta
+from tandem.transfer.base import TransferBackend
+from tandem.transfer.descriptor import TransferOpMeta
 
 logger = logging.getLogger(__name__)
 

@@ -11,11 +11,15 @@ import contextlib
 import logging
 import socket
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from tandem.errors import TransferError
 from tandem.transfer import handshake
-from tandem.transfer.base import OpKind, OpStatus
+from tandem.transfer.base import TransferBackend
+from tandem.transfer.config import TransferAgentConfig
+from tandem.transfer.descriptor import OpKind, OpStatus, TransferOpMeta
 from tandem.transfer.operation import TransferOp
+from tandem.transfer.region import MemoryRegion
 from tandem.transfer.wire import (
     Begin,
     BeginReply,
@@ -27,20 +31,51 @@ from tandem.transfer.wire import (
     recv_frame,
     send_frame,
 )
-from tandem.errors import TransferError
-
-if TYPE_CHECKING:
-    from tandem.transfer.agent import TransferAgent
 
 logger = logging.getLogger(__name__)
 _GRACE_S = 1.0  # the owner waits this much longer than the initiator before giving up
 MAX_CONNECTIONS = 256  # concurrent transfers served; more are refused, never queued
 
 
+class OpOwner(Protocol):
+    """What the server needs of the agent whose ops it serves (`TransferAgent`).
+    Every method is called from the server's connection threads, concurrently."""
+
+    agent_id: str
+    host_id: str
+    config: TransferAgentConfig
+
+    def find_op(self, op_id: str) -> TransferOp | None: ...
+
+    def wait_for_op(self, op_id: str, timeout_s: float) -> TransferOp | None:
+        """The op with ``op_id``, waiting up to ``timeout_s`` for it to be created."""
+        ...
+
+    def cancel(self, op_id: str, reason: str = ...) -> TransferOp | None: ...
+
+    def current_meta(self, op: TransferOp) -> TransferOpMeta:
+        """``op``'s metadata with the backends and handles as they are now."""
+        ...
+
+    def ensure_cross_host_backends(self, peer: str) -> None: ...
+
+    def backend(self, name: str) -> TransferBackend:
+        """The enabled backend ``name``; TransferError when it is not enabled."""
+        ...
+
+    def region(self, name: str) -> MemoryRegion:
+        """The registered region ``name``; TransferError when there is none."""
+        ...
+
+    def finish_served(self, op: TransferOp, done: Done, moved: int) -> None:
+        """Record the end of a transfer served into / out of ``op``."""
+        ...
+
+
 class ControlServer:
     """Accepts peer connections for ``agent`` until `close`."""
 
-    def __init__(self, agent: TransferAgent, host: str, port: int) -> None:
+    def __init__(self, agent: OpOwner, host: str, port: int) -> None:
         self._agent = agent
         self._key = handshake.transfer_key(agent.config.cluster_secret)
         self._sock = socket.create_server((host, port))

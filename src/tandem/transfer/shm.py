@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from tandem.transfer.base import TransferOpMeta
+from tandem.transfer.descriptor import TransferOpMeta
 from tandem.transfer.operation import TransferOp
 from tandem.transfer.region import MemoryRegion, copy_blocks, map_shm_segment
 

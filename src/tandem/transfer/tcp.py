@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tandem.transfer.base import OpKind, TransferOpMeta
+from tandem.errors import TransferError
+from tandem.transfer.descriptor import OpKind, TransferOpMeta
 from tandem.transfer.operation import TransferOp
 from tandem.transfer.region import MemoryRegion
 from tandem.transfer.wire import recv_into_exact
-from tandem.errors import TransferError
 
 CHUNK_BYTES = 4 << 20
 

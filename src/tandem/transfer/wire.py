@@ -19,7 +19,7 @@ import struct
 
 import msgspec
 
-from tandem.transfer.base import TransferOpMeta
+from tandem.transfer.descriptor import TransferOpMeta
 
 _LEN = struct.Struct(">I")
 MAX_FRAME_BYTES = 1 << 20

@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 from tests.support.prometheus import needs_promtool, promtool_check
 
-from tandem.engines.worker_metrics import request_plane_families, transfer_families
+from tandem.engines.worker_metrics import request_plane_families
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.protocols.discovery import ModelCard
 from tandem.router.metrics import RouterMetrics
 from tandem.runtime.metrics import Families, Labelled, format_value, merge, parse, render
 from tandem.runtime.tcp.server import TcpRequestServer
+from tandem.transfer.metrics import transfer_families
 
 
 class _Models:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from tandem.errors import TransferError
 from tandem.transfer import (
     OpRef,
     OpStatus,
@@ -18,7 +19,6 @@ from tandem.transfer import (
 )
 from tandem.transfer.shm import ShmBackend
 from tandem.transfer.tcp import TcpBackend
-from tandem.errors import TransferError
 
 pytestmark = pytest.mark.timeout(20)
 LAYOUT = RegionLayout.for_kv_cache(

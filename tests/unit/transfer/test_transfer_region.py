@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tandem.transfer.base import RegionLayout, decode_meta
+from tandem.transfer.descriptor import RegionLayout, decode_meta
 from tandem.transfer.region import (
     SHM_DIR,
     MemoryRegion,
@@ -118,7 +118,7 @@ def test_sweep_removes_segments_of_dead_processes_only() -> None:
 
 
 def test_meta_round_trips_through_msgpack() -> None:
-    from tandem.transfer.base import OpKind, TransferOpMeta, encode_meta
+    from tandem.transfer.descriptor import OpKind, TransferOpMeta, encode_meta
 
     meta = TransferOpMeta(
         op_id="r1", kind=OpKind.WRITABLE, agent_id="a", host_id="h", address=("127.0.0.1", 5),
@@ -133,8 +133,8 @@ def test_meta_round_trips_through_msgpack() -> None:
 def test_peers_with_other_kv_element_types_are_refused() -> None:
     """A float16 and a bfloat16 cache have blocks of the same bytes: the transfer must still
     refuse them (the copied bits would mean other values), as it refuses other block sizes."""
-    from tandem.transfer.base import OpKind, TransferOpMeta
     from tandem.transfer.client import incompatibility
+    from tandem.transfer.descriptor import OpKind, TransferOpMeta
 
     def meta(dtype: str) -> TransferOpMeta:
         layout = RegionLayout.for_kv_cache(**SHAPE, dtype=dtype)

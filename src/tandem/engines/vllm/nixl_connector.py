@@ -7,8 +7,8 @@ workers on a 2-core host (1P1D) then starve their own model steps: a 1.5 MB KV p
 14.6 s and decode steps more than 10 s, so tandem's progress watchdog gave up on the decode
 leg. The thread cannot simply be turned off: UCX's connection set-up needs the *prefill*
 side to progress while its engine is idle (without the thread the first pull waited ~23 s).
-So the agent keeps its thread, with an idle delay of `PROGRESS_DELAY_US` (idle CPU of an agent:
-~0.33 core → ~0.02 core here).
+So the agent keeps its thread, with an idle delay (`tandem.transfer.nixl_progress`; idle CPU
+of an agent: ~0.33 core → ~0.02 core here).
 
 The class is vLLM's `NixlConnector` itself (same name, so vLLM's checks by connector name
 still apply); only its NIXL agent's progress delay differs.
@@ -24,7 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlConnector as _VllmNixlConnector,
 )
 
-PROGRESS_DELAY_US = 1000
+from tandem.transfer.nixl_progress import idle_progress
 
 _make_agent = base_worker.NixlWrapper
 _nixl_api: Any = sys.modules.get(getattr(_make_agent, "__module__", ""), None)
@@ -35,27 +35,9 @@ if _nixl_api is None or not hasattr(_nixl_api, "nixlBind"):
     )
 
 
-class _DelayedProgress:
-    """NIXL's bindings module, except that agents get `PROGRESS_DELAY_US`."""
-
-    def __init__(self, bindings: Any) -> None:
-        self._bindings = bindings
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bindings, name)
-
-    def nixlAgent(self, name: str, config: Any) -> Any:  # NIXL's name
-        config.pthrDelay = PROGRESS_DELAY_US
-        return self._bindings.nixlAgent(name, config)
-
-
 def _agent_with_idle_progress(name: str, config: Any = None) -> Any:
-    bindings = _nixl_api.nixlBind
-    _nixl_api.nixlBind = _DelayedProgress(bindings)
-    try:
+    with idle_progress(_nixl_api):
         return _make_agent(name, config)
-    finally:
-        _nixl_api.nixlBind = bindings
 
 
 base_worker.NixlWrapper = _agent_with_idle_progress

@@ -29,12 +29,12 @@ from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.guard import BlockGuard
 from tandem.disagg.params import DisaggParams, after_first_tokens
 from tandem.disagg.prefill import REGION
-from tandem.transfer import OpStatus, TransferAgent, decode_meta
 from tandem.engines.base import Engine
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import InvalidRequest, Overloaded, TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, decode_output
 from tandem.runtime import tracing
+from tandem.transfer import OpStatus, TransferAgent, decode_meta
 
 logger = logging.getLogger(__name__)
 
@@ -170,13 +170,7 @@ class DecodeSide:
                 await asyncio.shield(asyncio.sleep(min(timeout, 1.0)))
 
     def _cancel_source(self, params: DisaggParams, reason: str) -> None:
-        meta = decode_meta(params.meta)
-
-        def cancel() -> None:
-            with contextlib.suppress(TransferError):
-                self.agent.cancel_remote(meta, reason, timeout_s=1.0)
-
-        asyncio.get_running_loop().run_in_executor(None, cancel)
+        self.agent.cancel_remote_soon(decode_meta(params.meta), reason)
 
     def _check_policy(self, request: PreprocessedRequest, exc: TransferError | Overloaded) -> None:
         """Raise a clear TransferError under policy 'fail'; else count a local fallback."""

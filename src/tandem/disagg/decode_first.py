@@ -18,7 +18,6 @@ decode prefills locally without waiting out its transfer timeout.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -27,11 +26,9 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from tandem.disagg.params import DisaggParams, after_first_tokens, without_image_bytes
-from tandem.transfer import OpRef
-from tandem.transfer.client import send_control
-from tandem.errors import TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.router.base import RouteDecision, Router
+from tandem.transfer import OpRef, cancel_soon
 
 if TYPE_CHECKING:
     from tandem.disagg.orchestrator import DisaggStreamer
@@ -68,7 +65,12 @@ async def decode_first(
             if not head.done():  # the decode answered first: it prefilled itself
                 prefill.cancel()
             elif not pending.done():  # the prefill leg failed: stop the decode waiting
-                _cancel_soon(room, "the prefill leg failed", s.cluster_secret)
+                cancel_soon(
+                    room,
+                    "the prefill leg failed",
+                    sender_id="frontend",
+                    cluster_secret=s.cluster_secret,
+                )
             async for out in _chain(pending, decode):
                 yield out
             return
@@ -140,11 +142,3 @@ async def _continue(
     cont = msgspec.structs.replace(cont, request_id=f"{pinned.request_id}-f", disagg_params=None)
     async for out in s.aggregated.stream(cont, router):
         yield msgspec.structs.replace(out, num_cached_tokens=None)
-
-
-def _cancel_soon(room: OpRef, reason: str, cluster_secret: str | None) -> None:
-    def cancel() -> None:
-        with contextlib.suppress(TransferError):
-            send_control("frontend", cluster_secret, room, "cancel", reason, 1.0)
-
-    asyncio.get_running_loop().run_in_executor(None, cancel)

@@ -34,8 +34,6 @@ from tandem.disagg.config import DisaggRouteConfig
 from tandem.disagg.decode_first import decode_first
 from tandem.disagg.params import PINNED_ANNOTATION, DisaggParams, without_image_bytes
 from tandem.disagg.pool import PrefillPool
-from tandem.transfer import OpRef, decode_meta
-from tandem.transfer.client import send_control
 from tandem.errors import EngineError, NoWorkersAvailable, Overloaded, PeerGone, TransferError
 from tandem.protocols.engine import (
     EngineOutput,
@@ -46,6 +44,7 @@ from tandem.protocols.engine import (
     encode,
 )
 from tandem.router.base import RouteDecision, Router
+from tandem.transfer import OpRef, cancel_soon, decode_meta
 
 logger = logging.getLogger(__name__)
 
@@ -320,9 +319,4 @@ def _cancel_source_soon(params: dict[str, Any], reason: str, cluster_secret: str
     if "mode" not in params:
         return
     meta = decode_meta(DisaggParams.from_dict(params).meta)
-
-    def cancel() -> None:
-        with contextlib.suppress(TransferError):
-            send_control("frontend", cluster_secret, meta, "cancel", reason, 1.0)
-
-    asyncio.get_running_loop().run_in_executor(None, cancel)
+    cancel_soon(meta, reason, sender_id="frontend", cluster_secret=cluster_secret)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 
 import msgspec
@@ -24,11 +24,11 @@ import msgspec
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.guard import BlockGuard
 from tandem.disagg.params import DisaggParams
-from tandem.transfer import OpRef, TransferAgent, encode_meta
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import EngineError, TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, encode
 from tandem.runtime import tracing
+from tandem.transfer import OpRef, TransferAgent, encode_meta
 
 logger = logging.getLogger(__name__)
 REGION = "kv"
@@ -36,11 +36,6 @@ REGION = "kv"
 
 def _target(params: DisaggParams) -> OpRef:
     return OpRef(address=params.address, op_id=params.op_id, agent_id=params.agent_id)
-
-
-def _in_thread(fn: Callable[..., object], *args: object) -> None:
-    """Fire and forget on the default executor (a blocking control message)."""
-    asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 def finishes_at_first(request: PreprocessedRequest, token: int, eos_ids: list[int]) -> str | None:
@@ -92,7 +87,7 @@ class PrefillSide:
                 yield head
                 target = _target(params)
                 if reason is not None:  # nothing left to decode: free the rendezvous now
-                    _in_thread(self._cancel_quietly, target, "request ended at its first token")
+                    self._cancel_soon(target, "request ended at its first token")
                     return
                 await self._push(target, blocks, guard, len(request.token_ids), encode(head))
                 yield EngineOutput(finish_reason="stop")  # the KV (and the token) arrived
@@ -159,12 +154,9 @@ class PrefillSide:
         except BaseException as exc:
             tracing.end(span, exc)
             if isinstance(exc, TransferError):
-                _in_thread(self._cancel_quietly, target, str(exc))
+                self._cancel_soon(target, str(exc))
             raise
         tracing.end(span)
 
-    def _cancel_quietly(self, target: OpRef, reason: str) -> None:
-        try:
-            self.agent.cancel_remote(target, f"prefill push failed: {reason}", timeout_s=1.0)
-        except TransferError:
-            logger.debug("cancel of op=%s failed", target.op_id, exc_info=True)
+    def _cancel_soon(self, target: OpRef, reason: str) -> None:
+        self.agent.cancel_remote_soon(target, f"prefill push failed: {reason}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from tests.support.eventually import eventually
@@ -60,7 +61,8 @@ async def _open(
     cfg = RuntimeConfig(namespace="t", stream_window=stream_window)
     engine = MockerEngine(MockerConfig(num_blocks=4096, block_size=4, speedup_ratio=0))
     if not direct:
-        engine.accepts_direct_sink = False  # type: ignore[misc]  # the generator path only
+        # the generator path only
+        engine.capabilities = replace(engine.capabilities, accepts_direct_sink=False)
     async with (
         open_runtime(cfg, discovery=disc, events=bus) as worker_rt,
         open_runtime(cfg, discovery=disc, events=bus) as client_rt,

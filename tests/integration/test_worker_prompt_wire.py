@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -31,7 +32,7 @@ PROMPT = list(range(100, 100 + 16 * 20 + 3))
 class Recording(MockerEngine):
     def __init__(self, reads_buffer: bool) -> None:
         super().__init__(MockerConfig(tokenizer=None, block_size=16, speedup_ratio=0))
-        self.reads_token_bytes = reads_buffer
+        self.capabilities = replace(self.capabilities, reads_token_bytes=reads_buffer)
         self.seen: list[PreprocessedRequest] = []
 
     async def generate(self, request: PreprocessedRequest, **kw) -> AsyncIterator[EngineOutput]:  # type: ignore[no-untyped-def, override]

@@ -31,6 +31,7 @@ from tandem.engines.base import Engine, add_engine_args, engine_names, make_engi
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.errors import StartupError
 from tandem.multimodal.provider_args import add_embedding_provider_args, attach_embedding_provider
+from tandem.multimodal.remote_provider import CachingEmbeddingProvider
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.lifecycle import install_signal_handlers
 from tandem.runtime.runtime import Runtime, open_runtime
@@ -146,13 +147,11 @@ def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) ->
 
 async def _attach_images(
     engine: Engine, runtime: Runtime, args: argparse.Namespace
-) -> dict[str, Any]:
-    """Give the engine its image embedding path; the instance metadata that says so: a worker
-    that can only encode remotely needs encode workers (E/PD), which /health then checks."""
+) -> CachingEmbeddingProvider | None:
+    """Give the engine its image embedding path (None: it takes no images)."""
     if args.engine == "encoder":
-        return {}
-    provider = await attach_embedding_provider(engine, runtime, args)
-    return {"needs_encoder": True} if provider is not None and provider.local is None else {}
+        return None
+    return await attach_embedding_provider(engine, runtime, args)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
@@ -175,8 +174,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         worker: Worker | None = None
         system: SystemServer | None = None
         try:
-            metadata = await _attach_images(engine, runtime, args)
+            provider = await _attach_images(engine, runtime, args)
+            # a worker that can only encode remotely needs encode workers (E/PD), which the
+            # frontend's /health then checks
+            remote_only = provider is not None and provider.local is None
+            metadata: dict[str, Any] = {"needs_encoder": True} if remote_only else {}
             worker = Worker(engine, runtime, dataclasses.replace(worker_config, metadata=metadata))
+            if provider is not None:
+                worker.metrics.add_source(provider.families)  # the embedding cache's
             system = await _start_system_server(worker, args)
             instance = await worker.start()
         except Exception as exc:  # the start boundary: whatever stops it is the one line

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -55,7 +55,7 @@ class DecodeSide:
         self.num_fallbacks = 0
         self.num_resumed_after_first = 0  # decode-first legs that got the prefill's token
 
-    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: PreprocessedRequest) -> AsyncGenerator[EngineOutput, None]:
         assert request.disagg_params is not None
         params = DisaggParams.from_dict(request.disagg_params)
         local = msgspec.structs.replace(request, disagg_params=None)
@@ -71,7 +71,7 @@ class DecodeSide:
             blocks = await self.handoff.allocate(local, num_tokens)
         except Overloaded as exc:  # no room for the KV now: the engine queues it instead
             self._check_policy(local, exc)
-            stream = self.engine.generate(local)
+            stream: AsyncIterator[EngineOutput] = self.engine.generate(local)
         else:
             has_kv, first = await self._receive(local, params, blocks, num_tokens)
             if not has_kv:  # prefill here, into the blocks already allocated

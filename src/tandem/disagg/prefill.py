@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import Executor
 
 import msgspec
@@ -64,7 +64,7 @@ class PrefillSide:
         self.eos_token_ids = eos_token_ids
         self.executor = executor  # transfer threads (kept off the loop's default pool)
 
-    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: PreprocessedRequest) -> AsyncGenerator[EngineOutput, None]:
         params = DisaggParams.from_dict(request.disagg_params) if request.disagg_params else None
         rid = request.request_id
         loop = asyncio.get_running_loop()

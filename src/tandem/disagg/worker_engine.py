@@ -12,22 +12,29 @@ prefill worker's requests through `PrefillSide`, a decode worker's requests that
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.decode import DecodeSide
 from tandem.disagg.prefill import REGION, PrefillSide
-from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
-from tandem.engines.base import Engine, EngineInfo, EngineLoad
+from tandem.engines.base import Engine, EngineCapabilities, EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.handoff import KvHandoff
-from tandem.errors import InvalidRequest
+from tandem.engines.output_stream import DirectSink
+from tandem.engines.vision import EmbeddingProvider
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
+from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+    from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +58,10 @@ def make_handoff(engine_name: str, engine: Engine) -> KvHandoff:
     return handoff
 
 
-class DisaggEngine:
-    """Not reusable: `start` once, `stop` once; runs on the worker's event loop."""
+class DisaggEngine(EngineDefaults):
+    """Not reusable: `start` once, `stop` once; runs on the worker's event loop.
+    Its capabilities are the wrapped engine's, less the prompt as bytes and the direct sink
+    (the prefill and decode sides read token_ids and consume every output)."""
 
     def __init__(
         self,
@@ -107,6 +116,20 @@ class DisaggEngine:
                     self.agent.agent_id, *self.agent.address)  # fmt: skip
         return info
 
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return dataclasses.replace(
+            self.engine.capabilities, reads_token_bytes=False, accepts_direct_sink=False
+        )
+
+    def attach_embedding_provider(self, provider: EmbeddingProvider) -> None:
+        self.engine.attach_embedding_provider(provider)
+
+    def metric_families(self) -> list[Metric]:
+        """The wrapped engine's, then the transfer agent's counters."""
+        agent = self.agent.families() if self.agent is not None else []
+        return [*self.engine.metric_families(), *agent]
+
     def instance_metadata(self) -> dict[str, Any]:
         """Discovery metadata: the role and where the frontend/peers reach the agent."""
         assert self.agent is not None, "instance_metadata before start()"
@@ -117,7 +140,10 @@ class DisaggEngine:
             "kv_transfer_backends": list(self.agent.backend_names),
         }
 
-    def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+    def generate(
+        self, request: PreprocessedRequest, *, direct: DirectSink | None = None
+    ) -> AsyncGenerator[EngineOutput, None]:
+        """`direct` is never given (its capabilities take no direct sink)."""
         if self.prefill is not None:
             return self.prefill.generate(request)
         if self.decode is not None and request.disagg_params is not None:
@@ -140,16 +166,12 @@ class DisaggEngine:
         return self.engine.load()
 
     def take_step_samples(self) -> list[StepSample]:
-        take = getattr(self.engine, "take_step_samples", None)
-        return take() if take is not None else []
+        return self.engine.take_step_samples()
 
-    async def embed(self, inputs: list[list[int]]) -> Any:
+    async def embed(self, inputs: list[list[int]]) -> NDArray[np.float32]:
         """Embeddings need no KV handoff: the wrapped engine's own (InvalidRequest when it
         has none; its EngineInfo then says embedding_dim 0 and the worker offers none)."""
-        embed = getattr(self.engine, "embed", None)
-        if embed is None:
-            raise InvalidRequest("this worker's engine does not compute embeddings")
-        return await embed(inputs)
+        return await self.engine.embed(inputs)
 
     async def stop(self) -> None:
         await self.engine.stop()

@@ -1,20 +1,32 @@
-"""The `Engine` protocol (DESIGN.md §8) and the registry of engines by name.
+"""The `Engine` protocol (DESIGN.md §8), what an engine declares it can do
+(`EngineCapabilities`) and the registry of engines by name.
 
 An engine is token-in/token-out. The `Worker` (tandem.engines.worker) hosts one engine:
 registers it in discovery, serves its endpoints, assigns event ids to its KV events and
-publishes them with its load metrics, watches cancellation and drains on SIGTERM.
+publishes them with its load metrics, watches cancellation and drains on SIGTERM. It reads
+`Engine.capabilities` instead of probing the engine for attributes; an engine without an
+optional part inherits `EngineDefaults`, which says "none" for each.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from tandem.engines.output_stream import DirectSink
+from tandem.engines.vision import EmbeddingProvider
+from tandem.errors import InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.scaling import StepSample
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+    from prometheus_client.metrics_core import Metric
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,15 +61,46 @@ class EngineLoad:
     num_cached_blocks: int = 0  # prefix-cache blocks held (what a scale-down victim loses)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageInput:
+    """How an engine that takes images wants its embeddings (`Engine.attach_embedding_provider`)."""
+
+    local_encoder: str | None = None  # the in-process vision encoder it can run (EPD), if any
+    model: str | None = None  # the model that encoder belongs to
+    embeddings_as_arrays: bool = False  # numpy rows, not torch tensors (an engine without torch)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineCapabilities:
+    """What an engine does beyond the required part of `Engine`; declared, never probed."""
+
+    # the prompt may arrive as the wire's u32 buffer (empty token_ids): the engine reads it
+    # with prompt_array / num_prompt_tokens (tandem.protocols.engine), never one int per token
+    reads_token_bytes: bool = False
+    # `generate(request, direct=sink)` offers mid-stream outputs to the sink from the step
+    # (OutputStream), so the request's task is not woken per token
+    accepts_direct_sink: bool = False
+    # `embed` computes embeddings (served when EngineInfo.embedding_dim > 0 too)
+    embeds: bool = False
+    # takes requests with images; None: text only (`attach_embedding_provider` refuses)
+    images: ImageInput | None = None
+
+
 class Engine(Protocol):
+    @property
+    def capabilities(self) -> EngineCapabilities: ...
+
     async def start(self) -> EngineInfo:
         """Load weights / allocate the KV pool and start the step loop."""
         ...
 
-    def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+    def generate(
+        self, request: PreprocessedRequest, *, direct: DirectSink | None = None
+    ) -> AsyncGenerator[EngineOutput, None]:
         """Schedule `request` and stream its outputs; the last has finish_reason set.
-        Closing the iterator early aborts the request and frees its blocks.
-        May be called concurrently for many requests."""
+        Closing the generator early (`aclose`) aborts the request and frees its blocks.
+        May be called concurrently for many requests. `direct` is given only to an engine
+        whose capabilities say `accepts_direct_sink`; outputs it takes are not yielded."""
         ...
 
     async def abort(self, request_id: str) -> None:
@@ -82,16 +125,59 @@ class Engine(Protocol):
 
     def load(self) -> EngineLoad: ...
 
-    # Optional: `take_step_samples() -> list[StepSample]` (tandem.protocols.scaling), the
-    # steps run since the last call; the Worker publishes them for the planner.
-    # Optional: `async embed(inputs: list[list[int]]) -> numpy.ndarray`, one unit vector per
-    # input ([len(inputs), EngineInfo.embedding_dim] float32), KV retained for none of them;
-    # raises InvalidRequest for inputs it cannot take. The Worker serves it on `embed`.
-
     async def stop(self) -> None:
         """Stop the step loop; in-flight generate() streams end with finish_reason 'cancelled'
         (so do they when the engine dies, with `error` saying why)."""
         ...
+
+    # ---- optional parts: `EngineDefaults` has the "none" answer of each
+    def take_step_samples(self) -> list[StepSample]:
+        """The steps run since the last call; the Worker publishes them for the planner."""
+        ...
+
+    def instance_metadata(self) -> dict[str, Any]:
+        """Extra discovery metadata of the instance (a disaggregated role, its agent...)."""
+        ...
+
+    async def embed(self, inputs: list[list[int]]) -> NDArray[np.float32]:
+        """With `capabilities.embeds`: one unit vector per input ([len(inputs),
+        EngineInfo.embedding_dim] float32), KV retained for none of them; raises
+        InvalidRequest for inputs it cannot take. The Worker serves it on `embed`."""
+        ...
+
+    def metric_families(self) -> list[Metric]:
+        """Prometheus families the engine adds to its worker's at scrape time (the KV block
+        manager's tiers, a transfer agent's counters)."""
+        ...
+
+    def attach_embedding_provider(self, provider: EmbeddingProvider) -> None:
+        """With `capabilities.images`: where the engine gets image embeddings from (set by
+        the worker's wiring before `start`, tandem.multimodal.provider_args)."""
+        ...
+
+
+class EngineDefaults:
+    """The optional parts of `Engine` for an engine that has none of them: no capabilities,
+    no steps reported, no extra metadata or metrics, no embeddings, no images."""
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return EngineCapabilities()
+
+    def take_step_samples(self) -> list[StepSample]:
+        return []
+
+    def instance_metadata(self) -> dict[str, Any]:
+        return {}
+
+    async def embed(self, inputs: list[list[int]]) -> NDArray[np.float32]:
+        raise InvalidRequest("this worker's engine does not compute embeddings")
+
+    def metric_families(self) -> list[Metric]:
+        return []
+
+    def attach_embedding_provider(self, provider: EmbeddingProvider) -> None:
+        raise ValueError(f"{type(self).__name__} takes no images")
 
 
 # name -> (module with the engine class, class name, module with add_args/config_from_args)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from tandem.protocols.engine import EngineOutput
 
@@ -30,15 +30,19 @@ class OutputStream:
     With a `direct` sink, an output pushed while the consumer is parked in `wait` with nothing
     queued (so everything before it has been consumed) is offered to the sink first; one the
     sink takes never reaches the consumer, which stays parked (no task wake-up per token).
-    Order holds: once anything is queued, later outputs queue behind it."""
+    Order holds: once anything is queued, later outputs queue behind it.
 
-    __slots__ = ("_loop", "_outputs", "_waiter", "direct")
+    The consumer drains it with `async for out in stream.until_finished()`; `finished` then
+    says whether the finishing output came (if not, the consumer left early: abort)."""
+
+    __slots__ = ("_loop", "_outputs", "_waiter", "direct", "finished")
 
     def __init__(self, direct: DirectSink | None = None) -> None:
         self._outputs: deque[EngineOutput] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
         self.direct = direct
+        self.finished = False  # the output with finish_reason was handed to the consumer
 
     def push(self, output: EngineOutput) -> None:
         """Queue `output` for the consumer (or hand it to the direct sink, see above)."""
@@ -74,6 +78,20 @@ class OutputStream:
         """All outputs queued so far, merged into one (waits for at least one)."""
         await self.wait()
         return merge_outputs(self.take_all())
+
+    def until_finished(self) -> AsyncIterator[EngineOutput]:
+        """The outputs as they come (merged when the consumer lags), the finishing one last."""
+        return self
+
+    def __aiter__(self) -> AsyncIterator[EngineOutput]:
+        return self
+
+    async def __anext__(self) -> EngineOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        out = await self.get()
+        self.finished = out.finish_reason is not None
+        return out
 
 
 def merge_outputs(outputs: list[EngineOutput]) -> EngineOutput:

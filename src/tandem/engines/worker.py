@@ -129,11 +129,7 @@ class Worker:
 
     def __init__(self, engine: Engine, runtime: Runtime, config: WorkerConfig | None = None):
         self.engine = engine
-        # an engine that reads the prompt through prompt_array / num_prompt_tokens gets it as
-        # the wire's u32 buffer, not one int object per token (tandem.protocols.engine)
-        self._reads_token_bytes = bool(getattr(engine, "reads_token_bytes", False))
-        # an engine that hands mid-stream outputs to a sink from its step (`_direct_sink`)
-        self._accepts_direct_sink = bool(getattr(engine, "accepts_direct_sink", False))
+        self.capabilities = engine.capabilities
         self.runtime = runtime
         self.config = config or WorkerConfig()
         self.instance_id = self.config.instance_id
@@ -214,7 +210,7 @@ class Worker:
         return str(mode) if mode else "aggregated"
 
     def _tasks_of(self, info: EngineInfo) -> list[str]:
-        can_embed = hasattr(self.engine, "embed") and info.embedding_dim > 0
+        can_embed = self.capabilities.embeds and info.embedding_dim > 0
         if self.config.embedding_only:
             if not can_embed:
                 raise ValueError(
@@ -225,8 +221,7 @@ class Worker:
         return ["generate", "embed"] if can_embed else ["generate"]
 
     def _engine_metadata(self) -> dict[str, Any]:
-        extra = getattr(self.engine, "instance_metadata", None)
-        return dict(extra()) if extra is not None else {}
+        return dict(self.engine.instance_metadata())
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Unregister, refuse new requests (PeerGone, so clients go elsewhere), let in-flight
@@ -284,7 +279,9 @@ class Worker:
         if not self._accepting:
             raise PeerGone(f"worker {self.instance_id} is draining; retry on another instance")
         try:
-            request = decode_request(payload, materialize=not self._reads_token_bytes)
+            # an engine that reads the prompt with prompt_array gets the wire's u32 buffer
+            materialize = not self.capabilities.reads_token_bytes
+            request = decode_request(payload, materialize=materialize)
         except msgspec.MsgspecError as exc:
             raise InvalidRequest(f"bad PreprocessedRequest: {exc}") from exc
         deadline = request.deadline_s  # the request plane enforces its own deadline too
@@ -295,16 +292,12 @@ class Worker:
         log_scope.__enter__()  # this request's own task (the request plane's) until it ends
         spans = None
         if tracing.is_enabled():
-            traceparent = getattr(ctx, "traceparent", None)
-            spans = WorkerSpans(request, traceparent, self.instance_id, self.role)
+            spans = WorkerSpans(request, ctx.traceparent, self.instance_id, self.role)
         logger.debug("request_id=%s started (%d prompt tokens)", request.request_id,
                      request.num_prompt_tokens)  # fmt: skip
         prompt = _PromptTally(self.metrics, request.num_prompt_tokens)
         direct = self._direct_sink(ctx, deadline, spans, prompt)
-        if direct is None:
-            stream = self.engine.generate(request)
-        else:
-            stream = self.engine.generate(request, direct=direct)  # type: ignore[call-arg]
+        stream = self.engine.generate(request, direct=direct)
         error: BaseException | None = None
         status = "error"
         try:
@@ -337,9 +330,7 @@ class Worker:
             raise
         finally:
             self.metrics.requests.labels(status).inc()
-            aclose = getattr(stream, "aclose", None)  # async generators: aborts the request
-            if aclose is not None:
-                await aclose()
+            await stream.aclose()  # aborts the request if it is still running
             self._request_finished()
             if spans is not None:
                 spans.finish(error)
@@ -354,17 +345,17 @@ class Worker:
         spans: WorkerSpans | None,
         prompt: _PromptTally,
     ) -> DirectSink | None:
-        """For an engine that takes one (`accepts_direct_sink`): a sink that puts an output
-        straight on the request plane from the engine's step, so the request's task is not
-        woken per token. It takes only what `_generate` would just encode and send (counting
+        """For an engine that takes one (`capabilities.accepts_direct_sink`): a sink that puts
+        an output straight on the request plane from the engine's step, so the request's task
+        is not woken per token. It takes only what `_generate` would just encode and send (counting
         the prompt on the output that carries its cached count, as `_generate` does): never
         the last output (the stream's end is `_generate`'s), an error, anything past the
         deadline or anything traced; the request plane refuses it when the stream is gone
         (cancelled) or must wait (no credit, full write buffer), and then `_generate` takes
         it. None where it does not apply."""
-        try_send = getattr(ctx, "try_send", None)
-        if not self._accepts_direct_sink or try_send is None or spans is not None:
+        if not self.capabilities.accepts_direct_sink or spans is not None:
             return None
+        try_send = ctx.try_send
 
         def sink(out: EngineOutput) -> bool:
             if (
@@ -400,7 +391,7 @@ class Worker:
         assert self.info is not None
         self._request_started()
         try:
-            vectors = await self.engine.embed(request.inputs)  # type: ignore[attr-defined]
+            vectors = await self.engine.embed(request.inputs)
         finally:
             self._request_finished()
         yield encode(
@@ -480,8 +471,7 @@ class Worker:
 
     async def _send_stats(self) -> None:
         """One WorkerStats: lifecycle state, in-flight count, KV use and the engine's steps
-        since the last one (engines without `take_step_samples` report none)."""
-        take = getattr(self.engine, "take_step_samples", None)
+        since the last one (an engine without them reports none)."""
         load = self.engine.load() if self.info is not None else None
         msg = scaling.WorkerStats(
             worker_id=self.instance_id,
@@ -492,7 +482,7 @@ class Worker:
             num_active_blocks=load.num_active_blocks if load else 0,
             num_total_blocks=load.num_total_blocks if load else 0,
             num_cached_blocks=load.num_cached_blocks if load else 0,
-            steps=take() if take is not None and self.info is not None else [],
+            steps=self.engine.take_step_samples() if self.info is not None else [],
         )
         self.metrics.observe_steps(msg.steps)
         try:

@@ -4,13 +4,14 @@ its `metrics` request-plane endpoint, which the frontend proxies at `/metrics/wo
 Every series carries `worker_id`, `component` and `model`, so the expositions of many workers
 merge without clashes. What the worker counts itself (requests, prompt and cached tokens, engine
 steps) lives in prometheus_client objects; the rest is read at scrape time: the engine's load,
-the KV block manager's tiers (engines with `prometheus_lines`), the disaggregation transfer
-agent's counters, the multimodal embedding cache and the request-plane server's counters.
+the engine's own families (`Engine.metric_families`: the KV block manager's tiers, a transfer
+agent's counters), the sources added (the multimodal embedding cache) and the request-plane
+server's counters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -62,7 +63,12 @@ class WorkerMetrics:
             "uncached prompt tokens computed by engine steps",
             registry=r,
         )
-        self.registry.register(_ScrapeTime(worker))
+        self._sources: list[Callable[[], list[Metric]]] = []
+        self.registry.register(_ScrapeTime(worker, self._sources))
+
+    def add_source(self, families: Callable[[], list[Metric]]) -> None:
+        """Read `families()` at each scrape too (e.g. the image embedding cache's)."""
+        self._sources.append(families)
 
     def observe_steps(self, steps: Sequence[StepSample]) -> None:
         for step in steps:
@@ -93,10 +99,12 @@ class WorkerMetrics:
 
 
 class _ScrapeTime:
-    """Families read from the worker, its engine and its runtime when scraped."""
+    """Families read from the worker, its engine, the sources added and its runtime when
+    scraped."""
 
-    def __init__(self, worker: Any) -> None:
+    def __init__(self, worker: Any, sources: list[Callable[[], list[Metric]]]) -> None:
         self._worker = worker
+        self._sources = sources
 
     def describe(self) -> list[Metric]:
         return []
@@ -104,32 +112,15 @@ class _ScrapeTime:
     def collect(self) -> Iterator[Metric]:
         w = self._worker
         yield from _worker_families(w)
-        chain = list(_engine_chain(w.engine))
-        for obj in chain:
-            lines = getattr(obj, "prometheus_lines", None)
-            if lines is not None:  # the KV block manager's tiers (tandem_kvbm_*)
-                yield from text_string_to_metric_families("\n".join(lines()) + "\n")
-                break  # wrappers that forward it would repeat it
-        for obj in chain:
-            agent = getattr(obj, "agent", None)
-            if agent is not None and hasattr(agent, "families"):  # tandem.transfer's agent
-                yield from agent.families()
-                break
-        for obj in chain:
-            provider = getattr(obj, "embedding_provider", None)
-            if provider is not None and hasattr(provider, "families"):
-                yield from provider.families()
-                break
+        yield from w.engine.metric_families()  # KV tiers (tandem_kvbm_*), transfer agent
+        for source in self._sources:
+            yield from source()
         yield from request_plane_families(w.runtime.server)
 
 
-def _engine_chain(engine: Any) -> Iterable[Any]:
-    """The engine, then the engines it wraps (DisaggEngine.engine, ...)."""
-    seen = 0
-    while engine is not None and seen < 8:
-        yield engine
-        engine = getattr(engine, "engine", None)
-        seen += 1
+def text_families(lines: list[str]) -> list[Metric]:
+    """The families of Prometheus text lines (an engine's KV block manager tiers)."""
+    return list(text_string_to_metric_families("\n".join(lines) + "\n")) if lines else []
 
 
 def _worker_families(w: Any) -> Iterator[Metric]:

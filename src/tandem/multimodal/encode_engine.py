@@ -14,23 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
-from tandem.transfer import TransferAgent, TransferAgentConfig
-from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
-from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.base import EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
+from tandem.engines.output_stream import DirectSink
 from tandem.errors import EngineError, InvalidRequest, Overloaded
 from tandem.multimodal.embedding_transfer import EmbeddingSender
 from tandem.multimodal.image import DecodedImage
 from tandem.multimodal.sim_encoder import SimEncoderConfig, SimVisionEncoder
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.transfer import TransferAgent, TransferAgentConfig
+from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +96,9 @@ class EncodeStats:
     encode_seconds: float = 0.0
 
 
-class EncoderEngine:
-    """Implements the `Engine` protocol for the encode worker; runs on the worker's loop."""
+class EncoderEngine(EngineDefaults):
+    """Implements the `Engine` protocol for the encode worker; runs on the worker's loop.
+    None of the optional capabilities: it encodes images it is sent, it takes none itself."""
 
     def __init__(self, config: EncodeWorkerConfig, *, cluster_secret: str | None = None) -> None:
         self.config = config
@@ -159,7 +164,18 @@ class EncoderEngine:
         assert self.agent is not None
         return {"role": "encoder", "transfer_agent": list(self.agent.address)}
 
-    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+    def metric_families(self) -> list[Metric]:
+        """Its transfer agent's counters (the embeddings decode workers pulled)."""
+        return self.agent.families() if self.agent is not None else []
+
+    async def wait_failed(self) -> str:
+        """Never returns: a failed batch fails its requests, the batch loop goes on."""
+        never: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        return await never
+
+    async def generate(
+        self, request: PreprocessedRequest, *, direct: DirectSink | None = None
+    ) -> AsyncGenerator[EngineOutput, None]:
         if self._task is None or self.sender is None:
             raise EngineError("encoder engine is not running; call start() first")
         if STATS_ANNOTATION in request.annotations:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
 
-from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
-from tandem.transfer.config import backends_from_spec
+from tandem.engines.base import Engine, ImageInput
 from tandem.multimodal.embedding_cache import EmbeddingCache
 from tandem.multimodal.embedding_transfer import EmbeddingReceiver
+from tandem.multimodal.provider import LocalEmbeddingProvider
 from tandem.multimodal.remote_provider import CachingEmbeddingProvider, RemoteEncoderClient
+from tandem.runtime.runtime import Runtime
+from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
+from tandem.transfer.config import backends_from_spec
 
 logger = logging.getLogger(__name__)
 
@@ -65,39 +67,26 @@ def add_embedding_provider_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _image_engine(engine: Any) -> Any | None:
-    """The engine (inside wrappers such as DisaggEngine) that takes an `embedding_provider`."""
-    target = engine
-    while target is not None and not hasattr(target, "embedding_provider"):
-        target = getattr(target, "engine", None)
-    return target
+def _local_provider(images: ImageInput) -> LocalEmbeddingProvider | None:
+    """EPD: the engine's own encoder, loaded on the first image (None when it has none)."""
+    name, model = images.local_encoder, images.model
+    if not name:
+        return None
+    from tandem.multimodal.registry import load_encoder
 
-
-def _local_provider(target: Any) -> Any | None:
-    make = getattr(target, "make_local_embedding_provider", None)
-    if make is not None:
-        return make()
-    config: Any = getattr(target, "config", None)
-    name = getattr(config, "mm_encoder", None)
-    if name:  # EPD: the encoder for this engine's model, loaded on the first image
-        from tandem.multimodal.provider import LocalEmbeddingProvider
-        from tandem.multimodal.registry import load_encoder
-
-        model = getattr(config, "model", None)
-        return LocalEmbeddingProvider(lambda: load_encoder(name, model=model), name=name)
-    return None
+    return LocalEmbeddingProvider(lambda: load_encoder(name, model=model), name=name)
 
 
 async def attach_embedding_provider(
-    engine: Any, runtime: Any, ns: argparse.Namespace
+    engine: Engine, runtime: Runtime, ns: argparse.Namespace
 ) -> CachingEmbeddingProvider | None:
     """Before the engine starts: give it cache → remote encoder (with `--mm-remote-encode`) →
     local encoder. None when the engine takes no images or has neither encoder."""
-    target = _image_engine(engine)
-    if target is None:
+    images = engine.capabilities.images
+    if images is None:
         return None
     cache = EmbeddingCache(int(ns.mm_embedding_cache_mb * (1 << 20)))
-    local = _local_provider(target)
+    local = _local_provider(images)
     remote = None
     if ns.mm_remote_encode and not ns.mm_local_fallback:
         local = None
@@ -118,11 +107,13 @@ async def attach_embedding_provider(
         await remote.start()
     if remote is None and local is None:
         return None
-    as_arrays = getattr(target, "embeddings_as_arrays", False)
     provider = CachingEmbeddingProvider(
-        cache, remote=remote, local=local, to_tensor=(lambda a: a) if as_arrays else None
+        cache,
+        remote=remote,
+        local=local,
+        to_tensor=(lambda a: a) if images.embeddings_as_arrays else None,
     )
-    target.embedding_provider = provider
+    engine.attach_embedding_provider(provider)
     logger.info("image embeddings: cache %.0f MB, %s", ns.mm_embedding_cache_mb,
                 "encode workers, local fallback" if remote and local else
                 "encode workers" if remote else "in-process encoder")  # fmt: skip

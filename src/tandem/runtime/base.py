@@ -74,10 +74,17 @@ class RequestContext(Protocol):
 
     request_id: str
     deadline_s: float | None  # absolute time.time(); None = none
+    traceparent: str | None  # W3C trace context of the caller's span; None = not traced
 
     @property
     def cancelled(self) -> asyncio.Event:
         """Set when the client cancels, disconnects or the deadline passes."""
+        ...
+
+    def try_send(self, payload: bytes) -> bool:
+        """Send one response payload now, from outside the handler (e.g. an engine's step),
+        if that needs no wait; False (nothing sent) when the stream is gone or must wait:
+        the handler then yields it as usual. Only while the handler has nothing pending."""
         ...
 
 

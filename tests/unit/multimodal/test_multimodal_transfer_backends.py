@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from tandem.transfer.config import backends_from_spec
+from tandem.engines.base import EngineCapabilities, EngineDefaults, ImageInput
 from tandem.multimodal import encode_args, provider_args
+from tandem.transfer.config import backends_from_spec
 
 
 def test_auto_is_every_backend_with_the_busy_ones_lazy_and_a_list_is_eager() -> None:
@@ -31,9 +32,12 @@ def test_encoder_flag() -> None:
     assert (named.transfer_backends, named.transfer_lazy_backends) == (("nixl", "tcp"), ())
 
 
-class _Image:  # an engine that takes images, with no encoder of its own
+class _Image(EngineDefaults):  # an engine that takes images, with no encoder of its own
+    capabilities = EngineCapabilities(images=ImageInput())
     embedding_provider: Any = None
-    config = None
+
+    def attach_embedding_provider(self, provider: Any) -> None:
+        self.embedding_provider = provider
 
 
 @pytest.mark.parametrize(

@@ -18,16 +18,24 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NamedTuple
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.base import (
+    EngineCapabilities,
+    EngineDefaults,
+    EngineInfo,
+    EngineLoad,
+    ImageInput,
+)
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.embedding import hashed_embedding
 from tandem.engines.mocker.scheduler import Scheduler, StepResult
 from tandem.engines.output_stream import DirectSink, OutputStream
+from tandem.engines.vision import EmbeddingProvider
+from tandem.engines.worker_metrics import text_families
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import (
     EngineOutput,
@@ -39,6 +47,9 @@ from tandem.protocols.engine import (
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,13 +59,16 @@ class ReceivedSampling(NamedTuple):
     stop: StopConditions
 
 
-class MockerEngine:
-    embeddings_as_arrays = True  # remote embeddings stay numpy: the mocker never imports torch
-    # the Worker may hand over requests whose prompt is still the wire's u32 buffer (empty
-    # token_ids): admission reads it with prompt_array, never an int object per token
-    reads_token_bytes = True
-    # `generate(..., direct=sink)`: the step loop offers outputs to the sink (OutputStream)
-    accepts_direct_sink = True
+class MockerEngine(EngineDefaults):
+    # admission reads a prompt still in the wire's u32 buffer with prompt_array; the step
+    # loop offers outputs to a direct sink (OutputStream); remote image embeddings stay numpy
+    # (the mocker never imports torch) and it runs no encoder of its own (EPD is simulated)
+    capabilities = EngineCapabilities(
+        reads_token_bytes=True,
+        accepts_direct_sink=True,
+        embeds=True,
+        images=ImageInput(embeddings_as_arrays=True),
+    )
 
     def __init__(
         self,
@@ -75,7 +89,7 @@ class MockerEngine:
         self._failed: asyncio.Future[str] | None = None
         # images: set by the worker (tandem.multimodal.provider_args) for E/PD; without one,
         # an image request's simulated encode stalls the step loop (EPD)
-        self.embedding_provider: Any = None
+        self.embedding_provider: EmbeddingProvider | None = None
         self._encode_debt_s = 0.0
         self._steps: deque[StepSample] = deque(maxlen=4096)  # oldest dropped if nobody reads
         # the mocker's tokens are synthetic, so sampling fields cannot change them; it
@@ -115,7 +129,7 @@ class MockerEngine:
         *,
         install: Callable[[Scheduler], object] | None = None,
         direct: DirectSink | None = None,
-    ) -> AsyncIterator[EngineOutput]:
+    ) -> AsyncGenerator[EngineOutput, None]:
         """Stream the request's outputs (merged when the consumer lags behind the steps).
         Raises InvalidRequest/ContextLengthExceeded on the first iteration if it can never
         run, EngineError if the engine is not running. Closing early aborts it.
@@ -145,15 +159,12 @@ class MockerEngine:
             install(self.scheduler)
         stream = self._streams[request_id] = OutputStream(direct)
         self._wake.set()
-        finished = False
         try:
-            while not finished:
-                out = await stream.get()
-                finished = out.finish_reason is not None
+            async for out in stream.until_finished():
                 yield out
         finally:
             self._streams.pop(request_id, None)
-            if not finished:
+            if not stream.finished:
                 self.scheduler.abort(request_id)
 
     async def embed(self, inputs: list[list[int]]) -> Any:
@@ -213,6 +224,12 @@ class MockerEngine:
         if self.scheduler.kvbm is not None:
             events += self.scheduler.kvbm.kv_snapshot()
         return events
+
+    def attach_embedding_provider(self, provider: EmbeddingProvider) -> None:
+        self.embedding_provider = provider
+
+    def metric_families(self) -> list[Metric]:
+        return text_families(self.prometheus_lines())
 
     def prometheus_lines(self) -> list[str]:
         """Simulated tier metrics (tandem.kvbm); empty without --kvbm-* tiers."""

@@ -14,11 +14,12 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.base import EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
+from tandem.engines.output_stream import DirectSink
 from tandem.engines.vllm.config import VllmWorkerConfig
 from tandem.engines.vllm.kv_events import KvEventTranslator, VllmEventSubscriber
 from tandem.engines.vllm.metrics import (
@@ -54,7 +55,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class VllmEngine:
+class VllmEngine(EngineDefaults):
+    """Text only, no embeddings: the optional parts it has are its steps and metadata."""
+
     def __init__(self, config: VllmWorkerConfig) -> None:
         self.config = config
         self.llm: Any = None
@@ -219,10 +222,13 @@ class VllmEngine:
             await asyncio.to_thread(reaper.done)
 
     # ---------------------------------------------------------------- requests
-    async def generate(self, request: PreprocessedRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(
+        self, request: PreprocessedRequest, *, direct: DirectSink | None = None
+    ) -> AsyncGenerator[EngineOutput, None]:
         """Stream the request's outputs. Raises InvalidRequest / ContextLengthExceeded on the
         first iteration when vLLM refuses it, EngineError when the engine is not running.
-        Closing early aborts it in vLLM (its blocks are freed)."""
+        Closing early aborts it in vLLM (its blocks are freed). `direct` is never given (its
+        capabilities take no direct sink)."""
         if self.llm is None or self._info is None or self._stopping:
             raise EngineError("vLLM engine is not running; call start() first")
         self._check(request)

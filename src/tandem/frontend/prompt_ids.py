@@ -139,7 +139,7 @@ def _library() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL | None:
-    from tandem.engines.native.cbuild import CBuildError, compile_c
+    from tandem.cbuild import CBuildError, compile_c
 
     try:
         lib = ctypes.CDLL(str(compile_c(_SOURCE, "json_ids", _FLAGS)))

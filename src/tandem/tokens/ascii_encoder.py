@@ -131,7 +131,7 @@ def _c_split() -> ModuleType | None:
 
 
 def _load_c() -> ModuleType | None:
-    from tandem.engines.native.cbuild import CBuildError, compile_c
+    from tandem.cbuild import CBuildError, compile_c
 
     include = sysconfig.get_paths()["include"]
     flags = ("-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}")

@@ -162,7 +162,7 @@ def _c_hasher() -> tuple[ctypes.CDLL, int] | None:
 
 
 def _load_c_hasher() -> tuple[ctypes.CDLL, int] | None:
-    from tandem.engines.native.cbuild import CBuildError, compile_c
+    from tandem.cbuild import CBuildError, compile_c
 
     if not _is_le:
         return None

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tandem.cbuild import compiler
 from tandem.engines.mocker import c_block_pool
 from tandem.engines.mocker.block_pool import BlockPool, PyBlockPool
 from tandem.engines.mocker.c_block_pool import CBlockPool
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.scheduler import Scheduler
-from tandem.engines.native.cbuild import compiler
 from tandem.kvbm.base import KvbmConfig
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
 

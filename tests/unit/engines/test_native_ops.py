@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tandem.cbuild import runnable_isas, select_isa
 from tandem.engines.native.attention import to_cache
-from tandem.engines.native.cbuild import runnable_isas, select_isa
 from tandem.engines.native.ops import CpuOps, _load, build, cpu_ops
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.engines.native import cbuild, quant, quant_screen
+from tandem import cbuild
+from tandem.engines.native import quant, quant_screen
 from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import build_model

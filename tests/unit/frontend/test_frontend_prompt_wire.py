@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from tests.support.instances import backend_instance
 
-from tandem.disagg.params import after_first_tokens
-from tandem.engines.native.cbuild import compiler
+from tandem.cbuild import compiler
 from tandem.errors import InvalidRequest
 from tandem.frontend import prompt_ids
 from tandem.frontend.decode import decode_completion
@@ -234,7 +233,7 @@ def test_a_u32_prompt_migrates_and_hands_off_as_prompt_plus_generated() -> None:
     moved = _continuation(request, [7, 8], 1)
     assert moved.token_ids == [*ids, 7, 8] and type(moved.token_ids) is list
     assert decode_request(encode(moved)).token_ids == [*ids, 7, 8]
-    handed = after_first_tokens(request, [9])
+    handed = request.continued_after([9])
     assert decode_request(encode(handed)).token_ids == [*ids, 9]
 
 

@@ -54,7 +54,7 @@ def c_core() -> ctypes.CDLL | None:
 
 
 def _load(*, check: bool = True) -> ctypes.CDLL | None:
-    from tandem.engines.native.cbuild import CBuildError, compile_c
+    from tandem.cbuild import CBuildError, compile_c
 
     try:
         lib = ctypes.CDLL(str(compile_c(_C_SOURCE, "block_pool", ("-O2", "-fPIC", "-shared"))))

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from tandem.engines.native.cbuild import ISAS, CBuildError, check_isa, compile_c, select_isa
+from tandem.cbuild import ISAS, CBuildError, check_isa, compile_c, select_isa
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tandem.engines.native.cbuild import ISAS, CBuildError, check_isa, compile_c, select_isa
+from tandem.cbuild import ISAS, CBuildError, check_isa, compile_c, select_isa
 
 logger = logging.getLogger(__name__)
 

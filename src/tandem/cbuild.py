@@ -1,8 +1,9 @@
-"""Compile one of the native engine's C files into a shared library in the cache dir
-(`$TANDEM_CACHE_DIR/kernels`, keyed by source, the headers beside it, compiler and flags;
-idempotent), and choose the instruction-set build of the native kernels (`select_isa`):
-the widest of AVX-512 VNNI, AVX-512, AVX2 + FMA and scalar that the CPU executes, or the
-one TANDEM_NATIVE_ISA forces."""
+"""Compile one C file into a shared library in the cache dir (`$TANDEM_CACHE_DIR/kernels`,
+keyed by source, the headers beside it, compiler and flags; idempotent): the native engine's
+kernels, the mocker's block pool, the tokens' hashing and ASCII split, the frontend's prompt
+scan (their C sources stay beside them). And choose the instruction-set build of the native
+kernels (`select_isa`): the widest of AVX-512 VNNI, AVX-512, AVX2 + FMA and scalar that the
+CPU executes, or the one TANDEM_NATIVE_ISA forces."""
 
 from __future__ import annotations
 

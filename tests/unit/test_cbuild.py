@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.engines.native import cbuild
-from tandem.engines.native.cbuild import library_path
+from tandem import cbuild
+from tandem.cbuild import library_path
 
 
 def test_cache_key_covers_the_headers_beside_the_source(tmp_path: Path, monkeypatch):
@@ -36,7 +36,7 @@ VNNI_CPU = AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vn
 def test_the_widest_build_the_cpu_flags_allow_is_chosen_and_logged(monkeypatch, caplog):
     monkeypatch.delenv(cbuild.ISA_ENV, raising=False)
     monkeypatch.setattr(cbuild, "_logged", set())  # each choice is logged once a process
-    caplog.set_level(logging.INFO, logger="tandem.engines.native.cbuild")
+    caplog.set_level(logging.INFO, logger="tandem.cbuild")
     assert cbuild.select_isa(VNNI_CPU)[0] == "avx512vnni"
     assert cbuild.select_isa(VNNI_CPU - {"avx512_vnni"})[0] == "avx512"
     isa, why = cbuild.select_isa(AVX2_CPU)
@@ -52,7 +52,7 @@ def test_the_widest_build_the_cpu_flags_allow_is_chosen_and_logged(monkeypatch, 
 
 def test_a_forced_build_is_used_where_the_cpu_runs_it_and_refused_where_not(monkeypatch, caplog):
     monkeypatch.setattr(cbuild, "_logged", set())
-    caplog.set_level(logging.INFO, logger="tandem.engines.native.cbuild")
+    caplog.set_level(logging.INFO, logger="tandem.cbuild")
     for isa in ("scalar", "avx2"):
         monkeypatch.setenv(cbuild.ISA_ENV, isa)
         assert cbuild.select_isa(AVX2_CPU) == (isa, f"forced by {cbuild.ISA_ENV}={isa}")

@@ -21,14 +21,20 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 
 from tandem.cbuild import select_isa
-from tandem.engines.base import EngineInfo, EngineLoad
+from tandem.engines.base import (
+    EngineCapabilities,
+    EngineDefaults,
+    EngineInfo,
+    EngineLoad,
+    ImageInput,
+)
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.embedding import pooled_embeddings, token_groups
@@ -36,14 +42,18 @@ from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import load_model_weights, load_quant_weights
 from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.quant_model import QuantLlamaModel
-from tandem.engines.output_stream import OutputStream
+from tandem.engines.output_stream import DirectSink, OutputStream
 from tandem.engines.vision import EmbeddingProvider, encoder_rows
+from tandem.engines.worker_metrics import text_families
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 T = TypeVar("T")
 
@@ -97,7 +107,7 @@ def _max_len(config: NativeConfig, context_length: int) -> int:
     return min(config.max_model_len or context_length, context_length)
 
 
-class NativeEngine:
+class NativeEngine(EngineDefaults):
     def __init__(
         self,
         config: NativeConfig,
@@ -169,17 +179,29 @@ class NativeEngine:
             **mm_card_fields(self.config, core.model.config.vocab_size),
         )
 
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """Embeds; takes images (its own encoder `config.mm_encoder` loaded on the first one
+        when it has one)."""
+        images = ImageInput(local_encoder=self.config.mm_encoder, model=self.config.model)
+        return EngineCapabilities(embeds=True, images=images)
+
+    def attach_embedding_provider(self, provider: EmbeddingProvider) -> None:
+        self.embedding_provider = provider
+
     async def generate(
         self,
         request: PreprocessedRequest,
         *,
         install: Callable[[EngineCore], None] | None = None,
-    ) -> AsyncIterator[EngineOutput]:
+        direct: DirectSink | None = None,
+    ) -> AsyncGenerator[EngineOutput, None]:
         """Stream the request's outputs. Raises InvalidRequest/ContextLengthExceeded on the
         first iteration if it can never run, EngineError if the engine is not running.
         Closing early aborts it. `install`, when given, replaces admission: it runs on the
         step thread and puts the request's sequence into the core itself (a disaggregated
-        decode resuming with imported KV, tandem.engines.native.kv_transfer)."""
+        decode resuming with imported KV, tandem.engines.native.kv_transfer). `direct` is
+        never given (its capabilities take no direct sink)."""
         if self._failure is not None:
             raise EngineError(f"{self._failure}; this engine serves nothing more")
         if self.core is None or self._thread is None or self._stopping:
@@ -201,16 +223,13 @@ class NativeEngine:
             raise InvalidRequest(f"request_id={request_id} is already running on this engine")
         stream = self._streams[request_id] = OutputStream()
         self._submit("add", (request, install, mm_embeddings, grammar))
-        finished = False
         try:
-            while not finished:
-                out = await stream.get()
-                finished = out.finish_reason is not None
+            async for out in stream.until_finished():
                 yield out
         finally:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
-            if not finished:
+            if not stream.finished:
                 self._submit("abort", request_id)
 
     async def embed(self, inputs: list[list[int]]) -> np.ndarray:
@@ -292,6 +311,9 @@ class NativeEngine:
         assert self.core is not None, "kv_snapshot before start()"
         with self._lock:
             return self.core.kv_snapshot()
+
+    def metric_families(self) -> list[Metric]:
+        return text_families(self.prometheus_lines())
 
     def prometheus_lines(self) -> list[str]:
         """Tier metrics of the KV block manager (empty without --kvbm-* tiers)."""

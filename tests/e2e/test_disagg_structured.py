@@ -1,6 +1,6 @@
 """Structured output across a disaggregated pair (`tandem serve --prefill-workers 1
 --decode-workers 1 --engine native`): the prefill samples the first token under the schema, the
-decode worker's matcher replays it (StructuredOutput.num_output_tokens) and carries on, so the
+decode worker's matcher replays it (the request's num_generated_tokens) and carries on, so the
 whole answer validates — were the replay missing, the decode would restart the schema after
 the first token and the text would not parse."""
 

@@ -27,7 +27,7 @@ import msgspec
 
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.guard import BlockGuard
-from tandem.disagg.params import DisaggParams, after_first_tokens
+from tandem.disagg.params import DisaggParams
 from tandem.disagg.prefill import REGION
 from tandem.engines.base import Engine
 from tandem.engines.handoff import KvHandoff
@@ -78,7 +78,7 @@ class DecodeSide:
                 stream = self.handoff.resume(local, 0)
             elif first is not None:  # decode-first: resume after the prefill's first token
                 self.num_resumed_after_first += 1
-                resumed = after_first_tokens(local, first.token_ids)
+                resumed = local.continued_after(first.token_ids)
                 stream = _led_by(first, self.handoff.resume(resumed, num_tokens))
             else:
                 stream = self.handoff.resume(local, num_computed)

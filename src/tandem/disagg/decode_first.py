@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from tandem.disagg.params import DisaggParams, after_first_tokens, without_image_bytes
+from tandem.disagg.params import DisaggParams, without_image_bytes
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.router.base import RouteDecision, Router
 from tandem.transfer import OpRef, cancel_soon
@@ -138,7 +138,7 @@ async def _continue(
     s.num_rejoined += 1
     logger.warning("request_id=%s: the decode prefilled itself and chose another first token; "
                    "continuing after the client's", pinned.request_id)  # fmt: skip
-    cont = after_first_tokens(pinned, tokens)
+    cont = pinned.continued_after(tokens)
     cont = msgspec.structs.replace(cont, request_id=f"{pinned.request_id}-f", disagg_params=None)
     async for out in s.aggregated.stream(cont, router):
         yield msgspec.structs.replace(out, num_cached_tokens=None)

@@ -39,7 +39,6 @@ from tandem.protocols.engine import (
     EngineOutput,
     PreprocessedRequest,
     RoutingHints,
-    continued_sampling,
     decode_output,
     encode,
 )
@@ -296,18 +295,8 @@ def _decode_leg(
 ) -> PreprocessedRequest:
     """Prompt + the prefill's first token(s), the rest of the budget, the handoff params;
     images travel as their mm_hashes only (the KV carries them, DESIGN.md §10 step 4)."""
-    n = len(first_tokens)
-    stop = msgspec.structs.replace(
-        pinned.stop,
-        max_tokens=max(pinned.stop.max_tokens - n, 1),
-        min_tokens=max(pinned.stop.min_tokens - n, 0),
-    )
     return msgspec.structs.replace(
-        without_image_bytes(pinned),
-        token_ids=pinned.token_ids + first_tokens,
-        num_generated_tokens=pinned.num_generated_tokens + n,
-        stop=stop,
-        sampling=continued_sampling(pinned.sampling, n),
+        without_image_bytes(pinned).continued_after(first_tokens),
         disagg_params=params,
     )
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from tandem.errors import InvalidRequest
-from tandem.protocols.engine import PreprocessedRequest, continued_sampling
+from tandem.protocols.engine import PreprocessedRequest
 
 Mode = Literal["pull", "rendezvous", "push"]
 PINNED_ANNOTATION = "tandem.disagg.pinned"  # the frontend pinned this leg to a worker
@@ -47,25 +47,6 @@ class DisaggParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             return msgspec.convert(data, cls)
         except msgspec.ValidationError as exc:
             raise InvalidRequest(f"bad disagg_params: {exc}", param="disagg_params") from exc
-
-
-def after_first_tokens(request: PreprocessedRequest, tokens: list[int]) -> PreprocessedRequest:
-    """``request`` continued after ``tokens`` it already generated elsewhere (the prefill's
-    first token): prompt + tokens, the budget reduced by them."""
-    n = len(tokens)
-    stop = msgspec.structs.replace(
-        request.stop,
-        max_tokens=max(request.stop.max_tokens - n, 1),
-        min_tokens=max(request.stop.min_tokens - n, 0),
-    )
-    sampling = continued_sampling(request.sampling, n)
-    return msgspec.structs.replace(
-        request,
-        token_ids=request.token_ids + tokens,
-        num_generated_tokens=request.num_generated_tokens + n,
-        stop=stop,
-        sampling=sampling,
-    )
 
 
 def without_image_bytes(request: PreprocessedRequest) -> PreprocessedRequest:

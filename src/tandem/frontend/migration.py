@@ -24,7 +24,6 @@ from tandem.protocols.engine import (
     EngineOutput,
     PreprocessedRequest,
     StopConditions,
-    continued_sampling,
     decode_output,
     encode,
     encode_request,
@@ -258,21 +257,9 @@ async def _close(stream: object) -> None:
 def _continuation(
     request: PreprocessedRequest, generated: list[int], attempt: int
 ) -> PreprocessedRequest:
-    stop = msgspec.structs.replace(
-        request.stop,
-        max_tokens=max(request.stop.max_tokens - len(generated), 1),
-        min_tokens=max(request.stop.min_tokens - len(generated), 0),
-    )
+    continued = request.continued_after(generated)
     return _without_handoff(
-        msgspec.structs.replace(
-            request,
-            request_id=f"{request.request_id}-m{attempt}",
-            token_ids=request.token_ids + generated,
-            token_bytes=None,  # the cached u32 bytes were the shorter prompt's
-            num_generated_tokens=request.num_generated_tokens + len(generated),
-            stop=stop,
-            sampling=continued_sampling(request.sampling, len(generated)),
-        )
+        msgspec.structs.replace(continued, request_id=f"{request.request_id}-m{attempt}")
     )
 
 

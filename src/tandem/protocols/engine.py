@@ -58,22 +58,9 @@ class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     spec: str | None = None
     # json_schema: reject (not just ignore) properties the schema does not name
     strict: bool = True
-    # the last num_output_tokens of the request's token_ids were generated under this
-    # constraint elsewhere (a disaggregated prefill's first token, a migrated stream): the
-    # engine's matcher replays them before the first new token
-    num_output_tokens: int = 0
-
-
-def continued_sampling(sampling: SamplingParams, num_tokens: int) -> SamplingParams:
-    """`sampling` for a request continued after `num_tokens` it generated elsewhere (their
-    ids appended to its token_ids): a structured constraint carries on from them."""
-    structured = sampling.structured
-    if structured is None or num_tokens == 0:
-        return sampling
-    done = structured.num_output_tokens + num_tokens
-    return msgspec.structs.replace(
-        sampling, structured=msgspec.structs.replace(structured, num_output_tokens=done)
-    )
+    # (wire version 2 also had `num_output_tokens` here, always equal to the request's
+    # num_generated_tokens; a message that still carries it decodes, the field ignored: the
+    # engine's matcher replays the request's last num_generated_tokens)
 
 
 class StopConditions(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -118,8 +105,9 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     model: str
     token_ids: list[int]
     # how many trailing tokens of token_ids this request generated before (a prefill
-    # worker's first token, a lost worker's output before a migration): penalties count
-    # them as output, not prompt
+    # worker's first token, a lost worker's output before a migration; `continued_after`):
+    # penalties count them as output, not prompt, and a structured constraint's matcher
+    # replays them before the first new token
     num_generated_tokens: int = 0
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     stop: StopConditions
@@ -155,6 +143,27 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
         if not self.token_ids and self.token_bytes:
             return len(self.token_bytes) // 4
         return len(self.token_ids)
+
+    def continued_after(self, tokens: list[int]) -> PreprocessedRequest:
+        """This request continued after `tokens` it generated elsewhere (a disaggregated
+        prefill's first token, a lost worker's output before a migration): prompt + tokens,
+        counted as generated (`num_generated_tokens`), the budget reduced by them (at least
+        one more token, min_tokens by as many), the prompt's cached bytes dropped (they were
+        the shorter prompt's). Everything else (id, routing, handoff, images) is the
+        caller's to change. Needs token_ids as a list (not still in token_bytes)."""
+        n = len(tokens)
+        stop = msgspec.structs.replace(
+            self.stop,
+            max_tokens=max(self.stop.max_tokens - n, 1),
+            min_tokens=max(self.stop.min_tokens - n, 0),
+        )
+        return msgspec.structs.replace(
+            self,
+            token_ids=self.token_ids + tokens,
+            token_bytes=None,
+            num_generated_tokens=self.num_generated_tokens + n,
+            stop=stop,
+        )
 
 
 class TopLogprob(msgspec.Struct, array_like=True):

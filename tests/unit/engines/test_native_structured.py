@@ -26,7 +26,6 @@ from tandem.protocols.engine import (
     SamplingParams,
     StopConditions,
     StructuredOutput,
-    continued_sampling,
 )
 from tandem.tokens.grammar import closed_objects
 from tandem.tokens.tokenizer import load_tokenizer
@@ -135,14 +134,14 @@ def test_continuation_replays_generated_tokens() -> None:
     first = whole[:3]
     leg = request("leg", schema_output())
     leg.token_ids = leg.token_ids + first
-    leg.sampling = continued_sampling(leg.sampling, len(first))
+    leg.num_generated_tokens = len(first)
     c.add(leg)
     rest = run(c)["leg"][0]
     assert first + rest == whole
     # without the replay the matcher would start at the top of the schema again: rejected
     bad = request("bad", StructuredOutput(kind="json_schema", spec=json.dumps(SCHEMA)))
     bad.token_ids = bad.token_ids + whole[:3]
-    bad.sampling = continued_sampling(bad.sampling, 2)  # claims the wrong tokens
+    bad.num_generated_tokens = 2  # claims the wrong tokens
     with pytest.raises(InvalidRequest, match="do not match"):
         c.add(bad)
 
@@ -195,19 +194,18 @@ def test_every_continuation_path_carries_the_generated_count() -> None:
     """Disaggregated decode legs (both flows) and migration append tokens generated elsewhere
     to token_ids; each must tell the constraint how many, or the matcher starts over."""
     from tandem.disagg.orchestrator import _decode_leg
-    from tandem.disagg.params import after_first_tokens
     from tandem.frontend.migration import _continuation
 
     req = request("c", schema_output())
     legs = [
-        after_first_tokens(req, [7, 8]),
+        req.continued_after([7, 8]),
         _decode_leg(req, [7, 8], {"mode": "pull"}),
         _continuation(req, [7, 8], 1),
     ]
     for leg in legs:
         assert leg.sampling.structured is not None
-        assert leg.sampling.structured.num_output_tokens == 2
+        assert leg.num_generated_tokens == 2
         assert leg.token_ids[-2:] == [7, 8]
     again = _continuation(legs[2], [9], 2)
     assert again.sampling.structured is not None
-    assert again.sampling.structured.num_output_tokens == 3
+    assert again.num_generated_tokens == 3

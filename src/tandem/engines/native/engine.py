@@ -216,7 +216,10 @@ class NativeEngine(EngineDefaults):
         if request.sampling.structured is not None:  # compiled here, off the step thread
             core = self.core
             grammar = await asyncio.to_thread(
-                core.grammars.matcher, request.sampling.structured, request.token_ids
+                core.grammars.matcher,
+                request.sampling.structured,
+                request.token_ids,
+                request.num_generated_tokens,
             )
         request_id = request.request_id
         if request_id in self._streams:

@@ -96,7 +96,7 @@ class EngineCore:
         seq = Sequence(request, self.model.config.eos_token_ids)
         if request.sampling.structured is not None:
             seq.grammar = grammar or self.grammars.matcher(
-                request.sampling.structured, request.token_ids
+                request.sampling.structured, request.token_ids, request.num_generated_tokens
             )
         if request.mm_items:
             if mm_embeddings is None:

@@ -2,7 +2,7 @@
 
 Each constrained sequence owns an `LLMatcher` (`Sequence.grammar`) built from its
 StructuredOutput and fast-forwarded over the tokens it already produced elsewhere
-(`StructuredOutput.num_output_tokens`: a disaggregated prefill's first token, a migrated
+(the request's `num_generated_tokens`: a disaggregated prefill's first token, a migrated
 stream's tokens). Per step, `GrammarMasks.apply` fills one int32 bitmask
 [rows, ceil(vocab/32)] for the batch (llguidance's executor, native threads, GIL released) and
 applies it to the batch's logits in one pass (numpy putmask of the unpacked, inverted words);
@@ -66,10 +66,12 @@ class GrammarCompiler:
             eos_token=list(self.eos_token_ids or tok.eos_token_ids),
         )
 
-    def matcher(self, structured: StructuredOutput, token_ids: list[int]) -> Any:
-        """A matcher for `structured`, advanced over the last `num_output_tokens` of
-        `token_ids`. Raises InvalidRequest for a grammar that does not compile or tokens it
-        rejects."""
+    def matcher(
+        self, structured: StructuredOutput, token_ids: list[int], num_generated: int = 0
+    ) -> Any:
+        """A matcher for `structured`, advanced over the last `num_generated` of `token_ids`
+        (generated elsewhere under it). Raises InvalidRequest for a grammar that does not
+        compile or tokens it rejects."""
         tokenizer = self.tokenizer()
         try:
             matcher = llguidance.LLMatcher(tokenizer, grammar_text(structured))
@@ -77,11 +79,11 @@ class GrammarCompiler:
             raise InvalidRequest(f"structured output does not compile: {exc}") from exc
         if matcher.is_error():
             raise InvalidRequest(f"structured output does not compile: {matcher.get_error()}")
-        n = structured.num_output_tokens
+        n = num_generated
         if n:
             if not 0 < n <= len(token_ids):
                 raise InvalidRequest(
-                    f"structured num_output_tokens={n} is invalid; expected at most the "
+                    f"num_generated_tokens={n} is invalid; expected at most the "
                     f"{len(token_ids)} tokens of the request"
                 )
             if not matcher.consume_tokens(token_ids[-n:]):

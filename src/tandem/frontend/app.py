@@ -30,7 +30,7 @@ from tandem.frontend.decode import completion_decoder, decode_body, decode_compl
 from tandem.frontend.embeddings import EmbeddingsEndpoint
 from tandem.frontend.engine_events import Events, engine_events
 from tandem.frontend.health import HealthMonitor
-from tandem.frontend.http_server import ClientDisconnected, HttpRequest, HttpResponse
+from tandem.frontend.http.server import ClientDisconnected, HttpRequest, HttpResponse
 from tandem.frontend.metrics import FrontendMetrics, TokenTimer
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, ServedModel

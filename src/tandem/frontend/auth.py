@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 
 from tandem.errors import Forbidden, Unauthorized
-from tandem.frontend.http_server import HttpRequest
+from tandem.frontend.http.server import HttpRequest
 
 OPEN_PATHS = frozenset({"/health", "/live", "/dashboard"})  # /dashboard: the page, no data
 ADMIN_PATHS = frozenset({"/v1/route/explain"})

@@ -6,48 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.disagg.config import DisaggRouteConfig
+from tandem.frontend.http.config import HttpConfig, check_at_least
 from tandem.frontend.response_store import ResponseStoreConfig
 from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.config import ImageConfig
 from tandem.router.config import RouterConfig
-
-
-def _check(name: str, value: float, low: float, allowed: str) -> None:
-    if value < low:
-        raise ValueError(f"{name}={value} out of range; expected {allowed}")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HttpConfig:
-    """Limits of the HTTP edge (STYLE: every socket reader has sizes, timeouts and a cap).
-
-    `header_timeout_s` bounds the time from a request's first byte to the end of its headers,
-    `body_timeout_s` from there to the end of its body, `idle_timeout_s` a keep-alive connection
-    with no request; a peer past them gets 408 (idle: a plain close). `max_connections` is
-    lowered at start to what RLIMIT_NOFILE leaves after a reserve for discovery, the event bus
-    and the request plane. `drain_grace_s`: on SIGTERM, how long in-flight responses may run.
-    `reuse_port`: bind with SO_REUSEPORT, so several frontend processes share one port and the
-    kernel spreads new connections over them (`tandem serve --frontend-processes`)."""
-
-    max_body_bytes: int = 8 << 20
-    max_header_bytes: int = 64 << 10
-    max_header_count: int = 100
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    idle_timeout_s: float = 30.0
-    max_connections: int = 10_000
-    drain_grace_s: float = 30.0
-    reuse_port: bool = False
-
-    def __post_init__(self) -> None:
-        _check("max_body_bytes", self.max_body_bytes, 1024, ">= 1024")
-        _check("max_header_bytes", self.max_header_bytes, 1024, ">= 1024")
-        _check("max_header_count", self.max_header_count, 8, ">= 8")
-        _check("header_timeout_s", self.header_timeout_s, 0.01, ">= 0.01")
-        _check("body_timeout_s", self.body_timeout_s, 0.01, ">= 0.01")
-        _check("idle_timeout_s", self.idle_timeout_s, 0.01, ">= 0.01")
-        _check("max_connections", self.max_connections, 1, ">= 1")
-        _check("drain_grace_s", self.drain_grace_s, 0.0, ">= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,13 +58,13 @@ class FrontendConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} out of range; expected [0, 65535]")
-        _check("migration_limit", self.migration_limit, 0, ">= 0")
-        _check("max_inflight_requests", self.max_inflight_requests, 1, ">= 1")
-        _check("max_fanout", self.max_fanout, 1, ">= 1")
-        _check("request_timeout_s", self.request_timeout_s, 0.001, "> 0")
-        _check("retry_after_s", self.retry_after_s, 0.0, ">= 0")
-        _check("health_stale_s", self.health_stale_s, 0.1, ">= 0.1")
+        check_at_least("migration_limit", self.migration_limit, 0, ">= 0")
+        check_at_least("max_inflight_requests", self.max_inflight_requests, 1, ">= 1")
+        check_at_least("max_fanout", self.max_fanout, 1, ">= 1")
+        check_at_least("request_timeout_s", self.request_timeout_s, 0.001, "> 0")
+        check_at_least("retry_after_s", self.retry_after_s, 0.0, ">= 0")
+        check_at_least("health_stale_s", self.health_stale_s, 0.1, ">= 0.1")
         for name, keys in (("api_keys", self.api_keys), ("admin_api_keys", self.admin_api_keys)):
             if any(not key or key != key.strip() for key in keys):
                 raise ValueError(f"{name} holds an empty key or one with spaces around it")
-        _check("request_stats_interval_s", self.request_stats_interval_s, 0.0, ">= 0")
+        check_at_least("request_stats_interval_s", self.request_stats_interval_s, 0.0, ">= 0")

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from tandem.frontend.health import HealthMonitor
-from tandem.frontend.http_server import HttpRequest, HttpResponse
+from tandem.frontend.http.server import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.protocols.discovery import Instance
 

@@ -36,8 +36,8 @@ from tandem.errors import (
     PeerGone,
 )
 from tandem.frontend import errors as http_errors
-from tandem.frontend.http_message import ClientDisconnected
-from tandem.frontend.http_server import HttpRequest, HttpResponse
+from tandem.frontend.http.message import ClientDisconnected
+from tandem.frontend.http.server import HttpRequest, HttpResponse
 from tandem.frontend.models import ServedModel
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.embedding import (

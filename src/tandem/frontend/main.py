@@ -17,7 +17,7 @@ from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.dashboard import Dashboard
 from tandem.frontend.health import HealthMonitor
-from tandem.frontend.http_server import HttpServer
+from tandem.frontend.http.server import HttpServer
 from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, freeze_long_lived

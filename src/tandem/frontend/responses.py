@@ -30,8 +30,8 @@ import msgspec
 from tandem.errors import InvalidRequest, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend.engine_events import Events, engine_events
-from tandem.frontend.http_message import ClientDisconnected
-from tandem.frontend.http_server import HttpRequest, HttpResponse
+from tandem.frontend.http.message import ClientDisconnected
+from tandem.frontend.http.server import HttpRequest, HttpResponse
 from tandem.frontend.metrics import TokenTimer
 from tandem.frontend.postprocess import ChoiceState
 from tandem.frontend.preprocess import Prepared

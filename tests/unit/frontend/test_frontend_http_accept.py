@@ -18,7 +18,7 @@ SERVER = textwrap.dedent(
     """
     import asyncio, logging, os, sys
     import uvloop
-    from tandem.frontend.http_server import HttpServer
+    from tandem.frontend.http.server import HttpServer
 
     async def hello(request, response):
         await response.send(200, b"hello", content_type=b"text/plain")

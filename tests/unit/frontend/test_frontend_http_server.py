@@ -7,8 +7,8 @@ import socket
 import pytest
 from tests.support.eventually import eventually
 
-from tandem.frontend.config import HttpConfig
-from tandem.frontend.http_server import HttpRequest, HttpResponse, HttpServer
+from tandem.frontend.http.config import HttpConfig
+from tandem.frontend.http.server import HttpRequest, HttpResponse, HttpServer
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -22,8 +22,8 @@ import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tandem.frontend.config import HttpConfig
-from tandem.frontend.http_message import date_header
+from tandem.frontend.http.config import HttpConfig
+from tandem.frontend.http.message import date_header
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from typing import Literal, cast
 
 import httptools
 
-from tandem.frontend.config import HttpConfig
-from tandem.frontend.http_accept import Acceptor
-from tandem.frontend.http_message import (
+from tandem.frontend.http.accept import Acceptor
+from tandem.frontend.http.config import HttpConfig
+from tandem.frontend.http.message import (
     ClientDisconnected,
     Handler,
     HttpRequest,

@@ -6,6 +6,7 @@ import pytest
 
 from tandem.engines.mocker import c_block_pool
 from tandem.engines.mocker.block_pool import BlockPool, PyBlockPool
+from tandem.engines.mocker.c_block_pool import new_block_pool
 from tandem.protocols.kv_events import BlockRemoved, BlockStored
 from tandem.tokens.hashing import sequence_hashes
 
@@ -14,7 +15,7 @@ BS = 4
 
 @pytest.fixture(autouse=True, params=["c", "python"])
 def _pool_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test on both pools: `BlockPool(...)` builds the C one, else the Python one."""
+    """Every test on both pools: `new_block_pool(...)` builds the C one, else the Python one."""
     if request.param == "python":
         monkeypatch.setattr(c_block_pool, "c_core", lambda: None)
 
@@ -29,7 +30,7 @@ def _chain(pool: BlockPool, tokens: list[int]) -> tuple[list[int], list[int]]:
 
 
 def test_allocate_until_exhausted_then_release_returns_blocks() -> None:
-    pool = BlockPool(4, BS)
+    pool = new_block_pool(4, BS)
     ids = pool.allocate(3)
     assert ids is not None and len(set(ids)) == 3
     assert pool.allocate(2) is None  # nothing changes on failure
@@ -40,7 +41,7 @@ def test_allocate_until_exhausted_then_release_returns_blocks() -> None:
 
 
 def test_double_free_is_caught() -> None:
-    pool = BlockPool(2, BS)
+    pool = new_block_pool(2, BS)
     ids = pool.allocate(1)
     assert ids is not None
     pool.release(ids)
@@ -57,7 +58,7 @@ def test_check_integrity_detects_a_leaked_block() -> None:
 
 
 def test_stored_event_carries_chain_tokens_and_parent() -> None:
-    pool = BlockPool(8, BS)
+    pool = new_block_pool(8, BS)
     tokens = list(range(10))  # two full blocks + 2 tokens
     _ids, hashes = _chain(pool, tokens)
     assert pool.drain_events() == [
@@ -75,7 +76,7 @@ def test_stored_event_carries_chain_tokens_and_parent() -> None:
 
 
 def test_prefix_match_and_reuse_after_release() -> None:
-    pool = BlockPool(8, BS)
+    pool = new_block_pool(8, BS)
     ids, _hashes = _chain(pool, list(range(12)))
     pool.release(ids)
     assert pool.num_active_blocks == 0 and pool.num_cached_blocks == 3
@@ -88,7 +89,7 @@ def test_prefix_match_and_reuse_after_release() -> None:
 
 
 def test_duplicate_block_is_not_cached_twice_and_emits_nothing() -> None:
-    pool = BlockPool(8, BS)
+    pool = new_block_pool(8, BS)
     tokens = list(range(8))
     _first, hashes = _chain(pool, tokens)
     pool.drain_events()
@@ -102,7 +103,7 @@ def test_duplicate_block_is_not_cached_twice_and_emits_nothing() -> None:
 
 
 def test_lru_evicts_oldest_unused_tail_first_with_removed_event() -> None:
-    pool = BlockPool(4, BS)
+    pool = new_block_pool(4, BS)
     a_ids, a_hashes = _chain(pool, list(range(8)))
     b_ids, _b_hashes = _chain(pool, list(range(100, 108)))
     pool.release(a_ids)  # A unused first → oldest
@@ -116,7 +117,7 @@ def test_lru_evicts_oldest_unused_tail_first_with_removed_event() -> None:
 
 
 def test_snapshot_describes_every_cached_block_parents_first() -> None:
-    pool = BlockPool(16, BS)
+    pool = new_block_pool(16, BS)
     base = list(range(8))
     _a_ids, a_hashes = _chain(pool, [*base, 1, 2, 3, 4])
     b_hashes = sequence_hashes([*base, 9, 9, 9, 9], BS)
@@ -133,7 +134,7 @@ def test_snapshot_describes_every_cached_block_parents_first() -> None:
 
 def test_random_operations_keep_integrity() -> None:
     rng = random.Random(7)
-    pool = BlockPool(32, BS)
+    pool = new_block_pool(32, BS)
     held: list[list[int]] = []
     for _ in range(2000):
         op = rng.random()
@@ -166,7 +167,7 @@ def test_memory_stays_flat_as_the_prefix_cache_fills_and_turns_over() -> None:
     import tracemalloc
 
     num_blocks, block_size = 512, 64
-    pool = BlockPool(num_blocks, block_size)
+    pool = new_block_pool(num_blocks, block_size)
     rng = random.Random(0)
     tracemalloc.start()
     try:

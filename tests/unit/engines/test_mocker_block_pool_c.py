@@ -11,7 +11,7 @@ import pytest
 from tandem.cbuild import compiler
 from tandem.engines.mocker import c_block_pool
 from tandem.engines.mocker.block_pool import BlockPool, PyBlockPool
-from tandem.engines.mocker.c_block_pool import CBlockPool
+from tandem.engines.mocker.c_block_pool import CBlockPool, new_block_pool
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.scheduler import Scheduler
 from tandem.kvbm.base import KvbmConfig
@@ -151,10 +151,10 @@ def test_misuse_raises_the_same_assertion() -> None:
             pool.release(ids[:1])
 
 
-def test_block_pool_is_the_c_pool_else_the_python_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert type(BlockPool(4, 2)) is CBlockPool
+def test_new_block_pool_is_the_c_pool_else_the_python_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert type(new_block_pool(4, 2)) is CBlockPool
     monkeypatch.setattr(c_block_pool, "c_core", lambda: None)
-    assert type(BlockPool(4, 2)) is PyBlockPool
+    assert type(new_block_pool(4, 2)) is PyBlockPool
 
 
 def test_check_integrity_sees_a_corrupted_c_pool() -> None:

@@ -12,9 +12,10 @@ hash and metadata is also kept until `take_evicted()`. Synchronous and not threa
 then carry no token ids (no consumer of the mocker's events needs them: routers key on the
 block hashes), which saves copying every prompt token for long prompts.
 
-`BlockPool(...)` builds the C pool (`c_block_pool.CBlockPool`: the state in C arrays, whole
-arrays per call) where it loads, else `PyBlockPool` below, which is also its reference: the
-two hand out the same blocks and record the same events, step for step.
+`BlockPool` is the contract; `PyBlockPool` below is the pool in Python and the reference of
+the C pool (`c_block_pool.CBlockPool`: the state in C arrays, whole arrays per call): the two
+hand out the same blocks and record the same events, step for step.
+`c_block_pool.new_block_pool(...)` builds the C pool where it loads, else a `PyBlockPool`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Self
+from typing import NamedTuple
 
 from tandem.protocols.kv_events import BlockRemoved, BlockStored, KvEvent
 
@@ -45,16 +46,7 @@ class EvictedBlock(NamedTuple):
 
 class BlockPool:
     """The pool's contract and the parts both implementations share (events, token array).
-    `BlockPool(num_blocks, block_size)` returns a `CBlockPool` where the C core loads, else
-    a `PyBlockPool`."""
-
-    def __new__(cls, *args: object, **kwargs: object) -> Self:
-        if cls is BlockPool:
-            from tandem.engines.mocker.c_block_pool import CBlockPool, c_core
-
-            pool_cls: type[BlockPool] = CBlockPool if c_core() is not None else PyBlockPool
-            return pool_cls.__new__(pool_cls)  # type: ignore[return-value]
-        return super().__new__(cls)
+    Build one with `c_block_pool.new_block_pool`: the C pool where it loads, else Python's."""
 
     def __init__(self, num_blocks: int, block_size: int, *, keep_token_ids: bool = True) -> None:
         if num_blocks <= 0 or block_size <= 0:

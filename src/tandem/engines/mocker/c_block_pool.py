@@ -53,6 +53,13 @@ def c_core() -> ctypes.CDLL | None:
     return _c_state[0]
 
 
+def new_block_pool(num_blocks: int, block_size: int, *, keep_token_ids: bool = True) -> BlockPool:
+    """The pool the mocker runs: a `CBlockPool` where the C core loads (built, and agreeing
+    with `PyBlockPool` on a sample), else a `PyBlockPool`."""
+    pool_cls: type[BlockPool] = CBlockPool if c_core() is not None else PyBlockPool
+    return pool_cls(num_blocks, block_size, keep_token_ids=keep_token_ids)
+
+
 def _load(*, check: bool = True) -> ctypes.CDLL | None:
     from tandem.cbuild import CBuildError, compile_c
 

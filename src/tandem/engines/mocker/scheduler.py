@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.admission import make_sequence
-from tandem.engines.mocker.block_pool import BlockPool
+from tandem.engines.mocker.c_block_pool import new_block_pool
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.sequence import Sequence
 from tandem.errors import InvalidRequest
@@ -49,7 +49,7 @@ class StepResult:
 class Scheduler:
     def __init__(self, config: MockerConfig) -> None:
         self.config = config
-        self.pool = BlockPool(
+        self.pool = new_block_pool(
             config.num_blocks, config.block_size, keep_token_ids=config.kv_events_token_ids
         )
         self.perf = perf_model.make_perf_model(config.perf_profile)

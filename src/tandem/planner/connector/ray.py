@@ -1,52 +1,73 @@
 """`RayConnector`: workers as Ray actors on a Ray cluster.
 
-Each worker is one actor (its own process on some node) running `tandem worker` with the
-pool's flags, the runtime flags of the planner's runtime and `--instance-id`; the actor's
-`run` returns when the worker has drained. Draining is the actor's `drain` (the worker
-unregisters, finishes its in-flight requests within its grace, exits); `kill_worker` is
-`ray.kill`. `address` None starts a local head bound to 127.0.0.1 (stopped on `close`);
-otherwise it joins that cluster (e.g. "auto", "ray://host:10001").
+Each worker is one actor (its own process on some node) that starts `tandem worker` with the
+pool's flags, the runtime flags of the planner's runtime and `--instance-id` as its child
+process (`python -m tandem.cli.child`: the worker dies with the actor); the actor's `run`
+returns when the worker has exited. Draining is the actor's `drain`, a SIGTERM (the worker
+unregisters, finishes its in-flight requests within its grace, exits); `kill_worker` SIGKILLs
+the worker and `ray.kill`s the actor. `address` None starts a local head bound to 127.0.0.1
+(stopped on `close`); otherwise it joins that cluster (e.g. "auto", "ray://host:10001").
 Actors ask for `num_cpus` (default 0: a mocker fleet should not be capped by the CPU count).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-from typing import Any
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, Any, cast
 
 from tandem.engines.worker import new_instance_id
 from tandem.planner.connector.base import ConnectorError
 from tandem.planner.connector.local import runtime_flags, secret_env
 from tandem.runtime.config import RuntimeConfig
 
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
 logger = logging.getLogger(__name__)
 
 
 class WorkerActor:
-    """Runs inside the actor's process (its own asyncio loop: an async actor)."""
+    """Runs inside the actor's process (its own asyncio loop: an async actor). The worker is
+    this process's child under `tandem.cli.child` (the kernel's parent-death signal and a
+    lifeline pipe stop it when the actor dies), so the planner never imports its entry point."""
 
-    def __init__(self, argv: list[str], log_level: str = "INFO") -> None:
+    def __init__(self, argv: list[str]) -> None:
         self.argv = argv
-        self.stop: asyncio.Event | None = None
-        logging.basicConfig(level=log_level.upper(),
-                            format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+        self.process: asyncio.subprocess.Process | None = None
+        self._lifeline = os.pipe()  # only this process holds the write end
+        self._draining = False
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "tandem.cli.child", "--parent-pid", str(os.getpid()),
+                "--life-fd", str(self._lifeline[0]), "--", "worker", *self.argv]  # fmt: skip
 
     async def run(self) -> str:
-        from tandem.cli.worker import add_arguments, serve
-
-        parser = argparse.ArgumentParser(prog="tandem worker (ray actor)")
-        add_arguments(parser, self.argv)
-        args = parser.parse_args(self.argv)
-        self.stop = asyncio.Event()
-        await serve(args, self.stop)
-        return "drained"
+        self.process = await asyncio.create_subprocess_exec(
+            *self.command(), pass_fds=(self._lifeline[0],)
+        )
+        if self._draining:  # drained while it started
+            self._signal(signal.SIGTERM)
+        code = await self.process.wait()
+        return "drained" if code == 0 else f"exited with code {code}"
 
     async def drain(self) -> None:
-        if self.stop is not None:
-            self.stop.set()
+        if not self._draining:
+            self._draining = True
+            os.write(self._lifeline[1], b"s")  # a stop, not an orphaning (tandem.cli.child)
+        self._signal(signal.SIGTERM)
+
+    async def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
 
 
 class RayConnector:
@@ -80,7 +101,7 @@ class RayConnector:
                 kwargs["address"] = address
             ray.init(**(kwargs | (ray_init or {})))
         self._actor_cls = ray.remote(WorkerActor)
-        self.actors: dict[str, Any] = {}
+        self.actors: dict[str, ActorHandle[WorkerActor]] = {}
         self._runs: dict[str, asyncio.Task[None]] = {}
 
     async def add_worker(self, component: str) -> str:
@@ -92,11 +113,13 @@ class RayConnector:
                 *runtime_flags(self.runtime_config)]  # fmt: skip
         try:
             env = secret_env(self.runtime_config)
-            actor = self._actor_cls.options(
+            created = self._actor_cls.options(
                 name=f"tandem-worker-{worker_id}",
                 num_cpus=self.num_cpus,
                 runtime_env={"env_vars": env} if env else None,
             ).remote(argv)
+            # ray types remote() as `ActorHandle | type` (one signature for its decorator)
+            actor = cast("ActorHandle[WorkerActor]", created)
         except Exception as exc:
             raise ConnectorError(f"could not create a ray actor for '{component}': {exc}") from exc
         self.actors[worker_id] = actor
@@ -105,7 +128,7 @@ class RayConnector:
         logger.info("started ray actor for worker %s (%s)", worker_id, component)
         return worker_id
 
-    async def _watch(self, worker_id: str, actor: Any) -> None:
+    async def _watch(self, worker_id: str, actor: ActorHandle[WorkerActor]) -> None:
         try:
             result = await actor.run.remote()
             logger.info("ray worker %s: %s", worker_id, result)
@@ -124,6 +147,8 @@ class RayConnector:
     async def kill_worker(self, component: str, worker_id: str) -> None:
         actor = self.actors.pop(worker_id, None)
         if actor is not None:
+            with contextlib.suppress(Exception):
+                await actor.kill.remote()
             with contextlib.suppress(Exception):
                 self.ray.kill(actor)
 

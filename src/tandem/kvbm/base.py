@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from tandem.config_check import check_range
+
 TierName = Literal["device", "host", "disk"]
 TIER_NAMES: tuple[TierName, ...] = ("device", "host", "disk")
 GIB = 1 << 30
@@ -85,12 +87,6 @@ class StorageTier(Protocol):
         ...
 
 
-def _check(name: str, value: float, low: float, high: float | None = None) -> None:
-    if value < low or (high is not None and value > high):
-        upper = "inf" if high is None else str(high)
-        raise ValueError(f"{name}={value} out of range; expected [{low}, {upper}]")
-
-
 def _capacity(gb: float, blocks: int, slot_bytes: int) -> int:
     if blocks:
         return blocks
@@ -125,18 +121,21 @@ class KvbmConfig:
     disk_bandwidth_gbps: float = 2.0  # simulation only
 
     def __post_init__(self) -> None:
-        for name in ("host_gb", "disk_gb"):
-            _check(name, getattr(self, name), 0.0)
-        for name in ("host_blocks", "disk_blocks", "disk_min_reuse", "block_bytes"):
-            _check(name, getattr(self, name), 0)
-        _check("offload_queue_size", self.offload_queue_size, 1)
-        _check("disk_queue_size", self.disk_queue_size, 1)
-        _check("hit_rate_window_s", self.hit_rate_window_s, 0.001)
-        _check("log_interval_s", self.log_interval_s, 0.0)
-        _check("host_bandwidth_gbps", self.host_bandwidth_gbps, 1e-6)
-        _check("disk_bandwidth_gbps", self.disk_bandwidth_gbps, 1e-6)
-        for tier in ("host", "disk"):
-            if getattr(self, f"{tier}_gb") and getattr(self, f"{tier}_blocks"):
+        check_range("host_gb", self.host_gb, low=0.0)
+        check_range("disk_gb", self.disk_gb, low=0.0)
+        check_range("host_blocks", self.host_blocks, low=0)
+        check_range("disk_blocks", self.disk_blocks, low=0)
+        check_range("disk_min_reuse", self.disk_min_reuse, low=0)
+        check_range("block_bytes", self.block_bytes, low=0)
+        check_range("offload_queue_size", self.offload_queue_size, low=1)
+        check_range("disk_queue_size", self.disk_queue_size, low=1)
+        check_range("hit_rate_window_s", self.hit_rate_window_s, low=0.001)
+        check_range("log_interval_s", self.log_interval_s, low=0.0)
+        check_range("host_bandwidth_gbps", self.host_bandwidth_gbps, low=1e-6)
+        check_range("disk_bandwidth_gbps", self.disk_bandwidth_gbps, low=1e-6)
+        for tier, gb, blocks in (("host", self.host_gb, self.host_blocks),
+                                 ("disk", self.disk_gb, self.disk_blocks)):  # fmt: skip
+            if gb and blocks:
                 raise ValueError(
                     f"{tier}_gb and {tier}_blocks both set; expected one capacity for {tier}"
                 )

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from tandem.config_check import check_range
+
 
 class ReuseCounter:
     """Counts uses per block_hash (offloaded or onboarded); remembers the `max_entries` most
     recently used hashes so memory stays bounded. Not thread-safe."""
 
     def __init__(self, *, min_reuse: int, max_entries: int) -> None:
-        if min_reuse < 0:
-            raise ValueError(f"min_reuse={min_reuse} out of range; expected >= 0")
-        if max_entries < 1:
-            raise ValueError(f"max_entries={max_entries} out of range; expected >= 1")
+        check_range("min_reuse", min_reuse, low=0)
+        check_range("max_entries", max_entries, low=1)
         self.min_reuse = min_reuse
         self._max_entries = max_entries
         self._uses: OrderedDict[int, int] = OrderedDict()

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tandem.config_check import check_range
 from tandem.kvbm.base import BlockMeta, TierName
 from tandem.kvbm.lru import LruTier, TierEntry
 
@@ -49,8 +50,7 @@ class HostTier(LruTier[_Slot]):
     name: TierName = "host"
 
     def __init__(self, *, capacity_blocks: int, block_bytes: int) -> None:
-        if block_bytes < 1:
-            raise ValueError(f"block_bytes={block_bytes} out of range; expected >= 1")
+        check_range("block_bytes", block_bytes, low=1)
         super().__init__(capacity_blocks=capacity_blocks, block_bytes=block_bytes)
         self._buffer, self._owner = allocate_host_buffer(capacity_blocks * block_bytes)
         self._free = list(range(capacity_blocks - 1, -1, -1))

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from tandem.config_check import check_range
 from tandem.kvbm.base import BlockMeta
 
 E = TypeVar("E")
@@ -19,8 +20,7 @@ class LruIndex(Generic[E]):
     """Entries ordered from least to most recently used; never more than `capacity`."""
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity={capacity} out of range; expected >= 1")
+        check_range("capacity", capacity, low=1)
         self.capacity = capacity
         self._entries: OrderedDict[int, E] = OrderedDict()
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tandem.config_check import check_range
+
 MODES = ("load", "throughput")
 POOL_KINDS = ("aggregated", "prefill", "decode")
-
-
-def _check(name: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={value} is out of range; expected {lo} <= {name} <= {hi}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,8 +26,8 @@ class PoolConfig:
             raise ValueError(
                 f"unknown pool kind '{self.kind}'; expected one of: {', '.join(POOL_KINDS)}"
             )
-        _check("min_workers", self.min_workers, 0, 1 << 16)
-        _check("max_workers", self.max_workers, max(self.min_workers, 1), 1 << 16)
+        check_range("min_workers", self.min_workers, low=0, high=1 << 16)
+        check_range("max_workers", self.max_workers, low=max(self.min_workers, 1), high=1 << 16)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,18 +65,18 @@ class PlannerConfig:
             raise ValueError(f"pools name a component twice: {names}")
         if self.mode == "throughput" and self.profile_path is None:
             raise ValueError("mode 'throughput' needs profile_path (a `tandem profile` JSON)")
-        _check("ttft_target_ms", self.ttft_target_ms, 0.001, 1e7)
-        _check("itl_target_ms", self.itl_target_ms, 0.001, 1e7)
-        _check("interval_s", self.interval_s, 0.01, 3600)
-        _check("scale_down_margin", self.scale_down_margin, 0.05, 1.0)
-        _check("kv_fit_fraction", self.kv_fit_fraction, 0.05, 1.0)
-        _check("cooldown_up_s", self.cooldown_up_s, 0, 86400)
-        _check("cooldown_down_s", self.cooldown_down_s, 0, 86400)
-        _check("scale_down_stable_s", self.scale_down_stable_s, 0, 86400)
-        _check("ready_timeout_s", self.ready_timeout_s, 0.1, 86400)
-        _check("drain_timeout_s", self.drain_timeout_s, 0.1, 86400)
-        _check("max_total_workers", self.max_total_workers, 0, 1 << 20)
-        _check("stats_window_s", self.stats_window_s, 0.1, 86400)
+        check_range("ttft_target_ms", self.ttft_target_ms, low=0.001, high=1e7)
+        check_range("itl_target_ms", self.itl_target_ms, low=0.001, high=1e7)
+        check_range("interval_s", self.interval_s, low=0.01, high=3600)
+        check_range("scale_down_margin", self.scale_down_margin, low=0.05, high=1.0)
+        check_range("kv_fit_fraction", self.kv_fit_fraction, low=0.05, high=1.0)
+        check_range("cooldown_up_s", self.cooldown_up_s, low=0, high=86400)
+        check_range("cooldown_down_s", self.cooldown_down_s, low=0, high=86400)
+        check_range("scale_down_stable_s", self.scale_down_stable_s, low=0, high=86400)
+        check_range("ready_timeout_s", self.ready_timeout_s, low=0.1, high=86400)
+        check_range("drain_timeout_s", self.drain_timeout_s, low=0.1, high=86400)
+        check_range("max_total_workers", self.max_total_workers, low=0, high=1 << 20)
+        check_range("stats_window_s", self.stats_window_s, low=0.1, high=86400)
 
     @property
     def budget(self) -> int:

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-def _check_range(name: str, value: float, low: float, high: float | None = None) -> None:
-    if value < low or (high is not None and value > high):
-        upper = "inf" if high is None else str(high)
-        raise ValueError(f"{name}={value} out of range; expected [{low}, {upper}]")
+from tandem.config_check import check_range
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,24 +43,26 @@ class RouterConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        _check_range("overlap_weight", self.overlap_weight, 0.0)
-        _check_range("temperature", self.temperature, 0.0)
+        check_range("overlap_weight", self.overlap_weight, low=0.0)
+        check_range("temperature", self.temperature, low=0.0)
         if self.busy_active_blocks_fraction is not None:
-            _check_range("busy_active_blocks_fraction", self.busy_active_blocks_fraction, 0.0, 1.0)
+            check_range(
+                "busy_active_blocks_fraction", self.busy_active_blocks_fraction, low=0.0, high=1.0
+            )
         if self.busy_prefill_tokens is not None:
-            _check_range("busy_prefill_tokens", self.busy_prefill_tokens, 1)
-        _check_range("queue_size", self.queue_size, 0)
-        _check_range("queue_timeout_s", self.queue_timeout_s, 0.0)
-        _check_range("retry_after_s", self.retry_after_s, 0.0)
-        _check_range("approx_ttl_s", self.approx_ttl_s, 0.001)
-        _check_range("approx_max_blocks", self.approx_max_blocks, 1)
-        _check_range("active_ttl_s", self.active_ttl_s, 0.001)
-        _check_range("host_overlap_credit", self.host_overlap_credit, 0.0, 1.0)
-        _check_range("disk_overlap_credit", self.disk_overlap_credit, 0.0, 1.0)
+            check_range("busy_prefill_tokens", self.busy_prefill_tokens, low=1)
+        check_range("queue_size", self.queue_size, low=0)
+        check_range("queue_timeout_s", self.queue_timeout_s, low=0.0)
+        check_range("retry_after_s", self.retry_after_s, low=0.0)
+        check_range("approx_ttl_s", self.approx_ttl_s, low=0.001)
+        check_range("approx_max_blocks", self.approx_max_blocks, low=1)
+        check_range("active_ttl_s", self.active_ttl_s, low=0.001)
+        check_range("host_overlap_credit", self.host_overlap_credit, low=0.0, high=1.0)
+        check_range("disk_overlap_credit", self.disk_overlap_credit, low=0.0, high=1.0)
         if self.block_size is not None:
-            _check_range("block_size", self.block_size, 1)
-        _check_range("kv_state_timeout_s", self.kv_state_timeout_s, 0.001)
-        _check_range("remote_timeout_s", self.remote_timeout_s, 0.001)
+            check_range("block_size", self.block_size, low=1)
+        check_range("kv_state_timeout_s", self.kv_state_timeout_s, low=0.001)
+        check_range("remote_timeout_s", self.remote_timeout_s, low=0.001)
         for spec in self.zmq_endpoints:
             if "=" not in spec:
                 raise ValueError(

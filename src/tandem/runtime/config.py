@@ -10,6 +10,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
+from tandem.config_check import check_range
 from tandem.runtime.secret import check_secret
 
 DISCOVERY_BACKENDS = ("etcd", "file", "memory")
@@ -24,11 +25,6 @@ def default_discovery_dir() -> str:
 def _check_name(field: str, value: str, allowed: tuple[str, ...], what: str) -> None:
     if value not in allowed:
         raise ValueError(f"unknown {what} '{value}'; expected one of: {', '.join(allowed)}")
-
-
-def _check_range(field: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise ValueError(f"{field}={value} is out of range; expected {lo} <= {field} <= {hi}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,17 +60,19 @@ class RuntimeConfig:
             raise ValueError(f"namespace={self.namespace!r} must be non-empty without '.'")
         _check_name("discovery", self.discovery, DISCOVERY_BACKENDS, "discovery")
         _check_name("events", self.events, EVENT_BACKENDS, "event bus")
-        _check_range("port", self.port, 0, 65535)
-        _check_range("lease_ttl_s", self.lease_ttl_s, 0.5, 3600)
-        _check_range("poll_interval_s", self.poll_interval_s, 0.01, 10)
-        _check_range("max_inflight_per_connection", self.max_inflight_per_connection, 1, 1 << 20)
-        _check_range("connect_timeout_s", self.connect_timeout_s, 0.01, 600)
-        _check_range("drain_grace_s", self.drain_grace_s, 0, 3600)
-        _check_range("event_buffer_size", self.event_buffer_size, 1, 1 << 24)
-        _check_range("max_frame_bytes", self.max_frame_bytes, 64 << 10, 1 << 30)
-        _check_range("stream_window", self.stream_window, 2, 1 << 16)
-        _check_range("stream_stall_timeout_s", self.stream_stall_timeout_s, 0.1, 86400)
-        _check_range("max_connections", self.max_connections, 1, 1 << 20)
+        check_range("port", self.port, low=0, high=65535)
+        check_range("lease_ttl_s", self.lease_ttl_s, low=0.5, high=3600)
+        check_range("poll_interval_s", self.poll_interval_s, low=0.01, high=10)
+        check_range(
+            "max_inflight_per_connection", self.max_inflight_per_connection, low=1, high=1 << 20
+        )
+        check_range("connect_timeout_s", self.connect_timeout_s, low=0.01, high=600)
+        check_range("drain_grace_s", self.drain_grace_s, low=0, high=3600)
+        check_range("event_buffer_size", self.event_buffer_size, low=1, high=1 << 24)
+        check_range("max_frame_bytes", self.max_frame_bytes, low=64 << 10, high=1 << 30)
+        check_range("stream_window", self.stream_window, low=2, high=1 << 16)
+        check_range("stream_stall_timeout_s", self.stream_stall_timeout_s, low=0.1, high=86400)
+        check_range("max_connections", self.max_connections, low=1, high=1 << 20)
         if self.cluster_secret is not None:
             check_secret(self.cluster_secret)
 

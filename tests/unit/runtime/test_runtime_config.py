@@ -28,7 +28,9 @@ def test_unknown_backend_names_the_choices() -> None:
 
 
 def test_out_of_range_names_field_and_range() -> None:
-    with pytest.raises(ValueError, match=r"lease_ttl_s=0.1 is out of range; expected 0.5 <="):
+    with pytest.raises(
+        ValueError, match=r"lease_ttl_s=0.1 out of range; expected 0.5 <= lease_ttl_s <= 3600"
+    ):
         RuntimeConfig(lease_ttl_s=0.1)
 
 

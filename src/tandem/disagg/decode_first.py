@@ -21,23 +21,20 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from tandem.disagg.legs import LegPair
 from tandem.disagg.params import DisaggParams, without_image_bytes
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.router.base import RouteDecision, Router
 from tandem.transfer import OpRef, cancel_soon
 
-if TYPE_CHECKING:
-    from tandem.disagg.orchestrator import DisaggStreamer
-
 logger = logging.getLogger(__name__)
 
 
 async def decode_first(
-    s: DisaggStreamer,
+    s: LegPair,
     request: PreprocessedRequest,
     pinned: PreprocessedRequest,
     router: Router,
@@ -133,7 +130,7 @@ def _drop_head(out: EngineOutput, n: int) -> EngineOutput:
 
 
 async def _continue(
-    s: DisaggStreamer, pinned: PreprocessedRequest, tokens: list[int], router: Router
+    s: LegPair, pinned: PreprocessedRequest, tokens: list[int], router: Router
 ) -> AsyncIterator[EngineOutput]:
     s.num_rejoined += 1
     logger.warning("request_id=%s: the decode prefilled itself and chose another first token; "

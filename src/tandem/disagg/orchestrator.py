@@ -32,6 +32,7 @@ import msgspec
 
 from tandem.disagg.config import DisaggRouteConfig
 from tandem.disagg.decode_first import decode_first
+from tandem.disagg.legs import PoolStreamer
 from tandem.disagg.params import PINNED_ANNOTATION, DisaggParams, without_image_bytes
 from tandem.disagg.pool import PrefillPool
 from tandem.errors import EngineError, NoWorkersAvailable, Overloaded, PeerGone, TransferError
@@ -43,18 +44,23 @@ from tandem.protocols.engine import (
     encode,
 )
 from tandem.router.base import RouteDecision, Router
+from tandem.router.source import InstanceSource
+from tandem.runtime.base import RequestClient
 from tandem.transfer import OpRef, cancel_soon, decode_meta
 
 logger = logging.getLogger(__name__)
 
 
 class DisaggStreamer:
+    """Streams like the aggregated streamer it wraps (`stream`, `stream_batches`): the
+    frontend's `Streamer`. It is the `LegPair` its decode-first legs run on."""
+
     def __init__(
         self,
-        aggregated: Any,  # EngineStreamer over the decode pool
+        aggregated: PoolStreamer,  # EngineStreamer over the decode pool
         pool: PrefillPool,
-        decode_instances: Any,  # InstanceSet of the decode pool (metadata: agent address)
-        client: Any,  # RequestClient
+        decode_instances: InstanceSource,  # the decode pool (metadata: agent address)
+        client: RequestClient,
         prefill_path: str,
         config: DisaggRouteConfig,
         *,
@@ -114,7 +120,7 @@ class DisaggStreamer:
         pinned = _pin(request, decision.instance_id)
         if prefill_at is None:
             self.num_local += 1
-            return self.aggregated.stream(pinned, router)  # type: ignore[no-any-return]
+            return self.aggregated.stream(pinned, router)
         self.num_remote += 1
         if self.config.flow == "decode-first":
             return self._decode_first(request, pinned, router, prefill_router, decision, prefill_at)
@@ -205,12 +211,13 @@ class DisaggStreamer:
         prefill_at: RouteDecision,
     ) -> AsyncGenerator[EngineOutput, None]:
         inst = self.decode_instances.instances.get(decision.instance_id)
-        address = inst.metadata.get("kv_transfer_address") if inst is not None else None
+        metadata = inst.metadata if inst is not None else {}
+        address = metadata.get("kv_transfer_address")
         if address is None:  # not a decode-mode worker: it can only serve aggregated
             async for out in self.aggregated.stream(pinned, router):
                 yield out
             return
-        agent_id = str(inst.metadata.get("kv_transfer_agent_id", ""))
+        agent_id = str(metadata.get("kv_transfer_agent_id", ""))
         room = OpRef(address=(str(address[0]), int(address[1])), op_id="", agent_id=agent_id)
         legs = decode_first(self, request, pinned, router, prefill_router, prefill_at, room)
         async with contextlib.aclosing(legs):
@@ -274,9 +281,7 @@ class DisaggStreamer:
                 decision = None
             finally:
                 router.on_finish(rid)
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                await stream.aclose()
 
 
 def _pin(request: PreprocessedRequest, instance_id: str) -> PreprocessedRequest:

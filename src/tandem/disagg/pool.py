@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from tandem.protocols.discovery import ModelCard
 from tandem.router.base import Router
-from tandem.router.source import InstancesByModel, StaticInstanceSet
+from tandem.router.source import InstancesByModel, InstanceSource, StaticInstanceSet
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +19,7 @@ class PrefillPool:
     model's router. One event loop; not thread-safe."""
 
     def __init__(
-        self, instance_set: Any, make_router: Callable[[StaticInstanceSet], Router]
+        self, instance_set: InstanceSource, make_router: Callable[[StaticInstanceSet], Router]
     ) -> None:
         self._by_model = InstancesByModel(instance_set, self._add_model)
         self.views = self._by_model.views

@@ -114,6 +114,18 @@ class RequestServer(Protocol):
         ...
 
 
+class ResponsePayloads(Protocol):
+    """One request's response payloads (`RequestClient.stream`)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    async def aclose(self) -> None:
+        """End the stream early: the request is cancelled on the server (idempotent)."""
+        ...
+
+
 class RequestClient(Protocol):
     """Pooled connections to many servers."""
 
@@ -126,7 +138,7 @@ class RequestClient(Protocol):
         request_id: str,
         deadline_s: float | None = None,
         connect_timeout_s: float = 5.0,
-    ) -> AsyncIterator[bytes]:
+    ) -> ResponsePayloads:
         """Send one request, yield its response payloads. Closing the iterator early
         (break, aclose, task cancel) cancels the request on the server.
         Raises PeerGone if the connection breaks before the stream ends, DeadlineExceeded

@@ -18,8 +18,8 @@ from tests.support.smollm2 import smollm2_gguf
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.errors import EngineError
+from tandem.frontend.api.responses.store import ResponseStoreConfig
 from tandem.frontend.http.config import HttpConfig
-from tandem.frontend.response_store import ResponseStoreConfig
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import (
     EngineOutput,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tests.support.prometheus import needs_prometheus, query, start_prometheus
 
-from tandem.frontend.metrics import FrontendMetrics
+from tandem.frontend.observability.metrics import FrontendMetrics
 from tandem.runtime.system_server import SystemServer
 
 pytestmark = [pytest.mark.timeout(60), needs_prometheus]

@@ -24,29 +24,29 @@ import msgspec
 from tandem import __version__
 from tandem.errors import InvalidRequest, Overloaded, ServingError
 from tandem.frontend import errors as http_errors
-from tandem.frontend import utility
-from tandem.frontend.auth import ApiKeys
-from tandem.frontend.decode import completion_decoder, decode_body, decode_completion
-from tandem.frontend.embeddings import EmbeddingsEndpoint
-from tandem.frontend.engine_events import Events, engine_events
-from tandem.frontend.health import HealthMonitor
-from tandem.frontend.http.server import ClientDisconnected, HttpRequest, HttpResponse
-from tandem.frontend.metrics import FrontendMetrics, TokenTimer
-from tandem.frontend.migration import EngineStreamer
-from tandem.frontend.models import ModelRegistry, ServedModel
-from tandem.frontend.openapi import build_openapi
-from tandem.frontend.postprocess import ChoiceState, best_candidates
-from tandem.frontend.preprocess import Prepared, preprocess_chat, preprocess_completion
-from tandem.frontend.response import (
+from tandem.frontend.api import model_routes
+from tandem.frontend.api.completion_format import (
     ResponseFormat,
     cached_tokens,
     flushes_first_token,
     usage,
 )
-from tandem.frontend.responses import ResponsesEndpoint
-from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser
-from tandem.frontend.utility import client_request_id
-from tandem.frontend.worker_scrape import WorkerScraper
+from tandem.frontend.api.embeddings import EmbeddingsEndpoint
+from tandem.frontend.api.model_routes import client_request_id
+from tandem.frontend.api.openapi import build_openapi
+from tandem.frontend.api.request_body import completion_decoder, decode_body, decode_completion
+from tandem.frontend.api.responses.endpoint import ResponsesEndpoint
+from tandem.frontend.auth import ApiKeys
+from tandem.frontend.http.server import ClientDisconnected, HttpRequest, HttpResponse
+from tandem.frontend.migration import EngineStreamer
+from tandem.frontend.models import ModelRegistry, ServedModel
+from tandem.frontend.observability.health import HealthMonitor
+from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer
+from tandem.frontend.observability.worker_scrape import WorkerScraper
+from tandem.frontend.pipeline.choice_events import Events, engine_events
+from tandem.frontend.pipeline.postprocess import ChoiceState, best_candidates
+from tandem.frontend.pipeline.preprocess import Prepared, preprocess_chat, preprocess_completion
+from tandem.frontend.pipeline.tool_parser import HermesToolParser, make_tool_parser
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.openai import (
@@ -222,13 +222,13 @@ class FrontendApp:
     async def get_model(self, request: HttpRequest, response: HttpResponse) -> None:
         """GET /v1/models/{model}: one served model (ids may contain '/'); 404 otherwise."""
         name = urllib.parse.unquote(request.path.removeprefix(_MODEL_PREFIX))
-        await response.send(200, utility.served_model(self.registry, name))
+        await response.send(200, model_routes.served_model(self.registry, name))
 
     async def tokenize(self, request: HttpRequest, response: HttpResponse) -> None:
-        await response.send(200, await utility.tokenize(self.registry, request.body))
+        await response.send(200, await model_routes.tokenize(self.registry, request.body))
 
     async def detokenize(self, request: HttpRequest, response: HttpResponse) -> None:
-        await response.send(200, await utility.detokenize(self.registry, request.body))
+        await response.send(200, await model_routes.detokenize(self.registry, request.body))
 
     async def openapi(self, request: HttpRequest, response: HttpResponse) -> None:
         """GET /openapi.json: generated from the route table and the request/response types."""
@@ -299,7 +299,9 @@ class FrontendApp:
         num_slots = self._admit(req)
         if client_id is not None:
             self._client_request_ids.add(client_id)
-        request_id = f"{'chatcmpl' if fmt.chat else 'cmpl'}-{client_id or utility.new_request_id()}"
+        request_id = (
+            f"{'chatcmpl' if fmt.chat else 'cmpl'}-{client_id or model_routes.new_request_id()}"
+        )
         try:
             with (
                 request_scope(request_id),

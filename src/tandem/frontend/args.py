@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 
 from tandem.disagg.args import add_disagg_route_args, disagg_route_config_from_args
+from tandem.frontend.api.responses.store import (
+    add_response_store_args,
+    response_store_config_from_args,
+)
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.http.config import HttpConfig
-from tandem.frontend.response_store import add_response_store_args, response_store_config_from_args
 from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.args import add_image_args, image_config_from_args
 from tandem.router.args import add_router_args, router_config_from_args

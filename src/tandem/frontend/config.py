@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.disagg.config import DisaggRouteConfig
+from tandem.frontend.api.responses.store import ResponseStoreConfig
 from tandem.frontend.http.config import HttpConfig, check_at_least
-from tandem.frontend.response_store import ResponseStoreConfig
 from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.config import ImageConfig
 from tandem.router.config import RouterConfig
@@ -52,7 +52,7 @@ class FrontendConfig:
     images: ImageConfig = field(default_factory=ImageConfig)
     # progress watchdog: stalled streams break like dead workers' (frontend/watchdog.py)
     stall: StallConfig = field(default_factory=StallConfig)
-    # the bounded store behind /v1/responses' previous_response_id (frontend/response_store.py)
+    # the bounded store behind /v1/responses' previous_response_id (frontend/api/responses/store.py)
     responses_store: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
 
     def __post_init__(self) -> None:

@@ -12,18 +12,18 @@ import logging
 from typing import Any
 
 from tandem.errors import StartupError
-from tandem.frontend import prompt_ids
+from tandem.frontend.api.responses.store import ResponseStore
 from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.dashboard import Dashboard
-from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http.server import HttpServer
-from tandem.frontend.metrics import FrontendMetrics
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.models import ModelRegistry, freeze_long_lived
-from tandem.frontend.request_stats import RequestStatsCollector, publish_request_stats
-from tandem.frontend.response_store import ResponseStore
-from tandem.frontend.worker_scrape import WorkerScraper
+from tandem.frontend.observability.dashboard import Dashboard
+from tandem.frontend.observability.health import HealthMonitor
+from tandem.frontend.observability.metrics import FrontendMetrics
+from tandem.frontend.observability.request_stats import RequestStatsCollector, publish_request_stats
+from tandem.frontend.observability.worker_scrape import WorkerScraper
+from tandem.frontend.pipeline import prompt_ids
 from tandem.multimodal.loader import ImageLoader
 from tandem.multimodal.remote_provider import ENCODER_COMPONENT, ENCODER_ENDPOINT
 from tandem.runtime.config import RuntimeConfig

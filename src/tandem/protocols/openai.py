@@ -92,7 +92,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
-    # structured outputs and tool calling (tandem.frontend.structured, tandem.frontend.tools)
+    # structured outputs and tool calling (tandem.frontend.pipeline: structured.py, tools.py)
     response_format: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -1,7 +1,7 @@
 """The `/v1/embeddings` request (OpenAI's shape), and the checks on its inputs' form.
 
 Value checks that need the model (vocabulary, context length, `dimensions`) are in
-`tandem.frontend.embeddings`."""
+`tandem.frontend.api.embeddings`."""
 
 from __future__ import annotations
 

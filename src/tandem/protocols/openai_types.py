@@ -1,9 +1,9 @@
 """Response bodies of the OpenAI routes and tandem's utility routes (vLLM's /tokenize and
 /detokenize), as msgspec Structs: the source /openapi.json is generated from.
 
-The frontend builds its generate responses as dicts on the hot path (tandem.frontend.response);
-tests decode real responses into these Structs (unknown fields forbidden) so the two cannot
-drift apart.
+The frontend builds its generate responses as dicts on the hot path
+(tandem.frontend.api.completion_format); tests decode real responses into these Structs
+(unknown fields forbidden) so the two cannot drift apart.
 """
 
 from __future__ import annotations

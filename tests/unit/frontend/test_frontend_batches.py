@@ -13,15 +13,15 @@ from types import SimpleNamespace
 import pytest
 
 from tandem.errors import PeerGone
+from tandem.frontend.api.completion_format import FLUSH_FIRST_TOKEN_PROMPT_TOKENS as FLUSH_AT
+from tandem.frontend.api.completion_format import ResponseFormat
+from tandem.frontend.api.responses.endpoint import ResponsesEndpoint
+from tandem.frontend.api.responses.events import ResponseBuilder
 from tandem.frontend.app import FrontendApp
-from tandem.frontend.metrics import FrontendMetrics, TokenTimer
 from tandem.frontend.migration import EngineStreamer
-from tandem.frontend.postprocess import ChoiceState, Event
-from tandem.frontend.request_stats import RequestStatsCollector
-from tandem.frontend.response import FLUSH_FIRST_TOKEN_PROMPT_TOKENS as FLUSH_AT
-from tandem.frontend.response import ResponseFormat
-from tandem.frontend.response_events import ResponseBuilder
-from tandem.frontend.responses import ResponsesEndpoint
+from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer
+from tandem.frontend.observability.request_stats import RequestStatsCollector
+from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.watchdog import StallConfig
 from tandem.protocols.engine import (
     EngineOutput,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from tests.support.instances import backend_instance
 
-from tandem.frontend.health import HealthMonitor
+from tandem.frontend.observability.health import HealthMonitor
 from tandem.protocols.discovery import ModelCard
 
 pytestmark = pytest.mark.timeout(10)

@@ -10,7 +10,7 @@ import pytest
 from tests.support.prometheus import needs_promtool, promtool_check
 
 from tandem.engines.worker_metrics import request_plane_families
-from tandem.frontend.metrics import FrontendMetrics
+from tandem.frontend.observability.metrics import FrontendMetrics
 from tandem.protocols.discovery import ModelCard
 from tandem.router.metrics import RouterMetrics
 from tandem.runtime.metrics import Families, Labelled, format_value, merge, parse, render

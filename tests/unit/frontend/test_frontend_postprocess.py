@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tandem.errors import EngineError
-from tandem.frontend.postprocess import ChoiceState, StopStringMatcher, best_candidates
+from tandem.frontend.pipeline.postprocess import ChoiceState, StopStringMatcher, best_candidates
 from tandem.protocols.engine import EngineOutput
 
 

@@ -6,7 +6,11 @@ import pytest
 from tandem.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound, Overloaded
 from tandem.frontend import errors as http_errors
 from tandem.frontend.models import ServedModel
-from tandem.frontend.preprocess import preprocess_chat, preprocess_completion, resolve_max_tokens
+from tandem.frontend.pipeline.preprocess import (
+    preprocess_chat,
+    preprocess_completion,
+    resolve_max_tokens,
+)
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, StreamOptions
 from tandem.router.source import StaticInstanceSet

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tandem.errors import InvalidRequest
 from tandem.frontend.models import ServedModel
-from tandem.frontend.preprocess import preprocess_completion
+from tandem.frontend.pipeline.preprocess import preprocess_completion
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import decode_request, encode
 from tandem.protocols.openai import CompletionRequest

@@ -15,11 +15,11 @@ from tests.support.instances import backend_instance
 
 from tandem.cbuild import compiler
 from tandem.errors import InvalidRequest
-from tandem.frontend import prompt_ids
-from tandem.frontend.decode import decode_completion
+from tandem.frontend.api.request_body import decode_completion
 from tandem.frontend.migration import EngineStreamer, _continuation
 from tandem.frontend.models import ServedModel
-from tandem.frontend.preprocess import preprocess_completion
+from tandem.frontend.pipeline import prompt_ids
+from tandem.frontend.pipeline.preprocess import preprocess_completion
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import (
     EngineOutput,
@@ -64,9 +64,9 @@ def _outcome(decode: Any, body: bytes, model: ServedModel) -> tuple[str, Any]:
 
 
 def _general(body: bytes) -> CompletionRequest:
-    from tandem.frontend import decode
+    from tandem.frontend.api import request_body
 
-    return decode.decode_body(decode.completion_decoder, body)
+    return request_body.decode_body(request_body.completion_decoder, body)
 
 
 BODIES = [

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tandem.frontend.response import ResponseFormat
+from tandem.frontend.api.completion_format import ResponseFormat
 
 TEXTS = ["a", " hello", 'quote " and \\ backslash', "é日本🎉", "\n\t\x00\x1f", "\u2028\u2029"]
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.frontend.request_stats import RequestStatsCollector
+from tandem.frontend.observability.request_stats import RequestStatsCollector
 from tandem.planner.observation import PoolTraffic
 
 
@@ -37,8 +37,8 @@ def test_token_timer_puts_each_itl_in_its_interval_and_histogram(
 ) -> None:
     """TokenTimer's inline ITL path: what observe_itl records, and a stream that spans an
     interval cut counts its later ITLs in the new interval, none in the published one."""
-    from tandem.frontend import metrics as metrics_module
-    from tandem.frontend.metrics import FrontendMetrics, TokenTimer
+    from tandem.frontend.observability import metrics as metrics_module
+    from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer
 
     clock = [10.0]
     monkeypatch.setattr(metrics_module.time, "perf_counter", lambda: clock[0])

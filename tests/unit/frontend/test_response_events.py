@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 from openai.types.responses import Response, ResponseStreamEvent
 
-from tandem.frontend.response_events import ResponseBuilder
+from tandem.frontend.api.responses.events import ResponseBuilder
 from tandem.protocols.openai_responses import ResponsesRequest
 
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)

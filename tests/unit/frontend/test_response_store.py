@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from tandem.frontend.response_store import (
+from tandem.frontend.api.responses.store import (
     ResponseStore,
     ResponseStoreConfig,
     add_response_store_args,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.errors import InvalidRequest
-from tandem.frontend.responses import _as_input_errors
+from tandem.frontend.api.responses.endpoint import _as_input_errors
 
 
 async def _raise(param: str, message: str) -> None:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tandem.frontend.tool_parser import HermesToolParser, make_tool_parser, parse_call
+from tandem.frontend.pipeline.tool_parser import HermesToolParser, make_tool_parser, parse_call
 
 ONE = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'

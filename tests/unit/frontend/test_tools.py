@@ -10,8 +10,8 @@ import llguidance
 import pytest
 
 from tandem.errors import InvalidRequest
-from tandem.frontend.structured import response_format_output
-from tandem.frontend.tools import ToolPlan, plan_tools, render_messages
+from tandem.frontend.pipeline.structured import response_format_output
+from tandem.frontend.pipeline.tools import ToolPlan, plan_tools, render_messages
 from tandem.tokens import grammar
 
 WEATHER = {

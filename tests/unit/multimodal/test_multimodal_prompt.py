@@ -7,7 +7,7 @@ from tests.support.images import data_url, synthetic_png
 
 from tandem.errors import InvalidRequest
 from tandem.frontend.models import ServedModel
-from tandem.frontend.preprocess import preprocess_chat, preprocess_completion
+from tandem.frontend.pipeline.preprocess import preprocess_chat, preprocess_completion
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.image import decode_image
 from tandem.multimodal.loader import ImageLoader

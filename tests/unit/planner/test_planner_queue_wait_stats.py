@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.frontend.request_stats import RequestStatsCollector
+from tandem.frontend.observability.request_stats import RequestStatsCollector
 from tandem.planner.observation import PoolTraffic
 from tandem.protocols import scaling
 

@@ -28,7 +28,7 @@ def test_a_prompt_parsed_to_u32s_reaches_the_router_service_as_its_ids():
     (frontend/prompt_ids.U32TokenIds): the route request carries the same ids."""
     from array import array
 
-    from tandem.frontend.prompt_ids import U32TokenIds
+    from tandem.frontend.pipeline.prompt_ids import U32TokenIds
     from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
     from tandem.router.messages import RouteRequest, encode, route_request_decoder
 

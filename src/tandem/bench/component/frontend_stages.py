@@ -37,9 +37,9 @@ def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(isl: int, repeat: int) -> dict[str, float]:
-    from tandem.frontend.decode import completion_ids_decoder, decode_completion
-    from tandem.frontend.preprocess import check_prompt_ids, prompt_id_bytes
-    from tandem.frontend.prompt_ids import load_library
+    from tandem.frontend.api.request_body import completion_ids_decoder, decode_completion
+    from tandem.frontend.pipeline.preprocess import check_prompt_ids, prompt_id_bytes
+    from tandem.frontend.pipeline.prompt_ids import load_library
     from tandem.protocols.engine import (
         PreprocessedRequest,
         StopConditions,
@@ -110,8 +110,8 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
 
 def _u32_prompt(req: CompletionRequest, vocab: int) -> bytes:
     """What preprocessing does with a prompt the C parser took (the general path without it)."""
-    from tandem.frontend.preprocess import check_u32_prompt, prompt_id_bytes
-    from tandem.frontend.prompt_ids import U32TokenIds
+    from tandem.frontend.pipeline.preprocess import check_u32_prompt, prompt_id_bytes
+    from tandem.frontend.pipeline.prompt_ids import U32TokenIds
 
     if isinstance(req.prompt, U32TokenIds):
         check_u32_prompt(req.prompt, vocab, 0)

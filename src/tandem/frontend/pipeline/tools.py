@@ -7,7 +7,7 @@
   assistant `tool_calls` are written back in that markup and tool results as
   `<tool_response>` user turns, so a conversation round-trips.
 - tool_choice "none": tools are not offered (plain text). "auto" (the default with tools):
-  the model decides; its calls are parsed (tandem.frontend.tool_parser). "required" or a
+  the model decides; its calls are parsed (tandem.frontend.pipeline.tool_parser). "required" or a
   named function: constrained decoding forces the markup around a JSON object whose `name`
   is one of the tools (the named one) and whose `arguments` match its parameters schema,
   objects closed to the properties it names (as strict mode would).
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from tandem.errors import InvalidRequest
-from tandem.frontend.structured import schema_output
+from tandem.frontend.pipeline.structured import schema_output
 from tandem.protocols.engine import StructuredOutput
 from tandem.protocols.openai import show_value
 from tandem.tokens import grammar

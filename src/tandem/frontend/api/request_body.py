@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from tandem.frontend import errors as http_errors
-from tandem.frontend.prompt_ids import U32TokenIds, split_prompt
+from tandem.frontend.pipeline.prompt_ids import U32TokenIds, split_prompt
 from tandem.protocols.openai import CompletionIdsRequest, CompletionRequest
 
 completion_decoder = msgspec.json.Decoder(CompletionRequest)

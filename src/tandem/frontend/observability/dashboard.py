@@ -19,9 +19,9 @@ from typing import Any
 
 import msgspec
 
-from tandem.frontend.health import HealthMonitor
 from tandem.frontend.http.server import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
+from tandem.frontend.observability.health import HealthMonitor
 from tandem.protocols.discovery import Instance
 
 logger = logging.getLogger(__name__)

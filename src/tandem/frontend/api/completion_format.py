@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from tandem.frontend.postprocess import ChoiceState
-from tandem.frontend.preprocess import Prepared
-from tandem.frontend.tool_parser import HermesToolParser
+from tandem.frontend.pipeline.postprocess import ChoiceState
+from tandem.frontend.pipeline.preprocess import Prepared
+from tandem.frontend.pipeline.tool_parser import HermesToolParser
 
 _json = msgspec.json.Encoder()
 # what follows the text in the common chunks (`ResponseFormat.chunk`)

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from tandem.frontend.request_stats import RequestStatsCollector
+from tandem.frontend.observability.request_stats import RequestStatsCollector
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.scaling import RequestStats
 from tandem.router.metrics import router_families, worker_component
@@ -46,7 +46,7 @@ class RoutedModels(Protocol):
 class FrontendMetrics:
     """Every frontend metric, on its own registry; one instance per frontend, one event loop.
     `interval`, when given, also receives arrivals, TTFT, ITL, ISL/OSL and outcomes for the
-    planner (tandem.frontend.request_stats)."""
+    planner (tandem.frontend.observability.request_stats)."""
 
     def __init__(
         self, prefix: str = "tandem_frontend", interval: RequestStatsCollector | None = None

@@ -13,8 +13,8 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from tandem.frontend.migration import EngineStreamer
-from tandem.frontend.postprocess import ChoiceState, Event
-from tandem.frontend.preprocess import Prepared
+from tandem.frontend.pipeline.postprocess import ChoiceState, Event
+from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.engine import PreprocessedRequest
 
 Events = AsyncGenerator[list[Event], None]

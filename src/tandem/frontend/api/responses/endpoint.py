@@ -9,9 +9,9 @@ POST, per request:
 3. Run them as a chat completion: the same admission, preprocess (chat template, context
    check), routing, migration and detokenization as `/v1/chat/completions`
    (`FrontendApp._preprocess` / `engine_events`), one choice.
-4. Answer with a Response object (`response_events.ResponseBuilder`), or stream its events.
+4. Answer with a Response object (`events.ResponseBuilder`), or stream its events.
 5. With `store` (OpenAI's default: true) keep the object and the conversation in the
-   frontend's `ResponseStore` (bounded; see `response_store.py`) for `previous_response_id`,
+   frontend's `ResponseStore` (bounded; see `store.py`) for `previous_response_id`,
    `GET /v1/responses/{id}` and `DELETE /v1/responses/{id}`; `store: false` keeps nothing.
 """
 
@@ -29,15 +29,15 @@ import msgspec
 
 from tandem.errors import InvalidRequest, ServingError
 from tandem.frontend import errors as http_errors
-from tandem.frontend.engine_events import Events, engine_events
+from tandem.frontend.api.completion_format import flushes_first_token
+from tandem.frontend.api.responses.events import ResponseBuilder, new_response_id
+from tandem.frontend.api.responses.store import ResponseStore
 from tandem.frontend.http.message import ClientDisconnected
 from tandem.frontend.http.server import HttpRequest, HttpResponse
-from tandem.frontend.metrics import TokenTimer
-from tandem.frontend.postprocess import ChoiceState
-from tandem.frontend.preprocess import Prepared
-from tandem.frontend.response import flushes_first_token
-from tandem.frontend.response_events import ResponseBuilder, new_response_id
-from tandem.frontend.response_store import ResponseStore
+from tandem.frontend.observability.metrics import TokenTimer
+from tandem.frontend.pipeline.choice_events import Events, engine_events
+from tandem.frontend.pipeline.postprocess import ChoiceState
+from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.openai import ChatCompletionRequest, show_value
 from tandem.protocols.openai_responses import (
     ResponsesRequest,

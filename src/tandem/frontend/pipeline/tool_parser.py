@@ -1,6 +1,6 @@
 """Tool calls out of generated text: whole (a response body) or streamed (SSE deltas).
 
-Hermes format (the default; tandem.frontend.tools renders its prompt):
+Hermes format (the default; tandem.frontend.pipeline.tools renders its prompt):
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}

@@ -15,9 +15,9 @@ import numpy as np
 
 from tandem.errors import ContextLengthExceeded, InvalidRequest
 from tandem.frontend.models import ServedModel
-from tandem.frontend.prompt_ids import U32TokenIds
-from tandem.frontend.structured import response_format_output
-from tandem.frontend.tools import ToolPlan, plan_tools, render_messages
+from tandem.frontend.pipeline.prompt_ids import U32TokenIds
+from tandem.frontend.pipeline.structured import response_format_output
+from tandem.frontend.pipeline.tools import ToolPlan, plan_tools, render_messages
 from tandem.multimodal.loader import ImageLoader
 from tandem.multimodal.prompt import (
     expand_placeholders,
@@ -73,7 +73,9 @@ class Prepared:
     include_stop_str: bool = False
     skip_special_tokens: bool = True
     num_top_logprobs: int | None = None
-    tool_parser: str | None = None  # parse tool calls out of the text (tandem.frontend.tools)
+    tool_parser: str | None = (
+        None  # parse tool calls out of the text (tandem.frontend.pipeline.tools)
+    )
     max_tool_calls: int | None = None
 
 

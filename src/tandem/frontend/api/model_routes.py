@@ -11,7 +11,7 @@ import re
 import msgspec
 
 from tandem.errors import InvalidRequest, ModelNotFound
-from tandem.frontend.decode import decode_body
+from tandem.frontend.api.request_body import decode_body
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.multimodal.prompt import image_parts
 from tandem.protocols.openai import show_value

@@ -48,7 +48,7 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ("POST", "/v1/embeddings"): RouteDoc(
         "Create embeddings (OpenAI)", EmbeddingRequest, t.EmbeddingResponse
     ),
-    # the Response object is built by tandem.frontend.response_events (a generic body here)
+    # the Response object is built by tandem.frontend.api.responses.events (a generic body here)
     ("POST", "/v1/responses"): RouteDoc(
         "Create a response (OpenAI Responses API)", ResponsesRequest
     ),

@@ -98,3 +98,20 @@ def missing_paths(doc: Path, repo: Path) -> list[str]:
         if not exists:
             missing.append(name)
     return missing
+
+
+def package_entries(package: Path) -> list[str]:
+    """A package's own modules (`name.py`, not `__init__.py`) and subpackages (`name/`)."""
+    entries = []
+    for path in sorted(package.iterdir()):
+        if path.is_dir() and (path / "__init__.py").is_file():
+            entries.append(f"{path.name}/")
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            entries.append(path.name)
+    return entries
+
+
+def unlisted_entries(readme: Path) -> list[str]:
+    """Modules and subpackages of the README's package that its text does not name in backticks."""
+    named = set(_BACKTICKED.findall(readme.read_text(encoding="utf-8")))
+    return [entry for entry in package_entries(readme.parent) if entry not in named]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.support.doc_paths import missing_paths, named_paths
+from tests.support.doc_paths import missing_paths, named_paths, unlisted_entries
 
 REPO = Path(__file__).resolve().parents[2]
+READMES = sorted((REPO / "src" / "tandem").glob("*/README.md"))
 DOCS = [
     *sorted((REPO / "docs").glob("*.md")),
-    *sorted((REPO / "src" / "tandem").glob("*/README.md")),
+    *READMES,
 ]
 
 
@@ -56,3 +57,26 @@ def test_a_name_that_is_gone_is_reported(tmp_path: Path) -> None:
 @pytest.mark.parametrize("doc", DOCS, ids=lambda doc: str(doc.relative_to(REPO)))
 def test_docs_name_only_paths_that_exist(doc: Path) -> None:
     assert missing_paths(doc, REPO) == []
+
+
+def test_a_module_the_readme_does_not_list_is_reported(tmp_path: Path) -> None:
+    package = tmp_path / "router"
+    (package / "policy").mkdir(parents=True)
+    (package / "static").mkdir()
+    for name in ("__init__.py", "kv.py", "simple.py", "policy/__init__.py"):
+        (package / name).write_text("")
+    readme = package / "README.md"
+    readme.write_text("## Layout\n\n- `kv.py`: the KV router\n")
+    assert unlisted_entries(readme) == ["policy/", "simple.py"]
+    readme.write_text("## Layout\n\n- `kv.py`, `policy/`, `simple.py`\n")
+    assert unlisted_entries(readme) == []
+
+
+def test_every_package_has_a_readme() -> None:
+    packages = [path.parent for path in (REPO / "src" / "tandem").glob("*/__init__.py")]
+    assert sorted(path.name for path in packages if not (path / "README.md").is_file()) == []
+
+
+@pytest.mark.parametrize("readme", READMES, ids=lambda doc: str(doc.relative_to(REPO)))
+def test_readmes_list_every_module_of_their_package(readme: Path) -> None:
+    assert unlisted_entries(readme) == []

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from tandem.transfer import RegionLayout, TransferAgent, TransferOp, decode_meta, encode_meta
 from tandem.errors import Overloaded, TransferError
+from tandem.transfer import RegionLayout, TransferAgent, TransferOp, decode_meta, encode_meta
 
 logger = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from tandem.transfer.config import backends_from_spec
 from tandem.multimodal.encode_engine import EncodeWorkerConfig
 from tandem.multimodal.provider_args import MM_TRANSFER_BACKENDS_HELP
 from tandem.multimodal.sim_encoder import SimEncoderConfig
+from tandem.transfer.config import backends_from_spec
 
 # flag -> (type, default, help)
 _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {

@@ -25,6 +25,7 @@ from tandem.engines.base import EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.output_stream import DirectSink
 from tandem.errors import EngineError, InvalidRequest, Overloaded
+from tandem.multimodal.base import VisionEncoder
 from tandem.multimodal.embedding_transfer import EmbeddingSender
 from tandem.multimodal.image import DecodedImage
 from tandem.multimodal.sim_encoder import SimEncoderConfig, SimVisionEncoder
@@ -104,7 +105,7 @@ class EncoderEngine(EngineDefaults):
         self.config = config
         # authenticates the transfer agent's peers (decode workers pulling embeddings)
         self.cluster_secret = cluster_secret
-        self.encoder: Any = None
+        self.encoder: VisionEncoder | SimVisionEncoder | None = None
         self.agent: TransferAgent | None = None
         self.sender: EmbeddingSender | None = None
         self.stats = EncodeStats()
@@ -150,7 +151,7 @@ class EncoderEngine(EngineDefaults):
             mm_num_tokens_per_image=self.encoder.num_tokens_per_image,
         )
 
-    def _load_encoder(self) -> Any:
+    def _load_encoder(self) -> VisionEncoder | SimVisionEncoder:
         if self.config.encoder == "sim":
             return SimVisionEncoder(self.config.sim)
         import torch
@@ -251,6 +252,7 @@ class EncoderEngine(EngineDefaults):
                 j.done.set_result(part)
 
     def _encode(self, images: Sequence[DecodedImage]) -> list[np.ndarray]:
+        assert self.encoder is not None, "encode before start()"
         out = self.encoder.encode(images)
         return [o if isinstance(o, np.ndarray) else o.numpy() for o in out]
 

@@ -29,6 +29,7 @@ from tandem.multimodal.base import EmbeddingProvider
 from tandem.multimodal.embedding_cache import EmbeddingCache
 from tandem.multimodal.embedding_transfer import EmbeddingHandle, EmbeddingReceiver
 from tandem.multimodal.encode_engine import EMBEDDINGS_KEY
+from tandem.protocols.discovery import Instance
 from tandem.protocols.engine import (
     MmItem,
     PreprocessedRequest,
@@ -36,6 +37,7 @@ from tandem.protocols.engine import (
     decode_output,
     encode,
 )
+from tandem.runtime.runtime import Runtime
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +55,7 @@ class RemoteEncoderClient:
     a worker that fails or refuses is skipped and the next one tried, all within `timeout_s`.
     One event loop; `encode` may be awaited concurrently."""
 
-    def __init__(self, runtime: Any, receiver: EmbeddingReceiver, *, timeout_s: float) -> None:
+    def __init__(self, runtime: Runtime, receiver: EmbeddingReceiver, *, timeout_s: float) -> None:
         self.runtime = runtime
         self.receiver = receiver
         self.timeout_s = timeout_s
@@ -68,7 +70,7 @@ class RemoteEncoderClient:
     async def close(self) -> None:
         await self.instances.close()
 
-    def _candidates(self, tried: set[str]) -> list[Any]:
+    def _candidates(self, tried: set[str]) -> list[Instance]:
         live = [i for i in self.instances.instances.values() if i.instance_id not in tried]
         turn = next(self._turn)
         live.sort(key=lambda i: (self._inflight.get(i.instance_id, 0), hash((i.instance_id, turn))))
@@ -119,7 +121,7 @@ class RemoteEncoderClient:
             await self.instances.wait_for(1, timeout_s=min(with_timeout, 1.0))
 
     async def _ask(
-        self, instance: Any, request_id: str, model: str, items: list[MmItem], deadline: float
+        self, instance: Instance, request_id: str, model: str, items: list[MmItem], deadline: float
     ) -> list[EmbeddingHandle]:
         ask = PreprocessedRequest(
             request_id=f"{request_id}:encode",

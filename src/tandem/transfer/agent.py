@@ -198,24 +198,42 @@ class TransferAgent:
             ) from None
 
     # -- operations (owner side) ----------------------------------------------------------
-    def create_readable(self, region: str, block_ids: Sequence[int], **kwargs: Any) -> TransferOp:
-        """Export blocks for one peer to pull. kwargs: layers=(a, b), ttl_s, op_id, on_release."""
-        return self._create(OpKind.READABLE, region, block_ids, **kwargs)
-
-    def create_writable(self, region: str, block_ids: Sequence[int], **kwargs: Any) -> TransferOp:
-        """Offer blocks for one peer to push into. kwargs as `create_readable`."""
-        return self._create(OpKind.WRITABLE, region, block_ids, **kwargs)
-
-    def _create(
+    def create_readable(
         self,
-        kind: OpKind,
-        region_name: str,
+        region: str,
         block_ids: Sequence[int],
         *,
         layers: tuple[int, int] | None = None,
         ttl_s: float | None = None,
         op_id: str | None = None,
         on_release: ReleaseCallback | None = None,
+    ) -> TransferOp:
+        """Export blocks for one peer to pull: layers [a, b) (default all), released after
+        ``ttl_s`` (default the config's) unless claimed; ``on_release(op)`` runs once it ends."""
+        return self._create(OpKind.READABLE, region, block_ids, layers, ttl_s, op_id, on_release)
+
+    def create_writable(
+        self,
+        region: str,
+        block_ids: Sequence[int],
+        *,
+        layers: tuple[int, int] | None = None,
+        ttl_s: float | None = None,
+        op_id: str | None = None,
+        on_release: ReleaseCallback | None = None,
+    ) -> TransferOp:
+        """Offer blocks for one peer to push into; arguments as `create_readable`."""
+        return self._create(OpKind.WRITABLE, region, block_ids, layers, ttl_s, op_id, on_release)
+
+    def _create(
+        self,
+        kind: OpKind,
+        region_name: str,
+        block_ids: Sequence[int],
+        layers: tuple[int, int] | None,
+        ttl_s: float | None,
+        op_id: str | None,
+        on_release: ReleaseCallback | None,
     ) -> TransferOp:
         region = self.region(region_name)
         lay = region.layout
@@ -352,11 +370,28 @@ class TransferAgent:
         e.g. the prefill's first token for the decode to resume after."""
         return self._transfer("push", target, region, block_ids, timeout_s, annex)
 
-    async def pull_async(self, *args: Any, **kwargs: Any) -> TransferResult:
-        return await asyncio.to_thread(self.pull, *args, **kwargs)
+    async def pull_async(
+        self,
+        source: TransferOpMeta | OpRef,
+        region: str,
+        block_ids: Sequence[int],
+        *,
+        timeout_s: float | None = None,
+    ) -> TransferResult:
+        return await asyncio.to_thread(self.pull, source, region, block_ids, timeout_s=timeout_s)
 
-    async def push_async(self, *args: Any, **kwargs: Any) -> TransferResult:
-        return await asyncio.to_thread(self.push, *args, **kwargs)
+    async def push_async(
+        self,
+        region: str,
+        block_ids: Sequence[int],
+        target: TransferOpMeta | OpRef,
+        *,
+        timeout_s: float | None = None,
+        annex: bytes = b"",
+    ) -> TransferResult:
+        return await asyncio.to_thread(
+            self.push, region, block_ids, target, timeout_s=timeout_s, annex=annex
+        )
 
     def _transfer(
         self,

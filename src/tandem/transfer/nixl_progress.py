@@ -13,12 +13,18 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 PROGRESS_DELAY_US = 1000
 
 _lock = threading.Lock()  # the bindings are swapped module-wide while one agent starts
+
+
+class NixlApi(Protocol):
+    """NIXL's ``nixl._api`` module, as far as this uses it: it creates agents through
+    ``nixlBind.nixlAgent(name, config)``."""
+
+    nixlBind: Any  # NIXL's compiled bindings (untyped)
 
 
 class _DelayedProgress:
@@ -36,7 +42,7 @@ class _DelayedProgress:
 
 
 @contextlib.contextmanager
-def idle_progress(nixl_api: ModuleType) -> Iterator[None]:
+def idle_progress(nixl_api: NixlApi) -> Iterator[None]:
     """While inside, the agents ``nixl_api`` (``nixl._api``) creates get `PROGRESS_DELAY_US`.
     Thread-safe: one agent starts at a time; the bindings are restored on exit."""
     with _lock:

@@ -20,7 +20,6 @@ from tests.support.tandem_procs import TandemProcess, start_tandem
 
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
 from tandem.disagg.params import DisaggParams
-from tandem.transfer import OpStatus
 from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
@@ -39,6 +38,7 @@ from tandem.protocols.engine import (
 from tandem.router.registry import make_router
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.runtime import open_runtime
+from tandem.transfer import OpStatus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 MOCKER = MockerConfig(num_blocks=256, block_size=4, speedup_ratio=0, tokenizer=None)

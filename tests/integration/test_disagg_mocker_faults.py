@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.disagg_stack import start_stack
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
 from tandem.disagg.params import DisaggParams
-from tandem.transfer import decode_meta, encode_meta
 from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
@@ -28,6 +27,7 @@ from tandem.protocols.engine import (
     SamplingParams,
     StopConditions,
 )
+from tandem.transfer import decode_meta, encode_meta
 
 pytestmark = pytest.mark.timeout(30)
 FAST = ("shm", "tcp")  # nixl/mooncake start busy threads; not what these tests are about

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from tandem.errors import TransferError
 from tandem.transfer import (
     OpRef,
     OpStatus,
@@ -29,7 +30,6 @@ from tandem.transfer import (
     encode_meta,
 )
 from tandem.transfer.region import SHM_DIR, sweep_stale_segments
-from tandem.errors import TransferError
 
 LAYOUT = RegionLayout.for_kv_cache(
     num_layers=4, num_blocks=32, block_size=8, num_kv_heads=2, head_dim=16, dtype="bfloat16"

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from tests.support.eventually import eventually
 
-from tandem.transfer import TransferAgent, TransferAgentConfig
 from tandem.errors import Overloaded, TransferError
 from tandem.multimodal.embedding_cache import EmbeddingCache
 from tandem.multimodal.embedding_transfer import EmbeddingReceiver, EmbeddingSender
+from tandem.transfer import TransferAgent, TransferAgentConfig
 
 ROWS, HIDDEN = 50, 576
 

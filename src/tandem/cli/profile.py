@@ -48,7 +48,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from tandem.cli.config import parse_args
-    from tandem.engines.base import make_engine
+    from tandem.engines.base import engine_config_from_args, make_engine
     from tandem.engines.profile import ProfileFile
     from tandem.planner.profiler import profile_engine
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
     )
-    engine = make_engine(args.engine, args)
+    engine = make_engine(args.engine, engine_config_from_args(args.engine, args))
     try:
         profile = asyncio.run(
             profile_engine(

@@ -27,7 +27,13 @@ from tandem.cli.process import (
     run_async,
 )
 from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
-from tandem.engines.base import Engine, add_engine_args, engine_names, make_engine
+from tandem.engines.base import (
+    Engine,
+    add_engine_args,
+    engine_config_from_args,
+    engine_names,
+    make_engine,
+)
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.errors import StartupError
 from tandem.multimodal.provider_args import add_embedding_provider_args, attach_embedding_provider
@@ -135,9 +141,12 @@ def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) ->
     agent authenticates peers with `cluster_secret`)."""
     args.transfer_host = args.transfer_host or getattr(args, "runtime_host", None) or "127.0.0.1"
     disagg = disagg_worker_config_from_args(args)
-    engine = make_engine(args.engine, args)
+    engine = make_engine(args.engine, engine_config_from_args(args.engine, args))
     if args.engine == "encoder":  # its embedding transfer agent authenticates its peers
-        engine.cluster_secret = cluster_secret  # type: ignore[attr-defined]
+        from tandem.multimodal.encode_engine import EncoderEngine
+
+        assert isinstance(engine, EncoderEngine)
+        engine.cluster_secret = cluster_secret
     if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector
         return engine
     from tandem.disagg.worker_engine import DisaggEngine

@@ -180,17 +180,35 @@ class EngineDefaults:
         raise ValueError(f"{type(self).__name__} takes no images")
 
 
-# name -> (module with the engine class, class name, module with add_args/config_from_args)
-_ENGINES: dict[str, tuple[str, str, str]] = {
-    "mocker": ("tandem.engines.mocker.engine", "MockerEngine", "tandem.engines.mocker.args"),
-    "native": ("tandem.engines.native.engine", "NativeEngine", "tandem.engines.native.args"),
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    engine: str  # "module:Class" of the engine, built as Class(config)
+    config: str  # "module:Class" of its frozen config
+    args: str  # module with add_args(parser) and config_from_args(ns) -> config
+
+
+_ENGINES: dict[str, _Registered] = {
+    "mocker": _Registered(
+        "tandem.engines.mocker.engine:MockerEngine",
+        "tandem.engines.mocker.config:MockerConfig",
+        "tandem.engines.mocker.args",
+    ),
+    "native": _Registered(
+        "tandem.engines.native.engine:NativeEngine",
+        "tandem.engines.native.config:NativeConfig",
+        "tandem.engines.native.args",
+    ),
     # the encode worker of multimodal disaggregation (component `encoder`, endpoint `encode`)
-    "encoder": (
-        "tandem.multimodal.encode_engine",
-        "EncoderEngine",
+    "encoder": _Registered(
+        "tandem.multimodal.encode_engine:EncoderEngine",
+        "tandem.multimodal.encode_engine:EncodeWorkerConfig",
         "tandem.multimodal.encode_args",
     ),
-    "vllm": ("tandem.engines.vllm.engine", "VllmEngine", "tandem.engines.vllm.args"),
+    "vllm": _Registered(
+        "tandem.engines.vllm.engine:VllmEngine",
+        "tandem.engines.vllm.config:VllmWorkerConfig",
+        "tandem.engines.vllm.args",
+    ),
 }
 
 
@@ -198,7 +216,7 @@ def engine_names() -> list[str]:
     return sorted(_ENGINES)
 
 
-def _lookup(name: str) -> tuple[str, str, str]:
+def _lookup(name: str) -> _Registered:
     try:
         return _ENGINES[name]
     except KeyError:
@@ -207,14 +225,31 @@ def _lookup(name: str) -> tuple[str, str, str]:
         ) from None
 
 
+def _load(target: str) -> Any:
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def add_engine_args(name: str, parser: argparse.ArgumentParser) -> None:
     """Let engine `name` declare its flags (each engine's `args.add_args(parser)`)."""
-    importlib.import_module(_lookup(name)[2]).add_args(parser)
+    importlib.import_module(_lookup(name).args).add_args(parser)
 
 
-def make_engine(name: str, args: argparse.Namespace) -> Engine:
-    """Build engine `name` from parsed flags (`args.config_from_args(ns)` → `Cls(config)`)."""
-    module_name, cls_name, args_module = _lookup(name)
-    config: Any = importlib.import_module(args_module).config_from_args(args)
-    cls: Callable[[Any], Engine] = getattr(importlib.import_module(module_name), cls_name)
+def engine_config_from_args(name: str, args: argparse.Namespace) -> object:
+    """Engine `name`'s frozen config from its parsed flags (its `args.config_from_args`);
+    raises ValueError for a bad flag value."""
+    config: object = importlib.import_module(_lookup(name).args).config_from_args(args)
+    return config
+
+
+def make_engine(name: str, config: object) -> Engine:
+    """Build engine `name` from its frozen config (`engine_config_from_args`, or one made in
+    code); TypeError for another engine's config."""
+    registered = _lookup(name)
+    config_cls: type = _load(registered.config)
+    if not isinstance(config, config_cls):
+        raise TypeError(
+            f"engine '{name}' is built from a {config_cls.__name__}, not a {type(config).__name__}"
+        )
+    cls: Callable[[object], Engine] = _load(registered.engine)
     return cls(config)

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from tandem.cli.config import parse_args
-from tandem.engines.base import make_engine
+from tandem.engines.base import engine_config_from_args, make_engine
 from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
@@ -153,16 +153,20 @@ async def test_registry_builds_mocker_from_flags(monkeypatch: pytest.MonkeyPatch
     parser = argparse.ArgumentParser()
     add_engine_args("mocker", parser)
     ns = parse_args(parser, ["--speedup-ratio", "0", "--block-size", "16", "--tokenizer", "none"])
-    engine = make_engine("mocker", ns)
+    engine = make_engine("mocker", engine_config_from_args("mocker", ns))
     assert isinstance(engine, MockerEngine)
     cfg = engine.config
     assert (cfg.num_blocks, cfg.block_size, cfg.speedup_ratio, cfg.tokenizer) == (128, 16, 0, None)
-    default = make_engine("mocker", parse_args(parser, []))
+    default = make_engine("mocker", engine_config_from_args("mocker", parse_args(parser, [])))
     assert isinstance(default, MockerEngine)
     tokenizer = default.config.tokenizer
     assert tokenizer is not None and tokenizer.startswith("gguf:") and tokenizer.endswith(".gguf")
     with pytest.raises(ValueError, match="unknown engine 'nope'"):
-        make_engine("nope", ns)
+        engine_config_from_args("nope", ns)
+    with pytest.raises(ValueError, match="unknown engine 'nope'"):
+        make_engine("nope", engine.config)
+    with pytest.raises(TypeError, match="engine 'native' is built from a NativeConfig"):
+        make_engine("native", engine.config)
 
 
 async def test_a_dead_step_loop_fails_streams_refuses_new_requests_and_reports(

@@ -12,7 +12,7 @@ server's counters.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
@@ -25,16 +25,54 @@ from prometheus_client.parser import text_string_to_metric_families
 from tandem.protocols.scaling import StepSample
 from tandem.runtime.metrics import Labelled, render
 
+if TYPE_CHECKING:  # types only: an engine imports this module for text_families
+    from tandem.engines.base import Engine, EngineInfo
+    from tandem.runtime.runtime import Runtime
+    from tandem.runtime.tcp.server import TcpRequestServer
+
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 STATES = ("starting", "ready", "draining", "stopped")
+
+
+class _ComponentConfig(Protocol):
+    @property
+    def component(self) -> str: ...
+
+
+class ScrapedWorker(Protocol):
+    """What the metrics read of their Worker (tandem.engines.worker) at scrape time."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def info(self) -> EngineInfo | None: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def num_inflight(self) -> int: ...
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def config(self) -> _ComponentConfig: ...
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+    @property
+    def metrics(self) -> WorkerMetrics: ...
 
 
 class WorkerMetrics:
     """One per Worker; one event loop (scrapes and updates run on the worker's loop).
     `worker` is read at scrape time: engine, info, state, num_inflight, runtime.server."""
 
-    def __init__(self, worker: Any) -> None:
+    def __init__(self, worker: ScrapedWorker) -> None:
         self._worker = worker
         self.num_prompt_tokens = self.num_cached_tokens = 0
         self.registry = CollectorRegistry(auto_describe=True)
@@ -102,7 +140,7 @@ class _ScrapeTime:
     """Families read from the worker, its engine, the sources added and its runtime when
     scraped."""
 
-    def __init__(self, worker: Any, sources: list[Callable[[], list[Metric]]]) -> None:
+    def __init__(self, worker: ScrapedWorker, sources: list[Callable[[], list[Metric]]]) -> None:
         self._worker = worker
         self._sources = sources
 
@@ -123,7 +161,7 @@ def text_families(lines: list[str]) -> list[Metric]:
     return list(text_string_to_metric_families("\n".join(lines) + "\n")) if lines else []
 
 
-def _worker_families(w: Any) -> Iterator[Metric]:
+def _worker_families(w: ScrapedWorker) -> Iterator[Metric]:
     p = "tandem_worker"
     yield GaugeMetricFamily(f"{p}_inflight_requests", "generate requests in flight", w.num_inflight)
     state = GaugeMetricFamily(
@@ -160,7 +198,7 @@ def _worker_families(w: Any) -> Iterator[Metric]:
     )
 
 
-def request_plane_families(server: Any) -> list[Metric]:
+def request_plane_families(server: TcpRequestServer) -> list[Metric]:
     """The request-plane server's counters (tandem.runtime.tcp.server.RequestPlaneStats)."""
     p = "tandem_component"
     stats = server.stats

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.config_check import check_range
 from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 
 DISAGG_MODES = ("none", "prefill", "decode")
@@ -14,11 +15,6 @@ FAILURE_POLICIES = ("local", "fail")
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"unknown {name} '{value}'; expected one of: {', '.join(allowed)}")
-
-
-def _in(name: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={value} is out of range; expected {lo} <= {name} <= {hi}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,8 +50,8 @@ class DisaggWorkerConfig:
                 f"backends={self.backends} are all lazy (lazy_backends={self.lazy_backends}); "
                 "keep one eager, e.g. tcp, or pass lazy_backends=()"
             )
-        _in("pin_ttl_s", self.pin_ttl_s, 0.01, 86400)
-        _in("transfer_timeout_s", self.transfer_timeout_s, 0.01, 3600)
+        check_range("pin_ttl_s", self.pin_ttl_s, low=0.01, high=86400)
+        check_range("transfer_timeout_s", self.transfer_timeout_s, low=0.01, high=3600)
 
     @property
     def enabled(self) -> bool:
@@ -86,9 +82,9 @@ class DisaggRouteConfig:
 
     def __post_init__(self) -> None:
         _one_of("disagg flow", self.flow, FLOWS)
-        _in("min_prefill_tokens", self.min_prefill_tokens, 0, 1 << 30)
-        _in("min_uncached_ratio", self.min_uncached_ratio, 0.0, 1.0)
-        _in("prefill_timeout_s", self.prefill_timeout_s, 0.01, 86400)
-        _in("max_prefill_queue", self.max_prefill_queue, 0, 1 << 20)
+        check_range("min_prefill_tokens", self.min_prefill_tokens, low=0, high=1 << 30)
+        check_range("min_uncached_ratio", self.min_uncached_ratio, low=0.0, high=1.0)
+        check_range("prefill_timeout_s", self.prefill_timeout_s, low=0.01, high=86400)
+        check_range("max_prefill_queue", self.max_prefill_queue, low=0, high=1 << 20)
         if not self.prefill_component or "." in self.prefill_component:
             raise ValueError(f"prefill_component={self.prefill_component!r} must be non-empty")

@@ -28,6 +28,7 @@ from typing import Any
 
 import msgspec
 
+from tandem.config_check import check_range
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.output_stream import DirectSink
 from tandem.engines.worker_events import KvEventPublisher
@@ -57,11 +58,6 @@ def new_instance_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def _check(name: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={value} is out of range; expected {lo} <= {name} <= {hi}")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig:
     component: str = "backend"
@@ -82,11 +78,13 @@ class WorkerConfig:
             value = getattr(self, name)
             if not value or "." in value:
                 raise ValueError(f"{name}={value!r} must be non-empty without '.'")
-        _check("drain_grace_s", self.drain_grace_s, 0, 3600)
-        _check("event_buffer_size", self.event_buffer_size, 1, 1 << 24)
-        _check("metrics_period_s", self.metrics_period_s, 0.001, 3600)
-        _check("metrics_min_interval_s", self.metrics_min_interval_s, 0, self.metrics_period_s)
-        _check("stats_period_s", self.stats_period_s, 0.01, 3600)
+        check_range("drain_grace_s", self.drain_grace_s, low=0, high=3600)
+        check_range("event_buffer_size", self.event_buffer_size, low=1, high=1 << 24)
+        check_range("metrics_period_s", self.metrics_period_s, low=0.001, high=3600)
+        check_range(
+            "metrics_min_interval_s", self.metrics_min_interval_s, low=0, high=self.metrics_period_s
+        )
+        check_range("stats_period_s", self.stats_period_s, low=0.01, high=3600)
 
 
 def model_card(info: EngineInfo, tasks: list[str] | None = None) -> ModelCard:

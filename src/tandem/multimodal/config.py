@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.config_check import check_range
+
 MIB = 1 << 20
 
 
@@ -28,11 +30,10 @@ class ImageConfig:
     fetch_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        _at_least("max_image_bytes", self.max_image_bytes, 1)
-        _at_least("max_image_pixels", self.max_image_pixels, 1)
-        _at_least("max_images_per_request", self.max_images_per_request, 0)
-        if not self.fetch_timeout_s > 0:
-            raise ValueError(f"fetch_timeout_s={self.fetch_timeout_s} out of range; expected > 0")
+        check_range("max_image_bytes", self.max_image_bytes, low=1)
+        check_range("max_image_pixels", self.max_image_pixels, low=1)
+        check_range("max_images_per_request", self.max_images_per_request, low=0)
+        check_range("fetch_timeout_s", self.fetch_timeout_s, low=0, low_open=True)
         if self.allowed_local_dir is not None and not self.allowed_local_dir.is_dir():
             raise ValueError(
                 f"allowed_local_dir={str(self.allowed_local_dir)!r} is not a directory; "
@@ -44,8 +45,3 @@ class ImageConfig:
                     f"allowed_hosts entry {host!r} is invalid; expected a lower-case host name "
                     "such as images.example.com"
                 )
-
-
-def _at_least(name: str, value: int, low: int) -> None:
-    if value < low:
-        raise ValueError(f"{name}={value} out of range; expected >= {low}")

@@ -6,6 +6,7 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 
+from tandem.config_check import check_range
 from tandem.kvbm.base import KvbmConfig
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -19,11 +20,6 @@ def default_tokenizer() -> str | None:
         return None
     path = os.path.join(next(iter(spec.submodule_search_locations)), SMOLLM2_GGUF)
     return f"gguf:{path}" if os.path.exists(path) else None
-
-
-def _check(name: str, value: float, lo: float, hi: float) -> None:
-    if not lo <= value <= hi:
-        raise ValueError(f"{name}={value} is out of range; expected {lo} <= {name} <= {hi}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,16 +66,18 @@ class MockerConfig:
     def __post_init__(self) -> None:
         if not self.model_name:
             raise ValueError("model_name='' must be non-empty")
-        _check("context_length", self.context_length, 1, 1 << 24)
-        _check("num_blocks", self.num_blocks, 1, 1 << 26)
-        _check("block_size", self.block_size, 1, 1 << 16)
-        _check("embedding_dim", self.embedding_dim, 0, 1 << 16)
-        _check("max_num_seqs", self.max_num_seqs, 1, 1 << 20)
-        _check("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 24)
-        _check("speedup_ratio", self.speedup_ratio, 0, 1e9)
-        _check("vocab_size", self.vocab_size, 2, 1 << 31)
-        _check("first_token_id", self.first_token_id, 0, self.vocab_size - 1)
-        _check("kv_bytes_per_token", self.kv_bytes_per_token, 1, 1 << 30)
-        _check("kv_transfer_bandwidth_gbps", self.kv_transfer_bandwidth_gbps, 1e-6, 1e6)
-        _check("mm_num_tokens_per_image", self.mm_num_tokens_per_image, 0, 1 << 16)
-        _check("mm_encode_ms_per_image", self.mm_encode_ms_per_image, 0, 1e6)
+        check_range("context_length", self.context_length, low=1, high=1 << 24)
+        check_range("num_blocks", self.num_blocks, low=1, high=1 << 26)
+        check_range("block_size", self.block_size, low=1, high=1 << 16)
+        check_range("embedding_dim", self.embedding_dim, low=0, high=1 << 16)
+        check_range("max_num_seqs", self.max_num_seqs, low=1, high=1 << 20)
+        check_range("max_num_batched_tokens", self.max_num_batched_tokens, low=1, high=1 << 24)
+        check_range("speedup_ratio", self.speedup_ratio, low=0, high=1e9)
+        check_range("vocab_size", self.vocab_size, low=2, high=1 << 31)
+        check_range("first_token_id", self.first_token_id, low=0, high=self.vocab_size - 1)
+        check_range("kv_bytes_per_token", self.kv_bytes_per_token, low=1, high=1 << 30)
+        check_range(
+            "kv_transfer_bandwidth_gbps", self.kv_transfer_bandwidth_gbps, low=1e-6, high=1e6
+        )
+        check_range("mm_num_tokens_per_image", self.mm_num_tokens_per_image, low=0, high=1 << 16)
+        check_range("mm_encode_ms_per_image", self.mm_encode_ms_per_image, low=0, high=1e6)

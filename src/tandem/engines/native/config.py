@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tandem.config_check import check_range
 from tandem.engines.vision import encoder_rows
 from tandem.kvbm.base import KvbmConfig
 
@@ -59,16 +60,15 @@ class NativeConfig:
                 f"{', '.join(KV_CACHE_DTYPES)}"
             )
         check_device(self.device)
-        _positive("block_size", self.block_size, 1024)
-        if not 0 < self.kv_cache_memory_gb <= 4096:
-            raise ValueError(f"kv_cache_memory_gb={self.kv_cache_memory_gb} must be in (0, 4096]")
+        check_range("block_size", self.block_size, low=1, high=1024)
+        check_range("kv_cache_memory_gb", self.kv_cache_memory_gb, low=0, high=4096, low_open=True)
         if self.num_blocks is not None:
-            _positive("num_blocks", self.num_blocks, 10_000_000)
-        _positive("max_num_seqs", self.max_num_seqs, 65536)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens, 1 << 20)
+            check_range("num_blocks", self.num_blocks, low=1, high=10_000_000)
+        check_range("max_num_seqs", self.max_num_seqs, low=1, high=65536)
+        check_range("max_num_batched_tokens", self.max_num_batched_tokens, low=1, high=1 << 20)
         if self.max_model_len is not None:
-            _positive("max_model_len", self.max_model_len, 1 << 22)
-        _positive("num_threads", self.num_threads, 1024)
+            check_range("max_model_len", self.max_model_len, low=1, high=1 << 22)
+        check_range("num_threads", self.num_threads, low=1, high=1024)
         if self.mm_encoder is not None:
             encoder_rows(self.mm_encoder)  # ValueError naming the known encoders
         if self.kvbm is not None and not self.enable_prefix_caching:
@@ -110,8 +110,3 @@ def check_device(device: str) -> None:
             f"device='{device}' but this machine has {count} CUDA device(s); "
             f"expected cuda or cuda:0..cuda:{count - 1}"
         )
-
-
-def _positive(name: str, value: int, upper: int) -> None:
-    if not 1 <= value <= upper:
-        raise ValueError(f"{name}={value} must be in [1, {upper}]")

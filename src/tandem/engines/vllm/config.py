@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.config_check import check_range
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VllmWorkerConfig:
@@ -39,14 +41,10 @@ class VllmWorkerConfig:
             raise ValueError(
                 f"cpus={self.cpus!r}; expected core ids and ranges such as '0', '2-3' or '0,2'"
             )
-        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port={self.metrics_port} must be in [0, 65535]")
-        if not 1 <= self.kv_event_buffer_steps <= 10_000_000:
-            raise ValueError(
-                f"kv_event_buffer_steps={self.kv_event_buffer_steps} must be in [1, 10000000]"
-            )
-        if not 0 < self.shutdown_timeout_s <= 600:
-            raise ValueError(f"shutdown_timeout_s={self.shutdown_timeout_s} must be in (0, 600]")
+        if self.metrics_port is not None:
+            check_range("metrics_port", self.metrics_port, low=0, high=65535)
+        check_range("kv_event_buffer_steps", self.kv_event_buffer_steps, low=1, high=10_000_000)
+        check_range("shutdown_timeout_s", self.shutdown_timeout_s, low=0, high=600, low_open=True)
 
 
 def cpu_shares(num_workers: int, cpus: list[int] | None = None) -> list[str]:

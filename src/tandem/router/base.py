@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tandem.protocols.engine import PreprocessedRequest
+from tandem.router.config import RouterConfig
+from tandem.router.metrics import RouterMetrics
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,6 +28,20 @@ class RouteDecision:
 
 
 class Router(Protocol):
+    @property
+    def config(self) -> RouterConfig: ...
+
+    @property
+    def metrics(self) -> RouterMetrics | None:
+        """This router's counters (the frontend's /metrics); None when they live elsewhere
+        (`remote`: the router service exports its own)."""
+        ...
+
+    @property
+    def num_queued(self) -> int:
+        """Requests waiting in this router's queue for a worker that is not busy."""
+        ...
+
     async def start(self) -> None:
         """Begin following instances and events (idempotent)."""
         ...

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.router.base import RouteDecision
+from tandem.router.cost import CandidateCost
 
 DEFAULT_MAX_DECISIONS = 64
 
@@ -21,7 +22,7 @@ class Decision(NamedTuple):
     request_id: str
     num_tokens: int
     decision: RouteDecision
-    candidates: Sequence[Any] | None  # CandidateCost per candidate (KV router), else None
+    candidates: Sequence[CandidateCost] | None  # per candidate (KV router), else None
 
 
 class WorkerTotals:
@@ -46,7 +47,7 @@ class DecisionLog:
         self,
         request: PreprocessedRequest,
         decision: RouteDecision,
-        candidates: Sequence[Any] | None,
+        candidates: Sequence[CandidateCost] | None,
     ) -> None:
         self.num_decisions += 1
         self._recent.append(
@@ -89,7 +90,7 @@ class DecisionLog:
         return out
 
 
-def _candidate(cost: Any) -> dict[str, Any]:
+def _candidate(cost: CandidateCost) -> dict[str, Any]:
     row = asdict(cost)
     for key in ("overlap_blocks", "prefill_blocks", "decode_blocks", "cost"):
         row[key] = round(float(row[key]), 3)

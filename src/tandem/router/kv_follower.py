@@ -12,7 +12,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
@@ -20,6 +19,7 @@ from tandem.protocols.kv_events import KvEventBatch, KvStateRequest, decode_batc
 from tandem.router.event_applier import EventApplier
 from tandem.router.indexer import WorkerKey
 from tandem.router.source import EventSource, InstanceSource
+from tandem.runtime.base import RequestClient, Subscription
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class KvEventFollower:
         applier: EventApplier,
         *,
         events: EventSource,
-        client: Any,
+        client: RequestClient | None,
         instances: InstanceSource,
         subject_prefix: str,
         timeout_s: float = 5.0,
@@ -66,7 +66,7 @@ class KvEventFollower:
         if not self._syncing:
             self.synced.set()
 
-    async def _read(self, sub: Any) -> None:
+    async def _read(self, sub: Subscription) -> None:
         try:
             async for _subject, payload in sub:
                 try:

@@ -8,7 +8,7 @@ import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from tandem.protocols.discovery import Instance
 from tandem.protocols.engine import PreprocessedRequest, prompt_array
@@ -16,13 +16,15 @@ from tandem.protocols.kv_events import LoadMetrics
 from tandem.router.active_sequences import ActiveSequences
 from tandem.router.approx import ApproxCache
 from tandem.router.base import RouteDecision
+from tandem.router.config import RouterConfig
 from tandem.router.cost import CandidateCost, candidate_cost, choose, tiered_overlap
 from tandem.router.event_applier import EventApplier
 from tandem.router.indexer import MEDIA, KvIndexer, WorkerKey
 from tandem.router.kv_follower import KvEventFollower
-from tandem.router.policy_router import AllBusy, PolicyRouter
+from tandem.router.policy_router import AllBusy, PolicyRouter, PolicyRouterWiring
 from tandem.router.sync import ReplicaSync
 from tandem.router.zmq_source import ZmqEndpoint, ZmqEngineSource
+from tandem.runtime.base import RequestClient
 from tandem.tokens.hashing import sequence_hashes
 
 logger = logging.getLogger(__name__)
@@ -44,8 +46,14 @@ class KvRouter(PolicyRouter):
 
     policy = "kv"
 
-    def __init__(self, config: Any, *, client: Any = None, **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        client: RequestClient | None = None,
+        **wiring: Unpack[PolicyRouterWiring],
+    ) -> None:
+        super().__init__(config, **wiring)
         self._client = client
         self.indexer = KvIndexer()
         self.active = ActiveSequences(ttl_s=config.active_ttl_s, clock=self._clock)

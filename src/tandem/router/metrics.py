@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -16,6 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 
+from tandem.router.config import RouterConfig
 from tandem.runtime.metrics import Families, render
 
 OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
@@ -58,15 +59,45 @@ class RouterMetrics:
         return out
 
     def render(self) -> str:
-        return render(Families(router_families([({}, self)]))).decode()
+        return render(Families(_families([({}, self, None)]))).decode()
 
 
-def router_families(rows: Iterable[tuple[Mapping[str, str], Any]]) -> list[Metric]:
+class MeteredRouter(Protocol):
+    """What the families read of a router (`tandem.router.base.Router` has it all)."""
+
+    @property
+    def config(self) -> RouterConfig: ...
+
+    @property
+    def metrics(self) -> RouterMetrics | None: ...
+
+    @property
+    def num_queued(self) -> int: ...
+
+
+def router_families(
+    rows: Iterable[tuple[Mapping[str, str], MeteredRouter | RouterMetrics]],
+) -> list[Metric]:
     """Families over `(labels, router)` rows (every row with the same label names, e.g. model
-    and component); a row's router contributes when it has a `RouterMetrics` as `.metrics`
-    (or is one)."""
+    and component); a row's router contributes when it has its `RouterMetrics` here (a bare
+    `RouterMetrics` is a router's counters without a queue)."""
+    return _families([_row(labels, router) for labels, router in rows])
+
+
+def _row(
+    labels: Mapping[str, str], router: MeteredRouter | RouterMetrics
+) -> tuple[Mapping[str, str], RouterMetrics | None, int | None]:
+    if isinstance(router, RouterMetrics):
+        return labels, router, None
+    return labels, router.metrics, router.num_queued
+
+
+def _families(
+    found: list[tuple[Mapping[str, str], RouterMetrics | None, int | None]],
+) -> list[Metric]:
+    """`found`: (labels, counters, queued requests) rows; a row without counters adds
+    nothing, one without a queue no queued gauge."""
     p = "tandem_router"
-    found = [(dict(labels), _metrics_of(router), router) for labels, router in rows]
     names = tuple(found[0][0]) if found else ()
     routed = CounterMetricFamily(
         f"{p}_routed_requests", "requests routed to each worker", labels=("worker_id", *names)
@@ -92,7 +123,7 @@ def router_families(rows: Iterable[tuple[Mapping[str, str], Any]]) -> list[Metri
     overhead = HistogramMetricFamily(
         f"{p}_overhead_seconds", "time the router spent choosing a worker", labels=names
     )
-    for labels, metrics, router in found:
+    for labels, metrics, num_queued in found:
         if metrics is None:
             continue
         values = tuple(labels[n] for n in names)
@@ -103,21 +134,15 @@ def router_families(rows: Iterable[tuple[Mapping[str, str], Any]]) -> list[Metri
         hit_rate.add_metric(values, metrics.hit_rate)
         for (kind, status), n in sorted(metrics.events.items()):
             events.add_metric((kind, status, *values), n)
-        num_queued = getattr(router, "num_queued", None)
-        if isinstance(num_queued, int):
+        if num_queued is not None:
             queued.add_metric(values, num_queued)
         overhead.add_metric(values, metrics.overhead_buckets(), sum_value=metrics.overhead_sum_s)
     return [routed, overlap, blocks, hit_rate, events, queued, overhead]
 
 
-def worker_component(router: Any) -> str:
-    """The component of the workers `router` routes to (its config; default backend)."""
-    config = getattr(router, "config", None)
-    return str(getattr(config, "worker_component", "backend"))
-
-
-def _metrics_of(router: Any) -> RouterMetrics | None:
+def worker_component(router: MeteredRouter | RouterMetrics) -> str:
+    """The component of the workers `router` routes to (a bare `RouterMetrics`: backend,
+    the default)."""
     if isinstance(router, RouterMetrics):
-        return router
-    metrics = getattr(router, "metrics", None)
-    return metrics if isinstance(metrics, RouterMetrics) else None
+        return RouterConfig().worker_component
+    return router.config.worker_component

@@ -8,22 +8,36 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Required, TypedDict
 
 from tandem.errors import InvalidRequest, NoWorkersAvailable, Overloaded
-from tandem.protocols.discovery import Instance
+from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.kv_events import LoadMetrics
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
+from tandem.router.cost import CandidateCost
 from tandem.router.decision_log import DecisionLog
 from tandem.router.load import LoadTracker
 from tandem.router.metrics import RouterMetrics
 from tandem.router.source import EventSource, InstanceSource
 from tandem.runtime import tracing
+from tandem.runtime.base import Subscription
 
 logger = logging.getLogger(__name__)
+
+
+class PolicyRouterWiring(TypedDict, total=False):
+    """What a policy router is wired to besides its config (`PolicyRouter.__init__`'s keywords):
+    the workers' instances, the event plane (load metrics, KV events), the namespace of the
+    subjects, a clock and a random source (tests pass their own)."""
+
+    instances: Required[InstanceSource]
+    events: EventSource | None
+    namespace: str
+    clock: Callable[[], float]
+    rng: random.Random | None
 
 
 class AllBusy(Exception):
@@ -69,9 +83,7 @@ class PolicyRouter:
         if self._started:
             return
         self._started = True
-        start_instances = getattr(self._instances, "start", None)
-        if start_instances is not None:
-            await start_instances()
+        await self._instances.start()
         self._instances.add_listener(self._on_instance_event)
         if self._events is not None:
             sub = await self._events.subscribe(self.subject("load_metrics"))
@@ -81,7 +93,7 @@ class PolicyRouter:
     async def _start_extra(self) -> None:
         """Hook for subclasses (KV events, replica sync)."""
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=f"router-{name}")
         task.add_done_callback(self._log_task_end)
         self._tasks.append(task)
@@ -91,7 +103,7 @@ class PolicyRouter:
         if not task.cancelled() and task.exception() is not None:
             logger.error("router task %s failed", task.get_name(), exc_info=task.exception())
 
-    async def _follow_loads(self, sub: Any) -> None:
+    async def _follow_loads(self, sub: Subscription) -> None:
         try:
             async for _subject, payload in sub:
                 metrics = self.loads.apply_payload(payload)
@@ -115,7 +127,7 @@ class PolicyRouter:
                 logger.debug("router task ended with an error at close", exc_info=True)
         self._tasks.clear()
 
-    def _on_instance_event(self, event: Any) -> None:
+    def _on_instance_event(self, event: InstanceEvent) -> None:
         if event.kind == "removed":
             self._forget_worker(event.instance.instance_id)
         else:
@@ -206,7 +218,7 @@ class PolicyRouter:
                         request_blocks=decision.request_blocks)  # fmt: skip
         return decision
 
-    def _decision_costs(self) -> Sequence[Any] | None:
+    def _decision_costs(self) -> Sequence[CandidateCost] | None:
         """Hook: the per-candidate costs of the decision `_record` just booked (KV router)."""
         return None
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 from tandem.router.base import Router
 from tandem.router.config import RouterConfig
+from tandem.router.policy_router import PolicyRouterWiring
 from tandem.router.simple import LeastLoadedRouter, RandomRouter, RoundRobinRouter
+from tandem.router.source import EventSource, InstanceSource
+from tandem.runtime.base import Discovery, RequestClient
 
 __all__ = ["POLICIES", "RouterConfig", "make_router"]
 
@@ -20,10 +22,10 @@ def make_router(
     policy: str,
     config: RouterConfig,
     *,
-    instances: Any,
-    events: Any = None,
-    client: Any = None,
-    discovery: Any = None,
+    instances: InstanceSource,
+    events: EventSource | None = None,
+    client: RequestClient | None = None,
+    discovery: Discovery | None = None,
     namespace: str = "tandem",
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
@@ -34,13 +36,9 @@ def make_router(
     service found through `discovery` (a Discovery). Call `await router.start()` next.
 
     Raises ValueError for an unknown policy name."""
-    common: dict[str, Any] = {
-        "instances": instances,
-        "events": events,
-        "namespace": namespace,
-        "clock": clock,
-        "rng": rng,
-    }
+    common = PolicyRouterWiring(
+        instances=instances, events=events, namespace=namespace, clock=clock, rng=rng
+    )
     if policy == "round_robin":
         return RoundRobinRouter(config, **common)
     if policy == "random":

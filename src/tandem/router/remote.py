@@ -27,6 +27,8 @@ from tandem.router.messages import (
     encode,
     route_response_decoder,
 )
+from tandem.router.metrics import RouterMetrics
+from tandem.runtime.base import Discovery, RequestClient
 from tandem.runtime.instances import InstanceSet
 from tandem.runtime.task import cancel_and_wait
 
@@ -44,10 +46,9 @@ class RemoteRouter:
         self,
         config: RouterConfig,
         *,
-        discovery: Any,
-        client: Any,
+        discovery: Discovery | None,
+        client: RequestClient | None,
         namespace: str = "tandem",
-        **_: Any,
     ) -> None:
         if discovery is None or client is None:
             raise ValueError("router policy 'remote' needs the runtime's discovery and client")
@@ -177,6 +178,16 @@ class RemoteRouter:
 
     def worker_loads(self) -> dict[str, dict[str, float]]:
         return {}
+
+    @property
+    def metrics(self) -> RouterMetrics | None:
+        """None: the router service exports its counters itself."""
+        return None
+
+    @property
+    def num_queued(self) -> int:
+        """0: requests queue in the router service, not here."""
+        return 0
 
     def metrics_text(self) -> str:
         return ""

@@ -78,7 +78,7 @@ class RouterService:
     async def _route(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
         msg = _decode(route_request_decoder, payload, "RouteRequest")
         # the frontend's span (request plane) is the parent of this router's `route` span
-        with tracing.use(getattr(ctx, "traceparent", None)):
+        with tracing.use(ctx.traceparent):
             decision = await self.router.route(msg.request, exclude=frozenset(msg.exclude))
         yield encode(
             RouteResponse(

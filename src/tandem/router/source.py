@@ -6,17 +6,31 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from tandem.protocols.discovery import Instance, InstanceEvent, ModelCard
 from tandem.runtime.base import Subscription
 
+InstanceListener = Callable[[InstanceEvent], None]
+
 
 class InstanceSource(Protocol):
     @property
-    def instances(self) -> dict[str, Instance]: ...
+    def instances(self) -> dict[str, Instance]:
+        """The live instances by instance_id."""
+        ...
 
-    def add_listener(self, callback: Callable[[Any], Any]) -> Any: ...
+    def add_listener(self, callback: InstanceListener) -> None:
+        """Call `callback` synchronously with every later change."""
+        ...
+
+    async def start(self) -> None:
+        """Begin following the instances (idempotent)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop following the instances."""
+        ...
 
 
 class EventSource(Protocol):
@@ -32,10 +46,16 @@ class StaticInstanceSet:
 
     def __init__(self, instances: list[Instance] | None = None) -> None:
         self.instances: dict[str, Instance] = {i.instance_id: i for i in instances or []}
-        self._listeners: list[Callable[[Any], Any]] = []
+        self._listeners: list[InstanceListener] = []
 
-    def add_listener(self, callback: Callable[[Any], Any]) -> None:
+    def add_listener(self, callback: InstanceListener) -> None:
         self._listeners.append(callback)
+
+    async def start(self) -> None:
+        """Nothing to follow: changes come by hand or through `apply`."""
+
+    async def close(self) -> None:
+        """Nothing to stop."""
 
     def add(self, instance: Instance) -> None:
         self.apply(InstanceEvent(kind="added", instance=instance))
@@ -63,7 +83,7 @@ class InstancesByModel:
     that instance is applied to `view`. One event loop; not thread-safe."""
 
     def __init__(
-        self, source: Any, on_new_model: Callable[[ModelCard, StaticInstanceSet], None]
+        self, source: InstanceSource, on_new_model: Callable[[ModelCard, StaticInstanceSet], None]
     ) -> None:
         self.source = source
         self.views: dict[str, StaticInstanceSet] = {}

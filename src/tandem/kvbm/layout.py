@@ -8,34 +8,43 @@ shaped like a template. torch is imported only when tensors are passed in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import torch
+
 Buffer = bytes | bytearray | memoryview | np.ndarray
+# one block's KV as an engine hands it over: bytes, an array, a tensor, or per-layer parts
+BlockData: TypeAlias = (
+    "Buffer | torch.Tensor | list[Buffer | torch.Tensor] | tuple[Buffer | torch.Tensor, ...]"
+)
 
 
-def _tensor_bytes(tensor: Any) -> memoryview:
+def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     import torch
 
     host = tensor.detach().to("cpu").contiguous()  # device → host copy happens here
-    return memoryview(host.reshape(-1).view(torch.uint8).numpy())
+    flat: Any = host.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(flat)
 
 
-def as_bytes(data: Any) -> memoryview:
-    """A flat uint8 view of `data`: a bytes-like object, a numpy array, a torch tensor, or a
-    list/tuple of those (per-layer parts, concatenated in order). Copies only when needed."""
-    if isinstance(data, list | tuple):
-        return memoryview(b"".join(as_bytes(part) for part in data))
-    if hasattr(data, "detach") and hasattr(data, "device"):
-        return _tensor_bytes(data)
+def as_bytes(data: BlockData) -> memoryview:
+    """A flat uint8 view of `data`: bytes, a bytearray or memoryview, a numpy array, a torch
+    tensor, or a list/tuple of those (per-layer parts, concatenated in order). Copies only
+    when needed."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        return memoryview(data).cast("B")
     if isinstance(data, np.ndarray):
         flat: Any = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         return memoryview(flat)
-    return memoryview(data).cast("B")
+    if isinstance(data, list | tuple):
+        return memoryview(b"".join(as_bytes(part) for part in data))
+    return _tensor_bytes(data)
 
 
-def split_like(data: bytes | memoryview, like: Sequence[Any]) -> list[Any]:
+def split_like(data: bytes | memoryview, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """CPU tensors with the shapes and dtypes of `like`, filled from `data` in order.
     Raises ValueError when the sizes disagree."""
     import torch
@@ -52,7 +61,7 @@ def split_like(data: bytes | memoryview, like: Sequence[Any]) -> list[Any]:
     return out
 
 
-def per_block(layers: Sequence[Any], *, block_dim: int = 1) -> list[list[Any]]:
+def per_block(layers: Sequence[torch.Tensor], *, block_dim: int = 1) -> list[list[torch.Tensor]]:
     """Split per-layer tensors holding n blocks along `block_dim` (as the native engine's
     `export_blocks` returns them, [2, n, ...]) into n per-layer lists of one block each."""
     num_blocks = layers[0].shape[block_dim]
@@ -60,8 +69,8 @@ def per_block(layers: Sequence[Any], *, block_dim: int = 1) -> list[list[Any]]:
 
 
 def join_blocks(
-    blocks: Sequence[bytes | memoryview], like: Sequence[Any], *, block_dim: int = 1
-) -> list[Any]:
+    blocks: Sequence[bytes | memoryview], like: Sequence[torch.Tensor], *, block_dim: int = 1
+) -> list[torch.Tensor]:
     """Per-layer tensors holding all `blocks` along `block_dim`, each block's bytes split like
     the one-block template `like` (e.g. `export_blocks([b])`); the inverse of `per_block`."""
     import torch

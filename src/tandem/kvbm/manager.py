@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tandem.kvbm import events
 from tandem.kvbm.base import BlockMeta, KvbmConfig, StorageTier, TierName
@@ -23,7 +22,7 @@ from tandem.kvbm.disk_tier import DiskTier
 from tandem.kvbm.frequency import ReuseCounter
 from tandem.kvbm.host_tier import HostTier
 from tandem.kvbm.lane import Lane
-from tandem.kvbm.layout import as_bytes
+from tandem.kvbm.layout import BlockData, as_bytes
 from tandem.kvbm.metrics import KvbmMetrics, occupancy
 from tandem.protocols.kv_events import AllBlocksCleared, KvEvent
 
@@ -44,8 +43,19 @@ class OnboardResult:
 
 @dataclass(frozen=True, slots=True)
 class _Job:
+    """A G1 → G2 copy: the block's KV as the engine handed it over."""
+
     block_hash: int
-    data: Any
+    data: BlockData
+    meta: BlockMeta
+
+
+@dataclass(frozen=True, slots=True)
+class _DiskJob:
+    """A G2 → G3 copy: the block's bytes as the host tier holds them."""
+
+    block_hash: int
+    data: memoryview | bytes
     meta: BlockMeta
 
 
@@ -108,13 +118,13 @@ class BlockManager:
             on_tick=self._maybe_log_summary,
             tick_s=tick_s,
         )
-        self._disk_lane: Lane[_Job] | None = None
+        self._disk_lane: Lane[_DiskJob] | None = None
         if disk is not None:
             self._disk_lane = Lane("disk", maxsize=config.disk_queue_size, handle=self._store_disk)
 
     # -- caller side -------------------------------------------------------------------------
 
-    def offload(self, block_hash: int, data: Any, meta: BlockMeta) -> bool:
+    def offload(self, block_hash: int, data: BlockData, meta: BlockMeta) -> bool:
         """Queue a G1 → G2 copy of a block; False when skipped (queue full, counted as
         `offload_queue_full`). Never blocks on the copy. `data` (bytes-like, numpy array,
         torch tensor or list of per-layer tensors) must not change until the copy is done:
@@ -262,11 +272,11 @@ class BlockManager:
         if lane is None or block_hash in self._disk_queued:
             return
         self._disk_queued.add(block_hash)
-        if not lane.submit(_Job(block_hash, data, meta)):
+        if not lane.submit(_DiskJob(block_hash, data, meta)):
             self._disk_queued.discard(block_hash)
             self.metrics.record_drop("disk_queue_full")
 
-    def _store_disk(self, job: _Job) -> None:
+    def _store_disk(self, job: _DiskJob) -> None:
         assert self._disk is not None
         start = time.perf_counter()
         try:

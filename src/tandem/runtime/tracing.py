@@ -24,13 +24,22 @@ import logging
 import re
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+if TYPE_CHECKING:  # the tracing extra; imported at run time only once configured
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import Span, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import SpanKind, Tracer
 
 logger = logging.getLogger(__name__)
 
-_tracer: Any = None  # an opentelemetry Tracer once configured; None = tracing off
-_provider: Any = None
-_current: ContextVar[Any] = ContextVar("tandem_span", default=None)
+# a span's parent: a span of this process, or a remote caller's W3C `traceparent`
+Parent: TypeAlias = "Span | str"
+
+_tracer: Tracer | None = None  # set once configured; None = tracing off
+_provider: TracerProvider | None = None
+_current: ContextVar[Parent | None] = ContextVar("tandem_span", default=None)
 _NOOP = contextlib.nullcontext(None)
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
@@ -54,7 +63,7 @@ def missing_extra() -> str | None:
     return None
 
 
-def configure(endpoint: str, service_name: str, *, exporter: Any = None) -> None:
+def configure(endpoint: str, service_name: str, *, exporter: SpanExporter | None = None) -> None:
     """Export spans of this process by OTLP http/protobuf to `endpoint` (a base URL;
     `/v1/traces` is appended unless given) under `service_name`. `exporter` replaces the
     OTLP exporter (tests). Idempotent per process: a second call replaces the first."""
@@ -91,7 +100,7 @@ def is_enabled() -> bool:
     return _tracer is not None
 
 
-def current() -> Any:
+def current() -> Parent | None:
     """The current span (None when tracing is off or outside a request)."""
     return _current.get() if _tracer is not None else None
 
@@ -99,11 +108,11 @@ def current() -> Any:
 def start(
     name: str,
     *,
-    parent: Any = None,
+    parent: Parent | None = None,
     kind: str = INTERNAL,
     start_time_ns: int | None = None,
     **attributes: Any,
-) -> Any:
+) -> Span | None:
     """A started span (None when tracing is off), child of `parent` (a span or a traceparent
     string) or else of the current span; a root when neither. End it with `end`."""
     tracer = _tracer
@@ -120,16 +129,17 @@ def start(
         ctx = trace.set_span_in_context(parent, Context())
     else:
         ctx = Context()
-    return tracer.start_span(
+    span = tracer.start_span(
         name,
         context=ctx,
         kind=_kind(kind),
         attributes={k: v for k, v in attributes.items() if v is not None},
         start_time=start_time_ns,
     )
+    return cast("Span", span)  # the SDK's TracerProvider (configure) makes SDK spans
 
 
-def end(span: Any, error: BaseException | str | None = None, **attributes: Any) -> None:
+def end(span: Span | None, error: BaseException | str | None = None, **attributes: Any) -> None:
     """Set `attributes`, mark an error, and end `span` (a no-op for None)."""
     if span is None:
         return
@@ -154,7 +164,9 @@ def since_current(name: str, **attributes: Any) -> None:
 
 
 @contextlib.contextmanager
-def _span(name: str, parent: Any, kind: str, attributes: dict[str, Any]) -> Iterator[Any]:
+def _span(
+    name: str, parent: Parent | None, kind: str, attributes: dict[str, Any]
+) -> Iterator[Span | None]:
     span = start(name, parent=parent, kind=kind, **attributes)
     token = _current.set(span)
     error: BaseException | None = None
@@ -169,8 +181,8 @@ def _span(name: str, parent: Any, kind: str, attributes: dict[str, Any]) -> Iter
 
 
 def span(
-    name: str, *, parent: Any = None, kind: str = INTERNAL, **attributes: Any
-) -> contextlib.AbstractContextManager[Any]:
+    name: str, *, parent: Parent | None = None, kind: str = INTERNAL, **attributes: Any
+) -> contextlib.AbstractContextManager[Span | None]:
     """A span around a block, current inside it (a shared no-op when tracing is off)."""
     if _tracer is None:
         return _NOOP
@@ -178,7 +190,7 @@ def span(
 
 
 @contextlib.contextmanager
-def _use(span: Any) -> Iterator[Any]:
+def _use(span: Parent) -> Iterator[Parent]:
     token = _current.set(span)
     try:
         yield span
@@ -186,7 +198,7 @@ def _use(span: Any) -> Iterator[Any]:
         _current.reset(token)
 
 
-def use(span: Any) -> contextlib.AbstractContextManager[Any]:
+def use(span: Parent | None) -> contextlib.AbstractContextManager[Parent | None]:
     """`span` is the current span inside the block: a span, or a remote parent's
     `traceparent` string (a service handler's caller). No-op for None or tracing off."""
     if span is None or _tracer is None:
@@ -209,7 +221,7 @@ def is_traceparent(value: object) -> bool:
     return isinstance(value, str) and _TRACEPARENT.match(value) is not None
 
 
-def _context_from_traceparent(value: str) -> Any:
+def _context_from_traceparent(value: str) -> Context:
     """A context whose span is the remote parent `value` names; an empty one (a new root)
     when `value` is malformed (an untrusted header must not break the request)."""
     from opentelemetry import trace
@@ -227,7 +239,7 @@ def _context_from_traceparent(value: str) -> Any:
     return trace.set_span_in_context(trace.NonRecordingSpan(parent), Context())
 
 
-def _kind(kind: str) -> Any:
+def _kind(kind: str) -> SpanKind:
     from opentelemetry.trace import SpanKind
 
     return {SERVER: SpanKind.SERVER, CLIENT: SpanKind.CLIENT}.get(kind, SpanKind.INTERNAL)

@@ -141,7 +141,7 @@ async def _chat_effects(client: Client, caplog: pytest.LogCaptureFixture) -> set
     await _chat(client, **key)
     cached = (await _chat(client, **key)).usage.prompt_tokens_details.cached_tokens
     assert cached > 0  # prompt_cache_key: the prompt's blocks are reused
-    with caplog.at_level(logging.DEBUG, logger="tandem.frontend.app"):
+    with caplog.at_level(logging.DEBUG, logger="tandem.frontend.api.chat"):
         await _chat(client, user="alice-1", safety_identifier="hash-42")
     assert "user=alice-1" in caplog.text and "safety_identifier=hash-42" in caplog.text
     accepted = {"store": False, "service_tier": "auto", "modalities": ["text"]}
@@ -228,7 +228,7 @@ async def _completion_effects(client: Client, caplog: pytest.LogCaptureFixture) 
     echoed = await _text(client, echo=True)
     assert echoed.choices[0].text == PROMPT + greedy  # echo
     await _refused(_text(client, echo=True, logprobs=1), "echo")  # no prompt logprobs
-    with caplog.at_level(logging.DEBUG, logger="tandem.frontend.app"):
+    with caplog.at_level(logging.DEBUG, logger="tandem.frontend.api.chat"):
         await _text(client, user="bob-2")
     assert "user=bob-2" in caplog.text
     return {

@@ -13,14 +13,15 @@ from types import SimpleNamespace
 import pytest
 
 from tandem.errors import PeerGone
-from tandem.frontend.api.completion_format import FLUSH_FIRST_TOKEN_PROMPT_TOKENS as FLUSH_AT
+from tandem.frontend.api.chat import ChatOutput
 from tandem.frontend.api.completion_format import ResponseFormat
-from tandem.frontend.api.responses.endpoint import ResponsesEndpoint
+from tandem.frontend.api.responses.endpoint import ResponsesOutput
 from tandem.frontend.api.responses.events import ResponseBuilder
-from tandem.frontend.app import FrontendApp
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer
 from tandem.frontend.observability.request_stats import RequestStatsCollector
+from tandem.frontend.pipeline.generate import FLUSH_FIRST_TOKEN_PROMPT_TOKENS as FLUSH_AT
+from tandem.frontend.pipeline.generate import stream_events
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.watchdog import StallConfig
 from tandem.protocols.engine import (
@@ -171,7 +172,7 @@ def test_a_batch_of_chunks_counts_its_first_gap_and_zero_for_the_rest() -> None:
 
 
 class RecordingResponse:
-    """What `_stream` writes, and where the flushes fall among the writes."""
+    """What `stream_events` writes, and where the flushes fall among the writes."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -203,14 +204,14 @@ async def test_a_long_prompts_first_token_is_flushed_at_once(
             yield batch
         yield [(state, "c", None, "length", 3)]
 
-    prepared = SimpleNamespace(prompt_lens=[prompt_tokens])
-    req = SimpleNamespace(stream_options=None)
+    prepared = SimpleNamespace(prompt_lens=[prompt_tokens], tool_parser=None)
+    req = SimpleNamespace(stream_options=None, stream=True)
     fmt = ResponseFormat(chat=False)
     fmt.bind("cmpl-1", "m")
     response = RecordingResponse()
     timer = TokenTimer(FrontendMetrics(), "m")
-    stream = FrontendApp._stream
-    await stream(None, response, req, prepared, [state], events(), fmt, timer)
+    output = ChatOutput(req, prepared, [state], fmt)
+    await stream_events(response, prepared, events(), output, timer)
     expected = ["head", "write", *(["flush"] if flushed else []), "write", "write", "write", "end"]
     assert response.calls == expected
 
@@ -230,7 +231,7 @@ async def test_a_long_prompts_first_delta_is_flushed_at_once_in_responses(
     builder = ResponseBuilder(ResponsesRequest(model="m", input="hi"), "m", "resp_1")
     response = RecordingResponse()
     timer = TokenTimer(FrontendMetrics(), "m")
-    stream = ResponsesEndpoint._stream
-    await stream(None, response, prepared, state, events(), builder, timer, lambda b: None)
+    output = ResponsesOutput(prepared, state, builder, lambda b: None)
+    await stream_events(response, prepared, events(), output, timer)
     expected = ["head", "write", "write", *(["flush"] if flushed else []), "write", "write", "end"]
     assert response.calls == expected  # start events, the first batch's deltas, ..., end events

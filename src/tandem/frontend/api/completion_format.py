@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from tandem.frontend.pipeline.generate import cached_tokens
 from tandem.frontend.pipeline.postprocess import ChoiceState
 from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.frontend.pipeline.tool_parser import HermesToolParser
@@ -165,23 +166,6 @@ def completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
         "text_offset": offsets,
     }
-
-
-def cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
-    """Prompt tokens served from the prefix cache: each prompt's first choice reports them."""
-    n = len(states) // max(len(prepared.prompt_lens), 1)
-    return sum(states[p * n].num_cached_tokens or 0 for p in range(len(prepared.prompt_lens)))
-
-
-# a stream of a prompt this long writes its first token at once rather than after every
-# other callback of the loop iteration (its TTFT), as the request plane writes its REQUEST
-# (runtime/tcp/frame.FLUSH_NOW_BYTES); a short one's rides the iteration's coalesced write
-FLUSH_FIRST_TOKEN_PROMPT_TOKENS = 4096
-
-
-def flushes_first_token(prepared: Prepared) -> bool:
-    """Whether a stream of `prepared` sends its first token at once (a long prompt's)."""
-    return sum(prepared.prompt_lens) >= FLUSH_FIRST_TOKEN_PROMPT_TOKENS
 
 
 def usage(

@@ -23,22 +23,18 @@ import base64
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
 
-from tandem.errors import (
-    ContextLengthExceeded,
-    InvalidRequest,
-    NoWorkersAvailable,
-    Overloaded,
-    PeerGone,
-)
+from tandem.errors import ContextLengthExceeded, InvalidRequest, NoWorkersAvailable, PeerGone
 from tandem.frontend import errors as http_errors
 from tandem.frontend.http.message import ClientDisconnected
 from tandem.frontend.http.server import HttpRequest, HttpResponse
-from tandem.frontend.models import ServedModel
+from tandem.frontend.models import ModelRegistry, ServedModel
+from tandem.frontend.pipeline.generate import PIN_HEADER, GeneratePipeline, server_span
+from tandem.frontend.pipeline.request_tally import count_as
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.embedding import (
     EMBED_ENDPOINT,
@@ -54,25 +50,22 @@ from tandem.protocols.openai_embedding import (
     embedding_inputs,
     validate_embedding,
 )
-from tandem.runtime import tracing
 from tandem.runtime.base import RequestClient
 from tandem.runtime.log_format import request_scope
-
-if TYPE_CHECKING:
-    from tandem.frontend.app import FrontendApp
 
 logger = logging.getLogger(__name__)
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
 _json = msgspec.json.Encoder()
-PIN_HEADER = "x-worker-instance-id"
 
 
 class EmbeddingsEndpoint:
-    """The handler of `POST /v1/embeddings`; one per FrontendApp, safe for concurrent use."""
+    """The handler of `POST /v1/embeddings`; one per frontend, safe for concurrent use."""
 
-    def __init__(self, app: FrontendApp, client: RequestClient | None) -> None:
-        self._app = app
+    def __init__(
+        self, registry: ModelRegistry, pipeline: GeneratePipeline, client: RequestClient | None
+    ) -> None:
+        self.registry, self.pipeline = registry, pipeline
         self._client = client
 
     async def __call__(self, http: HttpRequest, response: HttpResponse) -> None:
@@ -82,17 +75,27 @@ class EmbeddingsEndpoint:
             raise http_errors.decode_error(exc, http.body) from exc
         validate_embedding(req)
         texts, params = embedding_inputs(req.input)
-        app = self._app
-        model = app.registry.get(req.model)
-        card = model.require_task("embed", "/v1/embeddings")
-        app.count_as(model.name, stream=False)
-        self._admit()
-        metrics = app.metrics
+        model = self.registry.get(req.model)
+        model.require_task("embed", "/v1/embeddings")
+        count_as(model.name, stream=False)
+        with self.pipeline.admission.slots(1):  # one engine call, however many inputs
+            await self._serve(http, response, req, texts, params, model)
+
+    async def _serve(
+        self,
+        http: HttpRequest,
+        response: HttpResponse,
+        req: EmbeddingRequest,
+        texts: list[str | list[int]],
+        params: list[str],
+        model: ServedModel,
+    ) -> None:
+        metrics = self.pipeline.metrics
         metrics.arrived(model.name)
         started, failed = time.perf_counter(), True
         request_id = f"embd-{uuid.uuid4().hex}"
         try:
-            with request_scope(request_id), _server_span(http, request_id, model.name):
+            with request_scope(request_id), server_span(http, request_id, model.name):
                 await model.ready()
                 card = model.require_task("embed", "/v1/embeddings")  # instances may change
                 dim = _dimensions(req, card, model.name)
@@ -110,29 +113,16 @@ class EmbeddingsEndpoint:
             metrics.disconnects.labels(model.name).inc()
             raise
         finally:
-            app.num_inflight -= 1
             # no first token: an embedding leaves the queued gauge when it is done
             seconds = time.perf_counter() - started
             metrics.left(model.name, seconds, had_first_token=False, failed=failed)
-
-    def _admit(self) -> None:
-        """One in-flight slot: the request is one engine call, however many inputs."""
-        app = self._app
-        limit = app._max_inflight
-        if app.num_inflight + 1 > limit:
-            raise Overloaded(
-                f"{app.num_inflight} engine requests in flight + 1 asked exceeds the limit "
-                f"{limit}; retry later",
-                retry_after_s=app._retry_after_s,
-            )
-        app.num_inflight += 1
 
     async def _embed(
         self, http: HttpRequest, model: ServedModel, inputs: list[list[int]], request_id: str
     ) -> EmbedResponse:
         if self._client is None:
             raise NoWorkersAvailable("this frontend has no request-plane client for embeddings")
-        deadline_s = time.time() + self._app._timeout_s
+        deadline_s = self.pipeline.deadline_s()
         pin = http.headers.get(PIN_HEADER)
         # the router sees one prompt of every input's tokens: its load is what it costs
         route_request = PreprocessedRequest(
@@ -190,16 +180,6 @@ class EmbeddingsEndpoint:
         if answer is None:
             raise PeerGone(f"embed stream from {address} ended without an answer")
         return decode_embed_response(answer)
-
-
-def _server_span(http: HttpRequest, request_id: str, model: str) -> Any:
-    return tracing.span(
-        f"POST {http.path}",
-        parent=http.headers.get("traceparent"),
-        kind=tracing.SERVER,
-        request_id=request_id,
-        model=model,
-    )
 
 
 async def _token_ids(model: ServedModel, text: str | list[int], param: str) -> list[int]:

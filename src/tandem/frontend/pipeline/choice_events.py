@@ -12,16 +12,16 @@ import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
-from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared
+from tandem.frontend.pipeline.streamer import Streamer
 from tandem.protocols.engine import PreprocessedRequest
 
 Events = AsyncGenerator[list[Event], None]
 
 
 def engine_events(
-    streamer: EngineStreamer, prepared: Prepared, states: list[ChoiceState], *, keep_text: bool
+    streamer: Streamer, prepared: Prepared, states: list[ChoiceState], *, keep_text: bool
 ) -> Events:
     """The events of `prepared`'s engine requests, `states[i]` processing `requests[i]`;
     `keep_text` keeps each choice's whole text (unary answers)."""
@@ -31,7 +31,7 @@ def engine_events(
 
 
 async def _choice_events(
-    streamer: EngineStreamer,
+    streamer: Streamer,
     prepared: Prepared,
     request: PreprocessedRequest,
     state: ChoiceState,
@@ -64,7 +64,7 @@ async def _choice_events(
 
 
 async def _merged_events(
-    streamer: EngineStreamer, prepared: Prepared, states: list[ChoiceState], keep_text: bool
+    streamer: Streamer, prepared: Prepared, states: list[ChoiceState], keep_text: bool
 ) -> Events:
     queue: asyncio.Queue[list[Event] | BaseException | None] = asyncio.Queue(maxsize=256)
 

@@ -7,8 +7,8 @@ POST, per request:
    under `previous_response_id` (400 `previous_response_not_found` when unknown or expired),
    then the `input` items (developer → system).
 3. Run them as a chat completion: the same admission, preprocess (chat template, context
-   check), routing, migration and detokenization as `/v1/chat/completions`
-   (`FrontendApp._preprocess` / `engine_events`), one choice.
+   check), routing, migration and detokenization as `/v1/chat/completions` (the generate
+   pipeline, `frontend.pipeline.generate`), one choice.
 4. Answer with a Response object (`events.ResponseBuilder`), or stream its events.
 5. With `store` (OpenAI's default: true) keep the object and the conversation in the
    frontend's `ResponseStore` (bounded; see `store.py`) for `previous_response_id`,
@@ -17,27 +17,23 @@ POST, per request:
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 import urllib.parse
-from collections.abc import Callable
-from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 
 from tandem.errors import InvalidRequest, ServingError
 from tandem.frontend import errors as http_errors
-from tandem.frontend.api.completion_format import flushes_first_token
 from tandem.frontend.api.responses.events import ResponseBuilder, new_response_id
 from tandem.frontend.api.responses.store import ResponseStore
-from tandem.frontend.http.message import ClientDisconnected
-from tandem.frontend.http.server import HttpRequest, HttpResponse
-from tandem.frontend.observability.metrics import TokenTimer
-from tandem.frontend.pipeline.choice_events import Events, engine_events
-from tandem.frontend.pipeline.postprocess import ChoiceState
+from tandem.frontend.http.message import HttpRequest, HttpResponse
+from tandem.frontend.models import ModelRegistry
+from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
+from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared
+from tandem.frontend.pipeline.request_tally import count_as
 from tandem.protocols.openai import ChatCompletionRequest, show_value
 from tandem.protocols.openai_responses import (
     ResponsesRequest,
@@ -49,24 +45,27 @@ from tandem.protocols.openai_responses import (
 from tandem.runtime import tracing
 from tandem.runtime.log_format import request_scope
 
-if TYPE_CHECKING:
-    from tandem.frontend.app import FrontendApp
-
+Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 PREFIX = "/v1/responses/"
 _decoder = msgspec.json.Decoder(ResponsesRequest)
 _json = msgspec.json.Encoder()
 
 
 class ResponsesEndpoint:
-    """The `/v1/responses` routes of one FrontendApp; safe for concurrent requests."""
+    """The `/v1/responses` routes of one frontend; safe for concurrent requests."""
 
-    def __init__(self, app: FrontendApp, store: ResponseStore | None = None) -> None:
-        self._app = app
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        pipeline: GeneratePipeline,
+        store: ResponseStore | None = None,
+    ) -> None:
+        self.registry, self.pipeline = registry, pipeline
         self.store = store or ResponseStore()
         # several frontend processes share the port (SO_REUSEPORT): each has its own store
         self.shared_port = False
 
-    def route(self, method: str, path: str) -> Any:
+    def route(self, method: str, path: str) -> Handler | None:
         """The handler of `GET`/`DELETE /v1/responses/{id}`, or None."""
         if not path.startswith(PREFIX) or "/" in path[len(PREFIX) :]:
             return None
@@ -107,10 +106,9 @@ class ResponsesEndpoint:
             user=req.user,
             response_format=response_format(req.text),  # structured outputs, as chat's
         )
-        app = self._app
-        model = app.registry.get(req.model)
+        model = self.registry.get(req.model)
         model.require_task("generate", "/v1/responses")
-        app.count_as(model.name, stream=req.stream)
+        count_as(model.name, stream=req.stream)
 
         def save(b: ResponseBuilder) -> None:
             """Store the finished response before the client can see it end, so a follow-up
@@ -119,18 +117,25 @@ class ResponsesEndpoint:
                 turn = {"role": "assistant", "content": b.text}
                 self.store.put(b.id, b.body(), [*messages, turn])
 
-        num_slots = app._admit(chat)
-        builder = ResponseBuilder(req, model.name, new_response_id())
-        try:
-            with request_scope(builder.id), _server_span(http, builder.id, model.name):
+        pipeline = self.pipeline
+        with pipeline.admission.slots(pipeline.admission.fan_out(chat)):
+            builder = ResponseBuilder(req, model.name, new_response_id())
+            with request_scope(builder.id), server_span(http, builder.id, model.name):
                 await model.ready()
                 with tracing.span("preprocess"):
                     prepared = await _as_input_errors(
-                        app._preprocess(http, chat, model, builder.id), len(system), len(history)
+                        pipeline.preprocess(http, chat, model, builder.id),
+                        len(system),
+                        len(history),
                     )
-                await self._run(response, req, prepared, builder, save)
-        finally:
-            app.num_inflight -= num_slots
+                state = ChoiceState(
+                    0,
+                    prepared.model.tokenizer,
+                    [],
+                    skip_special_tokens=prepared.skip_special_tokens,
+                )
+                output = ResponsesOutput(prepared, state, builder, save)
+                await pipeline.run(response, prepared, [state], output, stream=req.stream)
 
     def _history(self, req: ResponsesRequest) -> list[dict[str, Any]]:
         """The stored conversation `previous_response_id` names ([] without one)."""
@@ -155,102 +160,46 @@ class ResponsesEndpoint:
             raise err
         return list(entry.messages)
 
-    async def _run(
-        self,
-        response: HttpResponse,
-        req: ResponsesRequest,
-        prepared: Prepared,
-        b: ResponseBuilder,
-        save: Callable[[ResponseBuilder], None],
-    ) -> None:
-        """Answer the request (a failure after its stream started goes out as events);
-        `save(b)` runs once the response is complete, before its end is sent."""
-        app, name = self._app, prepared.model.name
-        metrics = app.metrics
-        metrics.arrived(name)
-        timer, failed = TokenTimer(metrics, name), True
-        state = ChoiceState(
-            0,
-            prepared.model.tokenizer,
-            [],
-            skip_special_tokens=prepared.skip_special_tokens,
-        )
-        try:
-            events = engine_events(app.streamer, prepared, [state], keep_text=True)
-            async with aclosing(events):
-                if req.stream:
-                    await self._stream(response, prepared, state, events, b, timer, save)
-                else:
-                    await self._collect(response, prepared, state, events, b, timer, save)
-            failed = False
-            num_in, num_cached = sum(prepared.prompt_lens), state.num_cached_tokens or 0
-            metrics.finished(name, num_in=num_in, num_out=state.num_tokens, num_cached=num_cached)
-        except _AlreadySent:
-            app.count_as(name, stream=True, failed=True)
-        except (asyncio.CancelledError, ClientDisconnected):
-            metrics.disconnects.labels(name).inc()
-            raise
-        finally:
-            seconds = time.perf_counter() - timer.started
-            metrics.left(name, seconds, had_first_token=timer.last > 0.0, failed=failed)
 
-    async def _collect(
+class ResponsesOutput:
+    """A Response object, or its events (`Output` of the generate pipeline); `save(b)` runs
+    once the response is complete, before its end is sent."""
+
+    __slots__ = ("_b", "_prepared", "_save", "_state")
+    keep_text = True
+
+    def __init__(
         self,
-        response: HttpResponse,
         prepared: Prepared,
         state: ChoiceState,
-        events: Events,
         b: ResponseBuilder,
-        timer: TokenTimer,
         save: Callable[[ResponseBuilder], None],
     ) -> None:
-        async for _ in events:
-            if timer.last == 0.0:
-                timer.token()  # unary: the first token only (no inter-token latency)
+        self._prepared, self._state, self._b, self._save = prepared, state, b, save
+
+    def head(self) -> bytes:
+        return self._b.start_events()
+
+    def chunks(self, batch: list[Event]) -> bytes:
+        b = self._b
+        return b"".join([b.delta_event(event[1]) for event in batch if event[1]])
+
+    def tail(self) -> bytes:
+        b = self._b
+        b.finish(self._state.finish_reason, _usage(self._prepared, self._state))
+        self._save(b)
+        return b.end_events()
+
+    def failed(self, exc: ServingError) -> bytes:
+        """OpenAI's error event, then response.failed."""
+        return self._b.error_events(exc.error_type, exc.message, exc.param)
+
+    def body(self) -> bytes:
+        b, state = self._b, self._state
         b.text = "".join(state.text_parts)
-        b.finish(state.finish_reason, _usage(prepared, state))
-        save(b)
-        await response.send(200, b.body())
-
-    async def _stream(
-        self,
-        response: HttpResponse,
-        prepared: Prepared,
-        state: ChoiceState,
-        events: Events,
-        b: ResponseBuilder,
-        timer: TokenTimer,
-        save: Callable[[ResponseBuilder], None],
-    ) -> None:
-        batch = await anext(events, None)  # errors before this point get a real status
-        await response.start_stream()
-        await response.write(b.start_events())
-        flush_first = flushes_first_token(prepared)
-        try:
-            while batch is not None:
-                timer.tokens(len(batch))
-                deltas = [b.delta_event(event[1]) for event in batch if event[1]]
-                if deltas:
-                    await response.write(b"".join(deltas))
-                    if flush_first:  # a long prompt's first token leaves now (TTFT)
-                        response.flush()
-                        flush_first = False
-                batch = await anext(events, None)
-        except ServingError as exc:  # mid-stream: OpenAI's error event, then response.failed
-            await response.write(b.error_events(exc.error_type, exc.message, exc.param))
-            await response.end_stream()
-            raise _AlreadySent(exc) from exc
-        b.finish(state.finish_reason, _usage(prepared, state))
-        save(b)
-        await response.write(b.end_events())
-        await response.end_stream()
-
-
-class _AlreadySent(ServingError):
-    """The error was written into the event stream; nothing more to send."""
-
-    def __init__(self, cause: ServingError) -> None:
-        super().__init__(cause.message, param=cause.param)
+        b.finish(state.finish_reason, _usage(self._prepared, state))
+        self._save(b)
+        return b.body()
 
 
 def _decode(body: bytes) -> ResponsesRequest:
@@ -265,12 +214,14 @@ def _decode(body: bytes) -> ResponsesRequest:
     return req
 
 
-async def _as_input_errors(preprocessing: Any, num_system: int, num_history: int) -> Prepared:
+async def _as_input_errors(
+    preprocessing: Awaitable[Prepared], num_system: int, num_history: int
+) -> Prepared:
     """Preprocessing names chat's fields; a client of /v1/responses sent `instructions`, the
     conversation of `previous_response_id`, `input`, `max_output_tokens` and `text.format`
     (chat's messages[k] is one of the first three, by position)."""
     try:
-        return await preprocessing  # type: ignore[no-any-return]
+        return await preprocessing
     except InvalidRequest as exc:
 
         def rename(text: str) -> str:
@@ -299,18 +250,6 @@ _CHAT_NAMES = (
     ("max_tokens", "max_output_tokens"),
     ("messages", "input"),
 )
-
-
-def _server_span(http: HttpRequest, request_id: str, model: str) -> Any:
-    """The request's root span, as `/v1/chat/completions` opens it (a child of the client's
-    `traceparent`)."""
-    return tracing.span(
-        f"{http.method} {http.path}",
-        parent=http.headers.get("traceparent"),
-        kind=tracing.SERVER,
-        request_id=request_id,
-        model=model,
-    )
 
 
 def _not_found(response_id: str) -> ServingError:

@@ -13,9 +13,11 @@ from typing import Any, TypeVar
 from tandem.runtime.log_format import LOG_FORMATS, make_formatter
 
 T = TypeVar("T")
+# an ArgumentParser or one of its argument groups (argparse's common base of the two)
+ArgumentContainer = argparse._ActionsContainer
 
 
-def add_log_format_arg(parser: Any) -> None:
+def add_log_format_arg(parser: ArgumentContainer) -> None:
     """`--log-format text|json` on a parser or argument group."""
     parser.add_argument(
         "--log-format",
@@ -26,7 +28,7 @@ def add_log_format_arg(parser: Any) -> None:
     )
 
 
-def add_tracing_args(parser: Any, service_name: str) -> None:
+def add_tracing_args(parser: ArgumentContainer, service_name: str) -> None:
     """`--otlp-endpoint` and `--otlp-service-name` (OpenTelemetry traces; off by default)."""
     parser.add_argument(
         "--otlp-endpoint",

@@ -8,11 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from typing import Any
 
 from tandem.planner.args import planner_config_from_args, worker_argv
 from tandem.planner.config import PlannerConfig
-from tandem.planner.connector.base import Connector, connector_class
+from tandem.planner.connector.base import Connector
 from tandem.planner.service import PlannerService
 from tandem.runtime.runtime import Runtime
 
@@ -20,18 +19,26 @@ logger = logging.getLogger(__name__)
 
 
 def build_connector(ns: argparse.Namespace, config: PlannerConfig, runtime: Runtime) -> Connector:
-    cls: Any = connector_class(ns.connector)
-    extra: dict[str, Any] = {}
-    if getattr(ns, "worker_guard_run_dir", None) is not None:  # tandem serve --planner
-        extra["guard_run_dir"] = ns.worker_guard_run_dir
-    connector: Connector = cls(
-        runtime.config,
-        worker_argv(config, ns.worker_args),
-        drain_grace_s=ns.worker_drain_grace_s,
-        log_dir=ns.worker_log_dir,
-        **extra,
-    )
-    return connector
+    """The `--connector` named; its workers are `tandem worker` processes with `--worker-args`.
+    Raises ValueError for another name (`inprocess` is built by tests, with engines)."""
+    argv = worker_argv(config, ns.worker_args)
+    if ns.connector == "local":
+        from tandem.planner.connector.local import LocalConnector
+
+        return LocalConnector(
+            runtime.config,
+            argv,
+            drain_grace_s=ns.worker_drain_grace_s,
+            log_dir=ns.worker_log_dir,
+            guard_run_dir=getattr(ns, "worker_guard_run_dir", None),  # tandem serve --planner
+        )
+    if ns.connector == "ray":
+        from tandem.planner.connector.ray import RayConnector
+
+        return RayConnector(
+            runtime.config, argv, drain_grace_s=ns.worker_drain_grace_s, log_dir=ns.worker_log_dir
+        )
+    raise ValueError(f"unknown connector '{ns.connector}'; expected one of: local, ray")
 
 
 async def run_planner(

@@ -7,8 +7,7 @@ Deployment's scale subresource behind the same four calls.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Protocol
+from typing import Protocol
 
 from tandem.errors import ServingError
 
@@ -43,22 +42,8 @@ class Connector(Protocol):
         ...
 
 
-_CONNECTORS = {
-    "inprocess": ("tandem.planner.connector.inprocess", "InProcessConnector"),
-    "local": ("tandem.planner.connector.local", "LocalConnector"),
-    "ray": ("tandem.planner.connector.ray", "RayConnector"),
-}
+CONNECTOR_NAMES = ("inprocess", "local", "ray")  # modules of tandem.planner.connector
 
 
 def connector_names() -> list[str]:
-    return sorted(_CONNECTORS)
-
-
-def connector_class(name: str) -> Any:
-    try:
-        module, cls = _CONNECTORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown connector '{name}'; expected one of: {', '.join(connector_names())}"
-        ) from None
-    return getattr(importlib.import_module(module), cls)
+    return sorted(CONNECTOR_NAMES)

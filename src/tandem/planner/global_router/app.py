@@ -39,6 +39,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from tandem.errors import InvalidRequest, ServingError
@@ -158,7 +159,7 @@ class GlobalRouterApp:
         return app
 
     @web.middleware
-    async def _check_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _check_key(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             self._auth.check(request)  # type: ignore[arg-type]  # path, method, headers.get
         except ServingError as exc:
@@ -166,7 +167,7 @@ class GlobalRouterApp:
             if exc.status_code == 401:
                 response.headers["www-authenticate"] = 'Bearer realm="tandem"'
             return response
-        return await handler(request)  # type: ignore[no-any-return]
+        return await handler(request)
 
     async def _open(self, _app: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)

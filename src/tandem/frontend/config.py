@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tandem.config_check import check_range
 from tandem.disagg.config import DisaggRouteConfig
 from tandem.frontend.api.responses.store import ResponseStoreConfig
-from tandem.frontend.http.config import HttpConfig, check_at_least
+from tandem.frontend.http.config import HttpConfig
 from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.config import ImageConfig
 from tandem.router.config import RouterConfig
@@ -58,13 +59,13 @@ class FrontendConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} out of range; expected [0, 65535]")
-        check_at_least("migration_limit", self.migration_limit, 0, ">= 0")
-        check_at_least("max_inflight_requests", self.max_inflight_requests, 1, ">= 1")
-        check_at_least("max_fanout", self.max_fanout, 1, ">= 1")
-        check_at_least("request_timeout_s", self.request_timeout_s, 0.001, "> 0")
-        check_at_least("retry_after_s", self.retry_after_s, 0.0, ">= 0")
-        check_at_least("health_stale_s", self.health_stale_s, 0.1, ">= 0.1")
+        check_range("migration_limit", self.migration_limit, low=0)
+        check_range("max_inflight_requests", self.max_inflight_requests, low=1)
+        check_range("max_fanout", self.max_fanout, low=1)
+        check_range("request_timeout_s", self.request_timeout_s, low=0.001)
+        check_range("retry_after_s", self.retry_after_s, low=0)
+        check_range("health_stale_s", self.health_stale_s, low=0.1)
         for name, keys in (("api_keys", self.api_keys), ("admin_api_keys", self.admin_api_keys)):
             if any(not key or key != key.strip() for key in keys):
                 raise ValueError(f"{name} holds an empty key or one with spaces around it")
-        check_at_least("request_stats_interval_s", self.request_stats_interval_s, 0.0, ">= 0")
+        check_range("request_stats_interval_s", self.request_stats_interval_s, low=0)

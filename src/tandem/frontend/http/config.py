@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-def check_at_least(name: str, value: float, low: float, allowed: str) -> None:
-    """Raise ValueError naming `name` when `value` is below `low` (`allowed` says the range)."""
-    if value < low:
-        raise ValueError(f"{name}={value} out of range; expected {allowed}")
+from tandem.config_check import check_range
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,11 +30,11 @@ class HttpConfig:
     reuse_port: bool = False
 
     def __post_init__(self) -> None:
-        check_at_least("max_body_bytes", self.max_body_bytes, 1024, ">= 1024")
-        check_at_least("max_header_bytes", self.max_header_bytes, 1024, ">= 1024")
-        check_at_least("max_header_count", self.max_header_count, 8, ">= 8")
-        check_at_least("header_timeout_s", self.header_timeout_s, 0.01, ">= 0.01")
-        check_at_least("body_timeout_s", self.body_timeout_s, 0.01, ">= 0.01")
-        check_at_least("idle_timeout_s", self.idle_timeout_s, 0.01, ">= 0.01")
-        check_at_least("max_connections", self.max_connections, 1, ">= 1")
-        check_at_least("drain_grace_s", self.drain_grace_s, 0.0, ">= 0")
+        check_range("max_body_bytes", self.max_body_bytes, low=1024)
+        check_range("max_header_bytes", self.max_header_bytes, low=1024)
+        check_range("max_header_count", self.max_header_count, low=8)
+        check_range("header_timeout_s", self.header_timeout_s, low=0.01)
+        check_range("body_timeout_s", self.body_timeout_s, low=0.01)
+        check_range("idle_timeout_s", self.idle_timeout_s, low=0.01)
+        check_range("max_connections", self.max_connections, low=1)
+        check_range("drain_grace_s", self.drain_grace_s, low=0)

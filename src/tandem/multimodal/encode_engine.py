@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from tandem.config_check import check_range
 from tandem.engines.base import EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.output_stream import DirectSink
@@ -68,19 +69,12 @@ class EncodeWorkerConfig:
     sim: SimEncoderConfig = field(default_factory=SimEncoderConfig)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_batch_images <= 1024:
-            raise ValueError(f"max_batch_images={self.max_batch_images} must be in [1, 1024]")
-        if not 0 <= self.batch_wait_ms <= 10_000:
-            raise ValueError(f"batch_wait_ms={self.batch_wait_ms} must be in [0, 10000]")
-        if not 1 <= self.num_threads <= 1024:
-            raise ValueError(f"num_threads={self.num_threads} must be in [1, 1024]")
-        if self.max_queued_images < 1 or self.num_slots < 1:
-            raise ValueError(
-                f"max_queued_images={self.max_queued_images} and num_slots={self.num_slots} "
-                "must be >= 1"
-            )
-        if not 0 < self.embedding_ttl_s <= 3600:
-            raise ValueError(f"embedding_ttl_s={self.embedding_ttl_s} must be in (0, 3600]")
+        check_range("max_batch_images", self.max_batch_images, low=1, high=1024)
+        check_range("batch_wait_ms", self.batch_wait_ms, low=0, high=10_000)
+        check_range("num_threads", self.num_threads, low=1, high=1024)
+        check_range("max_queued_images", self.max_queued_images, low=1)
+        check_range("num_slots", self.num_slots, low=1)
+        check_range("embedding_ttl_s", self.embedding_ttl_s, low=0, high=3600, low_open=True)
 
 
 @dataclass(slots=True)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tandem.config_check import check_range
+
 if TYPE_CHECKING:
     from tandem.multimodal.image import DecodedImage
 
@@ -28,16 +30,11 @@ class SimEncoderConfig:
     speedup_ratio: float = 1.0  # 0: never sleep
 
     def __post_init__(self) -> None:
-        if self.num_tokens_per_image < 1 or self.hidden_size < 1:
-            raise ValueError(
-                f"num_tokens_per_image={self.num_tokens_per_image} and "
-                f"hidden_size={self.hidden_size} must be >= 1"
-            )
-        if self.base_ms < 0 or self.ms_per_image < 0 or self.speedup_ratio < 0:
-            raise ValueError(
-                f"base_ms={self.base_ms}, ms_per_image={self.ms_per_image}, "
-                f"speedup_ratio={self.speedup_ratio} must be >= 0"
-            )
+        check_range("num_tokens_per_image", self.num_tokens_per_image, low=1)
+        check_range("hidden_size", self.hidden_size, low=1)
+        check_range("base_ms", self.base_ms, low=0)
+        check_range("ms_per_image", self.ms_per_image, low=0)
+        check_range("speedup_ratio", self.speedup_ratio, low=0)
 
     def batch_seconds(self, num_images: int) -> float:
         if self.speedup_ratio == 0 or num_images == 0:

@@ -18,6 +18,7 @@ from importlib import resources
 
 import torch
 
+from tandem.config_check import check_range
 from tandem.multimodal.encoder.mobilenet import FEATURE_CHANNELS, NUM_CLASSES
 
 GRID_TOKENS = 49  # 7×7 positions of the last feature map at 224×224
@@ -56,10 +57,9 @@ class BridgeConfig:
     top_k: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0.05 <= self.temperature <= 10.0:
-            raise ValueError(f"temperature={self.temperature} must be in [0.05, 10]")
-        if self.top_k is not None and not 1 <= self.top_k <= NUM_CLASSES:
-            raise ValueError(f"top_k={self.top_k} must be in [1, {NUM_CLASSES}]")
+        check_range("temperature", self.temperature, low=0.05, high=10)
+        if self.top_k is not None:
+            check_range("top_k", self.top_k, low=1, high=NUM_CLASSES)
 
     @property
     def effective_top_k(self) -> int | None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tandem.config_check import check_range
 from tandem.multimodal.encoder.bridge import (
     BridgeConfig,
     ClassifierBridge,
@@ -44,8 +45,7 @@ class EncoderConfig:
     max_batch_images: int = 16
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_batch_images <= 1024:
-            raise ValueError(f"max_batch_images={self.max_batch_images} must be in [1, 1024]")
+        check_range("max_batch_images", self.max_batch_images, low=1, high=1024)
 
 
 class ClassifierBridgeEncoder:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tandem.config_check import check_range
 from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 
 
@@ -47,12 +48,9 @@ class TransferAgentConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port={self.port} outside [0, 65535]")
-        for name in ("default_ttl_s", "io_timeout_s"):
-            value = getattr(self, name)
-            if not 0 < value <= 86400:
-                raise ValueError(f"{name}={value} outside (0, 86400]")
-        if self.max_ops < 1:
-            raise ValueError(f"max_ops={self.max_ops} must be >= 1")
+        check_range("default_ttl_s", self.default_ttl_s, low=0, high=86400, low_open=True)
+        check_range("io_timeout_s", self.io_timeout_s, low=0, high=86400, low_open=True)
+        check_range("max_ops", self.max_ops, low=1)
 
 
 def backends_from_spec(spec: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

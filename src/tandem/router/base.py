@@ -27,7 +27,39 @@ class RouteDecision:
     block_size: int = 0
 
 
+class RouteHistory(Protocol):
+    """What a router remembers of its recent choices (`/dashboard`); `DecisionLog` is one."""
+
+    @property
+    def num_decisions(self) -> int: ...
+
+    def num_routed(self, worker_id: str) -> int: ...
+
+    def blocks(self) -> tuple[int, int]:
+        """(prefix blocks found cached, prompt blocks) routed to every worker."""
+        ...
+
+    def hit_rate(self, worker_id: str | None = None) -> float | None:
+        """Cached / prompt blocks routed (to `worker_id`, or to all); None before any."""
+        ...
+
+    def snapshot(self, limit: int) -> list[dict[str, Any]]:
+        """The last `limit` decisions, newest first, as JSON-ready dicts."""
+        ...
+
+
 class Router(Protocol):
+    @property
+    def policy(self) -> str:
+        """The routing policy's name (`round_robin`, `kv`, ..., `remote`)."""
+        ...
+
+    @property
+    def decisions(self) -> RouteHistory:
+        """The recent choices; empty for a router whose choices are made elsewhere
+        (`remote`: the router service's own)."""
+        ...
+
     @property
     def config(self) -> RouterConfig: ...
 
@@ -64,6 +96,10 @@ class Router(Protocol):
 
     def explain(self, request: PreprocessedRequest) -> dict[str, Any]:
         """Every candidate's inputs to the choice and the choice, without routing."""
+        ...
+
+    async def explain_choice(self, request: PreprocessedRequest) -> dict[str, Any]:
+        """`explain` from where the choice is made (`remote`: the router service's)."""
         ...
 
     def worker_loads(self) -> dict[str, dict[str, float]]:

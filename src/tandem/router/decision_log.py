@@ -63,6 +63,16 @@ class DecisionLog:
     def forget(self, worker_id: str) -> None:
         self.totals.pop(worker_id, None)
 
+    def num_routed(self, worker_id: str) -> int:
+        """Requests routed to `worker_id` (since it was last forgotten)."""
+        totals = self.totals.get(worker_id)
+        return totals.num_routed if totals is not None else 0
+
+    def blocks(self) -> tuple[int, int]:
+        """(prefix blocks found cached, prompt blocks) routed to every worker."""
+        totals = self.totals.values()
+        return sum(t.num_overlap_blocks for t in totals), sum(t.num_request_blocks for t in totals)
+
     def hit_rate(self, worker_id: str | None = None) -> float | None:
         """Prefix blocks the router found cached / prompt blocks routed (to `worker_id`, or
         to all); None before any block was routed."""

@@ -278,6 +278,10 @@ class PolicyRouter:
         rows = [{"worker_id": c.instance_id, **self._load_row(c.instance_id)} for c in cands]
         return {"policy": self.policy, "candidates": rows, "choice": None}
 
+    async def explain_choice(self, request: PreprocessedRequest) -> dict[str, Any]:
+        """`explain`: this router makes the choice itself."""
+        return self.explain(request)
+
     def _load_row(self, worker_id: str) -> dict[str, float]:
         row: dict[str, float] = {"inflight": float(self.inflight(worker_id))}
         load = self.loads.get(worker_id)

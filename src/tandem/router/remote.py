@@ -20,6 +20,7 @@ from tandem.errors import NoWorkersAvailable, PeerGone
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
+from tandem.router.decision_log import DecisionLog
 from tandem.router.messages import (
     ROUTER_COMPONENT,
     RouteRequest,
@@ -60,6 +61,7 @@ class RemoteRouter:
         self._routed: dict[str, str] = {}  # request_id -> address of the service that routed it
         self._notices: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue(MAX_PENDING_NOTICES)
         self._sender: asyncio.Task[None] | None = None
+        self.decisions = DecisionLog()  # stays empty: the service makes (and logs) the choices
 
     async def start(self) -> None:
         if self._sender is None:
@@ -165,7 +167,7 @@ class RemoteRouter:
             "explain_endpoint": f"{self._prefix}.explain",
         }
 
-    async def explain_remote(self, request: PreprocessedRequest) -> dict[str, Any]:
+    async def explain_choice(self, request: PreprocessedRequest) -> dict[str, Any]:
         """The service's `explain` of `request` (first service that answers)."""
         import msgspec
 

@@ -91,7 +91,7 @@ class ChatEndpoints:
     async def route_explain(self, request: HttpRequest, response: HttpResponse) -> None:
         """`POST /v1/route/explain` with a chat (has `messages`) or completions body: the
         router's `explain` of its first engine request (a remote router's service answers
-        through `explain_remote`), routing nothing. 404 when the policy cannot explain."""
+        through `explain_choice`), routing nothing. 404 when the policy cannot explain."""
         try:
             is_chat = "messages" in msgspec.json.decode(request.body)
         except (*http_errors.BODY_ERRORS, TypeError):
@@ -101,15 +101,8 @@ class ChatEndpoints:
         await model.ready()
         request_id = f"explain-{uuid.uuid4().hex}"
         prepared = await self.pipeline.preprocess(request, req, model, request_id)
-        remote = getattr(model.router, "explain_remote", None)
-        explain = getattr(model.router, "explain", None)
         try:
-            if remote is not None:
-                result = await remote(prepared.requests[0])
-            elif explain is not None:
-                result = explain(prepared.requests[0])
-            else:
-                raise NotImplementedError
+            result = await model.router.explain_choice(prepared.requests[0])
         except NotImplementedError:
             err = InvalidRequest(f"the router of model '{model.name}' cannot explain its choice")
             err.status_code = 404

@@ -15,14 +15,19 @@ import logging
 import time
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tandem.frontend.http.server import HttpRequest, HttpResponse
+from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.health import HealthMonitor
 from tandem.protocols.discovery import Instance
+from tandem.router.base import Router
+from tandem.runtime.base import Discovery
+
+if TYPE_CHECKING:
+    from tandem.disagg.pool import PrefillPool
 
 logger = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -40,8 +45,8 @@ class Dashboard:
         num_inflight: Callable[[], int],
         max_inflight: int,
         health: HealthMonitor | None = None,
-        prefill_pool: Any | None = None,  # tandem.disagg.pool.PrefillPool
-        discovery: Any | None = None,
+        prefill_pool: PrefillPool | None = None,
+        discovery: Discovery | None = None,
         namespace: str = "tandem",
         encoder_component: str = "encoder",
     ) -> None:
@@ -98,11 +103,11 @@ class Dashboard:
             routers.append(_router_summary(model.router, role))
             decisions += _decisions(model.router, role)
         if self._prefill is not None and name in self._prefill.views:
-            router = self._prefill.started_router(name)
-            workers += self._workers(self._prefill.views[name].instances, router, "prefill")
-            if router is not None:
-                routers.append(_router_summary(router, "prefill"))
-                decisions += _decisions(router, "prefill")
+            prefill = self._prefill.started_router(name)
+            workers += self._workers(self._prefill.views[name].instances, prefill, "prefill")
+            if prefill is not None:
+                routers.append(_router_summary(prefill, "prefill"))
+                decisions += _decisions(prefill, "prefill")
         decisions.sort(key=lambda d: d["time_s"], reverse=True)
         router = {
             "policy": routers[0]["policy"] if routers else None,
@@ -115,16 +120,15 @@ class Dashboard:
                 "decisions": decisions[:NUM_DECISIONS]}  # fmt: skip
 
     def _workers(
-        self, instances: dict[str, Instance], router: Any | None, default_role: str
+        self, instances: dict[str, Instance], router: Router | None, default_role: str
     ) -> list[dict[str, Any]]:
         loads = router.worker_loads() if router is not None else {}
-        log = getattr(router, "decisions", None)
+        log = router.decisions if router is not None else None
         rows = []
         for worker_id, inst in sorted(instances.items()):
             load = loads.get(worker_id, {})
             total = load.get("total_blocks") or (inst.model.num_total_blocks if inst.model else 0)
             active = load.get("active_blocks")
-            totals = log.totals.get(worker_id) if log is not None else None
             rows.append({
                 "instance_id": worker_id,
                 "role": str(inst.metadata.get("disagg_mode") or default_role),
@@ -137,7 +141,7 @@ class Dashboard:
                 "total_blocks": int(total) if total else None,
                 "kv_usage": round(active / total, 4) if active is not None and total else None,
                 "cached_blocks": _int_or_none(load.get("cached_blocks")),
-                "routed": totals.num_routed if totals is not None else 0,
+                "routed": log.num_routed(worker_id) if log is not None else 0,
                 "hit_rate": _round(log.hit_rate(worker_id)) if log is not None else None,
             })  # fmt: skip
         return rows
@@ -169,23 +173,16 @@ class Dashboard:
         ]  # fmt: skip
 
 
-def _router_summary(router: Any, pool: str) -> dict[str, Any]:
-    log = getattr(router, "decisions", None)
+def _router_summary(router: Router, pool: str) -> dict[str, Any]:
+    log = router.decisions
     return {
         "pool": pool,
-        "policy": getattr(router, "policy", type(router).__name__),
-        "queued": int(getattr(router, "num_queued", 0)),
-        "num_decisions": log.num_decisions if log is not None else 0,
-        "hit_rate": _round(log.hit_rate()) if log is not None else None,
-        "_blocks": _blocks(log),
+        "policy": router.policy,
+        "queued": int(router.num_queued),
+        "num_decisions": log.num_decisions,
+        "hit_rate": _round(log.hit_rate()),
+        "_blocks": log.blocks(),
     }
-
-
-def _blocks(log: Any) -> tuple[int, int]:
-    if log is None:
-        return 0, 0
-    totals = log.totals.values()
-    return sum(t.num_overlap_blocks for t in totals), sum(t.num_request_blocks for t in totals)
 
 
 def _combined_hit_rate(routers: list[dict[str, Any]]) -> float | None:
@@ -195,11 +192,8 @@ def _combined_hit_rate(routers: list[dict[str, Any]]) -> float | None:
     return round(sum(o for o, _ in counts) / blocks, 4) if blocks else None
 
 
-def _decisions(router: Any, pool: str) -> list[dict[str, Any]]:
-    log = getattr(router, "decisions", None)
-    if log is None:
-        return []
-    return [{**d, "pool": pool} for d in log.snapshot(NUM_DECISIONS)]
+def _decisions(router: Router, pool: str) -> list[dict[str, Any]]:
+    return [{**d, "pool": pool} for d in router.decisions.snapshot(NUM_DECISIONS)]
 
 
 def _int_or_none(value: float | None) -> int | None:

@@ -24,6 +24,7 @@ import msgspec
 from tandem.bench.client import ConnectionPool, RequestResult
 from tandem.bench.cpu import CpuMeter
 from tandem.bench.workload import RequestSpec, poisson_send_times, tokens_to_text
+from tandem.config_check import check_range
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +55,15 @@ class LoadConfig:
             )
         if urlsplit(self.url).scheme != "http":
             raise ValueError(f"url={self.url!r} must be http://host:port (no TLS)")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"concurrency={self.concurrency} must be >= 1")
-        if self.request_rate is not None and self.request_rate <= 0:
-            raise ValueError(f"request_rate={self.request_rate} must be > 0")
-        if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError(f"num_requests={self.num_requests} must be >= 1")
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise ValueError(f"duration_s={self.duration_s} must be > 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
+        if self.concurrency is not None:
+            check_range("concurrency", self.concurrency, low=1)
+        if self.request_rate is not None:
+            check_range("request_rate", self.request_rate, low=0, low_open=True)
+        if self.num_requests is not None:
+            check_range("num_requests", self.num_requests, low=1)
+        if self.duration_s is not None:
+            check_range("duration_s", self.duration_s, low=0, low_open=True)
+        check_range("timeout_s", self.timeout_s, low=0, low_open=True)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from tandem.bench.workload import DEFAULT_VOCAB_SIZE, FIRST_PLAIN_TOKEN_ID, RequestSpec
+from tandem.config_check import check_range
 
 # Pad blocks get ids far from any trace's hash ids so they never collide with a real block.
 _PAD_SEED_BASE = 1 << 40
@@ -43,16 +44,13 @@ class TraceConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ValueError(f"block_size={self.block_size} must be >= 1")
-        if self.vocab_size <= FIRST_PLAIN_TOKEN_ID:
-            raise ValueError(f"vocab_size={self.vocab_size} must be > {FIRST_PLAIN_TOKEN_ID}")
-        if self.speedup <= 0:
-            raise ValueError(f"speedup={self.speedup} must be > 0")
-        if self.max_requests is not None and self.max_requests < 1:
-            raise ValueError(f"max_requests={self.max_requests} must be >= 1")
-        if self.max_input_length is not None and self.max_input_length < 1:
-            raise ValueError(f"max_input_length={self.max_input_length} must be >= 1")
+        check_range("block_size", self.block_size, low=1)
+        check_range("vocab_size", self.vocab_size, low=FIRST_PLAIN_TOKEN_ID, low_open=True)
+        check_range("speedup", self.speedup, low=0, low_open=True)
+        if self.max_requests is not None:
+            check_range("max_requests", self.max_requests, low=1)
+        if self.max_input_length is not None:
+            check_range("max_input_length", self.max_input_length, low=1)
 
 
 class BlockTokens:

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+from tandem.config_check import check_range
+
 # Low ids are special tokens in most vocabularies (SmolLM2: 0..16); prompts never use them.
 FIRST_PLAIN_TOKEN_ID = 32
 DEFAULT_VOCAB_SIZE = 49152
@@ -65,14 +67,13 @@ class SyntheticConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("isl", "osl", "prompts_per_group", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("num_groups", "prefix_len", "suffix_len"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        if self.vocab_size <= FIRST_PLAIN_TOKEN_ID:
-            raise ValueError(f"vocab_size={self.vocab_size} must be > {FIRST_PLAIN_TOKEN_ID}")
+        check_range("isl", self.isl, low=1)
+        check_range("osl", self.osl, low=1)
+        check_range("prompts_per_group", self.prompts_per_group, low=1)
+        check_range("num_groups", self.num_groups, low=0)
+        check_range("prefix_len", self.prefix_len, low=0)
+        check_range("suffix_len", self.suffix_len, low=0)
+        check_range("vocab_size", self.vocab_size, low=FIRST_PLAIN_TOKEN_ID, low_open=True)
         if self.num_groups and self.prefix_len + self.suffix_len < 1:
             raise ValueError("prefix_len + suffix_len must be >= 1 with num_groups > 0")
 

@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 import psutil
 
+from tandem.config_check import check_range
+
 logger = logging.getLogger(__name__)
 
 SLOPE_TARGET_MB_PER_MIN = 0.2
@@ -67,18 +69,14 @@ class SoakConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.duration_s <= 0 or self.sample_period_s <= 0:
-            raise ValueError(
-                f"duration_s={self.duration_s} and sample_period_s={self.sample_period_s} "
-                "must be > 0"
-            )
-        if not 0 <= self.warmup_share < 1:
-            raise ValueError(f"warmup_share={self.warmup_share} out of range; expected [0, 1)")
-        for name in ("cancel_share", "stream_share", "chat_share"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name}={getattr(self, name)} out of range; expected [0, 1]")
-        if self.concurrency < 1 or self.num_workers < 1:
-            raise ValueError("concurrency and num_workers must be >= 1")
+        check_range("duration_s", self.duration_s, low=0, low_open=True)
+        check_range("sample_period_s", self.sample_period_s, low=0, low_open=True)
+        check_range("warmup_share", self.warmup_share, low=0, high=1, high_open=True)
+        check_range("cancel_share", self.cancel_share, low=0, high=1)
+        check_range("stream_share", self.stream_share, low=0, high=1)
+        check_range("chat_share", self.chat_share, low=0, high=1)
+        check_range("concurrency", self.concurrency, low=1)
+        check_range("num_workers", self.num_workers, low=1)
 
 
 @dataclass(slots=True)

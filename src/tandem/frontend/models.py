@@ -7,7 +7,7 @@ import asyncio
 import gc
 import logging
 import time
-from typing import Any
+from pathlib import Path
 
 from tandem.errors import InvalidRequest, ModelNotFound
 from tandem.frontend.config import FrontendConfig
@@ -15,6 +15,8 @@ from tandem.protocols.discovery import ModelCard
 from tandem.router.base import Router
 from tandem.router.registry import make_router
 from tandem.router.source import InstancesByModel, StaticInstanceSet
+from tandem.runtime.base import EventBus, RequestClient
+from tandem.runtime.instances import InstanceSet
 from tandem.tokens.chat_template import ChatTemplate
 from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 
@@ -50,10 +52,10 @@ class ServedModel:
         self.eos_token_ids: list[int] = list(card.eos_token_ids)
         self._ready: asyncio.Task[None] | None = None
 
-    def start(self, cache_dir: Any) -> None:
+    def start(self, cache_dir: Path | None) -> None:
         self._ready = asyncio.create_task(self._prepare(cache_dir), name=f"model-{self.name}")
 
-    async def _prepare(self, cache_dir: Any) -> None:
+    async def _prepare(self, cache_dir: Path | None) -> None:
         await self.router.start()
         if self.card.tokenizer is None:
             return
@@ -124,7 +126,13 @@ class ModelRegistry:
     """Follows `instances` (an InstanceSet of `ns.backend.generate`); not thread-safe."""
 
     def __init__(
-        self, config: FrontendConfig, instance_set: Any, *, events: Any, client: Any, namespace: str
+        self,
+        config: FrontendConfig,
+        instance_set: InstanceSet,
+        *,
+        events: EventBus,
+        client: RequestClient,
+        namespace: str,
     ) -> None:
         self._config, self._set = config, instance_set
         self._events, self._client, self._namespace = events, client, namespace
@@ -144,7 +152,7 @@ class ModelRegistry:
             instances=view,
             events=self._events,
             client=self._client,
-            discovery=getattr(self._set, "discovery", None),  # `remote` finds its service
+            discovery=self._set.discovery,  # `remote` finds its service
             namespace=self._namespace,
         )
         model = ServedModel(card, router, view)
@@ -175,7 +183,7 @@ class ModelRegistry:
         """(model card, live instances) of every model, for the model metrics."""
         return [(m.card, len(m.instances.instances)) for m in self.models.values()]
 
-    def routers(self) -> list[tuple[str, Any]]:
+    def routers(self) -> list[tuple[str, Router]]:
         """(model name, router) of every model, for the router metrics."""
         return [(name, m.router) for name, m in self.models.items()]
 

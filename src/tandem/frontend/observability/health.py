@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -24,6 +24,8 @@ import msgspec
 from tandem.frontend.models import ModelRegistry
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.kv_events import decode_load
+from tandem.runtime.base import EventBus, Subscription
+from tandem.runtime.instances import InstanceSet
 from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -35,19 +37,19 @@ class HealthMonitor:
     """Follows worker liveness and the event loop's lag; `health()` and `live()` build the
     two reports. Call `start` once on the serving loop, `close` at shutdown; not thread-safe.
 
-    `workers`, `prefill` and `encoders` are InstanceSet-like (`instances`, `add_listener`,
-    `is_healthy`, `error`); `subjects` are the load-metrics subjects to follow on `events`."""
+    `workers`, `prefill` and `encoders` are the pools' instance sets; `subjects` are the
+    load-metrics subjects to follow on `events`."""
 
     def __init__(
         self,
         *,
         registry: ModelRegistry,
-        workers: Any,
-        prefill: Any | None,
-        events: Any | None,
+        workers: InstanceSet,
+        prefill: InstanceSet | None,
+        events: EventBus | None,
         subjects: list[str],
         stale_s: float,
-        encoders: Any | None = None,
+        encoders: InstanceSet | None = None,
         clock: Callable[[], float] = time.monotonic,
         namespace: str = "",
     ) -> None:
@@ -72,7 +74,7 @@ class HealthMonitor:
                 self._spawn(self._follow_loads(sub), f"health-{subject}")
         self._ticker = asyncio.create_task(self._tick(), name="health-loop-lag")
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=name))
 
     def _on_instance(self, event: InstanceEvent) -> None:
@@ -81,7 +83,7 @@ class HealthMonitor:
         else:
             self._last_seen.pop(event.instance.instance_id, None)
 
-    async def _follow_loads(self, sub: Any) -> None:
+    async def _follow_loads(self, sub: Subscription) -> None:
         try:
             async for _subject, payload in sub:
                 try:
@@ -154,10 +156,10 @@ class HealthMonitor:
         return healthy, body
 
     @staticmethod
-    def _source_status(source: Any, what: str, problems: list[str]) -> dict[str, Any]:
-        if getattr(source, "is_healthy", True):
+    def _source_status(source: InstanceSet, what: str, problems: list[str]) -> dict[str, Any]:
+        if source.is_healthy:
             return {"status": "ok"}
-        error = getattr(source, "error", None) or "watch stopped"
+        error = source.error or "watch stopped"
         problems.append(f"discovery of {what} is not followed: {error}")
         return {"status": "failed", "error": error}
 
@@ -223,7 +225,7 @@ class HealthMonitor:
         return False
 
 
-def _by_model(source: Any) -> dict[str, list[str]]:
+def _by_model(source: InstanceSet) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     inst: Instance
     for instance_id, inst in source.instances.items():

@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import Metric
 from tandem.frontend.observability.request_stats import RequestStatsCollector
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.scaling import RequestStats
+from tandem.router.base import Router
 from tandem.router.metrics import router_families, worker_component
 from tandem.runtime import tracing
 from tandem.runtime.metrics import LoopHistogram, LoopMetric, render
@@ -30,7 +31,7 @@ DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_BUCKETS = (1, 8, 32, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 
 
-RouterSource = Callable[[], Iterable[tuple[str, Any]]]  # (model name, router) pairs
+RouterSource = Callable[[], Iterable[tuple[str, Router]]]  # (model name, router) pairs
 
 
 class RoutedModels(Protocol):
@@ -38,7 +39,7 @@ class RoutedModels(Protocol):
 
     def worker_loads(self) -> dict[str, dict[str, dict[str, float]]]: ...
 
-    def routers(self) -> Iterable[tuple[str, Any]]: ...
+    def routers(self) -> Iterable[tuple[str, Router]]: ...
 
     def cards(self) -> Iterable[tuple[ModelCard, int]]: ...
 

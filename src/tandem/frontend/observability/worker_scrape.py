@@ -14,10 +14,10 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
 
 from tandem.errors import InvalidRequest
 from tandem.protocols.discovery import Instance
+from tandem.runtime.base import Discovery, RequestClient
 from tandem.runtime.metrics import merge
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,12 @@ class WorkerScraper:
     """Stateless between scrapes; safe for concurrent scrapes on one event loop."""
 
     def __init__(
-        self, discovery: Any, client: Any, namespace: str, *, timeout_s: float = 2.0
+        self,
+        discovery: Discovery,
+        client: RequestClient,
+        namespace: str,
+        *,
+        timeout_s: float = 2.0,
     ) -> None:
         self._discovery, self._client = discovery, client
         self._namespace, self._timeout_s = namespace, timeout_s

@@ -27,6 +27,7 @@ import psutil
 from tandem.bench.process_stack import free_port, wait_ready
 from tandem.bench.shared_dir import DYNAMO_ANCHOR_DIR
 from tandem.bench.tandem_stack import RunningStack
+from tandem.config_check import check_range
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +48,10 @@ class AnchorConfig:
     start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers={self.num_workers} must be >= 1")
-        if self.speedup <= 0:
-            raise ValueError(f"speedup={self.speedup} must be > 0 (0 is not infinite in 1.6.1)")
+        check_range("num_workers", self.num_workers, low=1)
+        check_range(
+            "speedup", self.speedup, low=0, low_open=True, note="(0 is not infinite in 1.6.1)"
+        )
 
 
 class DynamoAnchor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tandem.config_check import check_range
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig:
@@ -25,9 +27,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        check_range("num_layers", self.num_layers, low=1)
+        check_range("hidden_size", self.hidden_size, low=1)
+        check_range("intermediate_size", self.intermediate_size, low=1)
+        check_range("num_heads", self.num_heads, low=1)
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"

@@ -115,16 +115,20 @@ class KvbmMetrics:
         onboard are the same transfers split by direction, named as Dynamo's kvbm_* are."""
         p = prefix
         out: list[Metric] = []
-        for name, attr, doc in (
-            ("blocks_transferred", "num_blocks", "KV blocks copied between tiers"),
-            ("bytes_transferred", "num_bytes", "bytes copied between tiers"),
-            ("transfer_seconds", "seconds", "seconds spent copying between tiers"),
-        ):
+        transfers = self.transfers.items()
+        for name, doc, by_direction in (
+            ("blocks_transferred", "KV blocks copied between tiers",
+             [(d, stats.num_blocks) for d, stats in transfers]),
+            ("bytes_transferred", "bytes copied between tiers",
+             [(d, stats.num_bytes) for d, stats in transfers]),
+            ("transfer_seconds", "seconds spent copying between tiers",
+             [(d, stats.seconds) for d, stats in transfers]),
+        ):  # fmt: skip
             family = CounterMetricFamily(
                 f"{p}_{name}", f"{doc}, by direction", labels=["direction"]
             )
-            for d, stats in self.transfers.items():
-                family.add_metric([d], getattr(stats, attr))
+            for d, value in by_direction:
+                family.add_metric([d], value)
             out.append(family)
         for name, directions, doc in (
             ("offload_blocks", OFFLOAD, "KV blocks offloaded to a slower tier"),

@@ -85,7 +85,7 @@ class FrameError(Exception):
 
 
 def error_frame(stream_id: int, exc: errors.ServingError) -> tuple[Any, ...]:
-    retry = getattr(exc, "retry_after_s", None)
+    retry = exc.retry_after_s if isinstance(exc, errors.Overloaded) else None
     return (ERROR, stream_id, type(exc).__name__, exc.message, retry)
 
 

@@ -28,9 +28,9 @@ from tandem.protocols.engine import (
     encode,
     encode_request,
 )
-from tandem.router.base import Router
+from tandem.router.base import RouteDecision, Router
 from tandem.runtime import tracing
-from tandem.runtime.base import RequestClient
+from tandem.runtime.base import RequestClient, ResponsePayloads
 
 logger = logging.getLogger(__name__)
 
@@ -87,44 +87,18 @@ class EngineStreamer:
         the request is simply routed again, excluding that worker (bounded by the number of
         instances). A stalled stream (no progress within the StallConfig limits) counts as
         lost, and workers marked stalled are excluded until they answer again."""
-        generated: list[int] = []
-        excluded: set[str] = set()
-        current = request
-        attempt = 0
+        run = _Run(request)
         health = self.health
-        first_s, stall_s = (
-            (health.config.first_token_timeout_s, health.config.stall_timeout_s)
-            if health is not None
-            else (0.0, 0.0)
-        )
-        migration = None  # the span of the current migration attempt (tracing on)
+        first_s, stall_s = _stall_limits(health)
         try:
             while True:
-                suspects = health.excluded() if health is not None else frozenset()
-                with tracing.use(migration):  # its route and worker spans are its children
-                    asked = time.perf_counter()
-                    decision = await router.route(current, exclude=frozenset(excluded) | suspects)
-                    if self._on_routed is not None:
-                        self._on_routed(current.model, time.perf_counter() - asked)
-                    rid = current.request_id
-                    stream = self._client.stream(
-                        decision.address,
-                        self._path,
-                        encode_request(
-                            current,
-                            block_hashes=decision.block_hashes,
-                            hash_block_size=decision.block_size,
-                        ),
-                        request_id=rid,
-                        deadline_s=current.deadline_s,
-                    )
+                decision, stream = await self._dispatch(run, router)
+                rid, run.has_token = run.current.request_id, False
                 chunks = aiter(stream)
                 # a payload that has already arrived is taken without awaiting (TCP streams)
                 next_ready = getattr(stream, "next_ready", _nothing_ready)
-                started = has_token = False
-                watch = None
-                if health is not None:
-                    watch = health.stream_opened(decision.instance_id)
+                started = False
+                watch = health.stream_opened(decision.instance_id) if health is not None else None
                 try:
                     while True:
                         payload = next_ready()
@@ -144,64 +118,90 @@ class EngineStreamer:
                                 break
                         if health is not None:
                             health.output(decision.instance_id)
-                        batch = []
-                        while payload is not None:  # the payloads already here, in order
-                            out = decode_output(payload)
-                            batch.append(out)
-                            if not has_token and out.token_ids:
-                                has_token = True
-                                router.on_first_token(rid)
-                            generated.extend(out.token_ids)
-                            if out.finish_reason is not None:
-                                break
-                            payload = next_ready()
+                        batch = run.take_ready(payload, next_ready, router)
                         started = True
                         yield batch
-                        if out.finish_reason is not None:
+                        if batch[-1].finish_reason is not None:
                             return
                     raise PeerGone(f"stream from {decision.instance_id} ended without finishing")
                 except (PeerGone, NoWorkersAvailable) as exc:
-                    excluded.add(decision.instance_id)
-                    if isinstance(exc, StreamStalled) and health is not None:
-                        health.stalled(decision.instance_id, self._probe(decision.address, current))
-                    if not started:
-                        logger.info(
-                            "request_id=%s not taken by worker %s (%s); routing it again",
-                            request.request_id,
-                            decision.instance_id,
-                            exc,
-                        )
-                        current = _without_handoff(current)
-                        continue
-                    if attempt >= self._limit or not isinstance(exc, PeerGone):
-                        raise
-                    attempt += 1
-                    current = _continuation(request, generated, attempt)
-                    logger.warning(
-                        "request_id=%s lost worker %s (%s); migrating with %d tokens "
-                        "(attempt %d/%d)",
-                        request.request_id,
-                        decision.instance_id,
-                        exc,
-                        len(generated),
-                        attempt,
-                        self._limit,
-                    )
-                    if self._on_migrate is not None:
-                        self._on_migrate(request.model)
-                    if tracing.is_enabled():
-                        tracing.end(migration)
-                        migration = tracing.start(
-                            "migration", attempt=attempt, from_worker=decision.instance_id,
-                            num_tokens=len(generated), reason=str(exc),
-                        )  # fmt: skip
+                    self._after_loss(run, decision.instance_id, decision.address, exc, started)
                 finally:
                     router.on_finish(rid)
                     if health is not None and watch is not None:
                         health.stream_closed(watch)
-                    await _close(stream)
+                    await stream.aclose()
         finally:
-            tracing.end(migration)
+            tracing.end(run.span)
+
+    async def _dispatch(self, run: _Run, router: Router) -> tuple[RouteDecision, ResponsePayloads]:
+        """Route `run.current` (never to a worker it left or a suspect one) and open its
+        stream; inside the current migration's span."""
+        health = self.health
+        suspects = health.excluded() if health is not None else frozenset()
+        current = run.current
+        with tracing.use(run.span):  # its route and worker spans are its children
+            asked = time.perf_counter()
+            decision = await router.route(current, exclude=frozenset(run.excluded) | suspects)
+            if self._on_routed is not None:
+                self._on_routed(current.model, time.perf_counter() - asked)
+            payload = encode_request(
+                current, block_hashes=decision.block_hashes, hash_block_size=decision.block_size
+            )
+            stream = self._client.stream(
+                decision.address,
+                self._path,
+                payload,
+                request_id=current.request_id,
+                deadline_s=current.deadline_s,
+            )
+        return decision, stream
+
+    def _after_loss(
+        self,
+        run: _Run,
+        worker_id: str,
+        address: str,
+        exc: PeerGone | NoWorkersAvailable,
+        started: bool,
+    ) -> None:
+        """The stream from `worker_id` broke: route the request again (nothing reached the
+        caller: no migration spent), migrate it with the tokens generated so far, or raise
+        `exc` (migration limit spent, or not a lost worker)."""
+        run.excluded.add(worker_id)
+        if isinstance(exc, StreamStalled) and self.health is not None:
+            self.health.stalled(worker_id, self._probe(address, run.current))
+        request = run.request
+        if not started:
+            logger.info(
+                "request_id=%s not taken by worker %s (%s); routing it again",
+                request.request_id,
+                worker_id,
+                exc,
+            )
+            run.current = _without_handoff(run.current)
+            return
+        if run.attempt >= self._limit or not isinstance(exc, PeerGone):
+            raise exc
+        run.attempt += 1
+        run.current = _continuation(request, run.generated, run.attempt)
+        logger.warning(
+            "request_id=%s lost worker %s (%s); migrating with %d tokens (attempt %d/%d)",
+            request.request_id,
+            worker_id,
+            exc,
+            len(run.generated),
+            run.attempt,
+            self._limit,
+        )
+        if self._on_migrate is not None:
+            self._on_migrate(request.model)
+        if tracing.is_enabled():
+            tracing.end(run.span)
+            run.span = tracing.start(
+                "migration", attempt=run.attempt, from_worker=worker_id,
+                num_tokens=len(run.generated), reason=str(exc),
+            )  # fmt: skip
 
     def _probe(self, address: str, request: PreprocessedRequest) -> Callable[[], Any]:
         """A one-token request to the worker at `address`: returns once it streams."""
@@ -227,9 +227,50 @@ class EngineStreamer:
                     return
                 raise PeerGone(f"probe of {address} ended without output")
             finally:
-                await _close(stream)
+                await stream.aclose()
 
         return probe
+
+
+class _Run:
+    """One request's way through its dispatches: the request to send next, the tokens
+    generated so far, the workers it left, and the span of the current migration (tracing
+    on)."""
+
+    __slots__ = ("attempt", "current", "excluded", "generated", "has_token", "request", "span")
+
+    def __init__(self, request: PreprocessedRequest) -> None:
+        self.request = self.current = request
+        self.generated: list[int] = []
+        self.excluded: set[str] = set()
+        self.attempt = 0  # migrations so far
+        self.has_token = False  # of the current dispatch: the router heard of its first token
+        self.span: Any = None
+
+    def take_ready(
+        self, payload: bytes | None, next_ready: Callable[[], bytes | None], router: Router
+    ) -> list[EngineOutput]:
+        """`payload` and every payload already here after it, decoded in order, up to the
+        finished one; the router hears of the first token once per dispatch."""
+        batch = []
+        while payload is not None:
+            out = decode_output(payload)
+            batch.append(out)
+            if not self.has_token and out.token_ids:
+                self.has_token = True
+                router.on_first_token(self.current.request_id)
+            self.generated.extend(out.token_ids)
+            if out.finish_reason is not None:
+                break
+            payload = next_ready()
+        return batch
+
+
+def _stall_limits(health: WorkerHealth | None) -> tuple[float, float]:
+    """(first output, next output) timeouts of the watchdog; zeros without one."""
+    if health is None:
+        return 0.0, 0.0
+    return health.config.first_token_timeout_s, health.config.stall_timeout_s
 
 
 def _nothing_ready() -> bytes | None:
@@ -246,12 +287,6 @@ def _stalled(watch: StreamWatch, started: bool) -> StreamStalled | None:
     what = "next output" if started else "first output"
     limit = cfg.stall_timeout_s if started else cfg.first_token_timeout_s
     return StreamStalled(f"worker {watch.worker_id} made no progress: no {what} within {limit:g} s")
-
-
-async def _close(stream: object) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 def _continuation(

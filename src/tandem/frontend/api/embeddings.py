@@ -174,9 +174,7 @@ class EmbeddingsEndpoint:
         try:
             answer = await anext(aiter(stream), None)
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await stream.aclose()
         if answer is None:
             raise PeerGone(f"embed stream from {address} ended without an answer")
         return decode_embed_response(answer)

@@ -18,7 +18,7 @@ from tandem.engines.profile import EngineProfile
 from tandem.frontend.config import FrontendConfig
 from tandem.planner.config import PlannerConfig
 from tandem.planner.connector.inprocess import InProcessConnector
-from tandem.planner.service import PlannerService
+from tandem.planner.control_loop import PlannerService
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery
 from tandem.runtime.events.memory import MemoryEventBus

@@ -12,7 +12,7 @@ import logging
 from tandem.planner.args import planner_config_from_args, worker_argv
 from tandem.planner.config import PlannerConfig
 from tandem.planner.connector.base import Connector
-from tandem.planner.service import PlannerService
+from tandem.planner.control_loop import PlannerService
 from tandem.runtime.runtime import Runtime
 
 logger = logging.getLogger(__name__)

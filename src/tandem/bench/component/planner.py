@@ -55,7 +55,7 @@ from tandem.engines.profile import EngineProfile, load_profile
 from tandem.planner import throughput_mode
 from tandem.planner.config import PlannerConfig, PoolConfig
 from tandem.planner.connector.local import LocalConnector
-from tandem.planner.service import PlannerService
+from tandem.planner.control_loop import PlannerService
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.instances import InstanceSet
 from tandem.runtime.runtime import open_runtime
@@ -135,7 +135,7 @@ def _body(rng: random.Random, cfg: BenchConfig) -> bytes:
 
 async def live_run(name: str, cfg: BenchConfig, times: list[float]) -> RunResult:
     from tandem.frontend.config import FrontendConfig
-    from tandem.frontend.main import serve_frontend
+    from tandem.frontend.serve import serve_frontend
 
     run_dir = Path(tempfile.mkdtemp(prefix=f"tandem-bench-planner-{name}-"))
     rc = RuntimeConfig(namespace=f"bp{name.replace('-', '')}", discovery="file",

@@ -95,8 +95,7 @@ class EngineStreamer:
                 decision, stream = await self._dispatch(run, router)
                 rid, run.has_token = run.current.request_id, False
                 chunks = aiter(stream)
-                # a payload that has already arrived is taken without awaiting (TCP streams)
-                next_ready = getattr(stream, "next_ready", _nothing_ready)
+                next_ready = stream.next_ready  # a payload already here is taken without awaiting
                 started = False
                 watch = health.stream_opened(decision.instance_id) if health is not None else None
                 try:
@@ -271,10 +270,6 @@ def _stall_limits(health: WorkerHealth | None) -> tuple[float, float]:
     if health is None:
         return 0.0, 0.0
     return health.config.first_token_timeout_s, health.config.stall_timeout_s
-
-
-def _nothing_ready() -> bytes | None:
-    return None  # a stream without `next_ready`: every payload is awaited
 
 
 def _stalled(watch: StreamWatch, started: bool) -> StreamStalled | None:

@@ -121,6 +121,11 @@ class ResponsePayloads(Protocol):
 
     async def __anext__(self) -> bytes: ...
 
+    def next_ready(self) -> bytes | None:
+        """The next payload if it has already arrived, without awaiting (a reader that fell
+        behind catches up without one resume per payload); None otherwise."""
+        ...
+
     async def aclose(self) -> None:
         """End the stream early: the request is cancelled on the server (idempotent)."""
         ...

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from tests.support.instances import backend_instance
+from tests.support.payloads import AwaitedPayloads
 
 from tandem.cbuild import compiler
 from tandem.errors import InvalidRequest
@@ -262,9 +263,9 @@ class Capture:
     def __init__(self) -> None:
         self.payloads: list[bytes] = []
 
-    def stream(self, address: str, path: str, payload: bytes, **_: object) -> AsyncIterator[bytes]:
+    def stream(self, address: str, path: str, payload: bytes, **_: object) -> AwaitedPayloads:
         self.payloads.append(payload)
-        return self._answer()
+        return AwaitedPayloads(self._answer())
 
     async def _answer(self) -> AsyncIterator[bytes]:
         yield encode(EngineOutput(token_ids=[1], finish_reason="length"))

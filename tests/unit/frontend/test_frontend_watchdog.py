@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from tests.support.eventually import eventually
 from tests.support.instances import backend_instance
+from tests.support.payloads import AwaitedPayloads
 
 from tandem.errors import NoWorkersAvailable
 from tandem.frontend.migration import EngineStreamer
@@ -43,9 +44,9 @@ class FakeWorkers:
 
     def stream(
         self, address: str, path: str, payload: bytes, *, request_id: str, **_: object
-    ) -> AsyncIterator[bytes]:
+    ) -> AwaitedPayloads:
         self.requests.append((address, request_id))
-        return self._serve(address, decode_request(payload))
+        return AwaitedPayloads(self._serve(address, decode_request(payload)))
 
     def running(self, address: str) -> asyncio.Event:
         if address not in self._running:

@@ -26,7 +26,7 @@ from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.errors import NoWorkersAvailable, TransferError
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import disagg_streamer
+from tandem.frontend.disagg_wiring import disagg_streamer
 from tandem.frontend.migration import EngineStreamer
 from tandem.protocols.engine import (
     PreprocessedRequest,

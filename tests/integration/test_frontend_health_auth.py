@@ -19,7 +19,7 @@ from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import serve_frontend
+from tandem.frontend.serve import serve_frontend
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery
 from tandem.runtime.events.memory import MemoryEventBus

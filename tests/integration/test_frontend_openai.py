@@ -16,7 +16,7 @@ import pytest
 from tests.support.smollm2 import smollm2_gguf
 
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import serve_frontend
+from tandem.frontend.serve import serve_frontend
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import EngineOutput, TopLogprob, decode_request, encode
 from tandem.runtime.config import RuntimeConfig

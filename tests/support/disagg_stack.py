@@ -13,7 +13,7 @@ from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.base import Engine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import disagg_streamer
+from tandem.frontend.disagg_wiring import disagg_streamer
 from tandem.frontend.migration import EngineStreamer
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.router.config import RouterConfig

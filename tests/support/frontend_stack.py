@@ -16,7 +16,7 @@ import aiohttp
 from tandem.engines.base import Engine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import serve_frontend
+from tandem.frontend.serve import serve_frontend
 from tandem.protocols.discovery import ModelCard
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery

@@ -239,7 +239,7 @@ def _observability_argv(args: argparse.Namespace) -> list[str]:
 
 async def serve(args: argparse.Namespace, passthrough: list[str]) -> int:
     from tandem.frontend.args import frontend_config_from_args
-    from tandem.frontend.main import serve_frontend
+    from tandem.frontend.serve import serve_frontend
     from tandem.runtime.config import RuntimeConfig
     from tandem.runtime.lifecycle import install_signal_handlers
     from tandem.runtime.runtime import open_runtime
@@ -473,7 +473,7 @@ async def serve_with_planner(
     """The frontend plus an embedded planner whose local connector owns every worker."""
     import shlex
 
-    from tandem.frontend.main import serve_frontend
+    from tandem.frontend.serve import serve_frontend
     from tandem.planner.main import run_planner
     from tandem.runtime.runtime import open_runtime
 

@@ -28,7 +28,7 @@ from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.main import disagg_streamer
+from tandem.frontend.disagg_wiring import disagg_streamer
 from tandem.frontend.migration import EngineStreamer
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
 from tandem.router.base import Router

@@ -1,0 +1,256 @@
+"""The frontend, assembled and served: runtime → model registry (routers, tokenizers) →
+streamer → app → HTTP server.
+
+`serve_frontend` runs inside an existing event loop with a given Runtime: the `tandem
+frontend` process (`main.py`) and the all-in-one `tandem serve` call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tandem.errors import StartupError
+from tandem.frontend.api.responses.store import ResponseStore
+from tandem.frontend.app import FrontendApp
+from tandem.frontend.config import FrontendConfig
+from tandem.frontend.disagg_wiring import disagg_streamer
+from tandem.frontend.http.server import HttpServer
+from tandem.frontend.migration import EngineStreamer
+from tandem.frontend.models import ModelRegistry, freeze_long_lived
+from tandem.frontend.observability.dashboard import Dashboard
+from tandem.frontend.observability.health import HealthMonitor
+from tandem.frontend.observability.metrics import FrontendMetrics
+from tandem.frontend.observability.request_stats import (
+    RequestStatsCollector,
+    publish_request_stats,
+)
+from tandem.frontend.observability.worker_scrape import WorkerScraper
+from tandem.frontend.pipeline import prompt_ids
+from tandem.frontend.pipeline.streamer import Streamer
+from tandem.multimodal.loader import ImageLoader
+from tandem.multimodal.remote_provider import ENCODER_COMPONENT, ENCODER_ENDPOINT
+from tandem.runtime.instances import InstanceSet
+from tandem.runtime.runtime import Runtime
+from tandem.tokens import ascii_encoder
+
+if TYPE_CHECKING:
+    from tandem.disagg.pool import PrefillPool
+
+logger = logging.getLogger(__name__)
+
+
+async def serve_frontend(
+    config: FrontendConfig,
+    runtime: Runtime,
+    *,
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+    bound: list[tuple[str, int]] | None = None,
+) -> None:
+    """Serve the OpenAI API until `stop` is set (or the task is cancelled).
+
+    Sets `ready` once listening; appends the bound (host, port) to `bound` if given (port 0
+    picks a free port). On exit closes connections, routers and the instance watch."""
+    await asyncio.to_thread(prompt_ids.load_library)  # built before the first request
+    await asyncio.to_thread(ascii_encoder.load_c_split)  # likewise: chat prompts' split
+    frontend = _build(config, runtime)
+    await frontend.start()
+    stats_task = _publish_request_stats(config, runtime, frontend.collector)
+    try:
+        if config.http.reuse_port:  # a port shared with other frontends: join once able to serve
+            await _wait_for_a_model(frontend.registry, stop)
+        host, port = await _listen(frontend.server, config)
+        freeze_long_lived()
+        logger.info("frontend listening on http://%s:%d", host, port)
+        if bound is not None:
+            bound.append((host, port))
+        if ready is not None:
+            ready.set()
+        await (stop or asyncio.Event()).wait()
+    finally:
+        if stats_task is not None:
+            stats_task.cancel()
+            await asyncio.gather(stats_task, return_exceptions=True)
+        # drain: stop accepting, let in-flight responses finish within the grace period
+        await frontend.close(
+            config.http.drain_grace_s if stop is not None and stop.is_set() else 0.0
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class _Frontend:
+    """The frontend's parts that start and close: built by `_build`, in wiring order."""
+
+    registry: ModelRegistry
+    collector: RequestStatsCollector
+    aggregated: EngineStreamer
+    pool: PrefillPool | None
+    encoders: InstanceSet
+    health: HealthMonitor
+    app: FrontendApp
+    server: HttpServer
+
+    async def start(self) -> None:
+        await self.registry.start()
+        if self.pool is not None:
+            await self.pool.start()
+        await self.encoders.start()
+        await self.health.start()
+
+    async def close(self, drain_grace_s: float) -> None:
+        await self.server.stop(drain_grace_s)
+        await self.app.images.close()
+        await self.health.close()
+        await self.encoders.close()
+        await self.registry.close()
+        await self.aggregated.close()
+        if self.pool is not None:
+            await self.pool.close()
+
+
+def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
+    """Registry → metrics → streamer (aggregated, or two legs with disaggregation) → health →
+    app with its dashboard → HTTP server; nothing started yet."""
+    workers = runtime.instance_set(config.worker_component, config.worker_endpoint)
+    registry = ModelRegistry(
+        config,
+        workers,
+        events=runtime.events,
+        client=runtime.client,
+        namespace=runtime.namespace,
+    )
+    collector = RequestStatsCollector(config.worker_component)
+    metrics = FrontendMetrics(interval=collector if config.request_stats_interval_s else None)
+    aggregated = EngineStreamer(
+        runtime.client,
+        runtime.endpoint_path(config.worker_component, config.worker_endpoint),
+        migration_limit=config.migration_limit,
+        on_migrate=lambda model: metrics.migrations.labels(model).inc(),
+        stall=config.stall,
+        on_routed=metrics.queue_wait,
+    )
+    streamer: Streamer = aggregated
+    pool = prefill = None
+    if config.disagg.enabled:  # decode on the worker pool, prefill on its own (DESIGN §4)
+        prefill = runtime.instance_set(config.disagg.prefill_component, config.worker_endpoint)
+        streamer, pool = disagg_streamer(config, runtime, aggregated, workers, prefill)
+        metrics.watch_routers(pool.routers)
+    encoders = runtime.instance_set(ENCODER_COMPONENT, ENCODER_ENDPOINT)  # E/PD readiness
+    health = _health_monitor(config, runtime, registry, workers, prefill, encoders)
+    app = FrontendApp(
+        registry=registry,
+        streamer=streamer,
+        metrics=metrics,
+        max_inflight_requests=config.max_inflight_requests,
+        max_fanout=config.max_fanout,
+        request_timeout_s=config.request_timeout_s,
+        retry_after_s=config.retry_after_s,
+        images=ImageLoader(config.images),
+        health=health,
+        api_keys=config.api_keys,
+        admin_api_keys=config.admin_api_keys,
+        workers=WorkerScraper(runtime.discovery, runtime.client, runtime.namespace),
+        client=runtime.client,  # /v1/embeddings calls workers' `embed` endpoints
+    )
+    _add_dashboard(app, config, runtime, health, pool)
+    app.responses.store = ResponseStore(config.responses_store)
+    app.responses.shared_port = config.http.reuse_port
+    server = HttpServer(app, config=config.http)
+    return _Frontend(
+        registry=registry,
+        collector=collector,
+        aggregated=aggregated,
+        pool=pool,
+        encoders=encoders,
+        health=health,
+        app=app,
+        server=server,
+    )
+
+
+def _health_monitor(
+    config: FrontendConfig,
+    runtime: Runtime,
+    registry: ModelRegistry,
+    workers: InstanceSet,
+    prefill: InstanceSet | None,
+    encoders: InstanceSet,
+) -> HealthMonitor:
+    """/health and /live: instances of every pool, their load metrics on the event plane."""
+    components = [config.worker_component]
+    if config.disagg.enabled:
+        components.append(config.disagg.prefill_component)
+    return HealthMonitor(
+        registry=registry,
+        workers=workers,
+        prefill=prefill,
+        encoders=encoders,
+        events=runtime.events,
+        subjects=[f"{runtime.namespace}.{component}.load_metrics" for component in components],
+        stale_s=config.health_stale_s,
+        namespace=runtime.namespace,
+    )
+
+
+def _add_dashboard(
+    app: FrontendApp,
+    config: FrontendConfig,
+    runtime: Runtime,
+    health: HealthMonitor,
+    pool: PrefillPool | None,
+) -> None:
+    dashboard = Dashboard(
+        registry=app.registry,
+        num_inflight=lambda: app.admission.num_inflight,
+        max_inflight=config.max_inflight_requests,
+        health=health,
+        prefill_pool=pool,
+        discovery=runtime.discovery,
+        namespace=runtime.namespace,
+    )
+    app.add_route("GET", "/dashboard", dashboard.page)
+    app.add_route("GET", "/dashboard/state", dashboard.state_endpoint)
+
+
+def _publish_request_stats(
+    config: FrontendConfig, runtime: Runtime, collector: RequestStatsCollector
+) -> asyncio.Task[None] | None:
+    """The planner's per-interval request stats on the event plane (None when off)."""
+    if not config.request_stats_interval_s:
+        return None
+    return asyncio.create_task(
+        publish_request_stats(
+            collector, runtime.events, runtime.namespace, config.request_stats_interval_s
+        ),
+        name="frontend-request-stats",
+    )
+
+
+async def _listen(server: HttpServer, config: FrontendConfig) -> tuple[str, int]:
+    try:
+        return await server.start(config.host, config.port)
+    except OSError as exc:
+        where = f"http://{config.host}:{config.port}"
+        raise StartupError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
+
+
+REUSE_PORT_WAIT_S = 600.0
+
+
+async def _wait_for_a_model(registry: ModelRegistry, stop: asyncio.Event | None) -> None:
+    """With SO_REUSEPORT the kernel hands this process connections as soon as it listens; a
+    frontend that has not yet seen a model would answer them 404, so it listens only once one
+    has been prepared (or `stop` is set, or REUSE_PORT_WAIT_S pass: then it listens anyway)."""
+    waits = [asyncio.ensure_future(registry.any_prepared.wait())]
+    if stop is not None:
+        waits.append(asyncio.ensure_future(stop.wait()))
+    done, pending = await asyncio.wait(
+        waits, timeout=REUSE_PORT_WAIT_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    for task in pending:
+        task.cancel()
+    if not done:
+        logger.warning("no model ready after %.0f s; listening anyway", REUSE_PORT_WAIT_S)

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -31,6 +31,9 @@ from tandem.protocols.engine import (
 from tandem.router.base import RouteDecision, Router
 from tandem.runtime import tracing
 from tandem.runtime.base import RequestClient, ResponsePayloads
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import Span
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +247,7 @@ class _Run:
         self.excluded: set[str] = set()
         self.attempt = 0  # migrations so far
         self.has_token = False  # of the current dispatch: the router heard of its first token
-        self.span: Any = None
+        self.span: Span | None = None
 
     def take_ready(
         self, payload: bytes | None, next_ready: Callable[[], bytes | None], router: Router

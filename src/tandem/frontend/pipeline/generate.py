@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from contextlib import aclosing
-from typing import Any, Protocol
+from contextlib import AbstractContextManager, aclosing
+from typing import TYPE_CHECKING, Protocol
 
 from tandem.errors import ServingError
 from tandem.frontend.http.message import ClientDisconnected, HttpRequest, HttpResponse
@@ -35,6 +35,9 @@ from tandem.frontend.pipeline.streamer import Streamer
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 from tandem.runtime import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import Span
 
 PIN_HEADER = "x-worker-instance-id"  # a request pinned to one worker (tests, debugging)
 
@@ -86,7 +89,9 @@ class StreamFailed(ServingError):
         super().__init__(cause.message, param=cause.param)
 
 
-def server_span(http: HttpRequest, request_id: str, model: str) -> Any:
+def server_span(
+    http: HttpRequest, request_id: str, model: str
+) -> AbstractContextManager[Span | None]:
     """The request's root span (a child of the client's `traceparent`)."""
     return tracing.span(
         f"{http.method} {http.path}",

@@ -63,6 +63,12 @@ class EventBus(Protocol):
 
     async def subscribe(self, subject: str) -> Subscription: ...
 
+    @property
+    def error(self) -> str | None:
+        """Why the bus is not following its publishers now (health reports it); None while
+        it is, and always for a bus that cannot fail so (NATS reconnects on its own)."""
+        ...
+
     async def close(self) -> None: ...
 
 

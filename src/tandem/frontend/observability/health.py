@@ -166,7 +166,7 @@ class HealthMonitor:
     def _event_bus_status(self, problems: list[str]) -> dict[str, Any]:
         if self._events is None:
             return {"status": "none"}
-        error = getattr(self._events, "error", None)
+        error = self._events.error
         dead = [t.get_name() for t in self._tasks if t.done()]
         if dead:
             error = error or f"subscription ended: {', '.join(dead)}"

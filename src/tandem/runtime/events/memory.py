@@ -10,6 +10,8 @@ class MemoryEventBus:
     """Delivers each publish synchronously into the bounded buffers of matching subscriptions.
     `close` ends every subscription."""
 
+    error: str | None = None  # in process: it cannot lose its publishers
+
     def __init__(self, *, buffer_size: int = 10_000) -> None:
         self._buffer_size = buffer_size
         self._subs: list[BufferedSubscription] = []

@@ -25,6 +25,8 @@ class NatsEventBus:
     """Implements `EventBus`. Connects lazily on first use (`connect_timeout_s`) and
     reconnects on its own; subjects and wildcards are NATS's own."""
 
+    error: str | None = None  # the client reconnects on its own: nothing to report
+
     def __init__(
         self,
         url: str,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 import os
@@ -22,8 +23,8 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, NamedTuple, ParamSpec, TypedDict, TypeVar, Unpack
 
 import msgspec
 from prometheus_client.metrics_core import Metric
@@ -48,6 +49,8 @@ from tandem.transfer.wire import Done
 
 logger = logging.getLogger(__name__)
 _RETAIN_S = 60.0  # finished ops stay queryable this long
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class TransferResult(NamedTuple):
@@ -55,6 +58,27 @@ class TransferResult(NamedTuple):
     backend: str
     num_bytes: int
     seconds: float
+
+
+def _in_thread(method: Callable[P, R]) -> Callable[P, Coroutine[None, None, R]]:
+    """``method`` as a coroutine function that runs it in a thread (`asyncio.to_thread`)."""
+
+    @functools.wraps(method)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(method, *args, **kwargs)
+
+    return run
+
+
+class OpOptions(TypedDict, total=False):
+    """Options of a new operation: its layers ``[a, b)`` (default all), ``ttl_s`` after which
+    it is released unless claimed (default the config's), its ``op_id`` (default random) and
+    ``on_release(op)``, run once when it ends (the owner unpins its blocks there)."""
+
+    layers: tuple[int, int] | None
+    ttl_s: float | None
+    op_id: str | None
+    on_release: ReleaseCallback | None
 
 
 class TransferAgent:
@@ -199,41 +223,27 @@ class TransferAgent:
 
     # -- operations (owner side) ----------------------------------------------------------
     def create_readable(
-        self,
-        region: str,
-        block_ids: Sequence[int],
-        *,
-        layers: tuple[int, int] | None = None,
-        ttl_s: float | None = None,
-        op_id: str | None = None,
-        on_release: ReleaseCallback | None = None,
+        self, region: str, block_ids: Sequence[int], **options: Unpack[OpOptions]
     ) -> TransferOp:
-        """Export blocks for one peer to pull: layers [a, b) (default all), released after
-        ``ttl_s`` (default the config's) unless claimed; ``on_release(op)`` runs once it ends."""
-        return self._create(OpKind.READABLE, region, block_ids, layers, ttl_s, op_id, on_release)
+        """Export blocks for one peer to pull (see `OpOptions`)."""
+        return self._create(OpKind.READABLE, region, block_ids, **options)
 
     def create_writable(
-        self,
-        region: str,
-        block_ids: Sequence[int],
-        *,
-        layers: tuple[int, int] | None = None,
-        ttl_s: float | None = None,
-        op_id: str | None = None,
-        on_release: ReleaseCallback | None = None,
+        self, region: str, block_ids: Sequence[int], **options: Unpack[OpOptions]
     ) -> TransferOp:
-        """Offer blocks for one peer to push into; arguments as `create_readable`."""
-        return self._create(OpKind.WRITABLE, region, block_ids, layers, ttl_s, op_id, on_release)
+        """Offer blocks for one peer to push into (see `OpOptions`)."""
+        return self._create(OpKind.WRITABLE, region, block_ids, **options)
 
     def _create(
         self,
         kind: OpKind,
         region_name: str,
         block_ids: Sequence[int],
-        layers: tuple[int, int] | None,
-        ttl_s: float | None,
-        op_id: str | None,
-        on_release: ReleaseCallback | None,
+        *,
+        layers: tuple[int, int] | None = None,
+        ttl_s: float | None = None,
+        op_id: str | None = None,
+        on_release: ReleaseCallback | None = None,
     ) -> TransferOp:
         region = self.region(region_name)
         lay = region.layout
@@ -370,28 +380,8 @@ class TransferAgent:
         e.g. the prefill's first token for the decode to resume after."""
         return self._transfer("push", target, region, block_ids, timeout_s, annex)
 
-    async def pull_async(
-        self,
-        source: TransferOpMeta | OpRef,
-        region: str,
-        block_ids: Sequence[int],
-        *,
-        timeout_s: float | None = None,
-    ) -> TransferResult:
-        return await asyncio.to_thread(self.pull, source, region, block_ids, timeout_s=timeout_s)
-
-    async def push_async(
-        self,
-        region: str,
-        block_ids: Sequence[int],
-        target: TransferOpMeta | OpRef,
-        *,
-        timeout_s: float | None = None,
-        annex: bytes = b"",
-    ) -> TransferResult:
-        return await asyncio.to_thread(
-            self.push, region, block_ids, target, timeout_s=timeout_s, annex=annex
-        )
+    pull_async = _in_thread(pull)
+    push_async = _in_thread(push)
 
     def _transfer(
         self,

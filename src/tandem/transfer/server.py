@@ -16,7 +16,7 @@ from typing import Protocol
 from tandem.errors import TransferError
 from tandem.transfer import handshake
 from tandem.transfer.base import TransferBackend
-from tandem.transfer.config import TransferAgentConfig
+from tandem.transfer.client import Initiator
 from tandem.transfer.descriptor import OpKind, OpStatus, TransferOpMeta
 from tandem.transfer.operation import TransferOp
 from tandem.transfer.region import MemoryRegion
@@ -37,13 +37,9 @@ _GRACE_S = 1.0  # the owner waits this much longer than the initiator before giv
 MAX_CONNECTIONS = 256  # concurrent transfers served; more are refused, never queued
 
 
-class OpOwner(Protocol):
-    """What the server needs of the agent whose ops it serves (`TransferAgent`).
-    Every method is called from the server's connection threads, concurrently."""
-
-    agent_id: str
-    host_id: str
-    config: TransferAgentConfig
+class OpOwner(Initiator, Protocol):
+    """What the server needs of the agent whose ops it serves (`TransferAgent`, which also
+    initiates transfers). Every method is called from the connection threads, concurrently."""
 
     def find_op(self, op_id: str) -> TransferOp | None: ...
 
@@ -56,8 +52,6 @@ class OpOwner(Protocol):
     def current_meta(self, op: TransferOp) -> TransferOpMeta:
         """``op``'s metadata with the backends and handles as they are now."""
         ...
-
-    def ensure_cross_host_backends(self, peer: str) -> None: ...
 
     def backend(self, name: str) -> TransferBackend:
         """The enabled backend ``name``; TransferError when it is not enabled."""

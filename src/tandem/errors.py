@@ -107,4 +107,6 @@ class DeadlineExceeded(ServingError):
 
 
 class ConfigError(ValueError):
-    """A configuration value is out of range; the message names field, value and allowed range."""
+    """A configuration value that is not accepted: out of range (the message names field, value
+    and allowed range), or a flag's value from the environment or a config file
+    (`tandem.runtime.flag_parser`; the message names what was expected)."""

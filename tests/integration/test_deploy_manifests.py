@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tandem.cli.config import load_config_file, parse_args
 from tandem.runtime.args import resolve_cluster_secret
+from tandem.runtime.flag_parser import load_config_file, parse_args
 from tandem.runtime.secret import check_secret
 
 REPO = Path(__file__).resolve().parents[2]

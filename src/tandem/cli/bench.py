@@ -66,7 +66,7 @@ def run_load_command(argv: list[str]) -> int:
     from tandem.bench.args import load_config, workload
     from tandem.bench.loadgen import run_load_blocking
     from tandem.bench.report import format_summary, result_record, summarize, write_json
-    from tandem.cli.config import parse_args
+    from tandem.runtime.flag_parser import parse_args
 
     args = parse_args(build_load_parser(), argv)
     config = load_config(args)

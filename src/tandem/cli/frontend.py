@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from tandem.cli.config import parse_args
-from tandem.cli.process import (
+from tandem.runtime.flag_parser import parse_args
+from tandem.runtime.process_setup import (
     add_log_format_arg,
     add_tracing_args,
     configure_logging,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from tandem.cli.process import add_log_format_arg, configure_logging
+from tandem.runtime.process_setup import add_log_format_arg, configure_logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

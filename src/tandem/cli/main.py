@@ -8,8 +8,8 @@ import argparse
 import importlib
 import sys
 
-from tandem.cli.config import parse_args
 from tandem.errors import StartupError
+from tandem.runtime.flag_parser import parse_args
 
 EXIT_STARTUP_FAILED = 1
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from tandem.cli.process import add_log_format_arg, configure_logging, run_async
 from tandem.planner.args import add_planner_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
+from tandem.runtime.process_setup import add_log_format_arg, configure_logging, run_async
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -47,10 +47,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tandem.cli.config import parse_args
     from tandem.engines.base import engine_config_from_args, make_engine
     from tandem.engines.profile import ProfileFile
     from tandem.planner.profiler import profile_engine
+    from tandem.runtime.flag_parser import parse_args
 
     argv = list(sys.argv[1:] if argv is None else argv)
     from tandem.cli.worker import _engine_from_argv

@@ -13,15 +13,15 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from tandem.cli.process import (
+from tandem.router.args import add_router_args, router_config_from_args
+from tandem.runtime.args import add_runtime_args, runtime_config_from_args
+from tandem.runtime.process_setup import (
     add_log_format_arg,
     add_tracing_args,
     configure_logging,
     configure_tracing,
     run_async,
 )
-from tandem.router.args import add_router_args, router_config_from_args
-from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 
 if TYPE_CHECKING:
     from tandem.router.service import RouterService

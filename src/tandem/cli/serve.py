@@ -18,16 +18,16 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from tandem.cli.config import parse_known_args
-from tandem.cli.process import (
+from tandem.cli.supervisor import WorkerGroup, WorkerSpec, make_run_dir, remove_stale_run_dirs
+from tandem.errors import StartupError
+from tandem.runtime.flag_parser import parse_known_args
+from tandem.runtime.process_setup import (
     add_log_format_arg,
     add_tracing_args,
     configure_logging,
     configure_tracing,
     run_async,
 )
-from tandem.cli.supervisor import WorkerGroup, WorkerSpec, make_run_dir, remove_stale_run_dirs
-from tandem.errors import StartupError
 
 if TYPE_CHECKING:
     from tandem.frontend.config import FrontendConfig
@@ -389,7 +389,7 @@ def _worker_config_flags(args: argparse.Namespace, run_dir: str) -> list[str]:
     inherited TANDEM_CONFIG). Encode workers get an empty one (`args.encoder_config_flags`)."""
     import yaml
 
-    from tandem.cli.config import CONFIG_ENV, config_section
+    from tandem.runtime.flag_parser import CONFIG_ENV, config_section
 
     args.encoder_config_flags = []
     path = args.config or os.environ.get(CONFIG_ENV)

@@ -18,14 +18,6 @@ import os
 import sys
 from typing import Any
 
-from tandem.cli.config import ConfigError, early_value, parse_args
-from tandem.cli.process import (
-    add_log_format_arg,
-    add_tracing_args,
-    configure_logging,
-    configure_tracing,
-    run_async,
-)
 from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
 from tandem.engines.base import (
     Engine,
@@ -35,11 +27,19 @@ from tandem.engines.base import (
     make_engine,
 )
 from tandem.engines.worker import Worker, WorkerConfig
-from tandem.errors import StartupError
+from tandem.errors import ConfigError, StartupError
 from tandem.multimodal.provider_args import add_embedding_provider_args, attach_embedding_provider
 from tandem.multimodal.remote_provider import CachingEmbeddingProvider
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
+from tandem.runtime.flag_parser import early_value, parse_args
 from tandem.runtime.lifecycle import install_signal_handlers
+from tandem.runtime.process_setup import (
+    add_log_format_arg,
+    add_tracing_args,
+    configure_logging,
+    configure_tracing,
+    run_async,
+)
 from tandem.runtime.runtime import Runtime, open_runtime
 from tandem.runtime.system_server import SystemServer
 

@@ -1,5 +1,5 @@
 """Disaggregation flags: the worker's role (`tandem worker`) and the frontend's split
-(`tandem frontend` / `tandem serve`). Env and config-file values: `tandem.cli.config`."""
+(`tandem frontend` / `tandem serve`). Env and config-file values: `tandem.runtime.flag_parser`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`tandem frontend` flags → FrontendConfig (+ RuntimeConfig). Env and config-file values come
-from `tandem.cli.config` (TANDEM_<FLAG>), applied by the entry point."""
+from `tandem.runtime.flag_parser` (TANDEM_<FLAG>), applied by the entry point."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""kvbm flags → `KvbmConfig` (env TANDEM_KVBM_* and config-file values: `tandem.cli.config`).
+"""kvbm flags → `KvbmConfig` (env TANDEM_KVBM_* and config-file values:
+`tandem.runtime.flag_parser`).
 
 An engine that supports tiers calls `add_kvbm_args(parser)` in its own `add_args` and
 `kvbm_config_from_args(args)` in its `config_from_args`; None means "no tiers configured".

@@ -1,4 +1,5 @@
-"""`--mm-*` frontend flags → ImageConfig (env and config-file values: `tandem.cli.config`)."""
+"""`--mm-*` frontend flags → ImageConfig (env and config-file values:
+`tandem.runtime.flag_parser`)."""
 
 from __future__ import annotations
 

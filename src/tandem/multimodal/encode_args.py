@@ -1,5 +1,5 @@
 """Encode-worker flags (`tandem worker --engine encoder ...`); env (e.g.
-TANDEM_MM_ENCODER_BATCH_IMAGES) and config-file values: `tandem.cli.config`."""
+TANDEM_MM_ENCODER_BATCH_IMAGES) and config-file values: `tandem.runtime.flag_parser`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Planner flags (`tandem planner`, `tandem serve --planner`); env and config-file values:
-`tandem.cli.config` (the old TANDEM_PLANNER_* names are deprecated aliases there)."""
+`tandem.runtime.flag_parser` (the old TANDEM_PLANNER_* names are deprecated aliases there)."""
 
 from __future__ import annotations
 

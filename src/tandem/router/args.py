@@ -1,5 +1,5 @@
 """Router flags → `RouterConfig` (defaults from it). Env and config-file values:
-`tandem.cli.config`."""
+`tandem.runtime.flag_parser`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runtime flags, declared once, used by every command (env and config: `tandem.cli.config`)."""
+"""Runtime flags, declared once, used by every command (env and config: `flag_parser.py`)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
 
 
 def runtime_config_from_args(ns: argparse.Namespace, **overrides: object) -> RuntimeConfig:
-    """The flags' values (env and config file included: `tandem.cli.config`); `overrides` win."""
+    """The flags' values (env and config file included: `flag_parser.py`); `overrides` win."""
     values: dict[str, object] = {}
     for name in _FLAGS:
         raw = getattr(ns, f"runtime_{name}", None)

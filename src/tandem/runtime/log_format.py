@@ -6,7 +6,7 @@ starts (its `chatcmpl-…`/`cmpl-…` id), the worker when the request plane han
 migration). Each request runs in its own task, so a value set there is seen by every line
 that task logs and by the tasks it creates, and by nothing else.
 
-`--log-format json` (`tandem.cli.process.configure_logging`) writes one JSON object per
+`--log-format json` (`tandem.runtime.process_setup.configure_logging`) writes one JSON object per
 line: `ts` (UTC, ISO 8601, milliseconds), `level`, `logger`, `message`, `request_id` when
 the line is request-scoped, `exc_info` with the traceback when there is one.
 """

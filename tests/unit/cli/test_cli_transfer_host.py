@@ -9,9 +9,9 @@ import argparse
 import pytest
 
 from tandem.cli import worker
-from tandem.cli.config import parse_args
 from tandem.disagg.worker_engine import DisaggEngine
 from tandem.multimodal import encode_args
+from tandem.runtime.flag_parser import parse_args
 
 
 def _args(argv: list[str]) -> argparse.Namespace:

@@ -4,7 +4,6 @@ import asyncio
 
 import pytest
 
-from tandem.cli.config import parse_args
 from tandem.engines.base import engine_config_from_args, make_engine
 from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.config import MockerConfig
@@ -12,6 +11,7 @@ from tandem.engines.mocker.engine import MockerEngine
 from tandem.errors import EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest, StopConditions
 from tandem.protocols.kv_events import BlockStored
+from tandem.runtime.flag_parser import parse_args
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -103,7 +103,7 @@ def test_events_on_the_wire_have_no_token_ids_by_default() -> None:
 
 
 def test_flag_and_env_turn_token_ids_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tandem.cli.config import parse_args
+    from tandem.runtime.flag_parser import parse_args
 
     def parse(*argv: str) -> MockerConfig:
         parser = argparse.ArgumentParser()
@@ -116,5 +116,6 @@ def test_flag_and_env_turn_token_ids_on(monkeypatch: pytest.MonkeyPatch) -> None
     assert parse().kv_events_token_ids is True
     assert parse("--no-kv-events-token-ids").kv_events_token_ids is False
     monkeypatch.setenv("TANDEM_KV_EVENTS_TOKEN_IDS", "maybe")
-    with pytest.raises(SystemExit):  # tandem.cli.config: "... (from env ...): invalid boolean"
+    # tandem.runtime.flag_parser: "... (from env ...): invalid boolean"
+    with pytest.raises(SystemExit):
         parse()

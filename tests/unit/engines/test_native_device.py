@@ -22,7 +22,6 @@ from test_native_model import make_core, run
 from torch.overrides import TorchFunctionMode
 
 from tandem.cli import worker
-from tandem.cli.config import parse_args
 from tandem.engines.native import quant
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.embedding import pooled_embeddings
@@ -34,6 +33,7 @@ from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.quant_model import QuantLlamaModel
 from tandem.errors import StartupError
 from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
+from tandem.runtime.flag_parser import parse_args
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -143,7 +143,7 @@ def test_args_build_a_config(monkeypatch):
     monkeypatch.setenv("TANDEM_NUM_BLOCKS", "77")
     parser = argparse.ArgumentParser()
     add_args(parser)
-    from tandem.cli.config import parse_args
+    from tandem.runtime.flag_parser import parse_args
 
     config = config_from_args(parse_args(parser, ["--block-size", "32", "--dtype", "float32"]))
     assert config == NativeConfig(block_size=32, num_blocks=77, weights="int4")  # auto, here
@@ -158,7 +158,7 @@ def test_kv_cache_dtype_flag_and_what_auto_picks():
 
     parser = argparse.ArgumentParser()
     add_args(parser)
-    from tandem.cli.config import parse_args
+    from tandem.runtime.flag_parser import parse_args
 
     ns = parse_args(parser, ["--kv-cache-dtype", "float32", "--weights", "int4"])
     assert config_from_args(ns).resolved_kv_dtype() == "float32"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.cli.config import parse_args
 from tandem.frontend.args import add_frontend_args, frontend_config_from_args
+from tandem.runtime.flag_parser import parse_args
 
 
 def _config(argv: list[str]) -> object:

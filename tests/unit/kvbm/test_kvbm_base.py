@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from tandem.cli.config import parse_args
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args, with_block_bytes
 from tandem.kvbm.base import GIB, KvbmConfig
+from tandem.runtime.flag_parser import parse_args
 
 
 def test_capacity_by_blocks_or_by_gb() -> None:

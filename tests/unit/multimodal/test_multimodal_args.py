@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tandem.cli.config import parse_args
 from tandem.multimodal.args import add_image_args, image_config_from_args
 from tandem.multimodal.config import ImageConfig
+from tandem.runtime.flag_parser import parse_args
 
 
 def _parse(argv: list[str]) -> ImageConfig:

@@ -6,7 +6,6 @@ import asyncio
 import pytest
 from tests.support.instances import backend_instance
 
-from tandem.cli.config import parse_args
 from tandem.errors import InvalidRequest, NoWorkersAvailable, Overloaded
 from tandem.protocols.discovery import Instance
 from tandem.protocols.engine import PreprocessedRequest, RoutingHints, StopConditions
@@ -16,6 +15,7 @@ from tandem.router.config import RouterConfig
 from tandem.router.registry import make_router
 from tandem.router.source import StaticInstanceSet
 from tandem.runtime.events.memory import MemoryEventBus
+from tandem.runtime.flag_parser import parse_args
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -5,9 +5,9 @@ import secrets
 
 import pytest
 
-from tandem.cli.config import parse_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.config import RuntimeConfig
+from tandem.runtime.flag_parser import parse_args
 from tandem.runtime.registry import make_discovery, make_event_bus
 
 

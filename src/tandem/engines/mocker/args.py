@@ -1,6 +1,6 @@
 """Mocker flags (`tandem worker --engine mocker ...`, `tandem serve --engine mocker ...`).
 
-Env (e.g. TANDEM_SPEEDUP_RATIO) and config-file values: `tandem.cli.config`.
+Env (e.g. TANDEM_SPEEDUP_RATIO) and config-file values: `tandem.runtime.flag_parser`.
 """
 
 from __future__ import annotations

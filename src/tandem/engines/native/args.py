@@ -1,6 +1,6 @@
 """Native engine flags (`tandem worker --engine native ...`, `tandem serve ...`).
 
-Env (e.g. TANDEM_NUM_BLOCKS) and config-file values: `tandem.cli.config`.
+Env (e.g. TANDEM_NUM_BLOCKS) and config-file values: `tandem.runtime.flag_parser`.
 """
 
 from __future__ import annotations

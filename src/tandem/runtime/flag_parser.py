@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "TANDEM_"
@@ -62,10 +64,6 @@ DEPRECATED_ENV: dict[str, str] = {
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _NO_VALUE = (argparse._HelpAction, argparse._VersionAction)
-
-
-class ConfigError(ValueError):
-    """A value from the environment or a config file that the flag does not accept."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
-"""tandem.cli.config: every flag of every command from the command line, TANDEM_<FLAG> env or
-a YAML config file, in that order; help shows default and variable; bad values stop the start."""
+"""tandem.runtime.flag_parser: every flag of every command from the command line, TANDEM_<FLAG>
+env or a YAML config file, in that order; help shows default and variable; bad values stop the
+start."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.cli import config as cli_config
-from tandem.cli.config import annotate, configurable_actions, env_name, parse_args
+from tandem.runtime import flag_parser
+from tandem.runtime.flag_parser import annotate, configurable_actions, env_name, parse_args
 
 
 def _serve() -> argparse.ArgumentParser:
@@ -212,7 +213,7 @@ def test_config_gives_a_required_flag(tmp_path: Path) -> None:
 
 
 def test_deprecated_and_alias_variables_warn(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger=cli_config.__name__):
+    with caplog.at_level(logging.WARNING, logger=flag_parser.__name__):
         args = parse_args(PARSERS["worker-mocker"](), [], {"TANDEM_HOST_IP": "10.0.0.7"})
         assert args.runtime_host == "10.0.0.7"
         assert "TANDEM_HOST_IP is deprecated; set TANDEM_HOST" in caplog.text

@@ -32,7 +32,7 @@ def add_tracing_args(parser: ArgumentContainer, service_name: str) -> None:
     """`--otlp-endpoint` and `--otlp-service-name` (OpenTelemetry traces; off by default)."""
     parser.add_argument(
         "--otlp-endpoint",
-        # OpenTelemetry's own variable as the default; TANDEM_OTLP_ENDPOINT (tandem.cli.config)
+        # OpenTelemetry's own variable as the default; TANDEM_OTLP_ENDPOINT (flag_parser.py)
         default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "",
         help="export OpenTelemetry spans of every request by OTLP http/protobuf to this base "
         "URL (e.g. http://127.0.0.1:4318; /v1/traces is appended); empty: tracing off, at no "

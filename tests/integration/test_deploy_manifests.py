@@ -99,8 +99,8 @@ def _config(rendered: list[dict[str, Any]], tmp_path: Path) -> Path:
 
 
 def _parser(args: list[str]) -> argparse.ArgumentParser:
-    from tandem.cli.frontend import add_arguments as frontend_args
     from tandem.cli.worker import add_arguments as worker_args
+    from tandem.frontend.main import add_arguments as frontend_args
 
     command = args[0]
     parser = argparse.ArgumentParser(prog=f"tandem {command}")

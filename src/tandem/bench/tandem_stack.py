@@ -36,9 +36,10 @@ class RunningStack:
 
 
 def has_split_commands() -> bool:
+    """Whether `tandem frontend` and `tandem worker` exist (their modules, without importing)."""
     return all(
-        importlib.util.find_spec(f"tandem.cli.{name}") is not None
-        for name in ("frontend", "worker")
+        importlib.util.find_spec(module) is not None
+        for module in ("tandem.frontend.main", "tandem.cli.worker")
     )
 
 

@@ -1,4 +1,6 @@
-"""`tandem <command>`: each command lives in `tandem.cli.<command>` and exposes either
+"""`tandem <command>`: each command lives in `tandem.cli.<command>`, or in the `main.py` of
+a service package with its own entry point (`ENTRY_POINTS`: `tandem frontend` is
+`tandem.frontend.main`, also `python -m tandem.frontend`), and exposes either
 `add_arguments(parser)` + `run(args) -> int`, or `main(argv) -> int` (commands with their own
 sub-commands, like `bench`). Modules are imported only when used."""
 
@@ -24,6 +26,8 @@ COMMANDS = {
     "convert": "write a GGUF model as a HF safetensors folder (for vLLM)",
     "bench": "benchmarks: load generator, indexer, engine, transfer",
 }
+# commands whose package has its own process entry point: command -> its module
+ENTRY_POINTS = {"frontend": "tandem.frontend.main"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,13 +51,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_command(command: str, argv: list[str]) -> int:
-    module = importlib.import_module(f"tandem.cli.{command.replace('-', '_')}")
+    module = importlib.import_module(command_module(command))
     if hasattr(module, "main"):
         return int(module.main(argv) or 0)
     parser = argparse.ArgumentParser(prog=f"tandem {command}", description=COMMANDS[command])
     module.add_arguments(parser)
     args = parse_args(parser, argv)
     return int(module.run(args) or 0)
+
+
+def command_module(command: str) -> str:
+    """The module that implements `tandem <command>`."""
+    return ENTRY_POINTS.get(command) or f"tandem.cli.{command.replace('-', '_')}"
 
 
 if __name__ == "__main__":

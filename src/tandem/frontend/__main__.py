@@ -1,3 +1,3 @@
-from tandem.cli.frontend import main
+from tandem.frontend.main import main
 
 raise SystemExit(main())

@@ -26,7 +26,7 @@ def _command(name: str, module: str) -> Callable[[], argparse.ArgumentParser]:
         import importlib
 
         parser = argparse.ArgumentParser(prog=f"tandem {name}")
-        importlib.import_module(f"tandem.cli.{module}").add_arguments(parser)
+        importlib.import_module(module).add_arguments(parser)
         return parser
 
     return build
@@ -57,13 +57,13 @@ def _bench() -> argparse.ArgumentParser:
 
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "serve": _serve,
-    "frontend": _command("frontend", "frontend"),
+    "frontend": _command("frontend", "tandem.frontend.main"),
     "worker-mocker": _worker("mocker"),
     "worker-native": _worker("native"),
     "worker-encoder": _worker("encoder"),
-    "router": _command("router", "router"),
-    "planner": _command("planner", "planner"),
-    "global-router": _command("global-router", "global_router"),
+    "router": _command("router", "tandem.cli.router"),
+    "planner": _command("planner", "tandem.cli.planner"),
+    "global-router": _command("global-router", "tandem.cli.global_router"),
     "profile": _profile,
     "bench": _bench,
 }

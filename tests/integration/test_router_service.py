@@ -21,8 +21,8 @@ from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.errors import NoWorkersAvailable, Overloaded
 from tandem.frontend.config import FrontendConfig
-from tandem.frontend.serve import serve_frontend
 from tandem.frontend.migration import EngineStreamer
+from tandem.frontend.serve import serve_frontend
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
 from tandem.router.config import RouterConfig
 from tandem.router.kv_router import KvRouter

@@ -9,7 +9,6 @@ and `resume`s decoding from there. `tandem.disagg.worker_engine` drives both hal
 
 It lives with the engines (not in `tandem.disagg`) because engines implement it and imports
 flow down DESIGN.md §2's table: an engine module never imports `tandem.disagg`.
-`tandem.disagg.base` re-exports both names.
 """
 
 from __future__ import annotations

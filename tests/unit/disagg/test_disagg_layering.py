@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import tandem.disagg.base as compat
 import tandem.engines.handoff as handoff
 
 pytestmark = pytest.mark.timeout(10)
@@ -37,8 +36,3 @@ def test_no_engine_module_imports_a_package_above_engines() -> None:
         if name.startswith(ABOVE_ENGINES)
     ]
     assert bad == []
-
-
-def test_disagg_base_re_exports_the_engine_contract() -> None:
-    assert compat.KvHandoff is handoff.KvHandoff
-    assert compat.KvCacheSpec is handoff.KvCacheSpec

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,7 +273,7 @@ class Worker:
             self.failed.set()
 
     # ------------------------------------------------------------------ endpoints
-    async def _generate(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _generate(self, payload: bytes, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
         if not self._accepting:
             raise PeerGone(f"worker {self.instance_id} is draining; retry on another instance")
         try:
@@ -369,14 +369,16 @@ class Worker:
 
         return sink
 
-    async def _refuse_generate(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _refuse_generate(
+        self, payload: bytes, ctx: RequestContext
+    ) -> AsyncGenerator[bytes, None]:
         raise PeerGone(
             f"worker {self.instance_id} serves embeddings only (embedding_only); "
             "route generation to another instance"
         )
         yield b""  # pragma: no cover - makes this an async generator like the others
 
-    async def _embed(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _embed(self, payload: bytes, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
         """One EmbedRequest in, one EmbedResponse out (the engine batches the inputs)."""
         if not self._accepting:
             raise PeerGone(f"worker {self.instance_id} is draining; retry on another instance")
@@ -400,7 +402,7 @@ class Worker:
             )
         )
 
-    async def _kv_state(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _kv_state(self, payload: bytes, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
         try:
             request = _state_request.decode(payload)
         except msgspec.MsgspecError as exc:
@@ -408,7 +410,7 @@ class Worker:
         for payload in self.kv_events.state_reply(request.after_event_id, self.engine.kv_snapshot):
             yield payload
 
-    async def _metrics(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _metrics(self, payload: bytes, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
         """This worker's Prometheus text (what /metrics on its system port answers)."""
         yield self.metrics.render()
 

@@ -8,7 +8,7 @@ component `router` (the `route` endpoint is registered in discovery, so frontend
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
@@ -75,7 +75,7 @@ class RouterService:
         await self.router.close()
         await self.workers.close()
 
-    async def _route(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _route(self, payload: bytes, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
         msg = _decode(route_request_decoder, payload, "RouteRequest")
         # the frontend's span (request plane) is the parent of this router's `route` span
         with tracing.use(ctx.traceparent):
@@ -90,18 +90,20 @@ class RouterService:
             )
         )
 
-    async def _first_token(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _first_token(
+        self, payload: bytes, ctx: RequestContext
+    ) -> AsyncGenerator[bytes, None]:
         for request_id in _decode(notice_decoder, payload, "RouterNoticeMsg").request_ids:
             self.router.on_first_token(request_id)
         return
         yield b""  # an async generator with no output
 
-    async def _free(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _free(self, payload: bytes, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
         for request_id in _decode(notice_decoder, payload, "RouterNoticeMsg").request_ids:
             self.router.on_finish(request_id)
         return
         yield b""
 
-    async def _explain(self, payload: bytes, ctx: RequestContext) -> AsyncIterator[bytes]:
+    async def _explain(self, payload: bytes, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
         msg = _decode(route_request_decoder, payload, "RouteRequest")
         yield encode(self.router.explain(msg.request))

@@ -6,7 +6,7 @@ Every implementation is safe to use from one asyncio event loop; none is thread-
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from tandem.protocols.discovery import Instance, InstanceEvent
@@ -94,9 +94,10 @@ class RequestContext(Protocol):
         ...
 
 
-# A handler receives the request payload and yields response payloads (a stream).
+# A handler receives the request payload and yields response payloads (a stream): an async
+# generator, which the server closes (aclose) when the stream ends, fails or is cancelled.
 # Raising a ServingError sends it to the client, which re-raises the same class.
-Handler = Callable[[bytes, RequestContext], AsyncIterator[bytes]]
+Handler = Callable[[bytes, RequestContext], AsyncGenerator[bytes, None]]
 
 
 class RequestServer(Protocol):

@@ -419,9 +419,7 @@ class _ServerConnection(FrameTransport):
                 self._fail(sid, errors.ServingError(f"{type(exc).__name__}: {exc}"))
         finally:
             ctx.conn = None
-            aclose = getattr(it, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await it.aclose()
             if ctx.timer is not None:
                 ctx.timer.cancel()
             streams.pop(sid, None)

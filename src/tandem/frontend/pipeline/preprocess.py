@@ -175,8 +175,9 @@ async def preprocess_completion(
             _check_ids(model, prompt, i)
             prompts.append(prompt)
     base = _base_request(req, model, request_id, worker_id, deadline_s, req.logprobs)
-    structured = response_format_output(req.response_format)
-    base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
+    if req.response_format is not None:  # a plain request skips structured outputs
+        structured = response_format_output(req.response_format)
+        base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
     num = num_candidates(req)
     requests = _fan_out(base, prompts, model, num, req.max_tokens, "max_tokens", "prompt", u32)
     return Prepared(
@@ -196,7 +197,7 @@ async def preprocess_completion(
 
 def _structured(response_format: Any, plan: ToolPlan | None) -> StructuredOutput | None:
     """The request's one constraint: response_format's or a forced tool call's."""
-    structured = response_format_output(response_format)
+    structured = None if response_format is None else response_format_output(response_format)
     if plan is None or plan.structured is None:
         return structured
     if structured is not None:

@@ -22,17 +22,16 @@ from tandem.frontend.api import model_routes
 from tandem.frontend.api.chat import ChatEndpoints
 from tandem.frontend.api.embeddings import EmbeddingsEndpoint
 from tandem.frontend.api.openapi import build_openapi
+from tandem.frontend.api.request_input import client_request_id
 from tandem.frontend.api.responses.endpoint import ResponsesEndpoint
 from tandem.frontend.auth import ApiKeys
 from tandem.frontend.http.message import ClientDisconnected, HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.health import HealthMonitor
-from tandem.frontend.observability.metrics import FrontendMetrics
+from tandem.frontend.observability.metrics import FrontendMetrics, close_tally, open_tally
 from tandem.frontend.observability.worker_scrape import WorkerScraper
 from tandem.frontend.pipeline.admission import Admission
 from tandem.frontend.pipeline.generate import GeneratePipeline
-from tandem.frontend.pipeline.request_id import client_request_id
-from tandem.frontend.pipeline.request_tally import close_tally, open_tally
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader

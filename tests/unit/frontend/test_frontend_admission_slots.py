@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tandem.errors import InvalidRequest, Overloaded
+from tandem.frontend.observability.metrics import close_tally, count_as, open_tally
 from tandem.frontend.pipeline.admission import Admission
-from tandem.frontend.pipeline.request_tally import close_tally, count_as, open_tally
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 
 

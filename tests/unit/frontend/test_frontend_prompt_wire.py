@@ -16,7 +16,7 @@ from tests.support.payloads import AwaitedPayloads
 
 from tandem.cbuild import compiler
 from tandem.errors import InvalidRequest
-from tandem.frontend.api.request_body import decode_completion
+from tandem.frontend.api.request_input import decode_completion
 from tandem.frontend.migration import EngineStreamer, _continuation
 from tandem.frontend.models import ServedModel
 from tandem.frontend.pipeline import prompt_ids
@@ -65,9 +65,9 @@ def _outcome(decode: Any, body: bytes, model: ServedModel) -> tuple[str, Any]:
 
 
 def _general(body: bytes) -> CompletionRequest:
-    from tandem.frontend.api import request_body
+    from tandem.frontend.api import request_input
 
-    return request_body.decode_body(request_body.completion_decoder, body)
+    return request_input.decode_body(request_input.completion_decoder, body)
 
 
 BODIES = [

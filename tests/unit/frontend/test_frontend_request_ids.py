@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from tandem.frontend.pipeline.request_id import new_request_id
+from tandem.frontend.api.request_input import new_request_id
 
 
 def test_ids_are_32_hex_digits_and_never_repeat() -> None:

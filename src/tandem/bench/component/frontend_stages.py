@@ -37,7 +37,7 @@ def _cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(isl: int, repeat: int) -> dict[str, float]:
-    from tandem.frontend.api.request_body import completion_ids_decoder, decode_completion
+    from tandem.frontend.api.request_input import completion_ids_decoder, decode_completion
     from tandem.frontend.pipeline.preprocess import check_prompt_ids, prompt_id_bytes
     from tandem.frontend.pipeline.prompt_ids import load_library
     from tandem.protocols.engine import (

@@ -15,14 +15,19 @@ import msgspec
 from tandem.errors import InvalidRequest, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend.api.completion_format import ResponseFormat, usage
-from tandem.frontend.api.request_body import completion_decoder, decode_body, decode_completion
+from tandem.frontend.api.request_input import (
+    client_request_id,
+    completion_decoder,
+    decode_body,
+    decode_completion,
+    new_request_id,
+)
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
+from tandem.frontend.observability.metrics import count_as
 from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event, best_candidates
 from tandem.frontend.pipeline.preprocess import Prepared
-from tandem.frontend.pipeline.request_id import client_request_id, new_request_id
-from tandem.frontend.pipeline.request_tally import count_as
 from tandem.frontend.pipeline.tool_parser import HermesToolParser, make_tool_parser
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 from tandem.runtime import tracing

@@ -33,8 +33,8 @@ from tandem.frontend import errors as http_errors
 from tandem.frontend.http.message import ClientDisconnected
 from tandem.frontend.http.server import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry, ServedModel
+from tandem.frontend.observability.metrics import count_as
 from tandem.frontend.pipeline.generate import PIN_HEADER, GeneratePipeline, server_span
-from tandem.frontend.pipeline.request_tally import count_as
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.embedding import (
     EMBED_ENDPOINT,

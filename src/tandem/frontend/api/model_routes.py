@@ -8,7 +8,7 @@ import asyncio
 import msgspec
 
 from tandem.errors import InvalidRequest, ModelNotFound
-from tandem.frontend.api.request_body import decode_body
+from tandem.frontend.api.request_input import decode_body
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.multimodal.prompt import image_parts
 from tandem.protocols.openai_types import (

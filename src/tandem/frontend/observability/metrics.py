@@ -3,8 +3,11 @@ so a Dynamo user's queries translate by prefix (docs/architecture.md, "Metrics")
 
 Every HTTP API request is counted once in `tandem_frontend_requests_total` with its outcome
 (`status`: success, error, cancelled) and HTTP `status_code`, including the ones rejected before
-routing (bad JSON 400, auth 401/403, unknown model 404, admission 429/503). Per-worker load and
-the routers' own metrics are read from the model registry at scrape time (`RouterCollector`).
+routing (bad JSON 400, auth 401/403, unknown model 404, admission 429/503): the app opens a
+`RequestTally` per request (`open_tally`), the handlers label it (`count_as`) once the model is
+known to be served (so there is no label per mistyped name), and the app counts it when the
+request ends. Per-worker load and the routers' own metrics are read from the model registry at
+scrape time (`RouterCollector`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -29,6 +34,39 @@ from tandem.runtime.metrics import LoopHistogram, LoopMetric, render
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_BUCKETS = (1, 8, 32, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
+
+
+@dataclass(slots=True)
+class RequestTally:
+    """One request's `requests_total` labels and outcome, learnt while it runs."""
+
+    model: str = ""
+    request_type: str = "unary"
+    status: str = "success"
+    status_code: int = 200
+
+
+_tally: ContextVar[RequestTally] = ContextVar("tandem_frontend_tally")
+
+
+def open_tally() -> tuple[RequestTally, Token[RequestTally]]:
+    """A new tally for the running request; `close_tally(token)` when it ends."""
+    tally = RequestTally()
+    return tally, _tally.set(tally)
+
+
+def close_tally(token: Token[RequestTally]) -> None:
+    _tally.reset(token)
+
+
+def count_as(model: str, *, stream: bool, failed: bool = False) -> None:
+    """Label the running request's sample; `failed` for an error already written into a
+    started stream. Nothing when no tally is open (a handler called on its own)."""
+    tally = _tally.get(None)
+    if tally is not None:
+        tally.model, tally.request_type = model, "stream" if stream else "unary"
+        if failed:
+            tally.status = "error"
 
 
 RouterSource = Callable[[], Iterable[tuple[str, Router]]]  # (model name, router) pairs

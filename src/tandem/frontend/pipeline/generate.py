@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Protocol
 from tandem.errors import ServingError
 from tandem.frontend.http.message import ClientDisconnected, HttpRequest, HttpResponse
 from tandem.frontend.models import ServedModel
-from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer
+from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer, count_as
 from tandem.frontend.pipeline.admission import Admission
 from tandem.frontend.pipeline.choice_events import Events, engine_events
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared, preprocess_chat, preprocess_completion
-from tandem.frontend.pipeline.request_tally import count_as
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest

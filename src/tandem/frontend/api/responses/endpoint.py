@@ -30,10 +30,10 @@ from tandem.frontend.api.responses.events import ResponseBuilder, new_response_i
 from tandem.frontend.api.responses.store import ResponseStore
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
+from tandem.frontend.observability.metrics import count_as
 from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared
-from tandem.frontend.pipeline.request_tally import count_as
 from tandem.protocols.openai import ChatCompletionRequest, show_value
 from tandem.protocols.openai_responses import (
     ResponsesRequest,

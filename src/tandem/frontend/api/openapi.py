@@ -80,7 +80,7 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
 }
 
 
-# routes the app serves outside its table (tandem.frontend.responses.ResponsesEndpoint.route)
+# routes the app serves outside its table (api/responses/endpoint.py: ResponsesEndpoint.route)
 PATTERN_ROUTES = (("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"))
 
 

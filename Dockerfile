@@ -88,7 +88,7 @@ ENV TANDEM_CACHE_DIR=/home/tandem/.cache/tandem \
 RUN python -c "import torch; \
 from tandem.engines.native import ops, quant; \
 quant.build(); ops.build(); ops.build(torch.float16); \
-from tandem.frontend.prompt_ids import load_library; assert load_library(); \
+from tandem.frontend.pipeline.prompt_ids import load_library; assert load_library(); \
 from tandem.tokens.ascii_encoder import load_c_split; assert load_c_split(); \
 from tandem.tokens.hashing import _c_hasher; assert _c_hasher(); \
 from tandem.engines.mocker.c_block_pool import c_core; assert c_core(); \

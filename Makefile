@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -c "import torch; from tandem.engines.native.ops import build; build(); build(torch.float16)" \
 		|| echo "WARNING: native C ops did not build (see above); the torch path serves"
 	# the frontend's parse of token-id prompts (the general JSON decode stands in)
-	@$(BIN)/python -c "from tandem.frontend.prompt_ids import load_library; assert load_library()" \
+	@$(BIN)/python -c "from tandem.frontend.pipeline.prompt_ids import load_library; assert load_library()" \
 		|| echo "WARNING: the token-id prompt parser did not build; prompts take the general decode"
 	# the split of ASCII prompt text into words in one C pass, a CPython extension (`re` stands in)
 	@$(BIN)/python -c "from tandem.tokens.ascii_encoder import load_c_split; assert load_c_split()" \

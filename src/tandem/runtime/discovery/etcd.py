@@ -85,6 +85,11 @@ class EtcdDiscovery:
             raise EtcdError(f"etcd {path} failed ({r.status}): {data}")
         return dict(data)
 
+    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One v3 JSON gateway request on this client's connection, for other state kept in
+        the same etcd (`tandem.runtime.blobs.etcd`); raises EtcdError."""
+        return await self._post(path, body)
+
     async def _grant(self) -> str:
         data = await self._post("/v3/lease/grant", {"TTL": self.ttl_s})
         logger.info("etcd lease %s granted, TTL %ss", data["ID"], data.get("TTL"))

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from tandem.engines.base import engine_config_from_args, make_engine
@@ -9,7 +10,14 @@ from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.errors import EngineError, InvalidRequest
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest, StopConditions
+from tandem.protocols.engine import (
+    EngineOutput,
+    PreprocessedRequest,
+    SamplingParams,
+    StopConditions,
+    decode_request,
+    encode_request,
+)
 from tandem.protocols.kv_events import BlockStored
 from tandem.runtime.flag_parser import parse_args
 
@@ -189,4 +197,26 @@ async def test_a_dead_step_loop_fails_streams_refuses_new_requests_and_reports(
     )
     with pytest.raises(EngineError, match="serves nothing more"):  # it used to hang forever
         await asyncio.wait_for(_collect(engine, _req("late", [1, 2, 3])), 5)
+    await engine.stop()
+
+
+async def test_a_migrated_greedy_request_continues_the_same_tokens() -> None:
+    """A stream migrated after k tokens (prompt + those k, `continued_after`) gives the tokens
+    the undisturbed stream would have given next, as a greedy real engine does."""
+    engine = MockerEngine(_config(eos_token_ids=[]))
+    await engine.start()
+    req = PreprocessedRequest(
+        request_id="m", model="m", token_ids=list(range(10, 30)),
+        sampling=SamplingParams(temperature=0.0), stop=StopConditions(max_tokens=12),
+    )  # fmt: skip
+    whole = [t for o in await _collect(engine, req) for t in o.token_ids]
+    for k in (1, 5, 11):
+        moved = msgspec.structs.replace(req.continued_after(whole[:k]), request_id=f"m-{k}")
+        rest = [t for o in await _collect(engine, moved) for t in o.token_ids]
+        assert whole[:k] + rest == whole, k
+        # as a worker receives it: the prompt still in its u32 buffer, not a list
+        wire = decode_request(encode_request(moved), materialize=False)
+        wire = msgspec.structs.replace(wire, request_id=f"w-{k}")
+        rest = [t for o in await _collect(engine, wire) for t in o.token_ids]
+        assert whole[:k] + rest == whole, k
     await engine.stop()

@@ -6,6 +6,8 @@ import logging
 from array import array
 from collections.abc import Mapping
 
+import msgspec
+
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.sequence import Sequence, request_seed
 from tandem.errors import ContextLengthExceeded, InvalidRequest
@@ -45,15 +47,23 @@ def make_sequence(
         raise InvalidRequest("token_ids holds an id outside [0, 2^32)") from None
     stop = request.stop
     eos = request.eos_token_ids or list(config.eos_token_ids)
+    # a continued request (migrated after tokens generated elsewhere) goes on with the stream
+    # its original prompt seeds, those tokens counted as output, as a greedy engine would
+    num_done = min(request.num_generated_tokens, num_prompt - 1)
+    original = request
+    if num_done > 0:
+        original = msgspec.structs.replace(
+            request, token_ids=list(token_ids[:-num_done]), token_bytes=None
+        )
     return Sequence(
         request_id=request.request_id,
         token_ids=token_ids,
-        num_prompt_tokens=num_prompt,
-        max_tokens=min(stop.max_tokens, config.context_length - num_prompt),
-        min_tokens=stop.min_tokens,
+        num_prompt_tokens=num_prompt - num_done,
+        max_tokens=min(stop.max_tokens, config.context_length - num_prompt) + num_done,
+        min_tokens=stop.min_tokens + num_done,
         stop_token_ids=frozenset(stop.stop_token_ids),
         eos_token_ids=frozenset() if stop.ignore_eos else frozenset(eos),
-        seed=request_seed(request),
+        seed=request_seed(original),
         block_size=config.block_size,
         lora_name=request.lora_name,
         cache_salt=request.cache_salt,

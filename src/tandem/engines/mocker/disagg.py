@@ -75,7 +75,7 @@ class MockerKvHandoff:
     async def allocate(self, request: PreprocessedRequest, num_tokens: int) -> list[int]:
         sched = self.scheduler
         seq = make_sequence(sched.config, request, {**sched.held})
-        extra = len(seq.token_ids) - num_tokens  # the prefill's first token, when given
+        extra = seq.num_prompt_tokens - num_tokens  # the prefill's first token, when given
         if extra > 0:  # continue the stream the prompt alone seeds, as aggregated would
             seq.num_prompt_tokens = num_tokens
             seq.max_tokens += extra

@@ -321,7 +321,7 @@ def test_stalled_peer_times_out_with_transfer_error(local: TransferAgent, peer: 
 
 def test_killed_peer_segment_is_swept_by_the_next_agent() -> None:
     peer = Peer("victim")
-    assert len(segments_of(peer.pid)) == 1
+    assert len(segments_of(peer.pid)) == 2  # its kv region and its shared-memory probe
     peer.proc.kill()
     peer.proc.wait(5)
     with TransferAgent(TransferAgentConfig(agent_id="sweeper", backends=("tcp",))):

@@ -45,6 +45,7 @@ from tandem.transfer.region import (
 from tandem.transfer.registry import create_backends, installed_backends
 from tandem.transfer.selection import BackendSelector
 from tandem.transfer.server import ControlServer
+from tandem.transfer.shm import ShmProbe, ShmProofs
 from tandem.transfer.wire import Done
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,9 @@ class TransferAgent:
         self.host_id = host_id()
         self.stats = TransferStats()
         sweep_stale_segments()
+        self._probe = _shm_probe(self.agent_id)
+        self.shm_probe = (self._probe.name, self._probe.digest) if self._probe else ("", b"")
+        self._proofs = ShmProofs()
         lazy = self.config.lazy_backends
         self._backends = self._create_backends(tuple(b for b in self.config.backends
                                                      if b not in lazy))  # fmt: skip
@@ -134,7 +138,6 @@ class TransferAgent:
         return create_backends(
             names,
             agent_id=self.agent_id,
-            host_id=self.host_id,
             host=self.config.advertise_host or self.config.host,
         )
 
@@ -161,7 +164,8 @@ class TransferAgent:
             merged = {**self._backends, **started}
             self._backends = {n: merged[n] for n in self.config.backends if n in merged}
             self._selector.update(self._backends)
-        logger.info("transfer agent=%s: peer %s is on another host; started backends %s "
+        logger.info("transfer agent=%s: peer %s shares no memory with this one (another host "
+                    "or container); started backends %s "
                     "(now %s)", self.agent_id, peer, ",".join(started) or "none",
                     ",".join(self._backends))  # fmt: skip
 
@@ -408,8 +412,13 @@ class TransferAgent:
             self.stats.transfer_seconds += seconds
         return TransferResult(target.op_id, backend, num_bytes, seconds)
 
-    def choose_backend(self, remote: TransferOpMeta) -> TransferBackend:
-        return self._selector.choose(remote)
+    def why_not_shared(self, probe: str, digest: bytes) -> str | None:
+        return self._proofs.why_not_shared(probe, digest)
+
+    def choose_backend(
+        self, remote: TransferOpMeta, no_shared_memory: str | None
+    ) -> TransferBackend:
+        return self._selector.choose(remote, no_shared_memory)
 
     def cancel_remote(
         self, target: TransferOpMeta | OpRef, reason: str = "", timeout_s: float = 2.0
@@ -450,6 +459,8 @@ class TransferAgent:
             self.unregister_region(name)
         for backend in self._backends.values():
             backend.close()
+        if self._probe is not None:
+            self._probe.close()
 
     def __enter__(self) -> TransferAgent:
         return self
@@ -468,8 +479,20 @@ def _check_blocks(block_ids: Sequence[int], lay: RegionLayout, start: int, end: 
         raise ValueError(f"block_ids {bad[:8]} outside [0, {lay.num_blocks})")
 
 
+def _shm_probe(agent_id: str) -> ShmProbe | None:
+    """This agent's shared-memory probe; None (peers then use no shm with it) where /dev/shm
+    cannot be written."""
+    try:
+        return ShmProbe()
+    except OSError as exc:
+        logger.info("transfer agent=%s: no shared-memory probe (%s); peers will not use shm "
+                    "with it", agent_id, exc)  # fmt: skip
+        return None
+
+
 def host_id() -> str:
-    """Hostname + kernel boot id: two agents with equal host ids share /dev/shm."""
+    """Hostname + kernel boot id, for logs: which machine a peer runs on. Whether two agents
+    share /dev/shm is proven, not inferred from it (`shm.ShmProbe`)."""
     boot = ""
     with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
         boot = f.read().strip()

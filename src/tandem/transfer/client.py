@@ -43,8 +43,16 @@ class Initiator(Protocol):
         """Start the backends a peer on another host may need (idempotent, thread-safe)."""
         ...
 
-    def choose_backend(self, remote: TransferOpMeta) -> TransferBackend:
-        """The fastest enabled backend that can reach ``remote``; TransferError if none."""
+    def why_not_shared(self, probe: str, digest: bytes) -> str | None:
+        """None when the owner's shared-memory probe reads back here; else why not (cached
+        per probe, `shm.ShmProofs`)."""
+        ...
+
+    def choose_backend(
+        self, remote: TransferOpMeta, no_shared_memory: str | None
+    ) -> TransferBackend:
+        """The fastest enabled backend that can reach ``remote`` (shm only when
+        ``no_shared_memory`` is None); TransferError if none."""
         ...
 
 
@@ -89,20 +97,22 @@ def _run(
     deadline: float,
     annex: bytes,
 ) -> tuple[str, int]:
-    handshake.connect(sock, handshake.transfer_key(agent.config.cluster_secret))
+    probe = handshake.connect(sock, handshake.transfer_key(agent.config.cluster_secret))
+    no_shared_memory = agent.why_not_shared(*probe)
     send_frame(sock, Begin(op_id=target.op_id, direction=direction, peer=agent.agent_id,
-                           timeout_s=_remaining(deadline), host_id=agent.host_id))  # fmt: skip
+                           timeout_s=_remaining(deadline), host_id=agent.host_id,
+                           shares_memory=no_shared_memory is None))  # fmt: skip
     reply = recv_frame(sock)
     if not isinstance(reply, BeginReply) or reply.meta is None:
         raise TransferError(getattr(reply, "error", "") or f"unexpected reply {reply!r}")
     meta = reply.meta
-    if meta.host_id != agent.host_id:
+    if no_shared_memory is not None:
         agent.ensure_cross_host_backends(meta.agent_id)
     problem = incompatibility(meta, local, block_ids)
     try:
         if problem:
             raise TransferError(problem)
-        backend = agent.choose_backend(meta)
+        backend = agent.choose_backend(meta, no_shared_memory)
         send_frame(sock, Start(backend=backend.name))
         sock.settimeout(_remaining(deadline))  # one-sided backends bound their wait by it
         move = backend.pull if direction == "pull" else backend.push

@@ -4,6 +4,8 @@ The owner (server) sends a nonce; the initiator proves it holds the secret by an
 both nonces, and the owner proves it back, so neither side moves KV blocks for, or to, a peer
 outside the cluster. Without a secret on either side the handshake still runs (versioning)
 but proves nothing, as before; a secret on one side only is refused with a clear reason.
+The owner's reply also names its shared-memory probe (`shm.ShmProbe`), so the initiator can
+find out whether the two share /dev/shm by reading it back (`shm.ShmProofs`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ def transfer_key(secret: str | None) -> bytes | None:
     return key_for(secret, PURPOSE) if secret else None
 
 
-def accept(conn: socket.socket, key: bytes | None, peer: str) -> bool:
-    """Owner side: True when the peer may go on; False after refusing it (told why, logged)."""
+def accept(
+    conn: socket.socket, key: bytes | None, peer: str, probe: tuple[str, bytes] = ("", b"")
+) -> bool:
+    """Owner side: True when the peer may go on; False after refusing it (told why, logged).
+    `probe` (segment name, token digest) goes to an authenticated peer only."""
     nonce = new_nonce()
     send_frame(conn, Hello(version=PROTOCOL_VERSION, nonce=nonce, auth_required=key is not None))
     auth = recv_frame(conn, HANDSHAKE_MAX_FRAME_BYTES)
@@ -51,12 +56,14 @@ def accept(conn: socket.socket, key: bytes | None, peer: str) -> bool:
         send_frame(conn, AuthReply(error=error))
         return False
     assert isinstance(auth, Auth)
-    send_frame(conn, AuthReply(proof=server_proof(key, nonce, auth.nonce) if key else b""))
+    proof = server_proof(key, nonce, auth.nonce) if key else b""
+    send_frame(conn, AuthReply(proof=proof, shm_probe=probe[0], shm_digest=probe[1]))
     return True
 
 
-def connect(sock: socket.socket, key: bytes | None) -> None:
-    """Initiator side; raises TransferError when either side cannot prove the secret."""
+def connect(sock: socket.socket, key: bytes | None) -> tuple[str, bytes]:
+    """Initiator side; raises TransferError when either side cannot prove the secret. Returns
+    the owner's shared-memory probe (segment name, token digest; empty when it has none)."""
     hello = recv_frame(sock, HANDSHAKE_MAX_FRAME_BYTES)
     if not isinstance(hello, Hello) or hello.version != PROTOCOL_VERSION:
         raise TransferError(
@@ -78,3 +85,4 @@ def connect(sock: socket.socket, key: bytes | None) -> None:
         reply.proof, server_proof(key, hello.nonce, nonce)
     ):
         raise TransferError("peer agent failed to prove it holds the cluster secret")
+    return reply.shm_probe, reply.shm_digest

@@ -21,12 +21,12 @@ _OPTIONAL = {
 }
 
 
-def create_backend(name: str, *, agent_id: str, host_id: str, host: str) -> TransferBackend:
+def create_backend(name: str, *, agent_id: str, host: str) -> TransferBackend:
     """Build backend ``name``; raise BackendUnavailable when it cannot run here."""
     if name == "shm":
         from tandem.transfer.shm import ShmBackend
 
-        return ShmBackend(host_id)
+        return ShmBackend()
     if name == "tcp":
         from tandem.transfer.tcp import TcpBackend
 
@@ -63,13 +63,13 @@ def installed_backends(names: tuple[str, ...], *, agent_id: str) -> tuple[str, .
 
 
 def create_backends(
-    names: tuple[str, ...], *, agent_id: str, host_id: str, host: str
+    names: tuple[str, ...], *, agent_id: str, host: str
 ) -> dict[str, TransferBackend]:
     """Every available backend of ``names``, in that (preference) order; logs the missing."""
     backends: dict[str, TransferBackend] = {}
     for name in names:
         try:
-            backends[name] = create_backend(name, agent_id=agent_id, host_id=host_id, host=host)
+            backends[name] = create_backend(name, agent_id=agent_id, host=host)
         except BackendUnavailable as exc:
             logger.info("transfer agent=%s: backend %s unavailable: %s", agent_id, name, exc)
     return backends

@@ -10,14 +10,14 @@ from tandem.transfer.descriptor import TransferOpMeta
 
 logger = logging.getLogger(__name__)
 
-_ANOTHER_HOST = "is on another host"
-
 
 class BackendSelector:
     """Chooses, in preference order, the first local backend the remote op offers and can
-    be reached with. The first choice per (peer, backend) is logged at INFO — or WARNING
-    when a faster enabled backend was passed over for a reason other than distance —
-    later identical choices at DEBUG. Thread-safe.
+    be reached with. shm only where the peer's shared-memory probe read back here (the
+    caller's `no_shared_memory` is None); a peer without that proof is another host or
+    container, whose shm is passed over without an attempt. The first choice per (peer,
+    backend) is logged at INFO — or WARNING when a faster enabled backend was passed over for
+    a reason other than that distance — later identical choices at DEBUG. Thread-safe.
     """
 
     def __init__(self, backends: dict[str, TransferBackend], agent_id: str) -> None:
@@ -30,25 +30,34 @@ class BackendSelector:
         """Replace the backends (a lazy one started), same preference semantics."""
         self._backends = backends
 
-    def choose(self, remote: TransferOpMeta) -> TransferBackend:
+    def choose(self, remote: TransferOpMeta, no_shared_memory: str | None) -> TransferBackend:
+        """`no_shared_memory`: why this agent shares no /dev/shm with the peer (None: proven
+        shared, `shm.ShmProofs`). Raises LookupError naming every backend's reason."""
         rejected: list[tuple[str, str]] = []
+        is_fallback = False
         for name, backend in self._backends.items():
             if name not in remote.backends:
                 rejected.append((name, f"peer {remote.agent_id} does not offer {name}"))
+                is_fallback = True
+                continue
+            if name == "shm" and no_shared_memory is not None:
+                rejected.append((name, f"no shared /dev/shm with peer: {no_shared_memory}"))
                 continue
             reason = backend.unusable_reason(remote)
             if reason is None:
-                self._log(remote, name, rejected)
+                self._log(remote, name, rejected, is_fallback)
                 return backend
             rejected.append((name, reason))
+            is_fallback = True
         # tcp is always offered, so this means the config disabled it on one side
         raise LookupError("; ".join(f"{n}: {r}" for n, r in rejected) or "no backends enabled")
 
-    def _log(self, remote: TransferOpMeta, name: str, rejected: list[tuple[str, str]]) -> None:
+    def _log(
+        self, remote: TransferOpMeta, name: str, rejected: list[tuple[str, str]], is_fallback: bool
+    ) -> None:
         with self._lock:
             first = (remote.agent_id, name) not in self._logged
             self._logged.add((remote.agent_id, name))
-        is_fallback = any(_ANOTHER_HOST not in reason for _, reason in rejected)
         level = logging.WARNING if is_fallback else logging.INFO
         if not first:
             level = logging.DEBUG

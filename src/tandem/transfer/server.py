@@ -41,6 +41,8 @@ class OpOwner(Initiator, Protocol):
     """What the server needs of the agent whose ops it serves (`TransferAgent`, which also
     initiates transfers). Every method is called from the connection threads, concurrently."""
 
+    shm_probe: tuple[str, bytes]  # (segment, token digest) peers read back; ("", b""): none
+
     def find_op(self, op_id: str) -> TransferOp | None: ...
 
     def wait_for_op(self, op_id: str, timeout_s: float) -> TransferOp | None:
@@ -116,7 +118,7 @@ class ControlServer:
     def _serve(self, conn: socket.socket, peer: str) -> None:
         try:
             conn.settimeout(self._agent.config.io_timeout_s)
-            if not handshake.accept(conn, self._key, peer):
+            if not handshake.accept(conn, self._key, peer, self._agent.shm_probe):
                 return
             frame = recv_frame(conn)
             if isinstance(frame, Begin):
@@ -147,7 +149,7 @@ class ControlServer:
             return
         assert op is not None
         try:
-            if begin.host_id and begin.host_id != self._agent.host_id:
+            if not begin.shares_memory:  # another host or container (or no shm there)
                 self._agent.ensure_cross_host_backends(begin.peer)
             send_frame(conn, BeginReply(meta=self._agent.current_meta(op)))
             conn.settimeout(begin.timeout_s + _GRACE_S)

@@ -3,12 +3,22 @@
 Only the *owner's* region must live in shared memory (`TransferAgent.create_region`);
 the initiator copies straight between that mapping and its own region, one strided
 copy per run of consecutive blocks covering all layers of the op.
+
+Used only on proof, not by name: two containers on one machine share hostname and boot id
+but not /dev/shm. Each agent writes a random token into a fresh segment (`ShmProbe`) and names
+it, with the token's digest, in its handshake reply; an initiator that reads the token back
+(`ShmProofs`, once per peer) shares the owner's /dev/shm, and only then is shm chosen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import logging
 import mmap
+import os
+import secrets
 import socket
 import threading
 
@@ -16,14 +26,78 @@ import numpy as np
 
 from tandem.transfer.descriptor import TransferOpMeta
 from tandem.transfer.operation import TransferOp
-from tandem.transfer.region import MemoryRegion, copy_blocks, map_shm_segment
+from tandem.transfer.region import (
+    SHM_DIR,
+    SHM_PREFIX,
+    MemoryRegion,
+    copy_blocks,
+    map_shm_segment,
+)
+
+logger = logging.getLogger(__name__)
+PROBE_BYTES = 32
+_MAX_VERDICTS = 4096  # peers remembered; past it the cache starts over (a re-read is cheap)
+
+
+class ShmProbe:
+    """The owner's side of the proof: a fresh /dev/shm segment of `PROBE_BYTES` random bytes,
+    unlinked by `close` (or by a later agent's sweep when this process died)."""
+
+    def __init__(self) -> None:
+        self.name = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(8)}-probe"
+        token = secrets.token_bytes(PROBE_BYTES)
+        self.digest = hashlib.sha256(token).digest()
+        fd = os.open(os.path.join(SHM_DIR, self.name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        try:
+            os.write(fd, token)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, self.name))
+
+
+class ShmProofs:
+    """The initiator's side: whether an owner's probe reads back here, remembered per probe
+    (one read per peer agent, not one attempt per transfer). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._verdicts: dict[str, str | None] = {}
+
+    def why_not_shared(self, probe: str, digest: bytes) -> str | None:
+        """None when this process shares the prober's /dev/shm; otherwise why not."""
+        if not probe:
+            return "it named no shared-memory probe"
+        with self._lock:
+            if probe in self._verdicts:
+                return self._verdicts[probe]
+        verdict = _read_back(probe, digest)
+        with self._lock:
+            if len(self._verdicts) >= _MAX_VERDICTS:
+                self._verdicts.clear()
+            self._verdicts[probe] = verdict
+        return verdict
+
+
+def _read_back(probe: str, digest: bytes) -> str | None:
+    if "/" in probe or not probe.startswith(SHM_PREFIX):
+        return f"{probe!r} is not a tandem probe name"
+    try:
+        with open(os.path.join(SHM_DIR, probe), "rb") as f:
+            token = f.read(PROBE_BYTES + 1)
+    except OSError as exc:
+        return f"its probe {SHM_DIR}/{probe} is not visible here ({exc.strerror})"
+    if not hmac.compare_digest(hashlib.sha256(token).digest(), digest):
+        return f"its probe {SHM_DIR}/{probe} holds another token here"
+    return None
 
 
 class ShmBackend:
     name = "shm"
 
-    def __init__(self, host_id: str) -> None:
-        self._host_id = host_id
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._maps: dict[str, tuple[mmap.mmap, np.ndarray]] = {}
 
@@ -34,8 +108,8 @@ class ShmBackend:
         pass
 
     def unusable_reason(self, remote: TransferOpMeta) -> str | None:
-        if remote.host_id != self._host_id:
-            return f"peer {remote.agent_id} is on another host ({remote.host_id})"
+        """Why the owner's region cannot be mapped; whether the two share /dev/shm at all is
+        proven before (`ShmProofs`, `BackendSelector.choose`)."""
         shm_name = remote.handles.get("shm")
         if shm_name is None:
             return (

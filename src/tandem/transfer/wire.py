@@ -42,6 +42,10 @@ class Auth(msgspec.Struct, tag="auth", kw_only=True):
 class AuthReply(msgspec.Struct, tag="auth_reply", kw_only=True):
     proof: bytes = b""
     error: str = ""
+    # the owner's shared-memory probe (`shm.ShmProbe`): a /dev/shm segment name and the
+    # SHA-256 of the random token in it; an initiator that reads the token back shares /dev/shm
+    shm_probe: str = ""
+    shm_digest: bytes = b""
 
 
 class Begin(msgspec.Struct, tag="begin", kw_only=True):
@@ -49,7 +53,10 @@ class Begin(msgspec.Struct, tag="begin", kw_only=True):
     direction: str  # "pull" (peer reads a readable op) or "push" (peer writes a writable op)
     peer: str  # the initiating agent's id, for errors and logs
     timeout_s: float  # bounds the wait for the op to be created and the whole transfer
-    host_id: str = ""  # the initiator's host; another host's starts the owner's lazy backends
+    host_id: str = ""  # the initiator's host, for logs
+    # the initiator read the owner's shm probe back; without that proof the owner starts its
+    # lazy (cross-host) backends
+    shares_memory: bool = False
 
 
 class BeginReply(msgspec.Struct, tag="begin_reply", kw_only=True):

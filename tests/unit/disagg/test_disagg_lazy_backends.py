@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-import tandem.transfer.agent as agent_module
 import tandem.transfer.registry as registry
 from tandem.disagg.args import add_disagg_worker_args, disagg_worker_config_from_args
 from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
@@ -36,27 +35,24 @@ def started(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     calls: list[str] = []
     real = registry.create_backend
 
-    def create(name: str, *, agent_id: str, host_id: str, host: str):  # type: ignore[no-untyped-def]
+    def create(name: str, *, agent_id: str, host: str):  # type: ignore[no-untyped-def]
         if name == "nixl":
             calls.append(agent_id)
             return StandInNixl()
-        return real(name, agent_id=agent_id, host_id=host_id, host=host)
+        return real(name, agent_id=agent_id, host=host)
 
     monkeypatch.setattr(registry, "is_installed", lambda name: True)
     monkeypatch.setattr(registry, "create_backend", create)
     yield calls
 
 
-def agent(name: str, config: TransferAgentConfig, host: str | None = None) -> TransferAgent:
-    real_host_id = agent_module.host_id
-    if host is not None:
-        agent_module.host_id = lambda: host  # type: ignore[assignment]
-    try:
-        cfg = TransferAgentConfig(agent_id=name, backends=config.backends,
-                                  lazy_backends=config.lazy_backends)  # fmt: skip
-        a = TransferAgent(cfg)
-    finally:
-        agent_module.host_id = real_host_id
+def agent(name: str, config: TransferAgentConfig, far: bool = False) -> TransferAgent:
+    """An agent; `far`: one that cannot read any peer's shm probe back (another host)."""
+    cfg = TransferAgentConfig(agent_id=name, backends=config.backends,
+                              lazy_backends=config.lazy_backends)  # fmt: skip
+    a = TransferAgent(cfg)
+    if far:
+        a.why_not_shared = lambda probe, digest: "another host"  # type: ignore[method-assign]
     region = a.create_region("kv", LAYOUT)
     region.data[:] = np.random.default_rng(len(name)).integers(0, 256, region.data.size, np.uint8)
     return a
@@ -74,7 +70,7 @@ def test_peer_on_another_host_starts_it_on_both_sides(
     started: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="tandem.transfer.agent")
-    with agent("owner", LAZY) as owner, agent("far", LAZY, host="elsewhere/boot") as far:
+    with agent("owner", LAZY) as owner, agent("far", LAZY, far=True) as far:
         op = owner.create_readable("kv", [1, 2, 5])  # created before nixl started
         assert "nixl" not in op.meta.backends
         result = far.pull(op.meta, "kv", [0, 6, 7], timeout_s=5)
@@ -85,7 +81,9 @@ def test_peer_on_another_host_starts_it_on_both_sides(
         assert owner.backend_names == far.backend_names == ("shm", "nixl", "tcp")
         far.pull(owner.create_readable("kv", [3]).meta, "kv", [1], timeout_s=5)
         assert len(started) == 2  # started once per agent
-    assert "is on another host; started backends nixl" in caplog.text
+    assert "shares no memory with this one (another host or container); started backends nixl" in (
+        caplog.text
+    )
 
 
 def test_named_explicitly_it_starts_at_once(started: list[str]) -> None:

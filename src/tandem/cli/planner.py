@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 
 from tandem.planner.args import add_planner_args
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
@@ -35,6 +36,13 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tandem.errors import ConfigError, StartupError
+    from tandem.planner.args import ray_options
+
+    try:  # a ray flag without --connector ray, a negative resource: one line, before anything
+        ray_options(args, os.environ)
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from exc
     configure_logging(args.log_level, args.log_format)
     run_async(serve(args))
     return 0

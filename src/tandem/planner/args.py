@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Mapping
 
+from tandem.config_check import check_range
+from tandem.errors import ConfigError
 from tandem.planner.config import MODES, PlannerConfig, PoolConfig
 from tandem.planner.connector.base import connector_names
 from tandem.planner.predictor import PREDICTORS
@@ -81,7 +84,47 @@ def add_planner_args(parser: argparse.ArgumentParser, *, with_connector: bool = 
                    default=60.0,
                    help="how long a drained worker may finish its in-flight requests")  # fmt: skip
     g.add_argument("--worker-log-dir", default=None,
-                   help="directory for the started workers' logs (none: this output)")  # fmt: skip
+                   help="directory for the started workers' logs, worker-<id>.log (none: this "
+                   "output); with --connector ray, on the node that runs each worker")  # fmt: skip
+    ray = parser.add_argument_group("ray connector")
+    ray.add_argument("--ray-address", default=None,
+                     help="join this Ray cluster (e.g. 10.0.0.5:6379 on a node of it, or "
+                     "ray://head:10001 from outside; RAY_ADDRESS below TANDEM_RAY_ADDRESS); "
+                     "none: start a private one-node head on 127.0.0.1")  # fmt: skip
+    ray.add_argument("--ray-worker-cpus", type=float, default=0.0,
+                     help="CPUs each worker actor reserves on its node (0: not capped by the "
+                     "nodes' CPUs, e.g. a mocker fleet)")  # fmt: skip
+    ray.add_argument("--ray-worker-gpus", type=float, default=0.0,
+                     help="GPUs each worker actor reserves (Ray sets its "
+                     "CUDA_VISIBLE_DEVICES)")  # fmt: skip
+    ray.add_argument("--ray-placement", default="spread", choices=RAY_PLACEMENTS,
+                     help="spread: worker actors across the cluster's nodes; pack: Ray's "
+                     "default (fill a node first)")  # fmt: skip
+
+
+RAY_PLACEMENTS = ("spread", "pack")
+
+
+def ray_options(ns: argparse.Namespace, env: Mapping[str, str]) -> dict[str, object]:
+    """The Ray connector's options from the flags (`RAY_ADDRESS` in `env` when no
+    --ray-address); a ray flag with another connector is an error, not ignored."""
+    given = [f"--ray-{n.replace('_', '-')}" for n in ("address", "worker_cpus", "worker_gpus")
+             if getattr(ns, f"ray_{n}", None) not in (None, 0.0)]  # fmt: skip
+    if getattr(ns, "ray_placement", "spread") != "spread":
+        given.append("--ray-placement")
+    if getattr(ns, "connector", "local") != "ray":
+        if given:
+            raise ConfigError(f"{', '.join(given)} given without --connector ray (ray flags "
+                              "apply only to it)")  # fmt: skip
+        return {}
+    check_range("ray_worker_cpus", ns.ray_worker_cpus, low=0)
+    check_range("ray_worker_gpus", ns.ray_worker_gpus, low=0)
+    return {
+        "address": ns.ray_address or env.get("RAY_ADDRESS") or None,
+        "num_cpus": ns.ray_worker_cpus,
+        "num_gpus": ns.ray_worker_gpus,
+        "spread": ns.ray_placement == "spread",
+    }
 
 
 def planner_config_from_args(ns: argparse.Namespace) -> PlannerConfig:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
-from tandem.planner.args import planner_config_from_args, worker_argv
+from tandem.planner.args import planner_config_from_args, ray_options, worker_argv
 from tandem.planner.config import PlannerConfig
 from tandem.planner.connector.base import Connector
 from tandem.planner.control_loop import PlannerService
@@ -36,7 +37,11 @@ def build_connector(ns: argparse.Namespace, config: PlannerConfig, runtime: Runt
         from tandem.planner.connector.ray import RayConnector
 
         return RayConnector(
-            runtime.config, argv, drain_grace_s=ns.worker_drain_grace_s, log_dir=ns.worker_log_dir
+            runtime.config,
+            argv,
+            drain_grace_s=ns.worker_drain_grace_s,
+            log_dir=ns.worker_log_dir,
+            **ray_options(ns, os.environ),  # type: ignore[arg-type]
         )
     raise ValueError(f"unknown connector '{ns.connector}'; expected one of: local, ray")
 

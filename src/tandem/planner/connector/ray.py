@@ -6,8 +6,13 @@ process (`python -m tandem.cli.child`: the worker dies with the actor); the acto
 returns when the worker has exited. Draining is the actor's `drain`, a SIGTERM (the worker
 unregisters, finishes its in-flight requests within its grace, exits); `kill_worker` SIGKILLs
 the worker and `ray.kill`s the actor. `address` None starts a local head bound to 127.0.0.1
-(stopped on `close`); otherwise it joins that cluster (e.g. "auto", "ray://host:10001").
-Actors ask for `num_cpus` (default 0: a mocker fleet should not be capped by the CPU count).
+(stopped on `close`); otherwise it joins that cluster (e.g. "10.0.0.5:6379" from a node of it,
+"ray://host:10001" from outside). Actors ask for `num_cpus` and `num_gpus` (default 0 CPUs: a
+mocker fleet should not be capped by the CPU count) and are spread across the nodes unless
+`spread` is off. With `log_dir`, each worker's output goes to `log_dir/worker-<id>.log` on the
+node that runs it. An actor that dies (its node lost, or killed) ends its worker's record here;
+the worker's lease then expires and the planner, one worker short of its pool, adds another,
+which Ray places on a node that is still up.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ class WorkerActor:
     this process's child under `tandem.cli.child` (the kernel's parent-death signal and a
     lifeline pipe stop it when the actor dies), so the planner never imports its entry point."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], log_path: str | None = None) -> None:
         self.argv = argv
+        self.log_path = log_path
         self.process: asyncio.subprocess.Process | None = None
         self._lifeline = os.pipe()  # only this process holds the write end
         self._draining = False
@@ -46,10 +52,27 @@ class WorkerActor:
         return [sys.executable, "-m", "tandem.cli.child", "--parent-pid", str(os.getpid()),
                 "--life-fd", str(self._lifeline[0]), "--", "worker", *self.argv]  # fmt: skip
 
+    def node(self) -> str:
+        """Where this actor runs: hostname and the node's IP as Ray knows it."""
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return f"{socket.gethostname()} {ip}"
+
     async def run(self) -> str:
-        self.process = await asyncio.create_subprocess_exec(
-            *self.command(), pass_fds=(self._lifeline[0],)
-        )
+        out: int | None = None
+        if self.log_path is not None:
+            os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+            out = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command(), pass_fds=(self._lifeline[0],), stdout=out, stderr=out
+            )
+        finally:
+            if out is not None:
+                os.close(out)
         if self._draining:  # drained while it started
             self._signal(signal.SIGTERM)
         code = await self.process.wait()
@@ -80,6 +103,8 @@ class RayConnector:
         log_dir: str | None = None,
         address: str | None = None,
         num_cpus: float = 0.0,
+        num_gpus: float = 0.0,
+        spread: bool = True,
         ray_init: dict[str, Any] | None = None,
     ) -> None:
         import ray
@@ -92,6 +117,9 @@ class RayConnector:
         self.worker_argv = worker_argv
         self.drain_grace_s = drain_grace_s
         self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
+        self.spread = spread
+        self.log_dir = log_dir
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
@@ -113,11 +141,18 @@ class RayConnector:
                 *runtime_flags(self.runtime_config)]  # fmt: skip
         try:
             env = secret_env(self.runtime_config)
-            created = self._actor_cls.options(
-                name=f"tandem-worker-{worker_id}",
-                num_cpus=self.num_cpus,
-                runtime_env={"env_vars": env} if env else None,
-            ).remote(argv)
+            options: dict[str, Any] = {
+                "name": f"tandem-worker-{worker_id}",
+                "num_cpus": self.num_cpus,
+                "num_gpus": self.num_gpus,
+                "runtime_env": {"env_vars": env} if env else None,
+            }
+            if self.spread:
+                options["scheduling_strategy"] = "SPREAD"
+            log_path = None
+            if self.log_dir is not None:
+                log_path = os.path.join(self.log_dir, f"worker-{worker_id}.log")
+            created = self._actor_cls.options(**options).remote(argv, log_path)
             # ray types remote() as `ActorHandle | type` (one signature for its decorator)
             actor = cast("ActorHandle[WorkerActor]", created)
         except Exception as exc:
@@ -130,10 +165,15 @@ class RayConnector:
 
     async def _watch(self, worker_id: str, actor: ActorHandle[WorkerActor]) -> None:
         try:
+            with contextlib.suppress(Exception):  # where it runs, for the logs
+                logger.info("ray worker %s runs on node %s", worker_id,
+                            await asyncio.wait_for(actor.node.remote(), 60))  # fmt: skip
             result = await actor.run.remote()
             logger.info("ray worker %s: %s", worker_id, result)
-        except Exception as exc:  # the actor died or was killed
-            logger.info("ray worker %s ended: %s", worker_id, type(exc).__name__)
+        except Exception as exc:  # the actor died (its node lost) or was killed
+            level = logging.WARNING if worker_id in self.actors else logging.INFO
+            logger.log(level, "ray worker %s: its actor died (%s); the planner replaces the "
+                       "worker once its lease expires", worker_id, type(exc).__name__)  # fmt: skip
         finally:
             self.actors.pop(worker_id, None)
             with contextlib.suppress(Exception):

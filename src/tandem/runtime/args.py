@@ -25,6 +25,22 @@ _FLAGS: dict[str, tuple[type, str]] = {
         "`ps` as a flag: prefer the env variable or --cluster-secret-file)",
     ),
     "cluster_secret_file": (str, "file holding the cluster secret (mode 600)"),
+    "etcd_user": (str, "etcd user (etcd auth enabled; with --etcd-password)"),
+    "etcd_password": (str, "password of --etcd-user (prefer the env variable: flags show in `ps`)"),
+    "etcd_ca_file": (str, "CA certificate that signed etcd's server certificate (https:// URL)"),
+    "etcd_cert_file": (
+        str,
+        "client certificate for etcd --client-cert-auth (with --etcd-key-file)",
+    ),
+    "etcd_key_file": (str, "private key of --etcd-cert-file"),
+    "nats_user": (str, "NATS user (with --nats-password)"),
+    "nats_password": (str, "password of --nats-user (prefer the env variable: flags show in `ps`)"),
+    "nats_token": (str, "NATS authorization token (prefer the env variable)"),
+    "nats_creds_file": (str, "NATS credentials file (.creds: user JWT + nkey seed)"),
+    "nats_nkey_seed_file": (str, "file holding a NATS nkey user seed (SU...)"),
+    "nats_ca_file": (str, "CA certificate that signed the NATS server's certificate (tls:// URL)"),
+    "nats_cert_file": (str, "client certificate for NATS TLS verify (with --nats-key-file)"),
+    "nats_key_file": (str, "private key of --nats-cert-file"),
     "max_frame_bytes": (int, "request-plane frame size limit in bytes"),
     "stream_stall_timeout_s": (
         float,
@@ -36,8 +52,9 @@ _CHOICES = {"discovery": DISCOVERY_BACKENDS, "events": EVENT_BACKENDS}
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     """Add --namespace --discovery --discovery-dir --etcd-url --events --nats-url --host
-    --lease-ttl-s --cluster-secret --cluster-secret-file --max-frame-bytes
-    --stream-stall-timeout-s, with RuntimeConfig's defaults. A flag the parser already has
+    --lease-ttl-s --cluster-secret --cluster-secret-file, etcd's and NATS's own auth and TLS
+    (--etcd-user ... --nats-key-file), --max-frame-bytes --stream-stall-timeout-s, with
+    RuntimeConfig's defaults. A flag the parser already has
     (e.g. `--host` of an HTTP server) is skipped; the runtime value then is the default."""
     group = parser.add_argument_group("runtime")
     defaults = RuntimeConfig()

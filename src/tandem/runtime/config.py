@@ -15,6 +15,11 @@ from tandem.runtime.secret import check_secret
 
 DISCOVERY_BACKENDS = ("etcd", "file", "memory")
 EVENT_BACKENDS = ("memory", "nats", "zmq")
+# etcd's and NATS's own auth and TLS files (checked to exist at start)
+_SERVICE_FILES = (
+    *("etcd_ca_file", "etcd_cert_file", "etcd_key_file"),
+    *("nats_creds_file", "nats_nkey_seed_file", "nats_ca_file", "nats_cert_file", "nats_key_file"),
+)
 
 
 def default_discovery_dir() -> str:
@@ -54,6 +59,23 @@ class RuntimeConfig:
     stream_window: int = 256  # request-plane credit: response frames in flight per stream
     stream_stall_timeout_s: float = 60.0  # a stream whose consumer reads nothing this long ends
     max_connections: int = 4096  # request-plane server; more are closed at accept
+    # etcd's own access control (None = not used): a user (v3 auth), client certificates and
+    # the CA of etcd's server certificate (https:// URLs)
+    etcd_user: str | None = None
+    etcd_password: str | None = field(default=None, repr=False)
+    etcd_ca_file: str | None = None
+    etcd_cert_file: str | None = None
+    etcd_key_file: str | None = None
+    # NATS's own access control (None = not used): one of user/password, token, a .creds file
+    # or an nkey seed file; TLS with a CA and optionally a client certificate
+    nats_user: str | None = None
+    nats_password: str | None = field(default=None, repr=False)
+    nats_token: str | None = field(default=None, repr=False)
+    nats_creds_file: str | None = None
+    nats_nkey_seed_file: str | None = None
+    nats_ca_file: str | None = None
+    nats_cert_file: str | None = None
+    nats_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.namespace or "." in self.namespace:
@@ -75,6 +97,40 @@ class RuntimeConfig:
         check_range("max_connections", self.max_connections, low=1, high=1 << 20)
         if self.cluster_secret is not None:
             check_secret(self.cluster_secret)
+        self._check_service_auth()
+
+    def _check_service_auth(self) -> None:
+        """Options that go together are given together; named files exist; TLS options
+        match the URL's scheme (a mode tandem would not honour is an error, not ignored)."""
+        for a, b in (
+            ("etcd_user", "etcd_password"),
+            ("etcd_cert_file", "etcd_key_file"),
+            ("nats_user", "nats_password"),
+            ("nats_cert_file", "nats_key_file"),
+        ):
+            if (getattr(self, a) is None) != (getattr(self, b) is None):
+                raise ValueError(f"{a} and {b} go together: give both or neither")
+        nats_auth = [
+            n
+            for n in ("nats_user", "nats_token", "nats_creds_file", "nats_nkey_seed_file")
+            if getattr(self, n) is not None
+        ]
+        if len(nats_auth) > 1:
+            raise ValueError(f"{' and '.join(nats_auth)} are all set; give NATS one credential")
+        for name in _SERVICE_FILES:
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{name}={path!r} is not a readable file")
+        etcd_tls = self.etcd_ca_file or self.etcd_cert_file
+        if etcd_tls and not self.etcd_url.startswith("https://"):
+            raise ValueError(
+                f"etcd TLS files are given but etcd_url={self.etcd_url!r} is not https://"
+            )
+        nats_tls = self.nats_ca_file or self.nats_cert_file
+        if nats_tls and not self.nats_url.startswith("tls://"):
+            raise ValueError(
+                f"NATS TLS files are given but nats_url={self.nats_url!r} is not tls://"
+            )
 
     @property
     def resolved_discovery_dir(self) -> str:

@@ -7,6 +7,13 @@ process's records vanish when its lease expires (≈ TTL after its last keep-ali
 `unregister`/`close` delete them at once. `watch` = range (snapshot + revision) then a
 streamed `/v3/watch` from the next revision; when the stream breaks it re-ranges and emits
 the difference, so no change is lost.
+
+With a cluster secret each value is a `SealedRecord` (the instance's JSON and an HMAC tag over
+the key and those bytes, keyed for this plane), so whoever can write to etcd without the secret
+cannot add, alter or move a record: a record that does not verify is ignored by readers (as if
+absent), counted in `num_forged` and logged once per key. Each owner checks its own keys every
+TTL/3 and puts them back when someone deleted or altered them. etcd's own access control
+(users, client certificates, TLS: `EtcdAuth`) decides who may write at all.
 """
 
 from __future__ import annotations
@@ -17,13 +24,16 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import msgspec
 
 from tandem.protocols.discovery import Instance, InstanceEvent
+from tandem.runtime.secret import is_valid_tag, key_for, tag
 from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -48,8 +58,90 @@ class EtcdError(RuntimeError):
     """etcd answered with an error or could not be reached."""
 
 
+class EtcdAuthError(EtcdError):
+    """etcd refused this client (wrong or missing user/password, certificate or CA, or no
+    permission on the key prefix): retrying does not help, so watchers give up on it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EtcdAuth:
+    """How this client proves itself to etcd: a user (the gateway's /v3/auth/authenticate
+    token, sent as the Authorization header and renewed when etcd says it expired), client
+    certificates and the CA that signed etcd's server certificate (https:// URLs)."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.user is None) != (self.password is None):
+            raise ValueError("etcd user and password go together: give both or neither")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("etcd client cert and key go together: give both or neither")
+
+    @property
+    def uses_tls(self) -> bool:
+        return any((self.ca_file, self.cert_file))
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.uses_tls:
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+            if self.cert_file is not None:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"etcd TLS files cannot be loaded: {exc}") from exc
+        return ctx
+
+
+class SealedRecord(msgspec.Struct, kw_only=True):
+    """An etcd value: the instance's JSON bytes as written and their HMAC tag (hex; empty
+    without a cluster secret)."""
+
+    record: msgspec.Raw
+    tag: str = ""
+
+
+_PURPOSE = "etcd-discovery/v1"
+_MAX_REMEMBERED_FORGED = 4096
+
+
+class ForgedRecordError(ValueError):
+    """A value that is not a record sealed with this process's cluster secret for its key."""
+
+
+def seal_record(key: bytes, instance: Instance, secret_key: bytes | None) -> bytes:
+    body = msgspec.json.encode(instance)
+    sealed = SealedRecord(
+        record=msgspec.Raw(body), tag=tag(secret_key, key, body).hex() if secret_key else ""
+    )
+    return msgspec.json.encode(sealed)
+
+
+def open_record(key: bytes, value: bytes, secret_key: bytes | None) -> Instance:
+    """The instance in `value` stored at `key`; raises ForgedRecordError when it is malformed
+    or (with a secret) its tag does not verify for this key."""
+    try:
+        sealed = msgspec.json.decode(value, type=SealedRecord)
+        body = bytes(sealed.record)
+        if secret_key is not None:
+            try:
+                expected = bytes.fromhex(sealed.tag)
+            except ValueError:
+                expected = b""
+            if not is_valid_tag(secret_key, expected, key, body):
+                raise ForgedRecordError("no valid tag for this cluster secret")
+        return msgspec.json.decode(body, type=Instance)
+    except msgspec.DecodeError as exc:
+        raise ForgedRecordError(f"not a tandem record: {exc}") from exc
+
+
 class EtcdDiscovery:
-    """Implements `Discovery`. `url` is etcd's client URL, e.g. http://127.0.0.1:2379."""
+    """Implements `Discovery`. `url` is etcd's client URL, e.g. http://127.0.0.1:2379
+    (https:// with `auth`'s CA and client certificates)."""
 
     def __init__(
         self,
@@ -58,10 +150,21 @@ class EtcdDiscovery:
         ttl_s: float = 2.0,
         key_root: str = "tandem/instances/",
         request_timeout_s: float = 5.0,
+        secret: str | None = None,
+        auth: EtcdAuth | None = None,
     ) -> None:
         self.url, self.key_root = url.rstrip("/"), key_root
         self.ttl_s = max(1, math.ceil(ttl_s))
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._auth = auth or EtcdAuth()
+        self._ssl = self._auth.ssl_context()
+        if self._ssl is not None and not self.url.startswith("https://"):
+            raise ValueError(f"etcd TLS options need an https:// URL, got {url!r}")
+        self._token: str | None = None
+        self._secret_key = key_for(secret, _PURPOSE) if secret else None
+        self.num_forged = 0  # distinct record versions ignored (forged, altered, foreign)
+        self._forged_seen: set[tuple[str, str]] = set()  # (b64 key, mod_revision)
+        self._forged_logged: set[str] = set()
         self._session: aiohttp.ClientSession | None = None
         self._lease_id: str | None = None
         self._owned: dict[str, tuple[str, str]] = {}  # instance_id -> (b64 key, b64 value)
@@ -72,18 +175,56 @@ class EtcdDiscovery:
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _headers(self) -> dict[str, str]:
+        if self._auth.user is None:
+            return {}
+        if self._token is None:
+            self._token = await self._authenticate()
+        return {"Authorization": self._token}
+
+    async def _authenticate(self) -> str:
+        body = {"name": self._auth.user, "password": self._auth.password}
+        status, data = await self._request("/v3/auth/authenticate", body, {})
+        if status != 200 or "token" not in data:
+            raise EtcdAuthError(
+                f"etcd at {self.url} refused user {self._auth.user!r} ({status}: "
+                f"{data.get('message') or data.get('error') or data}); check --etcd-user and "
+                "--etcd-password"
+            )
+        return str(data["token"])
+
+    async def _request(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[int, dict[str, Any]]:
         try:
-            async with self._sess().post(self.url + path, json=body, timeout=self._timeout) as r:
-                data = await r.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            async with self._sess().post(
+                self.url + path, json=body, headers=headers, timeout=self._timeout
+            ) as r:
+                return r.status, dict(await r.json(content_type=None))
+        except aiohttp.ClientSSLError as exc:
+            raise EtcdAuthError(
+                f"TLS with etcd at {self.url} failed on {path}: {exc}; check --etcd-ca-file, "
+                "--etcd-cert-file and --etcd-key-file"
+            ) from exc
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise EtcdError(f"etcd at {self.url} unreachable on {path}: {exc!r}") from exc
-        if r.status != 200 or "error" in data:
-            raise EtcdError(f"etcd {path} failed ({r.status}): {data}")
-        return dict(data)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        status, data = await self._request(path, body, await self._headers())
+        if _is_expired_token(data) and self._auth.user is not None:
+            self._token = None  # expired (etcd's simple tokens live 5 min): log in again
+            status, data = await self._request(path, body, await self._headers())
+        if status != 200 or "error" in data:
+            text = f"etcd {path} at {self.url} failed ({status}): {data}"
+            if _is_auth_failure(status, data):
+                hint = "--etcd-user/--etcd-password" if self._auth.user else "no --etcd-user given"
+                raise EtcdAuthError(f"{text}; etcd requires credentials with access ({hint})")
+            raise EtcdError(text)
+        return data
 
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """One v3 JSON gateway request on this client's connection, for other state kept in
@@ -101,7 +242,7 @@ class EtcdDiscovery:
             raise ValueError(f"instance_id {instance.instance_id!r} is already registered")
         if self._lease_id is None:
             self._lease_id = await self._grant()
-        entry = (_b64(key), _b64(msgspec.json.encode(instance)))
+        entry = (_b64(key), _b64(seal_record(key, instance, self._secret_key)))
         await self._put(entry)
         self._owned[instance.instance_id] = entry
         if self._keepalive is None:
@@ -128,8 +269,28 @@ class EtcdDiscovery:
                 data = await self._post("/v3/lease/keepalive", {"ID": self._lease_id})
                 if int(data.get("result", {}).get("TTL", 0)) <= 0:
                     await self._regrant()
+                else:
+                    await self._restore_owned()
             except EtcdError as exc:
                 logger.warning("etcd keep-alive failed: %s", exc)
+
+    async def _restore_owned(self) -> None:
+        """Put back each of our records that someone else deleted or altered (whoever can
+        write to etcd can; with a cluster secret readers ignore an altered one meanwhile)."""
+        for instance_id, entry in list(self._owned.items()):
+            data = await self._post("/v3/kv/range", {"key": entry[0]})
+            kvs = data.get("kvs", [])
+            if kvs and kvs[0].get("value") == entry[1] and kvs[0].get("lease") == self._lease_id:
+                continue
+            if instance_id not in self._owned:
+                continue  # unregistered meanwhile
+            logger.warning(
+                "discovery record of instance_id=%s was %s by another etcd client; "
+                "re-registering it",
+                instance_id,
+                "altered" if kvs else "deleted",
+            )
+            await self._put(entry)
 
     async def _regrant(self) -> None:
         logger.warning(
@@ -146,8 +307,31 @@ class EtcdDiscovery:
         )
         found = {}
         for kv in data.get("kvs", []):
-            found[kv["key"]] = msgspec.json.decode(base64.b64decode(kv["value"]), type=Instance)
+            inst = self._open(kv)
+            if inst is not None:
+                found[kv["key"]] = inst
         return found, int(data["header"]["revision"])
+
+    def _open(self, kv: dict[str, Any]) -> Instance | None:
+        """The instance an etcd key-value holds, or None when it does not verify (counted
+        once per version, logged once per key)."""
+        key = base64.b64decode(kv["key"])
+        try:
+            return open_record(key, base64.b64decode(kv.get("value", "")), self._secret_key)
+        except ForgedRecordError as exc:
+            version = (kv["key"], str(kv.get("mod_revision")))
+            if version not in self._forged_seen:
+                if len(self._forged_seen) >= _MAX_REMEMBERED_FORGED:
+                    self._forged_seen.clear()
+                self._forged_seen.add(version)
+                self.num_forged += 1
+            if kv["key"] not in self._forged_logged:
+                if len(self._forged_logged) < _MAX_REMEMBERED_FORGED:
+                    self._forged_logged.add(kv["key"])
+                logger.warning(
+                    "ignoring etcd discovery record %r: %s", key.decode(errors="replace"), exc
+                )
+            return None
 
     async def list_instances(self, prefix: str = "") -> list[Instance]:
         found, _ = await self._range((self.key_root + prefix).encode())
@@ -159,6 +343,8 @@ class EtcdDiscovery:
         while True:
             try:
                 current, revision = await self._range(key)
+            except EtcdAuthError:
+                raise  # retrying cannot help; the caller reports it
             except EtcdError as exc:
                 logger.warning("etcd watch of %r: %s; retrying", prefix, exc)
                 await asyncio.sleep(0.5)
@@ -184,14 +370,21 @@ class EtcdDiscovery:
         }
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total)
         try:
+            headers = await self._headers()
             async with self._sess().post(
-                self.url + "/v3/watch", json=body, timeout=timeout, read_bufsize=1 << 20
+                self.url + "/v3/watch",
+                json=body,
+                headers=headers,
+                timeout=timeout,
+                read_bufsize=1 << 20,
             ) as r:
                 async for line in r.content:
                     if line.strip():
-                        for event in _events(json.loads(line), known):
+                        for event in _events(json.loads(line), known, self._open):
                             yield event
-        except (aiohttp.ClientError, ValueError) as exc:
+        except (aiohttp.ClientError, ValueError, EtcdError) as exc:
+            if "auth token" in str(exc):
+                self._token = None  # expired: the next range logs in again
             logger.warning("etcd watch stream at %s broke: %r", self.url, exc)
 
     async def close(self) -> None:
@@ -214,7 +407,24 @@ def _diff(known: dict[str, Instance], current: dict[str, Instance]) -> list[Inst
     return added + gone
 
 
-def _events(message: dict[str, Any], known: dict[str, Instance]) -> list[InstanceEvent]:
+def _is_expired_token(data: dict[str, Any]) -> bool:
+    return "invalid auth token" in str(data.get("error") or data.get("message") or "")
+
+
+def _is_auth_failure(status: int, data: dict[str, Any]) -> bool:
+    text = str(data.get("error") or data.get("message") or "").lower()
+    return status in (401, 403) or any(
+        word in text for word in ("permission denied", "user name is empty", "auth")
+    )
+
+
+def _events(
+    message: dict[str, Any],
+    known: dict[str, Instance],
+    open_kv: Callable[[dict[str, Any]], Instance | None],
+) -> list[InstanceEvent]:
+    """Instance events of one watch message; a value that does not verify counts as the
+    key's deletion (the owner puts its record back)."""
     result = message.get("result", {})
     if "error" in message or result.get("canceled"):
         raise ValueError(f"etcd watch ended: {message}")
@@ -226,7 +436,12 @@ def _events(message: dict[str, Any], known: dict[str, Instance]) -> list[Instanc
             if inst is not None:
                 out.append(InstanceEvent(kind="removed", instance=inst))
         else:
-            inst = msgspec.json.decode(base64.b64decode(ev["kv"]["value"]), type=Instance)
+            inst = open_kv(ev["kv"])
+            if inst is None:
+                gone = known.pop(key, None)
+                if gone is not None:
+                    out.append(InstanceEvent(kind="removed", instance=gone))
+                continue
             if key not in known:
                 out.append(InstanceEvent(kind="added", instance=inst))
             known[key] = inst

@@ -30,9 +30,18 @@ def make_discovery(config: RuntimeConfig) -> Discovery:
             secret=config.cluster_secret,
         )
     if name == "etcd":
-        from tandem.runtime.discovery.etcd import EtcdDiscovery
+        from tandem.runtime.discovery.etcd import EtcdAuth, EtcdDiscovery
 
-        return EtcdDiscovery(config.etcd_url, ttl_s=config.lease_ttl_s)
+        auth = EtcdAuth(
+            user=config.etcd_user,
+            password=config.etcd_password,
+            ca_file=config.etcd_ca_file,
+            cert_file=config.etcd_cert_file,
+            key_file=config.etcd_key_file,
+        )
+        return EtcdDiscovery(
+            config.etcd_url, ttl_s=config.lease_ttl_s, secret=config.cluster_secret, auth=auth
+        )
     raise _unknown("discovery", name, DISCOVERY_BACKENDS)
 
 

@@ -65,9 +65,22 @@ def make_event_bus(config: RuntimeConfig, discovery: Discovery) -> EventBus:
             max_message_bytes=config.max_frame_bytes,
         )
     if name == "nats":
-        from tandem.runtime.events.nats import NatsEventBus
+        from tandem.runtime.events.nats import NatsAuth, NatsEventBus
 
+        auth = NatsAuth(
+            user=config.nats_user,
+            password=config.nats_password,
+            token=config.nats_token,
+            creds_file=config.nats_creds_file,
+            nkey_seed_file=config.nats_nkey_seed_file,
+            ca_file=config.nats_ca_file,
+            cert_file=config.nats_cert_file,
+            key_file=config.nats_key_file,
+        )
         return NatsEventBus(
-            config.nats_url, buffer_size=config.event_buffer_size, secret=config.cluster_secret
+            config.nats_url,
+            buffer_size=config.event_buffer_size,
+            secret=config.cluster_secret,
+            auth=auth,
         )
     raise _unknown("event bus", name, EVENT_BACKENDS)

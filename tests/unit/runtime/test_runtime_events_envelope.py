@@ -58,3 +58,34 @@ def test_remembers_a_bounded_number_of_publishers() -> None:
     for _ in range(10):
         assert opener.open("s", EventSealer(SECRET).seal("s", b"x")) == b"x"
     assert len(opener._last_seq) == 3
+
+
+def test_encrypted_message_hides_its_payload_and_opens_once() -> None:
+    sealer, opener = EventSealer(SECRET, encrypt=True), EventOpener(SECRET)
+    payload = b"token_ids: 101 102 103 " * 8
+    first, second = sealer.seal("t.kv.w1", payload), sealer.seal("t.kv.w1", payload)
+    assert first.startswith(envelope.MAGIC_ENCRYPTED)
+    assert b"token_ids" not in first and first[-len(payload) :] != payload
+    assert first[envelope._HEADER.size :] != second[envelope._HEADER.size :]  # nonce = seq
+    assert opener.open("t.kv.w1", first) == payload
+    assert opener.open("t.kv.w1", second) == payload
+    assert opener.open("t.kv.w1", first) is None  # replayed
+    assert opener.num_rejected == 1
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda s: EventSealer(secrets.token_hex(32), encrypt=True).seal("t.kv.w1", b"x"),
+        lambda s: EventSealer(SECRET, encrypt=True).seal("t.load.w1", b"x"),  # other subject
+        lambda s: s[:-1] + bytes([s[-1] ^ 1]),  # ciphertext altered
+        lambda s: s[:20] + bytes([s[20] ^ 1]) + s[21:],  # publisher id altered
+        lambda s: s[: envelope._HEADER.size + 3],  # truncated
+    ],
+    ids=["other-secret", "other-subject", "altered", "other-publisher", "truncated"],
+)
+def test_forged_encrypted_message_is_dropped(forge) -> None:
+    sealed = EventSealer(SECRET, encrypt=True).seal("t.kv.w1", b"payload")
+    opener = EventOpener(SECRET)
+    assert opener.open("t.kv.w1", forge(sealed)) is None
+    assert opener.num_rejected == 1

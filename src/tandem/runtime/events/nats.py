@@ -1,13 +1,18 @@
 """NATS event bus (core NATS via nats-py) against a running `nats-server`.
 
-With a cluster secret every payload is sealed (`envelope.py`) and each subscription drops
-what does not verify: the NATS server may run without auth, so anyone who can reach it could
-otherwise publish KV events and load metrics in a worker's name.
+With a cluster secret every payload is encrypted and tagged (`envelope.py`, version 2) and
+each subscription drops what does not verify: the NATS server may run without auth, so anyone
+who can reach it could otherwise read prompts from KV events' token ids and publish KV events
+and load metrics in a worker's name. NATS's own access control (`NatsAuth`: user/password,
+token, a .creds file or an nkey seed; TLS with a CA and client certificate) decides who may
+connect, publish and subscribe at all.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats
@@ -19,6 +24,53 @@ from tandem.runtime.events.subject import validate_pattern, validate_subject
 from tandem.runtime.events.subscription import BufferedSubscription
 
 logger = logging.getLogger(__name__)
+
+
+class NatsConnectError(ConnectionError):
+    """The NATS server cannot be reached or refused this client (credentials, TLS)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NatsAuth:
+    """How this client proves itself to nats-server: at most one of user/password, token,
+    a credentials file (.creds) or an nkey seed file; TLS (tls:// URLs) with the CA that
+    signed the server's certificate and, where the server verifies clients, a certificate."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    creds_file: str | None = None
+    nkey_seed_file: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def connect_options(self) -> dict[str, Any]:
+        """nats.connect keyword arguments for these credentials."""
+        options: dict[str, Any] = {}
+        if self.user is not None:
+            options.update(user=self.user, password=self.password)
+        if self.token is not None:
+            options["token"] = self.token
+        if self.creds_file is not None:
+            options["user_credentials"] = self.creds_file
+        if self.nkey_seed_file is not None:
+            options["nkeys_seed"] = self.nkey_seed_file
+        if self.ca_file is not None or self.cert_file is not None:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+            if self.cert_file is not None:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+            options["tls"] = ctx
+        return options
+
+    def describe(self) -> str:
+        given = [name for name in ("user", "token", "creds_file", "nkey_seed_file", "ca_file",
+                                   "cert_file") if getattr(self, name) is not None]  # fmt: skip
+        return (
+            "with " + ", ".join(f"--nats-{n.replace('_', '-')}" for n in given)
+            if given
+            else ("without credentials or TLS options")
+        )
 
 
 class NatsEventBus:
@@ -34,24 +86,46 @@ class NatsEventBus:
         buffer_size: int = 10_000,
         connect_timeout_s: float = 5.0,
         secret: str | None = None,
+        auth: NatsAuth | None = None,
     ) -> None:
         self.url, self._buffer_size, self._timeout = url, buffer_size, connect_timeout_s
-        self._secret = secret
-        self._sealer = EventSealer(secret) if secret else None
+        self._secret, self._auth = secret, auth or NatsAuth()
+        self._sealer = EventSealer(secret, encrypt=True) if secret else None
         self.num_rejected = 0
         self._nc: Client | None = None
         self._subs: dict[BufferedSubscription, Any] = {}
 
     async def _client(self) -> Client:
         if self._nc is None:
-            self._nc = await nats.connect(
+            self._nc = await self._connect()
+        return self._nc
+
+    async def _connect(self) -> Client:
+        """A connected client; raises NatsConnectError naming the URL, the options used and
+        the server's reason (nats-py gives up on the first connect after one round)."""
+        errors: list[Exception] = []
+
+        async def first_errors(exc: Exception) -> None:
+            if len(errors) < 4:  # only the first connect's reasons are reported
+                errors.append(exc)
+            await _log_error(exc)
+
+        try:
+            nc = await nats.connect(
                 self.url,
                 connect_timeout=self._timeout,
                 max_reconnect_attempts=-1,
+                allow_reconnect=True,
                 name="tandem",
-                error_cb=_log_error,
+                error_cb=first_errors,
+                **self._auth.connect_options(),
             )
-        return self._nc
+        except Exception as exc:  # nats-py raises many unrelated classes here
+            reasons = "; ".join(dict.fromkeys(repr(e) for e in [*errors, exc]))
+            raise NatsConnectError(
+                f"cannot connect to NATS at {self.url} {self._auth.describe()}: {reasons}"
+            ) from exc
+        return nc
 
     async def publish(self, subject: str, payload: bytes) -> None:
         validate_subject(subject)

@@ -45,6 +45,15 @@ def make_discovery(config: RuntimeConfig) -> Discovery:
     raise _unknown("discovery", name, DISCOVERY_BACKENDS)
 
 
+async def check_discovery(discovery: Discovery) -> None:
+    """Fail now, with the backend's message, when the discovery service refuses this process
+    (etcd credentials, certificates, permissions), rather than in a watch that retries."""
+    from tandem.runtime.discovery.etcd import EtcdDiscovery
+
+    if isinstance(discovery, EtcdDiscovery):
+        await discovery.check_access()
+
+
 def make_event_bus(config: RuntimeConfig, discovery: Discovery) -> EventBus:
     """A new event bus for `config.events`; zmq finds its peers through `discovery`.
     Async backends connect lazily on first use; the caller closes the bus."""

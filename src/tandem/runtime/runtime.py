@@ -12,7 +12,7 @@ from tandem.protocols.discovery import Instance, ModelCard, endpoint_path
 from tandem.runtime.base import Discovery, EventBus, Handler
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.instances import InstanceSet
-from tandem.runtime.registry import make_discovery, make_event_bus
+from tandem.runtime.registry import check_discovery, make_discovery, make_event_bus
 from tandem.runtime.tcp import ResponseStream, TcpRequestClient, TcpRequestServer
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,12 @@ async def open_runtime(
     (the caller owns them); those built here from `config` are closed on exit."""
     own_discovery = discovery is None
     disc = make_discovery(config) if discovery is None else discovery
+    if own_discovery:
+        try:
+            await check_discovery(disc)  # refused credentials fail the process here
+        except BaseException:
+            await disc.close()
+            raise
     bus = make_event_bus(config, disc) if events is None else events
     server = TcpRequestServer(
         host=config.host,

@@ -226,6 +226,16 @@ class EtcdDiscovery:
             raise EtcdError(text)
         return data
 
+    async def check_access(self) -> None:
+        """Log in (with a user) and read one key under `key_root` now, so that a process
+        whose credentials, certificates or permissions etcd refuses fails at start with
+        EtcdAuthError rather than in a watch; EtcdError when etcd cannot be reached."""
+        root = self.key_root.encode()
+        await self._post(
+            "/v3/kv/range",
+            {"key": _b64(root), "range_end": _b64(prefix_end(root)), "limit": 1, "keys_only": True},
+        )
+
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """One v3 JSON gateway request on this client's connection, for other state kept in
         the same etcd (`tandem.runtime.blobs.etcd`); raises EtcdError."""

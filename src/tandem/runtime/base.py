@@ -157,6 +157,21 @@ class RequestClient(Protocol):
         when the deadline passes, and the server's ServingError subclass if it raised one."""
         ...
 
+    def peer_silent_s(self, address: str) -> float | None:
+        """Seconds since the pooled connection to `address` last heard from its server;
+        None without an open connection."""
+        ...
+
+    async def answers(self, address: str, within_s: float) -> bool:
+        """Whether the server at `address` answers a PING on its pooled connection within
+        `within_s` (False without an open connection)."""
+        ...
+
+    def drop(self, address: str, reason: str) -> None:
+        """Abort the pooled connection to `address` (its streams fail with PeerGone naming
+        `reason`); the next request connects afresh."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -4,6 +4,15 @@
 `__anext__`. Closing it early (`aclose`, `async with`, `break` once dropped, or cancelling the
 consuming task) sends CANCEL so the server cancels the handler.
 
+Liveness: every socket has TCP keepalive (transport.py), and a connection to a server that
+answers PING (frame.py) and from which nothing arrived for `PING_INTERVAL_S` is pinged; one
+silent for `dead_after_s` (default 10 s: a frozen or unreachable worker; a live one answers a
+PING within milliseconds even when busy, unless its event loop is blocked that long) is
+aborted, so its streams fail with PeerGone and the next request connects afresh.
+`peer_silent_s` tells others (the frontend's /health, its instance-departure handling) how long
+a connection has been silent, and `drop` closes one on their word (the worker stalled, or left
+discovery), so a worker that returns is reached over a fresh connection, never the old one.
+
 Flow control is per stream (frame.py): each stream buffers at most `stream_window` payloads;
 consuming half a window returns that much credit to the server. The connection itself is
 always read, so a stream nobody consumes never holds up another.
@@ -27,6 +36,8 @@ from tandem.runtime.tcp.server import AUTH_PURPOSE
 from tandem.runtime.tcp.transport import FrameTransport
 
 DEFAULT_STREAM_WINDOW = 256  # response payloads in flight per stream
+PING_INTERVAL_S = 1.0  # a connection that heard nothing for this long is pinged
+DEFAULT_DEAD_AFTER_S = 10.0  # ... and aborted once it heard nothing for this long
 # (endpoint_path, request_id, deadline_s, payload, traceparent) of one request
 RequestHead = tuple[str, str, float | None, bytes, str | None]
 
@@ -44,9 +55,13 @@ class TcpRequestClient:
         secret: str | None = None,
         max_frame_bytes: int = fr.DEFAULT_MAX_FRAME_BYTES,
         stream_window: int = DEFAULT_STREAM_WINDOW,
+        dead_after_s: float = DEFAULT_DEAD_AFTER_S,
     ) -> None:
         if not 2 <= stream_window <= fr.MAX_WINDOW:
             raise ValueError(f"stream_window={stream_window} outside [2, {fr.MAX_WINDOW}]")
+        if not dead_after_s > 2 * PING_INTERVAL_S:
+            raise ValueError(f"dead_after_s={dead_after_s} must exceed {2 * PING_INTERVAL_S}")
+        self.dead_after_s = dead_after_s
         self.connect_timeout_s = connect_timeout_s
         self.key = key_for(secret, AUTH_PURPOSE) if secret else None
         self.max_frame_bytes = max_frame_bytes
@@ -54,6 +69,7 @@ class TcpRequestClient:
         self._conns: dict[str, _ClientConnection] = {}
         self._connecting: dict[str, asyncio.Task[_ClientConnection]] = {}
         self._closed = False
+        self._pinger: asyncio.Task[None] | None = None
 
     def stream(
         self,
@@ -68,6 +84,50 @@ class TcpRequestClient:
         timeout = self.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
         head = (endpoint_path, request_id, deadline_s, payload, tracing.current_traceparent())
         return ResponseStream(self, address, head, timeout)
+
+    async def connect(self, address: str, timeout_s: float | None = None) -> None:
+        """Make sure a pooled connection to `address` is open and authenticated (connecting
+        if needed); raises PeerGone saying why not."""
+        await self.connection(address, self.connect_timeout_s if timeout_s is None else timeout_s)
+
+    def peer_silent_s(self, address: str) -> float | None:
+        """Seconds since anything arrived on the pooled connection to `address`: None without
+        an open one; 0.0 when its server predates PING (then only TCP keepalive watches it)."""
+        conn = self._conns.get(address)
+        if conn is None or conn.closed:
+            return None
+        if not conn.answers_pings:
+            return 0.0
+        return max(conn.loop.time() - conn.last_rx, 0.0)
+
+    async def answers(self, address: str, within_s: float) -> bool:
+        """Whether the server at `address` answers, now, on its pooled connection: a PING
+        whose answer (or any frame) arrives within `within_s`. False without an open
+        connection; True, unasked, for a server that predates PING (it cannot be told)."""
+        conn = self._conns.get(address)
+        if conn is None or conn.closed:
+            return False
+        if not conn.answers_pings:
+            return True
+        heard = conn.loop.create_future()
+        conn.rx_waiters.append(heard)
+        conn.send((fr.PING, next(conn.pings)))
+        try:
+            async with asyncio.timeout(within_s):
+                await heard
+        except TimeoutError:
+            return False
+        finally:
+            if heard in conn.rx_waiters:
+                conn.rx_waiters.remove(heard)
+        return not conn.closed
+
+    def drop(self, address: str, reason: str) -> None:
+        """Abort the pooled connection to `address` (its streams fail with PeerGone naming
+        `reason`); the next request connects afresh."""
+        conn = self._conns.pop(address, None)
+        if conn is not None:
+            conn.abort(reason)
 
     async def connection(self, address: str, timeout_s: float) -> _ClientConnection:
         """The pooled connection to `address`, connecting (once, shared) if needed."""
@@ -106,7 +166,17 @@ class TcpRequestClient:
         except (OSError, ValueError) as exc:
             raise errors.PeerGone(f"cannot connect to {address}: {exc}") from exc
         self._conns[address] = conn
+        if self._pinger is None or self._pinger.done():
+            self._pinger = loop.create_task(self._ping_loop(), name="request-plane-pings")
         return conn
+
+    async def _ping_loop(self) -> None:
+        """Every PING_INTERVAL_S: ping each connection that heard nothing for that long, abort
+        those silent for `dead_after_s`. Ends when no connection is left."""
+        while self._conns:
+            await asyncio.sleep(PING_INTERVAL_S)
+            for conn in list(self._conns.values()):
+                conn.check_alive(self.dead_after_s)
 
     def _forget(self, conn: _ClientConnection) -> None:
         if self._conns.get(conn.address) is conn:
@@ -117,6 +187,8 @@ class TcpRequestClient:
         self._closed = True
         for task in list(self._connecting.values()):
             task.cancel()
+        if self._pinger is not None:
+            self._pinger.cancel()
         for conn in list(self._conns.values()):
             if conn.transport is not None:
                 conn.transport.close()
@@ -132,6 +204,42 @@ class _ClientConnection(FrameTransport):
         self.ready: asyncio.Future[None] = self.loop.create_future()  # handshake done
         self._nonce = new_nonce()
         self._server_nonce = b""
+        self.answers_pings = False  # the server said so in WELCOME
+        self.last_rx = self.loop.time()  # when a frame last arrived
+        self.pings = itertools.count(1)
+        self.rx_waiters: list[asyncio.Future[None]] = []  # resolved when anything arrives
+        self._abort_reason: str | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.last_rx = self.loop.time()
+        if self.rx_waiters:
+            self._wake_rx_waiters()
+        super().data_received(data)
+
+    def _wake_rx_waiters(self) -> None:
+        waiters, self.rx_waiters = self.rx_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def check_alive(self, dead_after_s: float) -> None:
+        """Ping when idle; abort when silent past `dead_after_s` (servers that answer PING)."""
+        if not self.answers_pings or self.closed:
+            return
+        silent_s = self.loop.time() - self.last_rx
+        if silent_s >= dead_after_s:
+            self.abort(f"it answered nothing, not even a PING, for {silent_s:.1f}s")
+        elif silent_s >= PING_INTERVAL_S:
+            self.send((fr.PING, next(self.pings)))
+
+    def abort(self, reason: str) -> None:
+        """Close at once; streams fail with PeerGone naming `reason`."""
+        if self.closed:
+            return
+        self._abort_reason = reason
+        self.client._forget(self)
+        if self.transport is not None:
+            self.transport.abort()
 
     def open(self, stream: _Sink, request: RequestHead) -> int:
         sid = next(self._sids)
@@ -185,6 +293,7 @@ class _ClientConnection(FrameTransport):
             ):
                 return self._fail_handshake("server failed to prove it holds the cluster secret")
             self.max_frame_bytes = self.session_max_frame_bytes
+            self.answers_pings = len(f) > 2 and f[2] is True
             self.ready.set_result(None)
         elif kind == fr.REFUSED:
             self._fail_handshake(f"refused the connection: {f[1]}")
@@ -195,6 +304,8 @@ class _ClientConnection(FrameTransport):
         if not self.ready.done():
             return self._handshake(f)
         kind, sid = f[0], f[1]
+        if kind == fr.PONG:  # its arrival was the point (last_rx)
+            return
         if kind == fr.BATCH:
             if not len(f) & 1:
                 raise fr.FrameError(f"a BATCH of {len(f)} fields from {self.address}")
@@ -226,7 +337,8 @@ class _ClientConnection(FrameTransport):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.client._forget(self)
-        why = f"{type(exc).__name__}: {exc}" if exc else "closed by peer"
+        self._wake_rx_waiters()  # `answers` then sees it closed
+        why = self._abort_reason or (f"{type(exc).__name__}: {exc}" if exc else "closed by peer")
         if not self.ready.done():
             self.ready.set_exception(
                 errors.PeerGone(f"connection to {self.address} lost during the handshake ({why})")

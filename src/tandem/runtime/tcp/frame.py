@@ -5,7 +5,7 @@ with a handshake, then carries many streams whose frames interleave:
 
     [HELLO,   version, server_nonce, auth_required]                                  s -> c
     [AUTH,    version, client_nonce, client_proof | None]                            c -> s
-    [WELCOME, server_proof | None]                                                   s -> c
+    [WELCOME, server_proof | None (, answers_pings)?]                                s -> c
     [REFUSED, reason]                       s -> c, then the server closes the connection
 
     [REQUEST, stream_id, endpoint_path, request_id, deadline_s | None, window, payload
@@ -16,6 +16,8 @@ with a handshake, then carries many streams whose frames interleave:
     [ERROR,   stream_id, error_class_name, message, retry_after_s | None]            s -> c
     [CANCEL,  stream_id]                                                             c -> s
     [CREDIT,  stream_id, num_frames]                                                 c -> s
+    [PING,    token]                                                                 c -> s
+    [PONG,    token]                                                                 s -> c
 
 Authentication (`tandem.runtime.secret`): client_proof = HMAC(key, "client", server_nonce,
 client_nonce), server_proof likewise with "server"; the key is derived from the cluster secret.
@@ -41,6 +43,14 @@ concurrent streams of one token each, that is one frame to pack and parse a step
 per token. Servers that predate BATCH ignore the field, and a client that does not set it never
 receives one.
 
+PING/PONG (liveness of a pooled connection; `tandem.runtime.tcp.client`): a server that
+answers PING sets `answers_pings` in WELCOME, and only then does a client send one; the server
+answers each with a PONG carrying the same token at once. A client that hears nothing on a
+connection (no frame of any kind) pings it every `PING_INTERVAL_S`; a connection silent past
+the client's limit is dropped. WELCOME's trailing field is ignored by clients that predate it,
+and such servers never advertise it, so neither side ever receives a frame kind it does not
+know: the version stays 2.
+
 Stream ids are chosen by the client, unique per connection. Version 1 (no handshake, no
 credit) is not spoken: a v1 peer is refused with a message naming both versions.
 """
@@ -57,6 +67,7 @@ from tandem import errors
 PROTOCOL_VERSION = 2
 HELLO, AUTH, WELCOME, REFUSED = 10, 11, 12, 13
 REQUEST, DATA, END, ERROR, CANCEL, CREDIT, BATCH = 0, 1, 2, 3, 4, 5, 6
+PING, PONG = 7, 8  # only after WELCOME's answers_pings
 # a BATCH's bytes (payloads + BATCH_PAIR_OVERHEAD_BYTES a pair); past it the next opens another
 BATCH_MAX_BYTES = 256 << 10
 BATCH_MAX_PAYLOAD_BYTES = 64 << 10  # a payload over this goes as its own DATA frame

@@ -279,7 +279,7 @@ class _ServerConnection(FrameTransport):
             self._handshake_timer.cancel()
         self.max_frame_bytes = self.session_max_frame_bytes
         mine = server_proof(key, self._nonce, client_nonce) if key is not None else None
-        self.send((fr.WELCOME, mine))
+        self.send((fr.WELCOME, mine, True))  # True: PINGs are answered
 
     def on_frame(self, f: list[Any]) -> None:
         if not self._authed:
@@ -295,6 +295,8 @@ class _ServerConnection(FrameTransport):
             self._open(sid, f[2], f[3], f[4], f[5], f[6], f[7] if len(f) > 7 else None)
         elif kind == fr.CANCEL:
             self._cancel(sid)
+        elif kind == fr.PING:
+            self.send((fr.PONG, sid))
         else:
             raise fr.FrameError(f"unexpected frame kind {kind} from a client")
 

@@ -13,6 +13,25 @@ from tandem.runtime.tcp import frame as fr
 
 logger = logging.getLogger(__name__)
 
+# TCP keepalive on every request-plane socket: a peer whose host vanished (link down, power
+# off) sends no RST, and an idle connection to it would otherwise look open for hours. After
+# KEEPIDLE s without traffic the kernel probes every KEEPINTVL s and resets the connection after
+# KEEPCNT unanswered probes: ~8 s. A frozen process (SIGSTOP) still answers these (its kernel
+# does), which is what the client's PING covers (client.py).
+KEEPIDLE_S, KEEPINTVL_S, KEEPCNT = 5, 1, 3
+
+
+def set_keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPIDLE_S),
+        ("TCP_KEEPINTVL", KEEPINTVL_S),
+        ("TCP_KEEPCNT", KEEPCNT),
+    ):
+        option = getattr(socket, name, None)  # Linux has all three; macOS lacks TCP_KEEPIDLE
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
 
 class FrameTransport(asyncio.Protocol):
     """Parses frames in `data_received` and calls `on_frame` for each (no task per frame).
@@ -48,6 +67,7 @@ class FrameTransport(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            set_keepalive(sock)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

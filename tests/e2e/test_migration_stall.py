@@ -125,6 +125,9 @@ async def test_sigstop_worker_streams_migrate_and_worker_returns_after_sigcont(
         assert time.monotonic() < deadline, f"worker {frozen} never used again:\n{proc.log()}"
         await _stream(client, 0, asyncio.Event())
     await client.close()
-    assert "is healthy again" in proc.log()
+    # back through a probe, or (its file record expired meanwhile) forgotten when it left
+    # discovery without answering a PING and served afresh once it registered again
+    log = proc.log()
+    assert "is healthy again" in log or "left discovery and does not answer" in log
     _, _, metrics = http_request(f"{base}/metrics")
     assert b'status="error"' not in metrics

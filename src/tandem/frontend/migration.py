@@ -3,7 +3,13 @@ stream breaks (PeerGone) before it finished: the new worker gets prompt + tokens
 far with max_tokens reduced, so the caller sees one stream (DESIGN.md §3 step 7).
 
 A stream that stops making progress (`tandem.frontend.watchdog`) breaks like a dead worker's
-(`StreamStalled`, a PeerGone); its worker is kept out of routing until it answers again."""
+(`StreamStalled`, a PeerGone); its worker is kept out of routing until it answers again, and
+its pooled request-plane connection is dropped, so it is probed and served over a fresh one.
+
+A worker that leaves discovery and does not answer a PING (`worker_left`: its lease expired
+because its host or process is gone or frozen) loses its streams at once (`WorkerLeft`),
+without the stall timeout, and its connection is dropped. One that leaves and still answers is
+draining (it unregistered to shut down gracefully): its streams finish there."""
 
 from __future__ import annotations
 
@@ -19,7 +25,13 @@ import msgspec
 
 from tandem.disagg.params import PINNED_ANNOTATION
 from tandem.errors import NoWorkersAvailable, PeerGone
-from tandem.frontend.watchdog import StallConfig, StreamStalled, StreamWatch, WorkerHealth
+from tandem.frontend.watchdog import (
+    StallConfig,
+    StreamStalled,
+    StreamWatch,
+    WorkerHealth,
+    WorkerLeft,
+)
 from tandem.protocols.engine import (
     EngineOutput,
     PreprocessedRequest,
@@ -31,11 +43,16 @@ from tandem.protocols.engine import (
 from tandem.router.base import RouteDecision, Router
 from tandem.runtime import tracing
 from tandem.runtime.base import RequestClient, ResponsePayloads
+from tandem.runtime.task import cancel_and_wait
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Span
 
 logger = logging.getLogger(__name__)
+
+# a worker that left discovery and does not answer a PING within this long is gone, not
+# draining (a live one answers in milliseconds; its event loop would have to be blocked)
+LEFT_ANSWER_S = 1.0
 
 
 class EngineStreamer:
@@ -60,10 +77,34 @@ class EngineStreamer:
         self._on_routed = on_routed
         stall = stall or StallConfig()
         self.health: WorkerHealth | None = WorkerHealth(stall) if stall.enabled else None
+        self._departures: set[asyncio.Task[bool]] = set()  # worker_left checks under way
 
     async def close(self) -> None:
+        await cancel_and_wait(list(self._departures))
         if self.health is not None:
             await self.health.close()
+
+    def worker_removed(self, worker_id: str, address: str) -> None:
+        """An instance listener's entry to `worker_left` (which waits for a PING's answer):
+        runs it in a task of its own."""
+        task = asyncio.create_task(self.worker_left(worker_id, address), name=f"left-{worker_id}")
+        self._departures.add(task)
+        task.add_done_callback(self._departures.discard)
+
+    async def worker_left(self, worker_id: str, address: str) -> bool:
+        """`worker_id` (at `address`) left discovery. Unless its connection answers a PING
+        within LEFT_ANSWER_S (a draining worker: its streams finish there), it is gone: its
+        connection is dropped and its streams migrate now. Returns whether it was gone."""
+        if await self._client.answers(address, LEFT_ANSWER_S):
+            logger.info("worker %s left discovery and still answers: draining", worker_id)
+            return False
+        logger.warning(
+            "worker %s left discovery and does not answer; its streams migrate now", worker_id
+        )
+        self._client.drop(address, f"worker {worker_id} left discovery and stopped answering")
+        if self.health is not None:
+            self.health.left(worker_id)
+        return True
 
     async def stream(
         self, request: PreprocessedRequest, router: Router
@@ -172,6 +213,7 @@ class EngineStreamer:
         `exc` (migration limit spent, or not a lost worker)."""
         run.excluded.add(worker_id)
         if isinstance(exc, StreamStalled) and self.health is not None:
+            self._client.drop(address, f"worker {worker_id} stalled: {exc}")
             self.health.stalled(worker_id, self._probe(address, run.current))
         request = run.request
         if not started:
@@ -275,12 +317,15 @@ def _stall_limits(health: WorkerHealth | None) -> tuple[float, float]:
     return health.config.first_token_timeout_s, health.config.stall_timeout_s
 
 
-def _stalled(watch: StreamWatch, started: bool) -> StreamStalled | None:
-    """The error to raise for a CancelledError that came from `watch` (its stall rule held),
-    with the cancellation taken back; None when the cancel came from elsewhere."""
+def _stalled(watch: StreamWatch, started: bool) -> PeerGone | None:
+    """The error to raise for a CancelledError that came from `watch` (its stall rule held,
+    or its worker left), with the cancellation taken back; None when the cancel came from
+    elsewhere."""
     task = asyncio.current_task()
     if not watch.fired or task is None or task.uncancel() != 0:
         return None
+    if watch.gone:
+        return WorkerLeft(f"worker {watch.worker_id} left discovery and stopped answering")
     cfg = watch.config
     what = "next output" if started else "first output"
     limit = cfg.stall_timeout_s if started else cfg.first_token_timeout_s

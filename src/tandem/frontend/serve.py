@@ -32,6 +32,7 @@ from tandem.frontend.pipeline import prompt_ids
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.multimodal.loader import ImageLoader
 from tandem.multimodal.remote_provider import ENCODER_COMPONENT, ENCODER_ENDPOINT
+from tandem.protocols.discovery import InstanceEvent
 from tandem.runtime.instances import InstanceSet
 from tandem.runtime.runtime import Runtime
 from tandem.tokens import ascii_encoder
@@ -139,7 +140,8 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
         streamer, pool = disagg_streamer(config, runtime, aggregated, workers, prefill)
         metrics.watch_routers(pool.routers)
     encoders = runtime.instance_set(ENCODER_COMPONENT, ENCODER_ENDPOINT)  # E/PD readiness
-    health = _health_monitor(config, runtime, registry, workers, prefill, encoders)
+    workers.add_listener(lambda event: _on_worker_event(aggregated, event))
+    health = _health_monitor(config, runtime, registry, workers, prefill, encoders, aggregated)
     app = FrontendApp(
         registry=registry,
         streamer=streamer,
@@ -171,6 +173,13 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
     )
 
 
+def _on_worker_event(streamer: EngineStreamer, event: InstanceEvent) -> None:
+    """A worker that left discovery and stopped answering loses its streams and its pooled
+    connection now (not after the stall timeout), so when it returns it is served afresh."""
+    if event.kind == "removed":
+        streamer.worker_removed(event.instance.instance_id, event.instance.address)
+
+
 def _health_monitor(
     config: FrontendConfig,
     runtime: Runtime,
@@ -178,8 +187,11 @@ def _health_monitor(
     workers: InstanceSet,
     prefill: InstanceSet | None,
     encoders: InstanceSet,
+    streamer: EngineStreamer,
 ) -> HealthMonitor:
-    """/health and /live: instances of every pool, their load metrics on the event plane."""
+    """/health and /live: instances of every pool, their load metrics on the event plane,
+    whether the request plane reaches them and whether the stall watchdog excluded them."""
+    watchdog = streamer.health
     components = [config.worker_component]
     if config.disagg.enabled:
         components.append(config.disagg.prefill_component)
@@ -192,6 +204,8 @@ def _health_monitor(
         subjects=[f"{runtime.namespace}.{component}.load_metrics" for component in components],
         stale_s=config.health_stale_s,
         namespace=runtime.namespace,
+        client=runtime.client,
+        excluded=watchdog.excluded if watchdog is not None else None,
     )
 
 

@@ -12,6 +12,10 @@ frontend for `stall_timeout_s`. The second half keeps a busy worker's queued req
 token yet, but the worker is emitting tokens for others) from being mistaken for a frozen one.
 Once one stream finds its worker stalled, the worker's other streams stop waiting at once.
 
+A worker that left discovery while silent (its lease expired: host lost, process frozen)
+needs no stall timeout: `left` ends its streams' waits at once (`WorkerLeft`, migrated like a
+lost worker) and forgets it as a suspect, so when it registers again it is routed to at once.
+
 Defaults (see `StallConfig`): 30 s to the first output, 10 s between outputs. An engine step
 is milliseconds for the mocker and at most a second or two for the native engine on a CPU
 (a chunked prefill step, or a decode step of a full batch); the first output may also wait
@@ -65,6 +69,11 @@ class StallConfig:
 class StreamStalled(PeerGone):
     """A worker stream made no progress within the watchdog's limits (migrated like a
     broken stream)."""
+
+
+class WorkerLeft(PeerGone):
+    """The stream's worker left discovery while silent (migrated like a broken stream; the
+    worker is not a suspect: once it registers again it is new)."""
 
 
 Probe = Callable[[], Awaitable[None]]
@@ -133,13 +142,26 @@ class WorkerHealth:
                 self._probe_until_healthy(worker_id, probe), name=f"probe-{worker_id}"
             )
 
-    def recovered(self, worker_id: str, why: str) -> None:
+    def left(self, worker_id: str) -> None:
+        """`worker_id` left discovery and is not answering: its streams stop waiting now (and
+        any later wait of theirs fires at once), and it is no longer a suspect."""
+        for watch in list(self._watches.get(worker_id, ())):
+            watch.gone = True
+            watch.fire_if_armed()
+        self.forget(worker_id)
+
+    def forget(self, worker_id: str) -> None:
+        """No longer a suspect, without a claim that it recovered (it left discovery)."""
         if self.suspects.pop(worker_id, None) is None:
             return
-        logger.info("worker %s is healthy again (%s)", worker_id, why)
         task = self._probes.pop(worker_id, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
+
+    def recovered(self, worker_id: str, why: str) -> None:
+        if worker_id in self.suspects:
+            logger.info("worker %s is healthy again (%s)", worker_id, why)
+            self.forget(worker_id)
 
     async def _probe_until_healthy(self, worker_id: str, probe: Probe) -> None:
         """Probe until it answers. A frozen worker times out; one that refuses at once
@@ -200,6 +222,7 @@ class StreamWatch:
         "_since",
         "_task",
         "fired",
+        "gone",
         "worker_id",
     )
 
@@ -215,6 +238,7 @@ class StreamWatch:
         self._since = 0.0  # when the current wait began
         self._limit_s = 0.0
         self.fired = False
+        self.gone = False  # its worker left discovery (WorkerHealth.left)
 
     @property
     def config(self) -> StallConfig:
@@ -223,7 +247,7 @@ class StreamWatch:
     def arm(self, limit_s: float) -> None:
         self._awaiting, self._limit_s = True, limit_s
         self._since = now = self._loop.time()
-        if self.worker_id in self._health.suspects:  # found stalled while we were away
+        if self.gone or self.worker_id in self._health.suspects:  # found while we were away
             self._reschedule(now)
         elif self._handle is None or self._due > now + limit_s:  # none, or a shorter limit
             self._reschedule(now + limit_s)
@@ -254,7 +278,7 @@ class StreamWatch:
             return
         now = self._loop.time()
         health = self._health
-        if self.worker_id not in health.suspects:
+        if not self.gone and self.worker_id not in health.suspects:
             if now < self._since + self._limit_s:  # it progressed since this timer was set
                 self._reschedule(self._since + self._limit_s)
                 return

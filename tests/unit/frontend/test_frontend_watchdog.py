@@ -41,6 +41,8 @@ class FakeWorkers:
         self.first_delay_s: dict[str, float] = {}
         self.step_s = 0.005
         self.requests: list[tuple[str, str]] = []  # (address, request_id)
+        self.answering: dict[str, bool] = {}  # address -> whether it answers a PING
+        self.dropped: list[str] = []  # addresses whose pooled connection was dropped
 
     def stream(
         self, address: str, path: str, payload: bytes, *, request_id: str, **_: object
@@ -74,6 +76,15 @@ class FakeWorkers:
             yield encode(
                 EngineOutput(token_ids=[i], finish_reason="length" if i == start + n - 1 else None)
             )
+
+    def peer_silent_s(self, address: str) -> float | None:
+        return 0.0
+
+    async def answers(self, address: str, within_s: float) -> bool:
+        return self.answering.get(address, True)
+
+    def drop(self, address: str, reason: str) -> None:
+        self.dropped.append(address)
 
     async def close(self) -> None:
         pass
@@ -110,6 +121,7 @@ async def test_frozen_worker_streams_migrate_and_it_returns_after_a_probe() -> N
     results = await asyncio.wait_for(asyncio.gather(*streams), 5)
     assert all(r == list(range(40)) for r in results)  # one unbroken stream each
     assert streamer.health is not None and set(streamer.health.suspects) == {"w0"}
+    assert w0 in workers.dropped  # probed and served again over a fresh connection
 
     before = len([r for a, r in workers.requests if a == w0 and not r.startswith("probe")])
     assert await _tokens(streamer, router, "later") == list(range(40))
@@ -172,4 +184,39 @@ async def test_streams_waiting_for_a_first_token_leave_a_worker_found_stalled_at
     workers.freeze("127.0.0.1:9000")
     results = await asyncio.wait_for(asyncio.gather(running, queued), 3)  # not 10 s
     assert results == [list(range(100)), list(range(40))]
+    await streamer.close()
+
+
+LONG_STALL = StallConfig(first_token_timeout_s=30.0, stall_timeout_s=30.0)
+
+
+async def test_streams_of_a_silent_worker_that_left_discovery_migrate_at_once() -> None:
+    """Its lease expired (host lost, process frozen): no 30 s stall wait, and it is not kept
+    out as a suspect when it registers again."""
+    workers = FakeWorkers()
+    streamer = EngineStreamer(workers, "p", migration_limit=3, stall=LONG_STALL)
+    instances = StaticInstanceSet([backend_instance(0), backend_instance(1)])
+    router = RoundRobinRouter(RouterConfig(), instances=instances)
+    w0 = "127.0.0.1:9000"
+    streams = [asyncio.create_task(_tokens(streamer, router, f"r{i}", 100)) for i in range(4)]
+    await eventually(lambda: len(workers.requests) == 4)
+    workers.freeze(w0)
+    workers.answering[w0] = False  # no PONG
+    await asyncio.sleep(0.05)
+    assert await streamer.worker_left("w0", w0)
+    results = await asyncio.wait_for(asyncio.gather(*streams), 3)  # not 30 s
+    assert all(r == list(range(100)) for r in results)
+    assert workers.dropped == [w0]
+    assert streamer.health is not None and not streamer.health.suspects
+    await streamer.close()
+
+
+async def test_streams_of_a_draining_worker_that_left_discovery_finish_there() -> None:
+    """It unregistered to shut down gracefully and still answers: its streams stay."""
+    workers, streamer, router = _setup(migration_limit=0)
+    streams = [asyncio.create_task(_tokens(streamer, router, f"r{i}", 60)) for i in range(2)]
+    await eventually(lambda: len(workers.requests) == 2)
+    assert not await streamer.worker_left("w0", "127.0.0.1:9000")  # it answers: draining
+    assert await asyncio.wait_for(asyncio.gather(*streams), 5) == [list(range(60))] * 2
+    assert workers.dropped == [] and len(workers.requests) == 2  # nothing moved
     await streamer.close()

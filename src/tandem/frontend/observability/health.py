@@ -7,7 +7,13 @@ workers encode images only remotely, E/PD, needs an encode worker) whose
 engines are all alive, its router and tokenizer loaded. A worker's engine counts as alive
 while its load metrics keep arriving on the event plane (a worker publishes them at least
 every second, busy or idle); a worker silent for `stale_s` (frozen, SIGSTOPped, engine loop
-dead, event plane cut) is named in the report. Otherwise 503 with what is missing.
+dead, event plane cut) is named in the report. A worker counts, too, only while the request
+plane reaches it: its pooled connection is open and answered within `UNANSWERED_S` (the
+client pings an idle one every second; an instance without a connection is connected to at
+once, and again every `REACH_INTERVAL_S` while that fails), and while the stall watchdog has
+not excluded it. Each worker that does not count is named with why: unreachable at its
+address (e.g. a loopback address advertised to another host), silent, excluded by the
+watchdog, or stale load metrics. Otherwise 503 with what is missing.
 The /health report names the namespace the frontend serves (the global router checks it).
 """
 
@@ -17,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -31,6 +37,18 @@ from tandem.runtime.task import cancel_and_wait
 logger = logging.getLogger(__name__)
 
 LAG_TICK_S = 0.5
+REACH_INTERVAL_S = 1.0  # an unconnected worker is connected to this often
+REACH_TIMEOUT_S = 3.0  # for a connection and its handshake
+UNANSWERED_S = 3.0  # a connection that heard nothing (three PINGs) for this long does not count
+LOOPBACK_PREFIXES = ("127.", "localhost:", "[::1]:", "::1:", "0.0.0.0:")
+
+
+class RequestPlane(Protocol):
+    """What /health asks of the request-plane client (`TcpRequestClient`)."""
+
+    async def connect(self, address: str, timeout_s: float | None = None) -> None: ...
+
+    def peer_silent_s(self, address: str) -> float | None: ...
 
 
 class HealthMonitor:
@@ -52,8 +70,15 @@ class HealthMonitor:
         encoders: InstanceSet | None = None,
         clock: Callable[[], float] = time.monotonic,
         namespace: str = "",
+        client: RequestPlane | None = None,
+        excluded: Callable[[], frozenset[str]] | None = None,
     ) -> None:
+        """`client`: reachability of each worker's request plane (None: not checked);
+        `excluded`: the workers the stall watchdog keeps out of routing."""
         self.namespace = namespace  # reported, so a global router can check which pool it is
+        self._client, self._excluded = client, excluded
+        self._reach_errors: dict[str, str] = {}  # address -> why the last connection failed
+        self._reaching: dict[str, asyncio.Task[None]] = {}  # address -> its connection attempt
         self._registry, self._workers, self._prefill = registry, workers, prefill
         self._encoders = encoders
         self._events, self._subjects, self._stale_s, self._clock = events, subjects, stale_s, clock
@@ -73,6 +98,8 @@ class HealthMonitor:
                 sub = await self._events.subscribe(subject)
                 self._spawn(self._follow_loads(sub), f"health-{subject}")
         self._ticker = asyncio.create_task(self._tick(), name="health-loop-lag")
+        if self._client is not None:
+            self._spawn(self._reach_loop(), "health-reach")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=name))
@@ -80,8 +107,35 @@ class HealthMonitor:
     def _on_instance(self, event: InstanceEvent) -> None:
         if event.kind == "added":  # a new worker gets `stale_s` to publish its first load
             self._last_seen.setdefault(event.instance.instance_id, self._clock())
+            if self._ticker is not None:  # started: connect to it now, not at the next round
+                self._reach(event.instance.address)
         else:
             self._last_seen.pop(event.instance.instance_id, None)
+            self._reach_errors.pop(event.instance.address, None)
+
+    async def _reach_loop(self) -> None:
+        while True:
+            for source in (self._workers, self._prefill):
+                for inst in list(source.instances.values()) if source is not None else ():
+                    self._reach(inst.address)
+            await asyncio.sleep(REACH_INTERVAL_S)
+
+    def _reach(self, address: str) -> None:
+        """Connect to `address` unless connected or connecting; remember why it failed."""
+        client = self._client
+        if client is None or address in self._reaching or client.peer_silent_s(address) is not None:
+            return
+
+        async def attempt() -> None:
+            try:
+                await client.connect(address, REACH_TIMEOUT_S)
+                self._reach_errors.pop(address, None)
+            except Exception as exc:
+                self._reach_errors[address] = str(exc)
+            finally:
+                self._reaching.pop(address, None)
+
+        self._reaching[address] = asyncio.create_task(attempt(), name=f"health-reach-{address}")
 
     async def _follow_loads(self, sub: Subscription) -> None:
         try:
@@ -107,7 +161,7 @@ class HealthMonitor:
             self.loop_lag_s = max(0.0, loop.time() - before - LAG_TICK_S)
 
     async def close(self) -> None:
-        await cancel_and_wait([*self._tasks, self._ticker])
+        await cancel_and_wait([*self._tasks, self._ticker, *self._reaching.values()])
         self._tasks.clear()
         self._ticker = None
 
@@ -198,14 +252,14 @@ class HealthMonitor:
             status["encode_workers"] = sorted(self._encoders.instances if self._encoders else [])
             if not status["encode_workers"]:
                 missing.append("no encode worker (its workers encode images only remotely: E/PD)")
-        now = self._clock()
+        not_counted: dict[str, str] = {}
         for worker_id in decode + status.get("prefill_workers", []):
-            age = now - self._last_seen.get(worker_id, now)
-            if self._events is not None and age > self._stale_s:
-                missing.append(
-                    f"worker {worker_id} is not alive: no load metrics for {age:.1f}s "
-                    f"(limit {self._stale_s:g}s)"
-                )
+            why = self._why_not_counted(worker_id)
+            if why is not None:
+                not_counted[worker_id] = why
+                missing.append(f"worker {worker_id} is {why}")
+        if not_counted:
+            status["not_counted"] = not_counted
         if model is not None:
             error = model.load_error
             if error is not None:
@@ -215,6 +269,44 @@ class HealthMonitor:
         status["status"] = "ready" if not missing else "not_ready"
         status["missing"] = missing
         return status
+
+    def _why_not_counted(self, worker_id: str) -> str | None:
+        """Why `worker_id` does not count as serving (None: it does): excluded by the
+        watchdog, its request plane unreachable or silent, or its load metrics stale."""
+        if self._excluded is not None and worker_id in self._excluded():
+            return "excluded by the stall watchdog (no progress; probed until it answers)"
+        inst = self._instance(worker_id)
+        if self._client is not None and inst is not None:
+            address = inst.address
+            silent_s = self._client.peer_silent_s(address)
+            if silent_s is None:
+                error = self._reach_errors.get(address)
+                if error is None:
+                    return f"not connected yet (request plane at {address})"
+                hint = ""
+                if address.startswith(LOOPBACK_PREFIXES):
+                    hint = (
+                        " (it advertises a loopback address: start it with an address this "
+                        "frontend can reach)"
+                    )
+                return f"unreachable at {address}{hint}: {error}"
+            if silent_s > UNANSWERED_S:
+                return (
+                    f"silent on the request plane at {address} for {silent_s:.1f}s "
+                    "(PINGs unanswered)"
+                )
+        now = self._clock()
+        age = now - self._last_seen.get(worker_id, now)
+        if self._events is not None and age > self._stale_s:
+            return f"not alive: no load metrics for {age:.1f}s (limit {self._stale_s:g}s)"
+        return None
+
+    def _instance(self, worker_id: str) -> Instance | None:
+        for source in (self._workers, self._prefill):
+            inst = source.instances.get(worker_id) if source is not None else None
+            if inst is not None:
+                return inst
+        return None
 
     def _needs_encoder(self, worker_ids: list[str]) -> bool:
         for source in (self._workers, self._prefill):

@@ -58,7 +58,7 @@ class PlannerService:
         self.runtime = runtime
         self.connector = connector
         self.config = config
-        self.planner = Planner(config, profile=profile)
+        self.planner = Planner(config, profile=profile, is_alive=connector.manages)
         components = [p.component for p in config.pools]
         self.tracker = FleetTracker(
             components,

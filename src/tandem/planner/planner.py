@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -82,10 +83,20 @@ def choose_victim(workers: list[WorkerView]) -> WorkerView | None:
 
 
 class Planner:
-    def __init__(self, config: PlannerConfig, *, profile: EngineProfile | None = None) -> None:
+    def __init__(
+        self,
+        config: PlannerConfig,
+        *,
+        profile: EngineProfile | None = None,
+        is_alive: Callable[[str], bool] | None = None,
+    ) -> None:
+        """`is_alive(worker_id)`: whether the connector still runs a worker it started (a
+        process that exited or a Ray actor whose node was lost is not); one that ends before it
+        is ready is given up on at once instead of after `ready_timeout_s`."""
         if config.mode == "throughput" and profile is None:
             raise ValueError("throughput mode needs an engine profile")
         self.config = config
+        self._is_alive = is_alive
         self.profile = profile
         self.pools = {p.component: PoolState(p) for p in config.pools}
         self.models = {p.component: StepTimeModel() for p in config.pools}
@@ -140,10 +151,16 @@ class Planner:
             if wid in ready:
                 del pool.adding[wid]
                 pool.known_ready.add(wid)
-            elif now - asked > self.config.ready_timeout_s:
+            elif (ended := self._is_alive is not None and not self._is_alive(wid)) or (
+                now - asked > self.config.ready_timeout_s
+            ):
                 del pool.adding[wid]
                 pool.num_never_ready += 1
-                reason = f"not ready {now - asked:.0f}s after start; given up"
+                reason = (
+                    "ended before it was ready (its process or actor is gone)"
+                    if ended
+                    else f"not ready {now - asked:.0f}s after start; given up"
+                )
                 logger.warning("pool %s: worker %s %s", pool.config.component, wid, reason)
                 out.append(ScaleAction("abandon", pool.config.component, wid, reason))
         listed = ready | set(obs.draining)

@@ -52,6 +52,22 @@ def test_never_ready_worker_is_given_up_on_and_counted() -> None:
     assert actions == []  # c still settling
 
 
+def test_a_worker_that_ends_before_it_is_ready_is_replaced_at_once() -> None:
+    """E.g. a Ray actor placed on a node that was lost a moment later: the connector no longer
+    runs it, so the planner does not wait out the ready timeout for it."""
+    alive = {"b"}
+    p = Planner(CFG, is_alive=alive.__contains__)
+    assert [a.kind for a in p.tick(0.0, _obs("a", waiting=50))] == ["add"]
+    p.on_added("backend", "b", 0.0)
+    assert p.tick(1.0, _obs("a", waiting=50)) == []  # starting
+    alive.clear()  # its actor died
+    actions = p.tick(2.0, _obs("a", waiting=50))
+    assert [(a.kind, a.worker_id) for a in actions] == [("abandon", "b")]
+    assert "ended before it was ready" in actions[0].reason
+    # replaced once the scale-up cooldown allows, long before the 30 s ready timeout
+    assert [a.kind for a in p.tick(10.0, _obs("a", waiting=50))] == ["add"]
+
+
 def test_external_change_is_reread_not_fought() -> None:
     p = Planner(CFG)
     # ITL 26 ms each (prior: 6 ms + 1e-4 ms per KV token): fine, but one survivor would not be

@@ -140,7 +140,9 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
         streamer, pool = disagg_streamer(config, runtime, aggregated, workers, prefill)
         metrics.watch_routers(pool.routers)
     encoders = runtime.instance_set(ENCODER_COMPONENT, ENCODER_ENDPOINT)  # E/PD readiness
-    workers.add_listener(lambda event: _on_worker_event(aggregated, event))
+    for pool_set in (workers, prefill):  # a departed prefill worker's connection goes too
+        if pool_set is not None:
+            pool_set.add_listener(lambda event: _on_worker_event(aggregated, event))
     health = _health_monitor(config, runtime, registry, workers, prefill, encoders, aggregated)
     app = FrontendApp(
         registry=registry,

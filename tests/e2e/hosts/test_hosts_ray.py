@@ -25,7 +25,8 @@ RAY_PORT = 6379
 # and the cluster's auth token (Ray >= 2.5x authenticates its nodes and drivers) given to
 # every node and to the planner, as an operator would
 RAY_ENV = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3",
-           "RAY_health_check_initial_delay_ms": "0", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_health_check_initial_delay_ms": "0", "RAY_health_check_timeout_ms": "500",
+           "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # fmt: skip
 LOG_DIR = "/tmp/tandem-workers"  # on each node: its private /tmp
 

@@ -80,12 +80,17 @@ def _logged_child_pids(log: str) -> list[int]:
 
 
 def start_tandem(
-    name: str, args: list[str], log_dir: Path, preexec_fn: Callable[[], None] | None = None
+    name: str,
+    args: list[str],
+    log_dir: Path,
+    preexec_fn: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> TandemProcess:
     """Run `python -m tandem.cli ARGS` from the repo root, output to `log_dir/name.log`
-    (`preexec_fn` runs in the child before exec, e.g. to lower a resource limit)."""
+    (`preexec_fn` runs in the child before exec, e.g. to lower a resource limit; `env` adds
+    variables to this process's environment)."""
     log_path = log_dir / f"{name}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tandem.cli", *args],

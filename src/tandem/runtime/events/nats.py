@@ -10,7 +10,10 @@ connect, publish and subscribe at all.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import math
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +25,10 @@ from nats.aio.msg import Msg
 from tandem.runtime.events.envelope import EventOpener, EventSealer
 from tandem.runtime.events.subject import validate_pattern, validate_subject
 from tandem.runtime.events.subscription import BufferedSubscription
+from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
+FIRST_CONNECT_TRIES = 3  # connect timeouts the first connect may take before it fails
 
 
 class NatsConnectError(ConnectionError):
@@ -102,30 +107,45 @@ class NatsEventBus:
 
     async def _connect(self) -> Client:
         """A connected client; raises NatsConnectError naming the URL, the options used and
-        the server's reason (nats-py gives up on the first connect after one round)."""
+        the server's reason at once when the server refuses this client (authorization, TLS),
+        else after `FIRST_CONNECT_TRIES` connect timeouts (nats-py would retry forever)."""
         errors: list[Exception] = []
+        refused = asyncio.Event()
 
-        async def first_errors(exc: Exception) -> None:
-            if len(errors) < 4:  # only the first connect's reasons are reported
+        async def on_error(exc: Exception) -> None:
+            if len(errors) < 4:  # the first reasons are what the error reports
                 errors.append(exc)
+            if _is_refusal(exc):
+                refused.set()
             await _log_error(exc)
 
-        try:
-            nc = await nats.connect(
+        nc = Client()
+        connect = asyncio.create_task(
+            nc.connect(
                 self.url,
-                connect_timeout=self._timeout,
+                connect_timeout=max(1, math.ceil(self._timeout)),
                 max_reconnect_attempts=-1,
-                allow_reconnect=True,
                 name="tandem",
-                error_cb=first_errors,
+                error_cb=on_error,
                 **self._auth.connect_options(),
             )
-        except Exception as exc:  # nats-py raises many unrelated classes here
-            reasons = "; ".join(dict.fromkeys(repr(e) for e in [*errors, exc]))
-            raise NatsConnectError(
-                f"cannot connect to NATS at {self.url} {self._auth.describe()}: {reasons}"
-            ) from exc
-        return nc
+        )
+        refusal = asyncio.create_task(refused.wait())
+        await asyncio.wait(
+            [connect, refusal],
+            timeout=self._timeout * FIRST_CONNECT_TRIES,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        refusal.cancel()
+        if connect.done() and connect.exception() is None:
+            return nc
+        await cancel_and_wait([connect])
+        with contextlib.suppress(Exception):
+            await nc.close()
+        reasons = "; ".join(dict.fromkeys(repr(e) for e in errors)) or "timed out"
+        raise NatsConnectError(
+            f"cannot connect to NATS at {self.url} {self._auth.describe()}: {reasons}"
+        )
 
     async def publish(self, subject: str, payload: bytes) -> None:
         validate_subject(subject)
@@ -165,6 +185,13 @@ class NatsEventBus:
         if self._nc is not None:
             await self._nc.close()
             self._nc = None
+
+
+def _is_refusal(exc: Exception) -> bool:
+    """The server refused this client (credentials, certificates): retrying cannot help."""
+    return isinstance(exc, ssl.SSLError | nats.errors.AuthorizationError) or (
+        "authorization" in str(exc).lower()
+    )
 
 
 async def _log_error(exc: Exception) -> None:

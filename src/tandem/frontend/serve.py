@@ -33,7 +33,10 @@ from tandem.frontend.pipeline.streamer import Streamer
 from tandem.multimodal.loader import ImageLoader
 from tandem.multimodal.remote_provider import ENCODER_COMPONENT, ENCODER_ENDPOINT
 from tandem.protocols.discovery import InstanceEvent
+from tandem.runtime.discovery.etcd import EtcdDiscovery
+from tandem.runtime.discovery.file import FileDiscovery
 from tandem.runtime.instances import InstanceSet
+from tandem.runtime.metrics import TallyCollector
 from tandem.runtime.runtime import Runtime
 from tandem.tokens import ascii_encoder
 
@@ -112,6 +115,18 @@ class _Frontend:
             await self.pool.close()
 
 
+def _count_rejected_records(metrics: FrontendMetrics, runtime: Runtime) -> None:
+    """tandem_discovery_rejected_records_total: records ignored for not verifying with the
+    cluster secret (forged, altered, another cluster's), where the backend signs them."""
+    discovery = runtime.discovery
+    if isinstance(discovery, EtcdDiscovery | FileDiscovery):
+        help_ = "discovery records ignored: not signed with this cluster's secret (forged)"
+        tally = TallyCollector(
+            "tandem_discovery_rejected_records", help_, lambda: discovery.num_forged
+        )
+        metrics.registry.register(tally)
+
+
 def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
     """Registry → metrics → streamer (aggregated, or two legs with disaggregation) → health →
     app with its dashboard → HTTP server; nothing started yet."""
@@ -125,6 +140,7 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
     )
     collector = RequestStatsCollector(config.worker_component)
     metrics = FrontendMetrics(interval=collector if config.request_stats_interval_s else None)
+    _count_rejected_records(metrics, runtime)
     aggregated = EngineStreamer(
         runtime.client,
         runtime.endpoint_path(config.worker_component, config.worker_endpoint),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import disable_created_metrics
@@ -115,6 +115,17 @@ class LoopValue:
         if self._counter:
             raise ValueError("a counter only goes up; set() is for gauges")
         self.value = value
+
+
+class TallyCollector:
+    """One counter read at scrape time from a tally a component keeps itself (e.g. discovery
+    records rejected by `EtcdDiscovery.num_forged`), so the component needs no registry."""
+
+    def __init__(self, name: str, documentation: str, count: Callable[[], int]) -> None:
+        self.name, self.documentation, self._count = name, documentation, count
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(self.name, self.documentation, value=self._count())
 
 
 class LoopMetric:

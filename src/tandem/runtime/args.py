@@ -41,6 +41,19 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "nats_ca_file": (str, "CA certificate that signed the NATS server's certificate (tls:// URL)"),
     "nats_cert_file": (str, "client certificate for NATS TLS verify (with --nats-key-file)"),
     "nats_key_file": (str, "private key of --nats-cert-file"),
+    "tls_cert_file": (
+        str,
+        "this process's request-plane TLS certificate (PEM; with --tls-key-file and --tls-ca-file)",
+    ),
+    "tls_key_file": (str, "private key of --tls-cert-file"),
+    "tls_ca_file": (
+        str,
+        "CA that signed every request-plane peer's certificate (TLS on when given)",
+    ),
+    "tls_require_client_cert": (
+        bool,
+        "request-plane servers require and verify a client certificate (mutual TLS)",
+    ),
     "max_frame_bytes": (int, "request-plane frame size limit in bytes"),
     "stream_stall_timeout_s": (
         float,
@@ -53,7 +66,8 @@ _CHOICES = {"discovery": DISCOVERY_BACKENDS, "events": EVENT_BACKENDS}
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     """Add --namespace --discovery --discovery-dir --etcd-url --events --nats-url --host
     --lease-ttl-s --cluster-secret --cluster-secret-file, etcd's and NATS's own auth and TLS
-    (--etcd-user ... --nats-key-file), --max-frame-bytes --stream-stall-timeout-s, with
+    (--etcd-user ... --nats-key-file), request-plane TLS (--tls-cert-file --tls-key-file
+    --tls-ca-file --tls-require-client-cert), --max-frame-bytes --stream-stall-timeout-s, with
     RuntimeConfig's defaults. A flag the parser already has
     (e.g. `--host` of an HTTP server) is skipped; the runtime value then is the default."""
     group = parser.add_argument_group("runtime")
@@ -62,6 +76,9 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         if any(flag in a.option_strings for a in parser._actions):
             continue  # the command already owns this flag (e.g. --host of an HTTP server)
+        if kind is bool:
+            group.add_argument(flag, dest=f"runtime_{name}", action="store_true", help=help_)
+            continue
         group.add_argument(
             flag,
             dest=f"runtime_{name}",

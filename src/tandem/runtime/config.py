@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from tandem.config_check import check_range
 from tandem.runtime.secret import check_secret
+from tandem.runtime.tls import TlsFiles
 
 DISCOVERY_BACKENDS = ("etcd", "file", "memory")
 EVENT_BACKENDS = ("memory", "nats", "zmq")
@@ -19,6 +20,7 @@ EVENT_BACKENDS = ("memory", "nats", "zmq")
 _SERVICE_FILES = (
     *("etcd_ca_file", "etcd_cert_file", "etcd_key_file"),
     *("nats_creds_file", "nats_nkey_seed_file", "nats_ca_file", "nats_cert_file", "nats_key_file"),
+    *("tls_cert_file", "tls_key_file", "tls_ca_file"),
 )
 
 
@@ -76,6 +78,12 @@ class RuntimeConfig:
     nats_ca_file: str | None = None
     nats_cert_file: str | None = None
     nats_key_file: str | None = None
+    # request-plane TLS (`tandem.runtime.tls`): this process's certificate and key, the CA that
+    # signed every peer's; all three or none. Mutual TLS only with tls_require_client_cert
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_require_client_cert: bool = False
 
     def __post_init__(self) -> None:
         if not self.namespace or "." in self.namespace:
@@ -126,11 +134,32 @@ class RuntimeConfig:
             raise ValueError(
                 f"etcd TLS files are given but etcd_url={self.etcd_url!r} is not https://"
             )
+        tls = [self.tls_cert_file, self.tls_key_file, self.tls_ca_file]
+        if any(tls) and not all(tls):
+            raise ValueError(
+                "request-plane TLS needs tls_cert_file, tls_key_file and tls_ca_file together "
+                f"(got cert={self.tls_cert_file!r}, key={self.tls_key_file!r}, "
+                f"ca={self.tls_ca_file!r})"
+            )
+        if self.tls_require_client_cert and not all(tls):
+            raise ValueError("tls_require_client_cert needs the request-plane TLS files")
         nats_tls = self.nats_ca_file or self.nats_cert_file
         if nats_tls and not self.nats_url.startswith("tls://"):
             raise ValueError(
                 f"NATS TLS files are given but nats_url={self.nats_url!r} is not tls://"
             )
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The request plane's TLS files, or None (plaintext)."""
+        if self.tls_cert_file and self.tls_key_file and self.tls_ca_file:
+            return TlsFiles(
+                cert_file=self.tls_cert_file,
+                key_file=self.tls_key_file,
+                ca_file=self.tls_ca_file,
+                require_client_cert=self.tls_require_client_cert,
+            )
+        return None
 
     @property
     def resolved_discovery_dir(self) -> str:

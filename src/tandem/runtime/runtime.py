@@ -116,6 +116,7 @@ async def open_runtime(
             await disc.close()
             raise
     bus = make_event_bus(config, disc) if events is None else events
+    tls = config.tls
     server = TcpRequestServer(
         host=config.host,
         port=config.port,
@@ -125,12 +126,14 @@ async def open_runtime(
         max_connections=config.max_connections,
         handshake_timeout_s=config.connect_timeout_s,
         stream_stall_timeout_s=config.stream_stall_timeout_s,
+        ssl_context=tls.server_context() if tls is not None else None,
     )
     client = TcpRequestClient(
         connect_timeout_s=config.connect_timeout_s,
         secret=config.cluster_secret,
         max_frame_bytes=config.max_frame_bytes,
         stream_window=config.stream_window,
+        ssl_context=tls.client_context() if tls is not None else None,
     )
     runtime = Runtime(config, disc, bus, server, client)
     try:

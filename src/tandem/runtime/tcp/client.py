@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import hmac
 import itertools
+import ssl
 import time
 from collections import deque
 from typing import Any
@@ -35,6 +36,8 @@ from tandem.runtime.tcp import frame as fr
 from tandem.runtime.tcp.server import AUTH_PURPOSE
 from tandem.runtime.tcp.transport import FrameTransport
 
+# what a plaintext client sees of a TLS server: silence, then the connection closed
+_PLAINTEXT_HINT = " (is the server using TLS? then this process needs --tls-ca-file etc.)"
 DEFAULT_STREAM_WINDOW = 256  # response payloads in flight per stream
 PING_INTERVAL_S = 1.0  # a connection that heard nothing for this long is pinged
 DEFAULT_DEAD_AFTER_S = 10.0  # ... and aborted once it heard nothing for this long
@@ -56,7 +59,9 @@ class TcpRequestClient:
         max_frame_bytes: int = fr.DEFAULT_MAX_FRAME_BYTES,
         stream_window: int = DEFAULT_STREAM_WINDOW,
         dead_after_s: float = DEFAULT_DEAD_AFTER_S,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        self._ssl = ssl_context  # TLS (`tandem.runtime.tls`); None = plaintext
         if not 2 <= stream_window <= fr.MAX_WINDOW:
             raise ValueError(f"stream_window={stream_window} outside [2, {fr.MAX_WINDOW}]")
         if not dead_after_s > 2 * PING_INTERVAL_S:
@@ -149,7 +154,11 @@ class TcpRequestClient:
         try:
             async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _ClientConnection(self, address), host, int(port)
+                    lambda: _ClientConnection(self, address),
+                    host,
+                    int(port),
+                    ssl=self._ssl,
+                    server_hostname=host.strip("[]") if self._ssl is not None else None,
                 )
                 try:
                     await conn.ready
@@ -157,11 +166,19 @@ class TcpRequestClient:
                     if conn.transport is not None:
                         conn.transport.abort()
                     raise
-        except errors.PeerGone:
+        except errors.PeerGone as exc:
+            if self._ssl is None and "handshake" in str(exc):
+                raise errors.PeerGone(f"{exc}{_PLAINTEXT_HINT}") from exc
             raise
         except TimeoutError as exc:
+            hint = "" if self._ssl else _PLAINTEXT_HINT
             raise errors.PeerGone(
-                f"cannot connect to {address}: timed out after {timeout_s}s"
+                f"cannot connect to {address}: timed out after {timeout_s}s{hint}"
+            ) from exc
+        except ssl.SSLError as exc:
+            raise errors.PeerGone(
+                f"cannot connect to {address}: TLS failed ({exc}); is the server using TLS "
+                "with a certificate for this address that --tls-ca-file signed?"
             ) from exc
         except (OSError, ValueError) as exc:
             raise errors.PeerGone(f"cannot connect to {address}: {exc}") from exc

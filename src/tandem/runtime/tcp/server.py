@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import ssl
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -130,8 +131,10 @@ class TcpRequestServer:
         max_connections: int = 4096,
         handshake_timeout_s: float = 5.0,
         stream_stall_timeout_s: float = 60.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._host, self._port = host, port
+        self._ssl = ssl_context  # TLS (`tandem.runtime.tls`); None = plaintext
         self.max_inflight_per_connection = max_inflight_per_connection
         self.key = key_for(secret, AUTH_PURPOSE) if secret else None
         self.max_frame_bytes = max_frame_bytes
@@ -165,11 +168,16 @@ class TcpRequestServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self), self._host, self._port, reuse_address=True
+            lambda: _ServerConnection(self),
+            self._host,
+            self._port,
+            reuse_address=True,
+            ssl=self._ssl,
+            ssl_handshake_timeout=self.handshake_timeout_s if self._ssl is not None else None,
         )
         port = self._server.sockets[0].getsockname()[1]
         self._address = f"{self._host}:{port}"
-        logger.info("request plane listening on %s", self._address)
+        logger.info("request plane listening on %s%s", self._address, " (TLS)" if self._ssl else "")
 
     def stop_accepting(self) -> None:
         """Close the listener and refuse new requests on open connections (idempotent)."""

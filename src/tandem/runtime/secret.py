@@ -2,9 +2,10 @@
 
 It authenticates request-plane and transfer-agent connections (challenge–response at
 connection start), event-plane messages (a tag per message; on NATS also their encryption)
-and file and etcd discovery records (a tag per record). Each use derives its own key (`key_for`), so a tag made for one plane never
-verifies on another. `tandem serve` generates one per stack; split deployments pass the same
-value to every process (`--cluster-secret`, `--cluster-secret-file`, `TANDEM_CLUSTER_SECRET`).
+and file and etcd discovery records (a tag per record). Each use derives its own key
+(`key_for`), so a tag made for one plane never verifies on another. `tandem serve` generates
+one per stack; split deployments pass the same value to every process (`--cluster-secret`,
+`--cluster-secret-file`, `TANDEM_CLUSTER_SECRET`).
 """
 
 from __future__ import annotations

@@ -425,18 +425,34 @@ class TransferAgent:
     ) -> str:
         """Cancel a peer's op (e.g. the request was aborted); returns its status after."""
         return send_control(
-            self.agent_id, self.config.cluster_secret, target, "cancel", reason, timeout_s
+            self.agent_id,
+            self.config.cluster_secret,
+            target,
+            "cancel",
+            reason,
+            timeout_s,
+            self.config.tls,
         )
 
     def cancel_remote_soon(self, target: TransferOpMeta | OpRef, reason: str) -> None:
         """`cancel_remote` in a thread, not waited for (best effort; see `cancel_soon`)."""
         cancel_soon(
-            target, reason, sender_id=self.agent_id, cluster_secret=self.config.cluster_secret
+            target,
+            reason,
+            sender_id=self.agent_id,
+            cluster_secret=self.config.cluster_secret,
+            tls=self.config.tls,
         )
 
     def query_remote(self, target: TransferOpMeta | OpRef, timeout_s: float = 2.0) -> str:
         return send_control(
-            self.agent_id, self.config.cluster_secret, target, "query", "", timeout_s
+            self.agent_id,
+            self.config.cluster_secret,
+            target,
+            "query",
+            "",
+            timeout_s,
+            self.config.tls,
         )
 
     def families(self) -> list[Metric]:

@@ -12,6 +12,7 @@ from typing import Protocol
 import msgspec
 
 from tandem.errors import TransferError
+from tandem.runtime.tls import TlsFiles
 from tandem.transfer import handshake
 from tandem.transfer.base import TransferBackend
 from tandem.transfer.config import TransferAgentConfig
@@ -74,9 +75,7 @@ def run_transfer(
     peer = f"{target.agent_id or '?'}@{target.address[0]}:{target.address[1]}"
     where = f"transfer op={target.op_id} peer={peer} ({direction})"
     try:
-        with socket.create_connection(
-            (target.address[0], target.address[1]), timeout=timeout_s
-        ) as sock:
+        with _connect(target, timeout_s, agent.config.tls) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return _run(agent, sock, direction, target, local, block_ids, deadline, annex)
     except TransferError as exc:
@@ -161,18 +160,18 @@ def send_control(
     what: str,
     reason: str,
     timeout_s: float,
+    tls: TlsFiles | None = None,
 ) -> str:
     """Send Cancel or Query for ``target``; return the op's status as the owner reports it.
-    ``sender_id`` names the sender in the owner's logs (an agent id, or "frontend")."""
+    ``sender_id`` names the sender in the owner's logs (an agent id, or "frontend"); ``tls``
+    as the owner's agent has it."""
     frame = (
         Cancel(op_id=target.op_id, peer=sender_id, reason=reason)
         if what == "cancel"
         else Query(op_id=target.op_id)
     )
     try:
-        with socket.create_connection(
-            (target.address[0], target.address[1]), timeout=timeout_s
-        ) as sock:
+        with _connect(target, timeout_s, tls) as sock:
             handshake.connect(sock, handshake.transfer_key(cluster_secret))
             send_frame(sock, frame)
             reply = recv_frame(sock)
@@ -191,6 +190,7 @@ def cancel_soon(
     sender_id: str,
     cluster_secret: str | None,
     timeout_s: float = 1.0,
+    tls: TlsFiles | None = None,
 ) -> None:
     """Ask ``target``'s owner to cancel it (release its pins now) without waiting: the
     Cancel runs on the running loop's default executor. Best effort: a failure is logged
@@ -198,11 +198,27 @@ def cancel_soon(
 
     def cancel() -> None:
         try:
-            send_control(sender_id, cluster_secret, target, "cancel", reason, timeout_s)
+            send_control(sender_id, cluster_secret, target, "cancel", reason, timeout_s, tls)
         except TransferError:
             logger.debug("cancel of op=%s failed", target.op_id, exc_info=True)
 
     asyncio.get_running_loop().run_in_executor(None, cancel)
+
+
+def _connect(
+    target: TransferOpMeta | OpRef, timeout_s: float, tls: TlsFiles | None
+) -> socket.socket:
+    """A connection to ``target``'s agent, over TLS when ``tls`` is given (the agent's
+    certificate checked against the CA and the address dialled)."""
+    host, port = target.address[0], target.address[1]
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    if tls is None:
+        return sock
+    try:
+        return tls.client_context().wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise
 
 
 def _remaining(deadline: float) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.config_check import check_range
+from tandem.runtime.tls import TlsFiles
 from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 
 
@@ -31,6 +32,9 @@ class TransferAgentConfig:
     max_ops: int = 65536
     # authenticates every control connection both ways (handshake.py); None = no check
     cluster_secret: str | None = field(default=None, repr=False)
+    # TLS on every control connection (and the tcp backend's bytes, which follow it): the same
+    # files as the request plane's (`tandem.runtime.tls`); None = plaintext
+    tls: TlsFiles | None = None
 
     def __post_init__(self) -> None:
         unknown = [b for b in (*self.backends, *self.lazy_backends) if b not in BACKEND_NAMES]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 from typing import Protocol
 
@@ -74,6 +75,8 @@ class ControlServer:
     def __init__(self, agent: OpOwner, host: str, port: int) -> None:
         self._agent = agent
         self._key = handshake.transfer_key(agent.config.cluster_secret)
+        tls = agent.config.tls
+        self._ssl = tls.server_context() if tls is not None else None
         self._sock = socket.create_server((host, port))
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._conns: set[socket.socket] = set()
@@ -115,9 +118,12 @@ class ControlServer:
             peer = f"{addr[0]}:{addr[1]}"
             threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
 
-    def _serve(self, conn: socket.socket, peer: str) -> None:
+    def _serve(self, raw: socket.socket, peer: str) -> None:
+        conn = raw
         try:
-            conn.settimeout(self._agent.config.io_timeout_s)
+            raw.settimeout(self._agent.config.io_timeout_s)
+            if self._ssl is not None:
+                conn = self._wrap(raw, peer)
             if not handshake.accept(conn, self._key, peer, self._agent.shm_probe):
                 return
             frame = recv_frame(conn)
@@ -130,14 +136,28 @@ class ControlServer:
                 send_frame(conn, _status(op))
             elif isinstance(frame, Query):
                 send_frame(conn, _status(self._agent.find_op(frame.op_id)))
+        except ssl.SSLError as exc:
+            logger.warning("refusing transfer connection from %s: TLS failed: %s", peer, exc)
         except (OSError, ValueError, TransferError) as exc:  # the peer died or the op ended
             logger.debug("transfer control connection ended: %s", exc)
         except Exception:
             logger.exception("transfer control connection failed")
         finally:
             with self._lock:
+                self._conns.discard(raw)
                 self._conns.discard(conn)
             conn.close()
+            raw.close()
+
+    def _wrap(self, raw: socket.socket, peer: str) -> socket.socket:
+        """The TLS connection over ``raw`` (handshake within the io timeout); it replaces
+        ``raw`` among the connections `close` shuts down."""
+        assert self._ssl is not None
+        conn = self._ssl.wrap_socket(raw, server_side=True)
+        with self._lock:
+            self._conns.discard(raw)
+            self._conns.add(conn)
+        return conn
 
     def _serve_transfer(self, conn: socket.socket, begin: Begin) -> None:
         # answer before the initiator's own timeout so it learns why

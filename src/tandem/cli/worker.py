@@ -42,6 +42,7 @@ from tandem.runtime.process_setup import (
 )
 from tandem.runtime.runtime import Runtime, open_runtime
 from tandem.runtime.system_server import SystemServer
+from tandem.runtime.tls import TlsFiles
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +137,11 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
     )
 
 
-def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) -> Engine:
+def build_engine(
+    args: argparse.Namespace, cluster_secret: str | None = None, tls: TlsFiles | None = None
+) -> Engine:
     """The engine `--engine` names, wrapped for its `--disagg-mode` role if any (its transfer
-    agent authenticates peers with `cluster_secret`)."""
+    agent authenticates peers with `cluster_secret`, over TLS with `tls`)."""
     args.transfer_host = args.transfer_host or getattr(args, "runtime_host", None) or "127.0.0.1"
     disagg = disagg_worker_config_from_args(args)
     engine = make_engine(args.engine, engine_config_from_args(args.engine, args))
@@ -146,12 +149,12 @@ def build_engine(args: argparse.Namespace, cluster_secret: str | None = None) ->
         from tandem.multimodal.encode_engine import EncoderEngine
 
         assert isinstance(engine, EncoderEngine)
-        engine.cluster_secret = cluster_secret
+        engine.cluster_secret, engine.tls = cluster_secret, tls
     if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector
         return engine
     from tandem.disagg.worker_engine import DisaggEngine
 
-    return DisaggEngine(engine, disagg, cluster_secret=cluster_secret)
+    return DisaggEngine(engine, disagg, cluster_secret=cluster_secret, tls=tls)
 
 
 async def _attach_images(
@@ -169,7 +172,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     try:
         runtime_config = runtime_config_from_args(args)
         worker_config = worker_config_from_args(args)
-        engine = build_engine(args, runtime_config.cluster_secret)
+        engine = build_engine(args, runtime_config.cluster_secret, runtime_config.tls)
     except (ValueError, OSError) as exc:
         raise StartupError(f"bad configuration: {exc}") from exc
     if stop is None:

@@ -67,6 +67,7 @@ async def decode_first(
                     "the prefill leg failed",
                     sender_id="frontend",
                     cluster_secret=s.cluster_secret,
+                    tls=s.transfer_tls,
                 )
             async for out in _chain(pending, decode):
                 yield out

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.router.base import RouteDecision, Router
+from tandem.runtime.tls import TlsFiles
 
 
 class PoolStreamer(Protocol):
@@ -32,6 +33,9 @@ class LegPair(Protocol):
 
     @property
     def cluster_secret(self) -> str | None: ...
+
+    @property
+    def transfer_tls(self) -> TlsFiles | None: ...
 
     num_rejoined: int  # decode-first legs that disagreed on the first token
 

@@ -46,6 +46,7 @@ from tandem.protocols.engine import (
 from tandem.router.base import RouteDecision, Router
 from tandem.router.source import InstanceSource
 from tandem.runtime.base import RequestClient
+from tandem.runtime.tls import TlsFiles
 from tandem.transfer import OpRef, cancel_soon, decode_meta
 
 logger = logging.getLogger(__name__)
@@ -65,8 +66,9 @@ class DisaggStreamer:
         config: DisaggRouteConfig,
         *,
         cluster_secret: str | None = None,  # to cancel ops at the workers' transfer agents
+        transfer_tls: TlsFiles | None = None,  # their TLS, when they use it
     ) -> None:
-        self.cluster_secret = cluster_secret
+        self.cluster_secret, self.transfer_tls = cluster_secret, transfer_tls
         self.aggregated, self.pool, self.decode_instances = aggregated, pool, decode_instances
         self.client, self.prefill_path, self.config = client, prefill_path, config
         self.num_local = self.num_remote = self.num_prefill_failures = 0
@@ -199,6 +201,7 @@ class DisaggStreamer:
                     params,
                     "the decode leg never started (client gone or failed)",
                     self.cluster_secret,
+                    self.transfer_tls,
                 )
 
     async def _decode_first(
@@ -306,11 +309,13 @@ def _decode_leg(
     )
 
 
-def _cancel_source_soon(params: dict[str, Any], reason: str, cluster_secret: str | None) -> None:
+def _cancel_source_soon(
+    params: dict[str, Any], reason: str, cluster_secret: str | None, tls: TlsFiles | None
+) -> None:
     """Release a prefill's pins now (best effort, in a thread); the TTL is the backstop.
     An engine's own handoff params (vLLM's NixlConnector: no ``mode``) expire on the engine's
     own timeout."""
     if "mode" not in params:
         return
     meta = decode_meta(DisaggParams.from_dict(params).meta)
-    cancel_soon(meta, reason, sender_id="frontend", cluster_secret=cluster_secret)
+    cancel_soon(meta, reason, sender_id="frontend", cluster_secret=cluster_secret, tls=tls)

@@ -29,6 +29,7 @@ from tandem.engines.vision import EmbeddingProvider
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
+from tandem.runtime.tls import TlsFiles
 from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class DisaggEngine(EngineDefaults):
         agent_config: TransferAgentConfig | None = None,
         *,
         cluster_secret: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         if not config.enabled:
             raise ValueError("DisaggEngine needs mode 'prefill' or 'decode'")
@@ -80,6 +82,7 @@ class DisaggEngine(EngineDefaults):
             lazy_backends=config.lazy_backends,
             default_ttl_s=config.pin_ttl_s,
             cluster_secret=cluster_secret,
+            tls=tls,
         )
         self.agent: TransferAgent | None = None
         self.handoff: KvHandoff | None = None

@@ -49,5 +49,6 @@ def disagg_streamer(
     )
     path = runtime.endpoint_path(dc.prefill_component, config.worker_endpoint)
     streamer = DisaggStreamer(aggregated, pool, workers, runtime.client, path, dc,
-                              cluster_secret=runtime.config.cluster_secret)  # fmt: skip
+                              cluster_secret=runtime.config.cluster_secret,
+                              transfer_tls=runtime.config.tls)  # fmt: skip
     return streamer, pool

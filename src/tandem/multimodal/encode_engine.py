@@ -32,6 +32,7 @@ from tandem.multimodal.image import DecodedImage
 from tandem.multimodal.sim_encoder import SimEncoderConfig, SimVisionEncoder
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.runtime.tls import TlsFiles
 from tandem.transfer import TransferAgent, TransferAgentConfig
 from tandem.transfer.base import BACKEND_NAMES, LAZY_BACKENDS
 
@@ -99,6 +100,7 @@ class EncoderEngine(EngineDefaults):
         self.config = config
         # authenticates the transfer agent's peers (decode workers pulling embeddings)
         self.cluster_secret = cluster_secret
+        self.tls: TlsFiles | None = None  # the transfer agent's TLS (the worker sets it)
         self.encoder: VisionEncoder | SimVisionEncoder | None = None
         self.agent: TransferAgent | None = None
         self.sender: EmbeddingSender | None = None
@@ -118,6 +120,7 @@ class EncoderEngine(EngineDefaults):
                 backends=self.config.transfer_backends,
                 lazy_backends=self.config.transfer_lazy_backends,
                 cluster_secret=self.cluster_secret,
+                tls=self.tls,
             )
         )
         self.sender = EmbeddingSender(

@@ -100,6 +100,7 @@ async def attach_embedding_provider(
                 backends=backends,
                 lazy_backends=lazy,
                 cluster_secret=runtime.config.cluster_secret,  # peers prove the secret
+                tls=runtime.config.tls,
             )
         )
         receiver = EmbeddingReceiver(agent, num_slots=ns.mm_receive_slots)

@@ -24,13 +24,27 @@ logger = logging.getLogger(__name__)
 
 
 def secret_env(rc: RuntimeConfig) -> dict[str, str]:
-    """The cluster secret for a worker's environment (never its argv, which `ps` shows), unless
-    this process's environment already names it (the worker inherits that)."""
-    if rc.cluster_secret is None or any(
+    """The cluster secret, and etcd's and NATS's passwords and token, for a worker's
+    environment (never its argv, which `ps` shows), unless this process's environment already
+    names them (the worker inherits that)."""
+    env: dict[str, str] = {}
+    if rc.cluster_secret is not None and not any(
         os.environ.get(v) for v in ("TANDEM_CLUSTER_SECRET", "TANDEM_CLUSTER_SECRET_FILE")
     ):
-        return {}
-    return {"TANDEM_CLUSTER_SECRET": rc.cluster_secret}
+        env["TANDEM_CLUSTER_SECRET"] = rc.cluster_secret
+    for name in ("etcd_password", "nats_password", "nats_token"):
+        value, var = getattr(rc, name), f"TANDEM_{name.upper()}"
+        if value is not None and not os.environ.get(var):
+            env[var] = value
+    return env
+
+
+# etcd's, NATS's and the request plane's own auth and TLS options a worker gets as flags
+_SERVICE_FLAGS = (
+    *("etcd_user", "etcd_ca_file", "etcd_cert_file", "etcd_key_file"),
+    *("nats_user", "nats_creds_file", "nats_nkey_seed_file", "nats_ca_file", "nats_cert_file"),
+    *("nats_key_file", "tls_cert_file", "tls_key_file", "tls_ca_file"),
+)
 
 
 def runtime_flags(rc: RuntimeConfig) -> list[str]:
@@ -41,6 +55,11 @@ def runtime_flags(rc: RuntimeConfig) -> list[str]:
         flags += ["--etcd-url", rc.etcd_url]
     if rc.events == "nats":
         flags += ["--nats-url", rc.nats_url]
+    for name in _SERVICE_FLAGS:
+        if getattr(rc, name) is not None:
+            flags += ["--" + name.replace("_", "-"), getattr(rc, name)]
+    if rc.tls_require_client_cert:
+        flags.append("--tls-require-client-cert")
     return flags
 
 

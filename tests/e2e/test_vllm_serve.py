@@ -36,7 +36,6 @@ from tests.support.vllm_env import (
     BLOCK_SIZE,
     ENGINE_FLAGS,
     ENV,
-    convert_smollm2,
     require_vllm_venv,
 )
 from tokenizers import Tokenizer
@@ -95,9 +94,8 @@ def _start(args: list[str], log: Path, python: Path) -> subprocess.Popen[bytes]:
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require_vllm_venv()
-    return convert_smollm2(tmp_path_factory.mktemp("model") / "smollm2-hf")
+def hf_dir(vllm_hf_dir: Path) -> Path:
+    return vllm_hf_dir
 
 
 @pytest.fixture(scope="module")

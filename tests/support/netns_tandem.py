@@ -45,8 +45,9 @@ def wait_log(proc: HostProcess, pattern: str, timeout_s: float = 60.0) -> re.Mat
 
 
 def start_worker(host: Host, name: str, runtime: list[str], *flags: str) -> tuple[HostProcess, str]:
-    """A `tandem worker` on `host` (mocker unless `flags` say otherwise), once registered."""
-    args = ["worker", "--engine", "mocker", "--host", host.ip, "--lease-ttl-s", "1"]
+    """A `tandem worker` on `host` (mocker unless `flags` say otherwise), once registered. No
+    address flag: it binds and advertises its host's address on the route to etcd/NATS."""
+    args = ["worker", "--engine", "mocker", "--lease-ttl-s", "1"]
     proc = host.tandem(name, *args, *flags, *runtime)
     return proc, wait_log(proc, r"worker ready: instance_id=(\w+)").group(1)
 

@@ -30,7 +30,9 @@ from tandem.engines.worker import Worker, WorkerConfig
 from tandem.errors import ConfigError, StartupError
 from tandem.multimodal.provider_args import add_embedding_provider_args, attach_embedding_provider
 from tandem.multimodal.remote_provider import CachingEmbeddingProvider
+from tandem.runtime.address import is_local_address, resolve_addresses
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
+from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.flag_parser import early_value, parse_args
 from tandem.runtime.lifecycle import install_signal_handlers
 from tandem.runtime.process_setup import (
@@ -138,11 +140,18 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
 
 
 def build_engine(
-    args: argparse.Namespace, cluster_secret: str | None = None, tls: TlsFiles | None = None
+    args: argparse.Namespace,
+    cluster_secret: str | None = None,
+    tls: TlsFiles | None = None,
+    *,
+    transfer_host: str | None = None,
 ) -> Engine:
     """The engine `--engine` names, wrapped for its `--disagg-mode` role if any (its transfer
-    agent authenticates peers with `cluster_secret`, over TLS with `tls`)."""
-    args.transfer_host = args.transfer_host or getattr(args, "runtime_host", None) or "127.0.0.1"
+    agent authenticates peers with `cluster_secret`, over TLS with `tls`, and listens on
+    `--transfer-host`, else `transfer_host`: the runtime's advertised address)."""
+    args.transfer_host = (
+        args.transfer_host or transfer_host or getattr(args, "runtime_host", None) or "127.0.0.1"
+    )
     disagg = disagg_worker_config_from_args(args)
     engine = make_engine(args.engine, engine_config_from_args(args.engine, args))
     if args.engine == "encoder":  # its embedding transfer agent authenticates its peers
@@ -166,13 +175,28 @@ async def _attach_images(
     return await attach_embedding_provider(engine, runtime, args)
 
 
+def _transfer_host(config: RuntimeConfig) -> str:
+    """The transfer agent listens on the advertised address (it advertises where it listens),
+    or on the bound one where the advertised address is not of this machine (NAT)."""
+    if is_local_address(config.advertise_host):
+        return config.advertise_host
+    return config.host
+
+
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
     """Run one worker until `stop` is set (default: SIGTERM/SIGINT), then drain; returns
     the exit status: 0, or EXIT_ENGINE_FAILED when the engine died first."""
     try:
-        runtime_config = runtime_config_from_args(args)
+        # bind and advertised addresses decided here, so the transfer agent listens where
+        # peers dial (a loopback address while etcd/NATS are on another host is refused)
+        runtime_config = resolve_addresses(runtime_config_from_args(args))
         worker_config = worker_config_from_args(args)
-        engine = build_engine(args, runtime_config.cluster_secret, runtime_config.tls)
+        engine = build_engine(
+            args,
+            runtime_config.cluster_secret,
+            runtime_config.tls,
+            transfer_host=_transfer_host(runtime_config),
+        )
     except (ValueError, OSError) as exc:
         raise StartupError(f"bad configuration: {exc}") from exc
     if stop is None:

@@ -16,7 +16,16 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "etcd_url": (str, "etcd client URL (etcd discovery)"),
     "events": (str, "event plane backend"),
     "nats_url": (str, "NATS server URL (nats events)"),
-    "host": (str, "address the request-plane server binds and advertises"),
+    "host": (
+        str,
+        "address the request-plane server and event publisher bind (0.0.0.0: every interface; "
+        "the loopback default becomes the routable address when etcd/NATS are on another host)",
+    ),
+    "advertise_host": (
+        str,
+        "address other hosts dial to reach this process (default: this host's address on the "
+        "route to etcd/NATS, else the bound address; never 0.0.0.0)",
+    ),
     "lease_ttl_s": (float, "seconds a dead process's records outlive it"),
     "cluster_secret": (
         str,
@@ -75,7 +84,9 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     for name, (kind, help_) in _FLAGS.items():
         flag = "--" + name.replace("_", "-")
         if any(flag in a.option_strings for a in parser._actions):
-            continue  # the command already owns this flag (e.g. --host of an HTTP server)
+            if name != "host":
+                continue  # the command already owns this flag
+            flag = "--runtime-host"  # --host is the HTTP server's: the runtime's gets its own
         if kind is bool:
             group.add_argument(flag, dest=f"runtime_{name}", action="store_true", help=help_)
             continue

@@ -44,7 +44,9 @@ class RuntimeConfig:
     etcd_url: str = "http://127.0.0.1:2379"
     events: str = "memory"
     nats_url: str = "nats://127.0.0.1:4222"
-    host: str = "127.0.0.1"  # request-plane server bind host (and the address others dial)
+    host: str = "127.0.0.1"  # request-plane server and event publisher bind host
+    # the address others dial ("" = decided at start: `tandem.runtime.address`)
+    advertise_host: str = ""
     port: int = 0  # request-plane server port; 0 = any free port
     # a record/lease outlives its last heartbeat by this long (etcd rounds up to whole seconds
     # and clamps to its minimum, 2 s with default election settings)

@@ -1,11 +1,14 @@
-"""Backends chosen by name: `make_discovery(config)`, `make_event_bus(config, discovery)`.
+"""Backends chosen by name: `make_discovery(config)`, `make_event_bus(config, discovery)`;
+the blob store goes where the discovery is: `make_blob_store(config, discovery)`.
 
 Real backends are imported only when chosen, so `memory` needs nothing else installed.
 """
 
 from __future__ import annotations
 
+from tandem.runtime.address import resolve_addresses
 from tandem.runtime.base import Discovery, EventBus
+from tandem.runtime.blobs.base import BlobStore
 from tandem.runtime.config import DISCOVERY_BACKENDS, EVENT_BACKENDS, RuntimeConfig
 
 
@@ -45,6 +48,28 @@ def make_discovery(config: RuntimeConfig) -> Discovery:
     raise _unknown("discovery", name, DISCOVERY_BACKENDS)
 
 
+def make_blob_store(config: RuntimeConfig, discovery: Discovery) -> BlobStore:
+    """A new blob store kept where `discovery` keeps its records: etcd keys, files in the
+    discovery directory, or memory shared by every store on the same in-process discovery
+    (any other discovery object). The caller closes it before the discovery."""
+    from tandem.runtime.discovery.etcd import EtcdDiscovery
+    from tandem.runtime.discovery.file import FileDiscovery
+
+    if isinstance(discovery, EtcdDiscovery):
+        from tandem.runtime.blobs.etcd import EtcdBlobStore
+
+        return EtcdBlobStore(
+            discovery.call, where=f"etcd at {discovery.url}", ttl_s=config.lease_ttl_s
+        )
+    if isinstance(discovery, FileDiscovery):
+        from tandem.runtime.blobs.file import FileBlobStore
+
+        return FileBlobStore(discovery.directory)
+    from tandem.runtime.blobs.memory import MemoryBlobStore, space_of
+
+    return MemoryBlobStore(space_of(discovery))
+
+
 async def check_discovery(discovery: Discovery) -> None:
     """Fail now, with the backend's message, when the discovery service refuses this process
     (etcd credentials, certificates, permissions), rather than in a watch that retries."""
@@ -69,6 +94,7 @@ def make_event_bus(config: RuntimeConfig, discovery: Discovery) -> EventBus:
             discovery,
             namespace=config.namespace,
             host=config.host,
+            advertise_host=resolve_addresses(config).advertise_host,
             buffer_size=config.event_buffer_size,
             secret=config.cluster_secret,
             max_message_bytes=config.max_frame_bytes,

@@ -9,10 +9,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from tandem.protocols.discovery import Instance, ModelCard, endpoint_path
+from tandem.runtime.address import resolve_addresses
 from tandem.runtime.base import Discovery, EventBus, Handler
+from tandem.runtime.blobs.base import BlobStore
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.instances import InstanceSet
-from tandem.runtime.registry import check_discovery, make_discovery, make_event_bus
+from tandem.runtime.registry import (
+    check_discovery,
+    make_blob_store,
+    make_discovery,
+    make_event_bus,
+)
 from tandem.runtime.tcp import ResponseStream, TcpRequestClient, TcpRequestServer
 
 logger = logging.getLogger(__name__)
@@ -20,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 class Runtime:
     """The planes of one process. `server` is started; endpoints served with `serve_endpoint`
-    are unregistered from discovery by `shutdown` (SIGTERM path) or when the runtime closes."""
+    are unregistered from discovery by `shutdown` (SIGTERM path) or when the runtime closes.
+    `blobs` keeps files (a model's tokenizer) where the discovery is, for other hosts."""
 
     def __init__(
         self,
@@ -29,9 +37,10 @@ class Runtime:
         events: EventBus,
         server: TcpRequestServer,
         client: TcpRequestClient,
+        blobs: BlobStore,
     ) -> None:
         self.config, self.discovery, self.events = config, discovery, events
-        self.server, self.client = server, client
+        self.server, self.client, self.blobs = server, client, blobs
         self.instance_ids: list[str] = []
 
     @property
@@ -107,6 +116,7 @@ async def open_runtime(
 ) -> AsyncIterator[Runtime]:
     """Yield a started Runtime. `discovery`/`events` passed in are shared and stay open
     (the caller owns them); those built here from `config` are closed on exit."""
+    config = resolve_addresses(config)  # refuses a loopback address when etcd/NATS are remote
     own_discovery = discovery is None
     disc = make_discovery(config) if discovery is None else discovery
     if own_discovery:
@@ -119,6 +129,7 @@ async def open_runtime(
     tls = config.tls
     server = TcpRequestServer(
         host=config.host,
+        advertise_host=config.advertise_host,
         port=config.port,
         max_inflight_per_connection=config.max_inflight_per_connection,
         secret=config.cluster_secret,
@@ -135,7 +146,7 @@ async def open_runtime(
         stream_window=config.stream_window,
         ssl_context=tls.client_context() if tls is not None else None,
     )
-    runtime = Runtime(config, disc, bus, server, client)
+    runtime = Runtime(config, disc, bus, server, client, make_blob_store(config, disc))
     try:
         await server.start()
         yield runtime
@@ -143,6 +154,7 @@ async def open_runtime(
         # a graceful drain is the caller's `runtime.shutdown()` (lifecycle); here we just close
         await runtime.shutdown(grace_s=0.0)
         await client.close()
+        await runtime.blobs.close()
         if events is None:
             await bus.close()
         if own_discovery:

@@ -39,7 +39,7 @@ def test_encode_worker_on_its_own_host(hosts: Hosts) -> None:
     try:
         encoder = h[4].tandem(
             "enc-encoder", "worker", "--engine", "encoder", "--mm-encoder", "sim",
-            "--host", h[4].ip, "--lease-ttl-s", "1", *runtime,
+            "--lease-ttl-s", "1", *runtime,
         )  # fmt: skip
         procs.append(encoder)
         wait_log(encoder, r"worker ready: instance_id=")

@@ -32,14 +32,14 @@ LOG_DIR = "/tmp/tandem-workers"  # on each node: its private /tmp
 
 
 def ray_node(host: Host, head: str | None, num_cpus: int) -> HostProcess:
-    """`ray start --block` on `host` (the head when `head` is None). Its workers inherit
-    TANDEM_HOST: the worker a node's actor starts advertises that node's address."""
+    """`ray start --block` on `host` (the head when `head` is None). The worker a node's
+    actor starts needs no address: it advertises its node's address on the route to etcd."""
     where = (["--address", head] if head else
              ["--head", "--port", str(RAY_PORT), "--include-dashboard", "false"])  # fmt: skip
     argv = [str(BIN_DIR / "ray"), "start", *where, "--node-ip-address", host.ip,
             "--num-cpus", str(num_cpus), "--object-store-memory", str(80 << 20),
             "--disable-usage-stats", "--block"]  # fmt: skip
-    env = {**RAY_ENV, "TANDEM_HOST": host.ip}
+    env = dict(RAY_ENV)
     return host.spawn(f"ray-{host.name}", argv, env=env)
 
 

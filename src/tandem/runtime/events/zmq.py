@@ -52,11 +52,13 @@ class ZmqEventBus:
         *,
         namespace: str = "tandem",
         host: str = "127.0.0.1",
+        advertise_host: str = "",
         buffer_size: int = 10_000,
         secret: str | None = None,
         max_message_bytes: int = 16 << 20,
     ) -> None:
         self.discovery, self.namespace, self.host = discovery, namespace, host
+        self.advertise_host = advertise_host or host  # what subscribers dial (never 0.0.0.0)
         self._buffer_size = buffer_size
         self._sealer = EventSealer(secret) if secret else None
         self._opener = EventOpener(secret) if secret else None
@@ -97,7 +99,7 @@ class ZmqEventBus:
                 namespace=self.namespace,
                 component=PUBLISHER_COMPONENT,
                 endpoint=PUBLISHER_ENDPOINT,
-                address=f"{self.host}:{port}",
+                address=f"{self.advertise_host}:{port}",
             )
         )
         self._pub = pub

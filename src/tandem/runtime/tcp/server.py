@@ -124,6 +124,7 @@ class TcpRequestServer:
         self,
         *,
         host: str = "127.0.0.1",
+        advertise_host: str = "",
         port: int = 0,
         max_inflight_per_connection: int = 1024,
         secret: str | None = None,
@@ -134,6 +135,7 @@ class TcpRequestServer:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._host, self._port = host, port
+        self._advertise_host = advertise_host or host  # what peers dial (never 0.0.0.0)
         self._ssl = ssl_context  # TLS (`tandem.runtime.tls`); None = plaintext
         self.max_inflight_per_connection = max_inflight_per_connection
         self.key = key_for(secret, AUTH_PURPOSE) if secret else None
@@ -176,7 +178,7 @@ class TcpRequestServer:
             ssl_handshake_timeout=self.handshake_timeout_s if self._ssl is not None else None,
         )
         port = self._server.sockets[0].getsockname()[1]
-        self._address = f"{self._host}:{port}"
+        self._address = f"{self._advertise_host}:{port}"
         logger.info("request plane listening on %s%s", self._address, " (TLS)" if self._ssl else "")
 
     def stop_accepting(self) -> None:

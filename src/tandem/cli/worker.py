@@ -116,6 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         "worker listens on and peers dial (default: --host, the request-plane address; "
         "set both to the pod/host IP for workers on different hosts)",
     )
+    group.add_argument(
+        "--transfer-port",
+        type=int,
+        default=0,
+        help="port of that transfer agent (0: any free port; pin it to open it in a firewall)",
+    )
     add_engine_args(engine, parser)
     add_disagg_worker_args(parser)
     if engine != "encoder":

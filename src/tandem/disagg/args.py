@@ -61,6 +61,7 @@ def disagg_worker_config_from_args(ns: argparse.Namespace) -> DisaggWorkerConfig
         transfer_timeout_s=ns.disagg_transfer_timeout_s,
         on_transfer_failure=ns.disagg_on_transfer_failure,
         transfer_host=getattr(ns, "transfer_host", None) or "127.0.0.1",
+        transfer_port=getattr(ns, "transfer_port", None) or 0,
     )
 
 

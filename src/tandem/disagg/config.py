@@ -37,6 +37,7 @@ class DisaggWorkerConfig:
     # where the KV transfer agent listens and what peers dial (`tandem worker` sets it to the
     # worker's request-plane --host unless --transfer-host says otherwise)
     transfer_host: str = "127.0.0.1"
+    transfer_port: int = 0  # 0: any free port
 
     def __post_init__(self) -> None:
         _one_of("disagg mode", self.mode, DISAGG_MODES)
@@ -52,6 +53,7 @@ class DisaggWorkerConfig:
             )
         check_range("pin_ttl_s", self.pin_ttl_s, low=0.01, high=86400)
         check_range("transfer_timeout_s", self.transfer_timeout_s, low=0.01, high=3600)
+        check_range("transfer_port", self.transfer_port, low=0, high=65535)
 
     @property
     def enabled(self) -> bool:

@@ -78,6 +78,7 @@ class DisaggEngine(EngineDefaults):
         self.engine, self.config = engine, config
         self._agent_config = agent_config or TransferAgentConfig(
             host=config.transfer_host,
+            port=config.transfer_port,
             backends=config.backends,
             lazy_backends=config.lazy_backends,
             default_ttl_s=config.pin_ttl_s,

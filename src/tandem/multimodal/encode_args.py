@@ -55,6 +55,7 @@ def config_from_args(ns: argparse.Namespace) -> EncodeWorkerConfig:
         transfer_backends=backends,
         transfer_lazy_backends=lazy,
         transfer_host=getattr(ns, "transfer_host", None) or "127.0.0.1",
+        transfer_port=getattr(ns, "transfer_port", None) or 0,
         sim=SimEncoderConfig(
             num_tokens_per_image=ns.mm_sim_num_tokens,
             hidden_size=ns.mm_sim_hidden_size,

@@ -64,6 +64,7 @@ class EncodeWorkerConfig:
     transfer_lazy_backends: tuple[str, ...] = LAZY_BACKENDS
     # where the embedding transfer agent listens and what peers dial
     transfer_host: str = "127.0.0.1"
+    transfer_port: int = 0  # 0: any free port
     # torch intra-op threads: 1 by default — bit-identical rows whatever the batch, and no
     # OpenMP barrier stalls beside other busy processes (13 ms/image on one core here)
     num_threads: int = 1
@@ -71,6 +72,7 @@ class EncodeWorkerConfig:
 
     def __post_init__(self) -> None:
         check_range("max_batch_images", self.max_batch_images, low=1, high=1024)
+        check_range("transfer_port", self.transfer_port, low=0, high=65535)
         check_range("batch_wait_ms", self.batch_wait_ms, low=0, high=10_000)
         check_range("num_threads", self.num_threads, low=1, high=1024)
         check_range("max_queued_images", self.max_queued_images, low=1)
@@ -117,6 +119,7 @@ class EncoderEngine(EngineDefaults):
         self.agent = TransferAgent(
             TransferAgentConfig(
                 host=self.config.transfer_host,
+                port=self.config.transfer_port,
                 backends=self.config.transfer_backends,
                 lazy_backends=self.config.transfer_lazy_backends,
                 cluster_secret=self.cluster_secret,

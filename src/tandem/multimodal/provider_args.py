@@ -97,6 +97,7 @@ async def attach_embedding_provider(
         agent = TransferAgent(
             TransferAgentConfig(
                 host=getattr(ns, "transfer_host", None) or "127.0.0.1",
+                port=getattr(ns, "transfer_port", None) or 0,
                 backends=backends,
                 lazy_backends=lazy,
                 cluster_secret=runtime.config.cluster_secret,  # peers prove the secret

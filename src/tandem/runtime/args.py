@@ -21,6 +21,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
         "address the request-plane server and event publisher bind (0.0.0.0: every interface; "
         "the loopback default becomes the routable address when etcd/NATS are on another host)",
     ),
+    "port": (int, "request-plane port (0: any free port; pin it to open it in a firewall)"),
+    "events_port": (int, "ZMQ event publisher port (zmq events; 0: any free port)"),
     "advertise_host": (
         str,
         "address other hosts dial to reach this process (default: this host's address on the "
@@ -84,9 +86,9 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     for name, (kind, help_) in _FLAGS.items():
         flag = "--" + name.replace("_", "-")
         if any(flag in a.option_strings for a in parser._actions):
-            if name != "host":
+            if name not in ("host", "port"):
                 continue  # the command already owns this flag
-            flag = "--runtime-host"  # --host is the HTTP server's: the runtime's gets its own
+            flag = f"--runtime-{name}"  # --host/--port are HTTP's: the runtime's get their own
         if kind is bool:
             group.add_argument(flag, dest=f"runtime_{name}", action="store_true", help=help_)
             continue

@@ -48,6 +48,7 @@ class RuntimeConfig:
     # the address others dial ("" = decided at start: `tandem.runtime.address`)
     advertise_host: str = ""
     port: int = 0  # request-plane server port; 0 = any free port
+    events_port: int = 0  # ZMQ event publisher port; 0 = any free port
     # a record/lease outlives its last heartbeat by this long (etcd rounds up to whole seconds
     # and clamps to its minimum, 2 s with default election settings)
     lease_ttl_s: float = 2.0
@@ -93,6 +94,7 @@ class RuntimeConfig:
         _check_name("discovery", self.discovery, DISCOVERY_BACKENDS, "discovery")
         _check_name("events", self.events, EVENT_BACKENDS, "event bus")
         check_range("port", self.port, low=0, high=65535)
+        check_range("events_port", self.events_port, low=0, high=65535)
         check_range("lease_ttl_s", self.lease_ttl_s, low=0.5, high=3600)
         check_range("poll_interval_s", self.poll_interval_s, low=0.01, high=10)
         check_range(

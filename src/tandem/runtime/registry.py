@@ -95,6 +95,7 @@ def make_event_bus(config: RuntimeConfig, discovery: Discovery) -> EventBus:
             namespace=config.namespace,
             host=config.host,
             advertise_host=resolve_addresses(config).advertise_host,
+            port=config.events_port,
             buffer_size=config.event_buffer_size,
             secret=config.cluster_secret,
             max_message_bytes=config.max_frame_bytes,

@@ -36,3 +36,12 @@ def test_the_embedding_agent_listens_on_the_workers_host() -> None:
     args = _args(["--engine", "encoder", "--host", "127.0.0.2"])
     args.transfer_host = args.transfer_host or args.runtime_host  # as build_engine does
     assert encode_args.config_from_args(args).transfer_host == "127.0.0.2"
+
+
+def test_the_transfer_port_is_pinned_by_flag() -> None:
+    argv = ["--engine", "mocker", "--disagg-mode", "prefill", "--transfer-port", "7003"]
+    engine = worker.build_engine(_args(argv))
+    assert isinstance(engine, DisaggEngine)
+    assert engine._agent_config.port == 7003
+    args = _args(["--engine", "encoder", "--transfer-port", "7004"])
+    assert encode_args.config_from_args(args).transfer_port == 7004

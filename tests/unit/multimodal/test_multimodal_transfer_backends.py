@@ -63,7 +63,7 @@ async def test_receiver_agent_follows_the_worker_flag(
     parser = argparse.ArgumentParser()
     provider_args.add_embedding_provider_args(parser)
     ns = parser.parse_args(["--mm-remote-encode", *argv])
-    runtime = SimpleNamespace(config=SimpleNamespace(cluster_secret=None))
+    runtime = SimpleNamespace(config=SimpleNamespace(cluster_secret=None, tls=None))
     assert await provider_args.attach_embedding_provider(_Image(), runtime, ns) is not None
     [config] = configs
     assert (config.backends, config.lazy_backends) == (backends, lazy)

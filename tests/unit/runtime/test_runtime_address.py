@@ -100,6 +100,7 @@ def _parsed(argv: list[str], *, http_host: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     if http_host:
         parser.add_argument("--host", default="0.0.0.0")
+        parser.add_argument("--port", type=int, default=8000)
     add_runtime_args(parser)
     return parse_args(parser, argv)
 
@@ -116,3 +117,12 @@ def test_a_command_whose_host_is_http_gets_runtime_host() -> None:
     ns = _parsed(["--host", "0.0.0.0", "--runtime-host", "10.9.0.2"], http_host=True)
     assert ns.host == "0.0.0.0"
     assert runtime_config_from_args(ns).host == "10.9.0.2"
+
+
+def test_ports_are_pinned_by_flag_and_a_bad_one_is_refused() -> None:
+    config = runtime_config_from_args(_parsed(["--port", "7001", "--events-port", "7002"]))
+    assert (config.port, config.events_port) == (7001, 7002)
+    ns = _parsed(["--port", "8000", "--runtime-port", "7001"], http_host=True)
+    assert runtime_config_from_args(ns).port == 7001
+    with pytest.raises(ValueError, match="events_port"):
+        RuntimeConfig(events_port=70000)

@@ -161,3 +161,21 @@ async def test_subscriber_without_the_secret_reads_nothing() -> None:
         ctx.term()
         await a.close()
         await b.close()
+
+
+async def test_a_publisher_binds_the_pinned_port_and_advertises_its_address() -> None:
+    """`--events-port` pins the PUB port (a firewall opens it); bound to every interface it
+    advertises the address peers dial, never 0.0.0.0."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    disc = MemoryDiscovery()
+    bus = ZmqEventBus(disc, namespace="t", host="0.0.0.0", advertise_host="127.0.0.1", port=port)
+    try:
+        await bus.publish("t.kv.w1", b"x")
+        [record] = await disc.list_instances("t._events")
+        assert record.address == f"127.0.0.1:{port}"
+    finally:
+        await bus.close()

@@ -53,12 +53,14 @@ class ZmqEventBus:
         namespace: str = "tandem",
         host: str = "127.0.0.1",
         advertise_host: str = "",
+        port: int = 0,
         buffer_size: int = 10_000,
         secret: str | None = None,
         max_message_bytes: int = 16 << 20,
     ) -> None:
         self.discovery, self.namespace, self.host = discovery, namespace, host
         self.advertise_host = advertise_host or host  # what subscribers dial (never 0.0.0.0)
+        self.port = port  # 0: any free port
         self._buffer_size = buffer_size
         self._sealer = EventSealer(secret) if secret else None
         self._opener = EventOpener(secret) if secret else None
@@ -90,7 +92,7 @@ class ZmqEventBus:
         if self._keys is not None:
             self._auth = curve.start_authenticator(self._ctx, self._keys)
             curve.make_server(pub, self._keys)
-        pub.bind(f"tcp://{self.host}:0")
+        pub.bind(f"tcp://{self.host}:{self.port}")
         port = pub.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
         self._publisher_id = f"events-{uuid.uuid4().hex[:12]}"
         await self.discovery.register(

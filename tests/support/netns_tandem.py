@@ -28,9 +28,9 @@ class Hosts:
         return self.cluster.hosts
 
     def runtime(self, namespace: str) -> list[str]:
-        """The runtime flags every process of one test gives (discovery and events on host0)."""
-        return ["--namespace", namespace, "--discovery", "etcd", "--etcd-url", self.etcd_url,
-                "--events", "nats", "--nats-url", self.nats_url]  # fmt: skip
+        """The runtime flags every process of one test gives: etcd and NATS on host0, named
+        by URL only (a URL chooses its backend; no address flag anywhere)."""
+        return ["--namespace", namespace, "--etcd-url", self.etcd_url, "--nats-url", self.nats_url]
 
 
 def wait_log(proc: HostProcess, pattern: str, timeout_s: float = 60.0) -> re.Match[str]:

@@ -13,9 +13,17 @@ _FLAGS: dict[str, tuple[type, str]] = {
     "namespace": (str, "namespace of every endpoint path"),
     "discovery": (str, "discovery backend"),
     "discovery_dir": (str, "directory of instance records (file discovery; none: per user)"),
-    "etcd_url": (str, "etcd client URL (etcd discovery)"),
+    "etcd_url": (
+        str,
+        "etcd client URL (default http://127.0.0.1:2379); given without --discovery, it "
+        "chooses etcd discovery",
+    ),
     "events": (str, "event plane backend"),
-    "nats_url": (str, "NATS server URL (nats events)"),
+    "nats_url": (
+        str,
+        "NATS server URL (default nats://127.0.0.1:4222); given without --events, it chooses "
+        "nats events",
+    ),
     "host": (
         str,
         "address the request-plane server and event publisher bind (0.0.0.0: every interface; "
@@ -72,6 +80,8 @@ _FLAGS: dict[str, tuple[type, str]] = {
     ),
 }
 _CHOICES = {"discovery": DISCOVERY_BACKENDS, "events": EVENT_BACKENDS}
+# None unless given (flag, env or config file): a URL given chooses its backend
+_NO_DEFAULT = ("cluster_secret", "etcd_url", "nats_url")
 
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +107,7 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
             dest=f"runtime_{name}",
             type=kind,
             choices=_CHOICES.get(name),
-            default=None if name == "cluster_secret" else getattr(defaults, name, None),
+            default=None if name in _NO_DEFAULT else getattr(defaults, name, None),
             help=help_,
         )
 
@@ -118,6 +128,12 @@ def runtime_config_from_args(ns: argparse.Namespace, **overrides: object) -> Run
     )
     if secret is not None:
         values["cluster_secret"] = secret
+    # `tandem worker --etcd-url URL --nats-url URL` on its own host means etcd and NATS: the
+    # in-process defaults (memory) would leave it alone, unseen by every frontend
+    if "etcd_url" in values and values.get("discovery", "memory") == "memory":
+        values["discovery"] = "etcd"
+    if "nats_url" in values and values.get("events", "memory") == "memory":
+        values["events"] = "nats"
     values.update(overrides)
     return RuntimeConfig(**values)  # type: ignore[arg-type]
 

@@ -126,3 +126,22 @@ def test_ports_are_pinned_by_flag_and_a_bad_one_is_refused() -> None:
     assert runtime_config_from_args(ns).port == 7001
     with pytest.raises(ValueError, match="events_port"):
         RuntimeConfig(events_port=70000)
+
+
+def test_a_url_given_alone_chooses_its_backend() -> None:
+    """`tandem worker --etcd-url URL --nats-url URL` (the issue's first multi-host attempt):
+    before, the worker stayed on in-process discovery and events, seen by no frontend."""
+    config = runtime_config_from_args(
+        _parsed(["--etcd-url", "http://10.9.0.1:2379", "--nats-url", "nats://10.9.0.1:4222"])
+    )
+    assert (config.discovery, config.events) == ("etcd", "nats")
+    chosen = runtime_config_from_args(
+        _parsed(["--discovery", "file", "--events", "zmq", "--etcd-url", "http://h:2379"])
+    )
+    assert (chosen.discovery, chosen.events) == ("file", "zmq")
+    plain = runtime_config_from_args(_parsed([]))
+    assert (plain.discovery, plain.events, plain.etcd_url) == (
+        "memory",
+        "memory",
+        "http://127.0.0.1:2379",
+    )

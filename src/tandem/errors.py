@@ -80,6 +80,14 @@ class NoWorkersAvailable(Overloaded):
     error_type = "service_unavailable"
 
 
+class ModelUnavailable(ServingError):
+    """The model is listed but could not be loaded here (its tokenizer file missing or corrupt):
+    HTTP 503 naming the model and the file."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+
+
 class EngineError(ServingError):
     """The engine failed while serving a request."""
 

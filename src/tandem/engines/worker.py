@@ -37,7 +37,7 @@ from tandem.engines.worker_trace import WorkerSpans
 from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
 from tandem.protocols import kv_events as kv
 from tandem.protocols import scaling
-from tandem.protocols.discovery import Instance, ModelCard
+from tandem.protocols.discovery import Instance, ModelCard, ModelFile
 from tandem.protocols.embedding import (
     EMBED_ENDPOINT,
     EmbedResponse,
@@ -46,8 +46,11 @@ from tandem.protocols.embedding import (
 from tandem.protocols.engine import EngineOutput, decode_request, encode, encode_output
 from tandem.runtime import tracing
 from tandem.runtime.base import RequestContext
+from tandem.runtime.blobs.base import BlobError
 from tandem.runtime.log_format import request_scope
 from tandem.runtime.runtime import Runtime
+from tandem.tokens.model_files import tokenizer_files
+from tandem.tokens.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +161,35 @@ class Worker:
         # (`--system-port`); the discovery record then carries it
         self.system_port: int | None = None
 
+    async def _with_model_files(self, card: ModelCard) -> ModelCard:
+        """`card` naming the tokenizer's files put in the cluster's blob store, so a frontend
+        on a host without the model's files loads them from there (issue 30). A tokenizer this
+        host cannot load registers the card as it is (a frontend with the path still works)."""
+        if card.tokenizer is None:
+            return card
+        try:
+            tok = await asyncio.to_thread(load_tokenizer, card.tokenizer)
+            files = await asyncio.to_thread(tokenizer_files, tok)
+            blobs = self.runtime.blobs
+            named = {name: ModelFile(sha256=await blobs.put(data), size=len(data))
+                     for name, data in files.items()}  # fmt: skip
+        except (OSError, ValueError, BlobError) as exc:
+            logger.warning(
+                "model %s: its tokenizer files do not travel with the registration (%s); "
+                "frontends need %s on their own host",
+                card.name,
+                exc,
+                card.tokenizer,
+            )
+            return card
+        logger.info(
+            "model %s: tokenizer files in %s (%d bytes)",
+            card.name,
+            self.runtime.blobs.where,
+            sum(f.size for f in named.values()),
+        )
+        return msgspec.structs.replace(card, files=named)
+
     async def start(self) -> Instance:
         """Start the engine, the publishers and the endpoints, then register the instance.
         Raises ValueError when `embedding_only` is set and the engine cannot embed."""
@@ -190,7 +222,7 @@ class Worker:
             comp,
             self.config.endpoint,
             self._generate if "generate" in tasks else self._refuse_generate,
-            model=model_card(self.info, tasks),
+            model=await self._with_model_files(model_card(self.info, tasks)),
             # a disaggregated engine adds its role and transfer agent (tandem.disagg)
             metadata={**metadata, **self._engine_metadata(), **self.config.metadata},
             instance_id=self.instance_id,

@@ -9,20 +9,26 @@ import logging
 import time
 from pathlib import Path
 
-from tandem.errors import InvalidRequest, ModelNotFound
+from tandem.errors import InvalidRequest, ModelNotFound, ModelUnavailable, ServingError
 from tandem.frontend.config import FrontendConfig
 from tandem.protocols.discovery import ModelCard
 from tandem.router.base import Router
 from tandem.router.registry import make_router
 from tandem.router.source import InstancesByModel, StaticInstanceSet
 from tandem.runtime.base import EventBus, RequestClient
+from tandem.runtime.blobs.base import BlobError, BlobStore
 from tandem.runtime.instances import InstanceSet
 from tandem.tokens.chat_template import ChatTemplate
+from tandem.tokens.model_files import tokenizer_from_files
 from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
 GC_YOUNG_THRESHOLD = 10_000
+
+
+class ModelFilesError(Exception):
+    """A model file named by the workers' cards is missing, corrupt or does not parse."""
 
 
 def freeze_long_lived() -> None:
@@ -44,8 +50,15 @@ def freeze_long_lived() -> None:
 class ServedModel:
     """One model name: its card, instances, router and (lazily loaded) tokenizer."""
 
-    def __init__(self, card: ModelCard, router: Router, instances: StaticInstanceSet) -> None:
+    def __init__(
+        self,
+        card: ModelCard,
+        router: Router,
+        instances: StaticInstanceSet,
+        blobs: BlobStore | None = None,
+    ) -> None:
         self.name, self.card, self.router, self.instances = card.name, card, router, instances
+        self.blobs = blobs  # where the card's files are (None: only the tokenizer path)
         self.created = int(time.time())
         self.tokenizer: ModelTokenizer | None = None
         self.chat_template: ChatTemplate | None = None
@@ -59,7 +72,7 @@ class ServedModel:
         await self.router.start()
         if self.card.tokenizer is None:
             return
-        tok = await asyncio.to_thread(load_tokenizer, self.card.tokenizer, cache_dir=cache_dir)
+        tok = await self._load_tokenizer(self.card.tokenizer, cache_dir)
         bos = tok.token_text(tok.bos_token_id) if tok.bos_token_id is not None else None
         eos = tok.token_text(tok.eos_token_ids[0]) if tok.eos_token_ids else None
         self.chat_template = ChatTemplate(
@@ -70,12 +83,49 @@ class ServedModel:
         freeze_long_lived()
         logger.info("model %s ready (tokenizer %s)", self.name, self.card.tokenizer)
 
+    async def _load_tokenizer(self, spec: str, cache_dir: Path | None) -> ModelTokenizer:
+        """From the tokenizer's path where this host has it, else from the files the workers
+        put in the cluster's blob store (a frontend host needs no model files)."""
+        _, _, location = spec.partition(":")
+        here = await asyncio.to_thread(Path(location).exists)
+        if here or not self.card.files or self.blobs is None:
+            return await asyncio.to_thread(load_tokenizer, spec, cache_dir=cache_dir)
+        files: dict[str, bytes] = {}
+        for name, ref in sorted(self.card.files.items()):
+            try:
+                files[name] = await self.blobs.get(ref.sha256)
+            except BlobError as exc:
+                raise ModelFilesError(
+                    f"model '{self.name}': file {name} (sha256 {ref.sha256[:16]}…, {ref.size} "
+                    f"bytes) from {self.blobs.where}: {exc}"
+                ) from exc
+        try:
+            tok = await asyncio.to_thread(tokenizer_from_files, files)
+        except ValueError as exc:
+            raise ModelFilesError(f"model '{self.name}': {exc}") from exc
+        logger.info(
+            "model %s: tokenizer from the workers' registration (%s; %s is not on this host)",
+            self.name,
+            self.blobs.where,
+            location,
+        )
+        return tok
+
     async def ready(self) -> None:
-        """Wait for the router and tokenizer (raises what loading raised)."""
-        if self._ready is not None and not self._ready.done():
-            await asyncio.shield(self._ready)
-        elif self._ready is not None:
-            self._ready.result()
+        """Wait for the router and tokenizer; a model that failed to load raises
+        ModelUnavailable (503) naming the model and what failed (a missing file...)."""
+        try:
+            if self._ready is not None and not self._ready.done():
+                await asyncio.shield(self._ready)
+            elif self._ready is not None:
+                self._ready.result()
+        except ServingError:
+            raise
+        except Exception as exc:  # what loading raised: the request gets its message, not 500
+            raise ModelUnavailable(
+                f"model '{self.name}' failed to load: {type(exc).__name__}: {exc}",
+                param="model",
+            ) from exc
 
     @property
     def is_loaded(self) -> bool:
@@ -133,8 +183,9 @@ class ModelRegistry:
         events: EventBus,
         client: RequestClient,
         namespace: str,
+        blobs: BlobStore | None = None,
     ) -> None:
-        self._config, self._set = config, instance_set
+        self._config, self._set, self._blobs = config, instance_set, blobs
         self._events, self._client, self._namespace = events, client, namespace
         self._by_model = InstancesByModel(instance_set, self._add)
         self.models: dict[str, ServedModel] = {}
@@ -155,7 +206,7 @@ class ModelRegistry:
             discovery=self._set.discovery,  # `remote` finds its service
             namespace=self._namespace,
         )
-        model = ServedModel(card, router, view)
+        model = ServedModel(card, router, view, self._blobs)
         self.models[card.name] = model
         model.start(self._config.tokenizer_cache_dir)
         assert model._ready is not None

@@ -137,6 +137,7 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
         events=runtime.events,
         client=runtime.client,
         namespace=runtime.namespace,
+        blobs=runtime.blobs,
     )
     collector = RequestStatsCollector(config.worker_component)
     metrics = FrontendMetrics(interval=collector if config.request_stats_interval_s else None)

@@ -7,6 +7,14 @@ from typing import Any, Literal
 import msgspec
 
 
+class ModelFile(msgspec.Struct, kw_only=True, frozen=True):
+    """One model file that travels with a worker's registration: the sha256 (hex) of its
+    bytes, by which the cluster's blob store (`tandem.runtime.blobs`) keeps it, and its size."""
+
+    sha256: str
+    size: int
+
+
 class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a worker serves and how its KV cache is shaped; the frontend and router read it."""
 
@@ -14,8 +22,14 @@ class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
     context_length: int
     block_size: int
     num_total_blocks: int
-    # where the frontend loads its tokenizer: "gguf:<path>" or "hf:<dir>"; None = no tokenizer
+    # where the worker loaded its tokenizer: "gguf:<path>" or "hf:<dir>" (a path on the
+    # worker's host); None = no tokenizer
     tokenizer: str | None = None
+    # the tokenizer as files in the cluster's blob store, by name (`tandem.tokens.model_files`:
+    # tokenizer.json, tokenizer_meta.json): what a frontend on another
+    # host loads. Empty from a worker older than these fields (the frontend then needs the
+    # `tokenizer` path on its own host)
+    files: dict[str, ModelFile] = msgspec.field(default_factory=dict)
     eos_token_ids: list[int] = msgspec.field(default_factory=list)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192

@@ -90,12 +90,14 @@ def load_tokenizer(spec: str, *, cache_dir: Path | None = None) -> ModelTokenize
         backend, meta = load_gguf_tokenizer(location, cache_dir=cache_dir)
     else:
         backend, meta = _load_hf_dir(Path(location))
-    tok = _bundle(backend, meta)
+    tok = bundle_tokenizer(backend, meta)
     with _lock:
         return _cache.setdefault(spec, tok)
 
 
-def _bundle(backend: Tokenizer, meta: dict[str, Any]) -> ModelTokenizer:
+def bundle_tokenizer(backend: Tokenizer, meta: dict[str, Any]) -> ModelTokenizer:
+    """A `ModelTokenizer` from a `tokenizers` backend and its meta (eos/bos ids, chat
+    template, context length, add_bos_token)."""
     special_ids = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
     eos = meta.get("eos_token_id")
     eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])

@@ -20,11 +20,6 @@ from tests.support.tandem_procs import MODEL, get_json, http_request
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 30 item 3 (model30): the frontend still loads the tokenizer from the path in "
-    "the worker's card, so without the file /health is 503 ('failed to load: FileNotFoundError')",
-)
 def test_frontend_host_without_model_files_serves(hosts: Hosts) -> None:
     h = hosts.hosts
     runtime = hosts.runtime("nofiles")
@@ -54,6 +49,7 @@ def test_frontend_host_without_model_files_serves(hosts: Hosts) -> None:
         assert status == 200, raw
         out = json.loads(raw)
         assert out["usage"]["completion_tokens"] == 5 and out["choices"][0]["message"]["content"]
+        wait_log(front, r"tokenizer from the workers' registration \(etcd at ")
     finally:
         logs = stop_all(*procs)
     assert "Traceback" not in logs, logs[-5000:]

@@ -1,0 +1,1 @@
+"""Content-addressed blobs kept where the cluster's discovery is: memory, file, etcd."""

@@ -1,6 +1,6 @@
 """The files a newcomer walks through for one aggregated, streamed chat completion.
 
-`python -m support.request_walk` (from `tests/`, or `PYTHONPATH=tests`) starts a frontend and a
+`python -m tests.support.request_walk` (from the repository root) starts a frontend and a
 mocker worker in one process (memory discovery and events, the TCP request plane; the SmolLM2
 tokenizer and chat template), sends one warm-up chat, then records one streamed
 `/v1/chat/completions` request — from its HTTP bytes reaching the frontend's socket to the SSE
@@ -14,8 +14,8 @@ load metrics, KV events, heartbeats, the watchdog) are the background; a window 
 length with no request is recorded too, and whatever runs there is subtracted and listed, so
 nothing is hidden. One blind spot, by this rule: an engine's step loop is a task older than
 the request, so the work it does for the request in its steps is not counted (the engine's
-files appear where the request's own tasks call them). The walk counts files, in the order first entered, and how often each is
-entered (a call from another file).
+files appear where the request's own tasks call them). The walk counts files, in the order
+first entered, and how often each is entered (a call from another file).
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ async def _record(action: Any) -> Walk:
 
 async def walk_one_chat() -> tuple[Walk, Walk]:
     """(the request's walk, what ran in an idle window of the same length)."""
-    from support.frontend_stack import CHAT, FrontendStack
-    from support.smollm2 import smollm2_gguf
     from tandem.engines.mocker.config import MockerConfig
     from tandem.engines.mocker.engine import MockerEngine
+    from tests.support.frontend_stack import CHAT, FrontendStack
+    from tests.support.smollm2 import smollm2_gguf
 
     async with AsyncExitStack() as stack:
         s = FrontendStack(stack)

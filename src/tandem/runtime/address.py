@@ -69,38 +69,36 @@ def remote_servers(config: RuntimeConfig) -> list[str]:
     return hosts
 
 
-def route_source(target: str) -> str | None:
-    """This host's address on the interface that routes to `target` (None: no route)."""
+def _udp_socket_name(host: str, port: int, *, connect: bool) -> str | None:
+    """The local address of a UDP socket that could connect to (or else bind) `host`:`port`
+    (no packet is sent); None when no address of `host` allows it."""
     try:
-        infos = socket.getaddrinfo(target, 9, type=socket.SOCK_DGRAM)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     except OSError:
         return None
     for family, _, _, _, sockaddr in infos:
         with socket.socket(family, socket.SOCK_DGRAM) as sock:
             try:
-                sock.connect(sockaddr)
+                if connect:
+                    sock.connect(sockaddr)
+                else:
+                    sock.bind(sockaddr)
             except OSError:
                 continue
-            host = sock.getsockname()[0]
-            if isinstance(host, str) and not is_wildcard(host):
-                return host
+            name = sock.getsockname()[0]
+            return name if isinstance(name, str) else None
     return None
+
+
+def route_source(target: str) -> str | None:
+    """This host's address on the interface that routes to `target` (None: no route)."""
+    host = _udp_socket_name(target, 9, connect=True)
+    return None if host is None or is_wildcard(host) else host
 
 
 def is_local_address(host: str) -> bool:
     """True when a socket can bind `host` on this machine."""
-    try:
-        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_DGRAM)
-    except OSError:
-        return False
-    for family, _, _, _, sockaddr in infos:
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            try:
-                sock.bind(sockaddr)
-                return True
-            except OSError:
-                continue
-    return False
+    return _udp_socket_name(host, 0, connect=False) is not None
 
 
 def resolve_addresses(config: RuntimeConfig) -> RuntimeConfig:

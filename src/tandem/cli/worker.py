@@ -103,8 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     )
     group.add_argument(
         "--system-host",
-        default="127.0.0.1",
-        help="bind address of --system-port",
+        default=None,
+        help="bind address of --system-port (default: the request plane's bind address, so "
+        "a worker on another host than etcd/NATS serves it on its routable address)",
     )
     group.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(group)
@@ -197,6 +198,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         # peers dial (a loopback address while etcd/NATS are on another host is refused)
         runtime_config = resolve_addresses(runtime_config_from_args(args))
         worker_config = worker_config_from_args(args)
+        args.system_host = args.system_host or runtime_config.host
         engine = build_engine(
             args,
             runtime_config.cluster_secret,

@@ -70,6 +70,15 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test bridge")
 
 
+def kept_under_tmp() -> list[str]:
+    """The checkout and the interpreter's prefixes that lie under /tmp (outermost only):
+    a host's private /tmp would otherwise hide them from everything it runs."""
+    repo = Path(__file__).resolve().parents[2]
+    paths = {p.resolve() for p in (repo, Path(sys.prefix), Path(sys.base_prefix))}
+    under = sorted(p for p in paths if Path("/tmp") in p.parents)
+    return [str(p) for p in under if not any(q in p.parents for q in under)]
+
+
 @dataclass
 class HostProcess:
     """A process on a host; its output goes to `log_path` (written from the root namespace)."""
@@ -198,9 +207,19 @@ class Cluster:
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         # one mount namespace per host, held open by this sleep: everything the host runs
         # enters it, so its processes share /dev/shm and /tmp and no other host's
+        # the checkout and the venv stay visible where they are, also when they live under
+        # /tmp (a CI clone): bound aside before /tmp is covered, moved back after
+        keep = kept_under_tmp()
+        aside = [f"mkdir -p /dev/shm/.keep{i} && mount --bind {k} /dev/shm/.keep{i} && "
+                 for i, k in enumerate(keep)]  # fmt: skip
+        back = [f"mkdir -p {k} && mount --move /dev/shm/.keep{i} {k} && rmdir /dev/shm/.keep{i} && "
+                for i, k in enumerate(keep)]  # fmt: skip
         script = (
             "mount -t tmpfs -o size=256m none /dev/shm && "
-            f"mount --bind {workdir / 'tmp'} /tmp && echo up && exec sleep infinity"
+            + "".join(aside)
+            + f"mount --bind {workdir / 'tmp'} /tmp && "
+            + "".join(back)
+            + "echo up && exec sleep infinity"
         )
         holder = subprocess.Popen(
             ["ip", "netns", "exec", netns, "unshare", "-m", "--propagation", "private",

@@ -33,7 +33,8 @@ import aiohttp
 import msgspec
 
 from tandem.protocols.discovery import Instance, InstanceEvent
-from tandem.runtime.secret import is_valid_tag, key_for, tag
+from tandem.runtime.discovery.sealed import ForgedRecordError, seal, unseal
+from tandem.runtime.secret import key_for
 from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -97,44 +98,20 @@ class EtcdAuth:
         return ctx
 
 
-class SealedRecord(msgspec.Struct, kw_only=True):
-    """An etcd value: the instance's JSON bytes as written and their HMAC tag (hex; empty
-    without a cluster secret)."""
-
-    record: msgspec.Raw
-    tag: str = ""
-
-
 _PURPOSE = "etcd-discovery/v1"
 _MAX_REMEMBERED_FORGED = 4096
 
 
-class ForgedRecordError(ValueError):
-    """A value that is not a record sealed with this process's cluster secret for its key."""
-
-
 def seal_record(key: bytes, instance: Instance, secret_key: bytes | None) -> bytes:
-    body = msgspec.json.encode(instance)
-    sealed = SealedRecord(
-        record=msgspec.Raw(body), tag=tag(secret_key, key, body).hex() if secret_key else ""
-    )
-    return msgspec.json.encode(sealed)
+    """An etcd value: the instance sealed (`sealed.py`), its tag bound to the etcd key."""
+    return seal(msgspec.json.encode(instance), secret_key, key)
 
 
 def open_record(key: bytes, value: bytes, secret_key: bytes | None) -> Instance:
     """The instance in `value` stored at `key`; raises ForgedRecordError when it is malformed
     or (with a secret) its tag does not verify for this key."""
     try:
-        sealed = msgspec.json.decode(value, type=SealedRecord)
-        body = bytes(sealed.record)
-        if secret_key is not None:
-            try:
-                expected = bytes.fromhex(sealed.tag)
-            except ValueError:
-                expected = b""
-            if not is_valid_tag(secret_key, expected, key, body):
-                raise ForgedRecordError("no valid tag for this cluster secret")
-        return msgspec.json.decode(body, type=Instance)
+        return msgspec.json.decode(unseal(value, secret_key, key), type=Instance)
     except msgspec.DecodeError as exc:
         raise ForgedRecordError(f"not a tandem record: {exc}") from exc
 

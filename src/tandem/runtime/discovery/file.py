@@ -29,7 +29,8 @@ import msgspec
 import psutil
 
 from tandem.protocols.discovery import Instance, InstanceEvent
-from tandem.runtime.secret import is_valid_tag, key_for, tag
+from tandem.runtime.discovery.sealed import ForgedRecordError, seal, unseal
+from tandem.runtime.secret import key_for
 from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -43,38 +44,15 @@ class FileRecord(msgspec.Struct, kw_only=True):
     pid_start: float  # psutil create_time of the owner process
 
 
-class SealedRecord(msgspec.Struct, kw_only=True):
-    """What a record file holds: the record's JSON bytes as written, and their HMAC tag
-    (hex; empty without a cluster secret)."""
-
-    record: msgspec.Raw
-    tag: str = ""
-
-
 _PURPOSE = "file-discovery/v1"
 
 
 def seal_record(record: FileRecord, key: bytes | None) -> bytes:
-    body = msgspec.json.encode(record)
-    sealed = SealedRecord(record=msgspec.Raw(body), tag=tag(key, body).hex() if key else "")
-    return msgspec.json.encode(sealed)
-
-
-class ForgedRecordError(ValueError):
-    """A record file whose tag does not verify with this process's cluster secret."""
+    return seal(msgspec.json.encode(record), key)
 
 
 def open_record(data: bytes, key: bytes | None) -> FileRecord:
-    sealed = msgspec.json.decode(data, type=SealedRecord)
-    body = bytes(sealed.record)
-    if key is not None:
-        try:
-            expected = bytes.fromhex(sealed.tag)
-        except ValueError:
-            expected = b""
-        if not is_valid_tag(key, expected, body):
-            raise ForgedRecordError("no valid tag for this cluster secret")
-    return msgspec.json.decode(body, type=FileRecord)
+    return msgspec.json.decode(unseal(data, key), type=FileRecord)
 
 
 def check_private_dir(directory: str) -> None:

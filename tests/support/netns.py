@@ -29,6 +29,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.tandem_procs import TandemProcess
+
 REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(sys.executable).parent
 
@@ -79,35 +81,9 @@ def kept_under_tmp() -> list[str]:
     return [str(p) for p in under if not any(q in p.parents for q in under)]
 
 
-@dataclass
-class HostProcess:
-    """A process on a host; its output goes to `log_path` (written from the root namespace)."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")
-        return ""
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after `grace_s`."""
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.proc.wait(10)
+class HostProcess(TandemProcess):
+    """A process on a host; its output goes to `log_path` (written from the root namespace).
+    Stopped by PID like any test process (`tandem_procs.TandemProcess`)."""
 
 
 @dataclass

@@ -35,13 +35,7 @@ class Hosts:
 
 def wait_log(proc: HostProcess, pattern: str, timeout_s: float = 60.0) -> re.Match[str]:
     """The first match of `pattern` in the process's log; fails if it exits or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if (m := re.search(pattern, proc.log())) is not None:
-            return m
-        if proc.proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"{proc.name} never logged /{pattern}/:\n{proc.log()[-3000:]}")
-        time.sleep(_POLL_S)
+    return proc.wait_log(pattern, timeout_s)
 
 
 def start_worker(host: Host, name: str, runtime: list[str], *flags: str) -> tuple[HostProcess, str]:

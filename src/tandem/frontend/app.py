@@ -30,8 +30,7 @@ from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.health import HealthMonitor
 from tandem.frontend.observability.metrics import FrontendMetrics, close_tally, open_tally
 from tandem.frontend.observability.worker_scrape import WorkerScraper
-from tandem.frontend.pipeline.admission import Admission
-from tandem.frontend.pipeline.generate import GeneratePipeline
+from tandem.frontend.pipeline.generate import Admission, GeneratePipeline
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader

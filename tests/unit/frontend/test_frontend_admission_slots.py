@@ -1,4 +1,4 @@
-"""The frontend's admission (`pipeline.admission.Admission`): a request's fan-out is capped
+"""The frontend's admission (`pipeline.generate.Admission`): a request's fan-out is capped
 per request (400 naming the field) and slots are held for a block, 503 past the bound, given
 back however the block ends."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from tandem.errors import InvalidRequest, Overloaded
 from tandem.frontend.observability.metrics import close_tally, count_as, open_tally
-from tandem.frontend.pipeline.admission import Admission
+from tandem.frontend.pipeline.generate import Admission
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 
 

@@ -1,11 +1,16 @@
 """The generate pipeline every generate endpoint runs: admit → preprocess → route and stream
 → stream or collect → account.
 
-- admit: `admission.slots(n)` holds one in-flight slot per engine request (503 past the bound);
+- admit: `Admission.slots(n)` holds one in-flight slot per engine request the request fans out
+  to (prompts × n, or 1 for an embeddings call), taken before any await so concurrent arrivals
+  cannot overshoot the bound while they preprocess (503 past it; every queue is bounded);
 - preprocess: `preprocess(...)` turns a chat or completions request into engine requests
   (chat template, tokenization, limits, images);
 - route and stream: `run(...)` opens the engine streams over the request plane, with
-  migration (`Streamer`), and turns their outputs into choice events;
+  migration (`Streamer`), and turns their outputs into batches of choice events
+  (`engine_events`): each output is processed (detokenized, stop strings applied) into one
+  `Event`, a batch being every output that had already arrived; a request of several choices
+  (n > 1, several prompts, best_of) merges its choices' streams, batch by batch;
 - stream or collect: the endpoint's `Output` encodes the events, as SSE chunks written as
   they come (headers only once the first output arrived, so routing failures still get a
   proper status code) or as one body once the last arrived;
@@ -19,24 +24,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from contextlib import AbstractContextManager, aclosing
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import AbstractContextManager, aclosing, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from tandem.errors import ServingError
+from tandem.errors import InvalidRequest, Overloaded, ServingError
 from tandem.frontend.http.message import ClientDisconnected, HttpRequest, HttpResponse
 from tandem.frontend.models import ServedModel
 from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer, count_as
-from tandem.frontend.pipeline.admission import Admission
-from tandem.frontend.pipeline.choice_events import Events, engine_events
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.multimodal.loader import ImageLoader
-from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
+from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    fan_out,
+    num_candidates,
+)
 from tandem.runtime import tracing
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Span
+
+Events = AsyncGenerator[list[Event], None]
 
 PIN_HEADER = "x-worker-instance-id"  # a request pinned to one worker (tests, debugging)
 
@@ -99,6 +111,49 @@ def server_span(
         request_id=request_id,
         model=model,
     )
+
+
+class Admission:
+    """The in-flight slots of one frontend; one event loop."""
+
+    def __init__(self, *, max_inflight: int, max_fanout: int, retry_after_s: float) -> None:
+        self.max_inflight = max_inflight
+        self.max_fanout = max_fanout
+        self.retry_after_s = retry_after_s
+        self.num_inflight = 0  # engine requests admitted (a request counts its fan-out)
+
+    def fan_out(self, req: ChatCompletionRequest | CompletionRequest) -> int:
+        """How many engine requests `req` fans out to (prompts × n); raises InvalidRequest past
+        the per-request cap."""
+        num = fan_out(req)
+        cap = min(self.max_fanout, self.max_inflight)
+        if num > cap:
+            per_prompt = num_candidates(req)
+            what = f"best_of={per_prompt}" if req.best_of is not None else f"n={req.n}"
+            prompts = "1 prompt" if num == per_prompt else f"{num // per_prompt} prompts"
+            raise InvalidRequest(
+                f"request fans out to {num} engine requests ({prompts} × {what}); "
+                f"at most {cap} per request (--max-fanout {self.max_fanout}, "
+                f"--max-inflight-requests {self.max_inflight}); split it or lower n",
+                param=what.split("=")[0] if num == per_prompt else "prompt",
+            )
+        return num
+
+    @contextmanager
+    def slots(self, num: int) -> Iterator[None]:
+        """Hold `num` slots for the block; raises Overloaded (503 + Retry-After) when they are
+        not free."""
+        if self.num_inflight + num > self.max_inflight:
+            raise Overloaded(
+                f"{self.num_inflight} engine requests in flight + {num} asked exceeds the limit "
+                f"{self.max_inflight}; retry later",
+                retry_after_s=self.retry_after_s,
+            )
+        self.num_inflight += num
+        try:
+            yield
+        finally:
+            self.num_inflight -= num
 
 
 class GeneratePipeline:
@@ -235,3 +290,81 @@ def cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
     """Prompt tokens served from the prefix cache: each prompt's first choice reports them."""
     n = len(states) // max(len(prepared.prompt_lens), 1)
     return sum(states[p * n].num_cached_tokens or 0 for p in range(len(prepared.prompt_lens)))
+
+
+def engine_events(
+    streamer: Streamer, prepared: Prepared, states: list[ChoiceState], *, keep_text: bool
+) -> Events:
+    """The events of `prepared`'s engine requests, `states[i]` processing `requests[i]`;
+    `keep_text` keeps each choice's whole text (unary answers)."""
+    if len(states) == 1:
+        return _choice_events(streamer, prepared, prepared.requests[0], states[0], keep_text)
+    return _merged_events(streamer, prepared, states, keep_text)
+
+
+async def _choice_events(
+    streamer: Streamer,
+    prepared: Prepared,
+    request: PreprocessedRequest,
+    state: ChoiceState,
+    keep_text: bool,
+) -> Events:
+    """One choice's batches. An engine error comes after the events before it."""
+    batches = streamer.stream_batches(request, prepared.model.router)
+    async with aclosing(batches):
+        async for outputs in batches:
+            events: list[Event] = []
+            error = None
+            for out in outputs:
+                try:
+                    state.process(out, keep_text=keep_text)
+                except Exception as exc:
+                    error = exc
+                    break
+                finish = state.finish_reason
+                events.append(
+                    (state, state.delta_text, state.delta_logprobs, finish, state.num_tokens)
+                )
+                if finish is not None:
+                    break
+            if events:
+                yield events
+            if error is not None:
+                raise error
+            if state.finish_reason is not None:
+                return  # closing `batches` cancels the worker (e.g. a stop string hit)
+
+
+async def _merged_events(
+    streamer: Streamer, prepared: Prepared, states: list[ChoiceState], keep_text: bool
+) -> Events:
+    queue: asyncio.Queue[list[Event] | BaseException | None] = asyncio.Queue(maxsize=256)
+
+    async def pump(request: PreprocessedRequest, state: ChoiceState) -> None:
+        try:
+            async with aclosing(
+                _choice_events(streamer, prepared, request, state, keep_text)
+            ) as choice_events:
+                async for batch in choice_events:
+                    await queue.put(batch)
+            await queue.put(None)
+        except Exception as exc:
+            await queue.put(exc)
+
+    tasks = [
+        asyncio.create_task(pump(r, s)) for r, s in zip(prepared.requests, states, strict=True)
+    ]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -23,7 +23,7 @@ from tandem.frontend.config import FrontendConfig
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.engine import EngineOutput, decode_request, encode
 from tandem.router.config import RouterConfig
-from tandem.router.simple import RoundRobinRouter
+from tandem.router.policy_router import RoundRobinRouter
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery
 from tandem.runtime.events.memory import MemoryEventBus

@@ -8,8 +8,12 @@ from collections.abc import Callable
 
 from tandem.router.base import Router
 from tandem.router.config import RouterConfig
-from tandem.router.policy_router import PolicyRouterWiring
-from tandem.router.simple import LeastLoadedRouter, RandomRouter, RoundRobinRouter
+from tandem.router.policy_router import (
+    LeastLoadedRouter,
+    PolicyRouterWiring,
+    RandomRouter,
+    RoundRobinRouter,
+)
 from tandem.router.source import EventSource, InstanceSource
 from tandem.runtime.base import Discovery, RequestClient
 

@@ -23,7 +23,7 @@ from tandem.protocols.engine import (
     encode,
 )
 from tandem.router.config import RouterConfig
-from tandem.router.simple import RoundRobinRouter
+from tandem.router.policy_router import RoundRobinRouter
 from tandem.router.source import StaticInstanceSet
 
 pytestmark = pytest.mark.timeout(20)

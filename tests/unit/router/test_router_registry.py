@@ -151,8 +151,7 @@ def test_active_and_approx_ttls_have_their_own_flags() -> None:
 
 
 async def test_busy_queue_is_bounded() -> None:
-    from tandem.router.policy_router import AllBusy
-    from tandem.router.simple import RoundRobinRouter
+    from tandem.router.policy_router import AllBusy, RoundRobinRouter
 
     class Busy(RoundRobinRouter):
         busy = True

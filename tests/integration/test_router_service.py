@@ -215,3 +215,32 @@ async def test_router_cli_serves_over_file_discovery_and_zmq(tmp_path) -> None:
             await remote.close()
             stop.set()
             await service
+
+
+async def test_router_system_port_binds_the_request_planes_address(tmp_path) -> None:
+    """`--system-host` defaults to the runtime's bind address (a router on another host than
+    etcd/NATS serves /metrics and /health where others can reach it), not to loopback."""
+    from tests.support.services import free_port
+
+    port = free_port()
+    parser = argparse.ArgumentParser()
+    router_cli.add_arguments(parser)
+    args = parser.parse_args(
+        ["--discovery", "file", "--discovery-dir", str(tmp_path), "--host", "127.0.0.5"]
+        + ["--system-port", str(port), "--router", "round_robin"]
+    )
+    stop = asyncio.Event()
+    service = asyncio.create_task(router_cli.serve(args, stop))
+    try:
+        async with aiohttp.ClientSession() as http, asyncio.timeout(10):
+            while True:  # the service starts its system server once registered
+                with contextlib.suppress(aiohttp.ClientConnectorError):
+                    async with http.get(f"http://127.0.0.5:{port}/live") as resp:
+                        assert resp.status == 200
+                        break
+                await asyncio.sleep(0.05)
+            with pytest.raises(aiohttp.ClientConnectorError):  # nothing on 127.0.0.1
+                await http.get(f"http://127.0.0.1:{port}/live")
+    finally:
+        stop.set()
+        await service

@@ -42,7 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="serve the router's /metrics, /health and /live over HTTP on this port (0: off)",
     )
-    parser.add_argument("--system-host", default="127.0.0.1", help="bind address of --system-port")
+    parser.add_argument(
+        "--system-host",
+        default=None,
+        help="bind address of --system-port (default: the request plane's bind address, so "
+        "a router on another host than etcd/NATS serves it on its routable address)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(parser)
     add_tracing_args(parser, "tandem-router")
@@ -54,6 +59,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     import dataclasses
 
     from tandem.router.service import RouterService
+    from tandem.runtime.address import resolve_addresses
     from tandem.runtime.lifecycle import install_signal_handlers
     from tandem.runtime.runtime import open_runtime
 
@@ -63,7 +69,10 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     if stop is None:
         stop = asyncio.Event()
         install_signal_handlers(stop)
-    async with open_runtime(runtime_config_from_args(args)) as runtime:
+    # resolved here so --system-host defaults to the address the request plane binds
+    runtime_config = resolve_addresses(runtime_config_from_args(args))
+    args.system_host = args.system_host or runtime_config.host
+    async with open_runtime(runtime_config) as runtime:
         service = RouterService(runtime, args.router, config)
         system = await _start_system_server(service, args)
         instance = await service.start()

@@ -225,10 +225,8 @@ async def test_router_system_port_binds_the_request_planes_address(tmp_path) -> 
     port = free_port()
     parser = argparse.ArgumentParser()
     router_cli.add_arguments(parser)
-    args = parser.parse_args(
-        ["--discovery", "file", "--discovery-dir", str(tmp_path), "--host", "127.0.0.5"]
-        + ["--system-port", str(port), "--router", "round_robin"]
-    )
+    flags = ["--discovery", "file", "--discovery-dir", str(tmp_path), "--host", "127.0.0.5"]
+    args = parser.parse_args([*flags, "--system-port", str(port), "--router", "round_robin"])
     stop = asyncio.Event()
     service = asyncio.create_task(router_cli.serve(args, stop))
     try:

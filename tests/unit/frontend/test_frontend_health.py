@@ -91,6 +91,7 @@ async def test_workers_the_request_plane_cannot_reach_are_not_counted() -> None:
         assert not healthy
         why = body["models"]["m"]["not_counted"]["w0"]
         assert why.startswith(f"unreachable at {address} (it advertises a loopback address")
+        assert "--advertise-host" in why  # names the flag that fixes it
         assert "cannot connect" in why
         assert body["missing"] == [f"model 'm': worker w0 is {why}"]
     finally:

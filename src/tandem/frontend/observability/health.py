@@ -286,8 +286,8 @@ class HealthMonitor:
                 hint = ""
                 if address.startswith(LOOPBACK_PREFIXES):
                     hint = (
-                        " (it advertises a loopback address: start it with an address this "
-                        "frontend can reach)"
+                        " (it advertises a loopback address: start it with --advertise-host "
+                        "(or TANDEM_ADVERTISE_HOST) set to an address this frontend can reach)"
                     )
                 return f"unreachable at {address}{hint}: {error}"
             if silent_s > UNANSWERED_S:

@@ -30,6 +30,7 @@ from tandem.engines.worker import Worker, WorkerConfig
 from tandem.errors import ConfigError, StartupError
 from tandem.multimodal.provider_args import add_embedding_provider_args, attach_embedding_provider
 from tandem.multimodal.remote_provider import CachingEmbeddingProvider
+from tandem.protocols.discovery import REASONING_PARSERS, TOOL_CALL_PARSERS
 from tandem.runtime.address import is_local_address, resolve_addresses
 from tandem.runtime.args import add_runtime_args, runtime_config_from_args
 from tandem.runtime.config import RuntimeConfig
@@ -107,6 +108,22 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
         help="bind address of --system-port (default: the request plane's bind address, so "
         "a worker on another host than etcd/NATS serves it on its routable address)",
     )
+    group.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=TOOL_CALL_PARSERS,
+        help="how the frontend reads this model's tool calls (hermes <tool_call>, llama3_json, "
+        "mistral [TOOL_CALLS], pythonic [f(x=1)], qwen3_coder <function=...>); default: from "
+        "the chat template where its markup is unambiguous, else hermes",
+    )
+    group.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=REASONING_PARSERS,
+        help="move the model's <think>...</think> into reasoning_content: deepseek_r1 (output "
+        "starts inside reasoning) or qwen3 (where <think> opens it, in the output or at the "
+        "prompt's end); default: qwen3 if the chat template writes <think>, else none",
+    )
     group.add_argument("--log-level", default="INFO", help="logging level")
     add_log_format_arg(group)
     add_tracing_args(group, "tandem-worker")
@@ -142,6 +159,8 @@ def worker_config_from_args(args: argparse.Namespace) -> WorkerConfig:
         endpoint=endpoint,
         drain_grace_s=args.drain_grace_s,
         embedding_only=args.embedding_only,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         **ids,
     )
 

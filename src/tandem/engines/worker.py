@@ -37,7 +37,13 @@ from tandem.engines.worker_trace import WorkerSpans
 from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
 from tandem.protocols import kv_events as kv
 from tandem.protocols import scaling
-from tandem.protocols.discovery import Instance, ModelCard, ModelFile
+from tandem.protocols.discovery import (
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
+    Instance,
+    ModelCard,
+    ModelFile,
+)
 from tandem.protocols.embedding import (
     EMBED_ENDPOINT,
     EmbedResponse,
@@ -75,12 +81,23 @@ class WorkerConfig:
     # extra instance metadata, e.g. {"needs_encoder": True} for a worker that only encodes
     # images remotely (the frontend's /health then wants an encode worker)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # the frontend's parsers of this model's output, carried by its ModelCard (None: the
+    # frontend decides from the chat template)
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("component", "endpoint", "instance_id"):
             value = getattr(self, name)
             if not value or "." in value:
                 raise ValueError(f"{name}={value!r} must be non-empty without '.'")
+        for name, known in (
+            ("tool_call_parser", TOOL_CALL_PARSERS),
+            ("reasoning_parser", REASONING_PARSERS),
+        ):
+            value = getattr(self, name)
+            if value is not None and value not in known:
+                raise ValueError(f"{name}={value!r}; expected one of: {', '.join(known)}")
         check_range("drain_grace_s", self.drain_grace_s, low=0, high=3600)
         check_range("event_buffer_size", self.event_buffer_size, low=1, high=1 << 24)
         check_range("metrics_period_s", self.metrics_period_s, low=0.001, high=3600)
@@ -90,7 +107,9 @@ class WorkerConfig:
         check_range("stats_period_s", self.stats_period_s, low=0.01, high=3600)
 
 
-def model_card(info: EngineInfo, tasks: list[str] | None = None) -> ModelCard:
+def model_card(
+    info: EngineInfo, tasks: list[str] | None = None, config: WorkerConfig | None = None
+) -> ModelCard:
     return ModelCard(
         name=info.model_name,
         context_length=info.context_length,
@@ -106,6 +125,8 @@ def model_card(info: EngineInfo, tasks: list[str] | None = None) -> ModelCard:
         tasks=list(tasks or ["generate"]),
         embedding_dim=info.embedding_dim,
         embedding_matryoshka=info.embedding_matryoshka,
+        tool_call_parser=config.tool_call_parser if config is not None else None,
+        reasoning_parser=config.reasoning_parser if config is not None else None,
     )
 
 
@@ -222,7 +243,7 @@ class Worker:
             comp,
             self.config.endpoint,
             self._generate if "generate" in tasks else self._refuse_generate,
-            model=await self._with_model_files(model_card(self.info, tasks)),
+            model=await self._with_model_files(model_card(self.info, tasks, self.config)),
             # a disaggregated engine adds its role and transfer agent (tandem.disagg)
             metadata={**metadata, **self._engine_metadata(), **self.config.metadata},
             instance_id=self.instance_id,

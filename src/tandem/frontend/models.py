@@ -11,6 +11,11 @@ from pathlib import Path
 
 from tandem.errors import InvalidRequest, ModelNotFound, ModelUnavailable, ServingError
 from tandem.frontend.config import FrontendConfig
+from tandem.frontend.pipeline.parsers.registry import (
+    DEFAULT_TOOL_PARSER,
+    detect_reasoning_parser,
+    detect_tool_parser,
+)
 from tandem.protocols.discovery import ModelCard
 from tandem.router.base import Router
 from tandem.router.registry import make_router
@@ -62,6 +67,9 @@ class ServedModel:
         self.created = int(time.time())
         self.tokenizer: ModelTokenizer | None = None
         self.chat_template: ChatTemplate | None = None
+        # how its output's tool calls and reasoning are read (the card's, else the template's)
+        self.tool_call_parser: str = card.tool_call_parser or DEFAULT_TOOL_PARSER
+        self.reasoning_parser: str | None = card.reasoning_parser
         self.eos_token_ids: list[int] = list(card.eos_token_ids)
         self._ready: asyncio.Task[None] | None = None
 
@@ -79,9 +87,24 @@ class ServedModel:
             tok.chat_template, bos_token=bos or "", eos_token=eos or ""
         )
         self.eos_token_ids = self.eos_token_ids or list(tok.eos_token_ids)
+        self._choose_parsers(tok.chat_template)
         self.tokenizer = tok
         freeze_long_lived()
-        logger.info("model %s ready (tokenizer %s)", self.name, self.card.tokenizer)
+        logger.info(
+            "model %s ready (tokenizer %s, tool call parser %s, reasoning parser %s)",
+            self.name,
+            self.card.tokenizer,
+            self.tool_call_parser,
+            self.reasoning_parser or "none",
+        )
+
+    def _choose_parsers(self, template: str | None) -> None:
+        """The card's parsers (the worker's flags), else what the template makes certain."""
+        card = self.card
+        self.tool_call_parser = (
+            card.tool_call_parser or detect_tool_parser(template) or DEFAULT_TOOL_PARSER
+        )
+        self.reasoning_parser = card.reasoning_parser or detect_reasoning_parser(template)
 
     async def _load_tokenizer(self, spec: str, cache_dir: Path | None) -> ModelTokenizer:
         """From the tokenizer's path where this host has it, else from the files the workers

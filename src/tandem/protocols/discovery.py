@@ -15,6 +15,11 @@ class ModelFile(msgspec.Struct, kw_only=True, frozen=True):
     size: int
 
 
+# the tool-call formats and reasoning styles a frontend parses (tandem.frontend.pipeline.parsers)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
+
+
 class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a worker serves and how its KV cache is shaped; the frontend and router read it."""
 
@@ -45,6 +50,10 @@ class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
     # itself a valid embedding (Matryoshka-trained), which `dimensions` needs
     embedding_dim: int = 0
     embedding_matryoshka: bool = False
+    # how the frontend reads the model's tool calls and reasoning (one of TOOL_CALL_PARSERS /
+    # REASONING_PARSERS; None: decided from the chat template, else Hermes / no reasoning)
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 class Instance(msgspec.Struct, kw_only=True, omit_defaults=True):

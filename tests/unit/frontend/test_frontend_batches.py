@@ -204,7 +204,7 @@ async def test_a_long_prompts_first_token_is_flushed_at_once(
             yield batch
         yield [(state, "c", None, "length", 3)]
 
-    prepared = SimpleNamespace(prompt_lens=[prompt_tokens], tool_parser=None)
+    prepared = SimpleNamespace(prompt_lens=[prompt_tokens], tool_parser=None, reasoning_parser=None)
     req = SimpleNamespace(stream_options=None, stream=True)
     fmt = ResponseFormat(chat=False)
     fmt.bind("cmpl-1", "m")

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from tandem.frontend.pipeline.tool_parser import HermesToolParser, make_tool_parser, parse_call
+from tandem.frontend.pipeline.parsers.hermes import HermesToolParser, parse_call
+from tandem.frontend.pipeline.parsers.registry import make_tool_parser
 
 ONE = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'

@@ -26,9 +26,9 @@ from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
 from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
+from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event, best_candidates
 from tandem.frontend.pipeline.preprocess import Prepared
-from tandem.frontend.pipeline.tool_parser import HermesToolParser, make_tool_parser
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 from tandem.runtime import tracing
 from tandem.runtime.log_format import request_scope
@@ -163,7 +163,8 @@ def _choice_states(prepared: Prepared) -> list[ChoiceState]:
 
 class ChatOutput:
     """The chat and completions answer (`Output` of the generate pipeline): SSE chunks, or
-    one body with the best candidates; tool-call markup becomes `tool_calls`."""
+    one body with the best candidates; tool-call markup becomes `tool_calls`, and reasoning
+    `reasoning_content`."""
 
     __slots__ = (
         "_continuous",
@@ -183,7 +184,7 @@ class ChatOutput:
         fmt: ResponseFormat,
     ) -> None:
         self._prepared, self._states, self._fmt = prepared, states, fmt
-        self._parsers = _tool_parsers(prepared)
+        self._parsers = _output_parsers(prepared)
         self.keep_text = not req.stream
         opts = req.stream_options
         self._include_usage = opts is not None and opts.include_usage
@@ -197,16 +198,18 @@ class ChatOutput:
         """One SSE chunk per engine chunk; a batch's leave in one write."""
         fmt, parsers, out = self._fmt, self._parsers, []
         for state, text, logprobs, finish, num_tokens in batch:
-            calls = None
-            if parsers is not None:  # tool-call markup becomes delta.tool_calls
+            calls, reasoning = None, ""
+            if parsers is not None:  # markup becomes delta.tool_calls / reasoning_content
                 parser = parsers[state.index]
-                text, calls = parser.feed(text, final=finish is not None)
+                reasoning, text, calls = parser.feed(text, final=finish is not None)
                 finish = "tool_calls" if finish == "stop" and parser.calls else finish
-            if text or finish is not None or logprobs or calls:
+            if text or finish is not None or logprobs or calls or reasoning:
                 running = None
                 if self._continuous:
                     running = usage(self._prepared, self._states, at=(state, num_tokens))
-                out.append(fmt.chunk(state.index, text, logprobs, finish, running, calls))
+                out.append(
+                    fmt.chunk(state.index, text, logprobs, finish, running, calls, reasoning)
+                )
         return out[0] if len(out) == 1 else b"".join(out)
 
     def tail(self) -> bytes:
@@ -230,11 +233,17 @@ class ChatOutput:
         return self._fmt.full_response(choices, usage(prepared, states), parsers)
 
 
-def _tool_parsers(prepared: Prepared) -> list[HermesToolParser] | None:
-    """One tool-call parser per choice when the request offered tools."""
-    if prepared.tool_parser is None:
+def _output_parsers(prepared: Prepared) -> list[OutputParser] | None:
+    """One output parser per choice when the request offered tools or the model reasons."""
+    if prepared.tool_parser is None and prepared.reasoning_parser is None:
         return None
-    make = make_tool_parser
     return [
-        make(prepared.tool_parser, max_calls=prepared.max_tool_calls) for _ in prepared.requests
+        OutputParser.make(
+            prepared.tool_parser,
+            prepared.reasoning_parser,
+            max_calls=prepared.max_tool_calls,
+            tools=prepared.tools,
+            prompt_opens_think=prepared.prompt_opens_think,
+        )
+        for _ in prepared.requests
     ]

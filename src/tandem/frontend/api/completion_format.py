@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 
 from tandem.frontend.pipeline.generate import cached_tokens
+from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState
 from tandem.frontend.pipeline.preprocess import Prepared
-from tandem.frontend.pipeline.tool_parser import HermesToolParser
 
 _json = msgspec.json.Encoder()
 # what follows the text in the common chunks (`ResponseFormat.chunk`)
@@ -62,10 +62,11 @@ class ResponseFormat:
         finish_reason: str | None,
         usage: dict[str, Any] | None = None,
         tool_calls: list[dict[str, Any]] | None = None,
+        reasoning: str = "",
     ) -> bytes:
         plain = text and finish_reason is None and logprobs is None and usage is None
-        if not plain or tool_calls:
-            return self._chunk(index, text, logprobs, finish_reason, usage, tool_calls)
+        if not plain or tool_calls or reasoning:
+            return self._chunk(index, text, logprobs, finish_reason, usage, tool_calls, reasoning)
         # the common chunk (text, nothing else): the bytes `_chunk` writes, from a template
         head = self._text_heads.get(index)
         if head is None:
@@ -81,11 +82,14 @@ class ResponseFormat:
         finish_reason: str | None,
         usage: dict[str, Any] | None,
         tool_calls: list[dict[str, Any]] | None,
+        reasoning: str = "",
     ) -> bytes:
         choice: dict[str, Any]
         if self.chat:
             delta: dict[str, Any] = {}
-            if text or (finish_reason is None and not tool_calls):
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            if text or (finish_reason is None and not tool_calls and not reasoning):
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = tool_calls
@@ -110,11 +114,10 @@ class ResponseFormat:
         self,
         states: list[ChoiceState],
         usage: dict[str, Any],
-        tool_parsers: list[HermesToolParser] | None = None,
+        parsers: list[OutputParser] | None = None,
     ) -> bytes:
         choices = [
-            self._full_choice(s, tool_parsers[i] if tool_parsers else None)
-            for i, s in enumerate(states)
+            self._full_choice(s, parsers[i] if parsers else None) for i, s in enumerate(states)
         ]
         body = {
             "id": self.request_id,
@@ -127,16 +130,18 @@ class ResponseFormat:
         return _json.encode(body)
 
     def _full_choice(
-        self, state: ChoiceState, tool_parser: HermesToolParser | None = None
+        self, state: ChoiceState, parser: OutputParser | None = None
     ) -> dict[str, Any]:
         text = "".join(state.text_parts)
         logprobs = state.all_logprobs
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             finish = state.finish_reason
-            if tool_parser is not None:
-                content, calls = tool_parser.parse(text)
+            if parser is not None:
+                reasoning, content, calls = parser.parse(text)
                 message["content"] = content
+                if parser.reasoning is not None:
+                    message["reasoning_content"] = reasoning
                 if calls:
                     message["tool_calls"] = [c.to_dict() for c in calls]
                     finish = "tool_calls" if finish == "stop" else finish

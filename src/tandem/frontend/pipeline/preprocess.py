@@ -15,9 +15,11 @@ import numpy as np
 
 from tandem.errors import ContextLengthExceeded, InvalidRequest
 from tandem.frontend.models import ServedModel
+from tandem.frontend.pipeline.parsers.reasoning import prompt_opens_think, thinking_disabled
+from tandem.frontend.pipeline.parsers.registry import needs_special_tokens
 from tandem.frontend.pipeline.prompt_ids import U32TokenIds
 from tandem.frontend.pipeline.structured import response_format_output
-from tandem.frontend.pipeline.tools import ToolPlan, plan_tools, render_messages
+from tandem.frontend.pipeline.tools import Tool, ToolPlan, plan_tools, render_messages
 from tandem.multimodal.loader import ImageLoader
 from tandem.multimodal.prompt import (
     expand_placeholders,
@@ -73,10 +75,14 @@ class Prepared:
     include_stop_str: bool = False
     skip_special_tokens: bool = True
     num_top_logprobs: int | None = None
-    tool_parser: str | None = (
-        None  # parse tool calls out of the text (tandem.frontend.pipeline.tools)
-    )
+    # the tool-call format to parse the text with (None: no tools offered) and the offered
+    # tools; the reasoning parser (None: off) and whether the prompt leaves the output inside
+    # a think block (tandem.frontend.pipeline.parsers)
+    tool_parser: str | None = None
     max_tool_calls: int | None = None
+    tools: list[Tool] = field(default_factory=list)
+    reasoning_parser: str | None = None
+    prompt_opens_think: bool = False
 
 
 async def preprocess_chat(
@@ -102,7 +108,10 @@ async def preprocess_chat(
     )
     structured = _structured(req.response_format, plan)
     messages, tools = render_messages(
-        messages, plan, template_takes_tools=model.chat_template.takes_tools
+        messages,
+        plan,
+        template_takes_tools=model.chat_template.takes_tools,
+        parser=model.tool_call_parser,
     )
     text = model.chat_template.render(
         messages,
@@ -121,6 +130,8 @@ async def preprocess_chat(
     base.mm_items = mm_items
     base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
     requests = _fan_out(base, [ids], model, num_candidates(req), max_tokens, param, "messages")
+    tool_parser = plan.parser(model.tool_call_parser) if plan is not None else None
+    reasoning = None if thinking_disabled(req.chat_template_kwargs) else model.reasoning_parser
     return Prepared(
         request_id=request_id,
         model=model,
@@ -128,10 +139,15 @@ async def preprocess_chat(
         prompt_lens=[len(ids)],
         stop_strings=stop_strings(req),
         include_stop_str=req.include_stop_str_in_output,
-        skip_special_tokens=req.skip_special_tokens,
+        # a format opened by a special token ([TOOL_CALLS]) needs it in the text
+        skip_special_tokens=req.skip_special_tokens
+        and not (tool_parser is not None and needs_special_tokens(tool_parser)),
         num_top_logprobs=top,
-        tool_parser=plan.parser if plan is not None and plan.tools else None,
+        tool_parser=tool_parser,
         max_tool_calls=plan.max_calls if plan is not None else None,
+        tools=plan.tools if plan is not None else [],
+        reasoning_parser=reasoning,
+        prompt_opens_think=reasoning is not None and prompt_opens_think(text),
         best_of=_best_of(req),
         n=req.n,
     )

@@ -2,15 +2,18 @@
 `tool_calls` and `role: "tool"` messages.
 
 - Offered: a chat template that takes `tools` (it names the variable) gets them as they are;
-  any other template (SmolLM2's) gets the default Hermes tool prompt: a system block listing
-  the tools as JSON and asking for `<tool_call>{"name", "arguments"}</tool_call>` answers;
-  assistant `tool_calls` are written back in that markup and tool results as
-  `<tool_response>` user turns, so a conversation round-trips.
+  any other template (SmolLM2's) gets a tool prompt in the model's tool-call format
+  (`tool_prompt.py`; Hermes unless the model has another parser): a system block listing the
+  tools as JSON and showing that format's call markup; assistant `tool_calls` are written
+  back in that markup and tool results as `<tool_response>` user turns, so a conversation
+  round-trips.
 - tool_choice "none": tools are not offered (plain text). "auto" (the default with tools):
-  the model decides; its calls are parsed (tandem.frontend.pipeline.tool_parser). "required" or a
-  named function: constrained decoding forces the markup around a JSON object whose `name`
-  is one of the tools (the named one) and whose `arguments` match its parameters schema,
-  objects closed to the properties it names (as strict mode would).
+  the model decides; its calls are parsed by the model's parser
+  (tandem.frontend.pipeline.parsers). "required" or a named function: constrained decoding
+  forces the Hermes markup (whatever the model's format; such calls are parsed as Hermes)
+  around a JSON object whose `name` is one of the tools (the named one) and whose
+  `arguments` match its parameters schema, objects closed to the properties it names (as
+  strict mode would).
 - parallel_tool_calls false: at most one call (the forcing grammar allows one; the parser
   keeps the first).
 - Legacy `functions` / `function_call` are refused with a 400 pointing at `tools`.
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from tandem.errors import InvalidRequest
+from tandem.frontend.pipeline import tool_prompt
 from tandem.frontend.pipeline.structured import schema_output
 from tandem.protocols.engine import StructuredOutput
 from tandem.protocols.openai import show_value
@@ -30,16 +34,8 @@ from tandem.tokens import grammar
 from tandem.tokens.grammar import closed_objects
 
 MAX_TOOLS = 128
-DEFAULT_PARSER = "hermes"
 CHOICES = ("auto", "none", "required")
-
-HERMES_SYSTEM = (
-    "You can call functions. Their signatures are listed as JSON inside <tools></tools>:\n"
-    "<tools>\n{tools}\n</tools>\n"
-    "To call a function, answer with one JSON object per call inside <tool_call></tool_call> "
-    'tags, exactly like this:\n<tool_call>\n{{"name": "<function name>", "arguments": '
-    "<arguments as a JSON object>}}\n</tool_call>"
-)
+FORCED_PARSER = "hermes"  # the markup the forcing grammar writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +60,13 @@ class ToolPlan:
     tools: list[Tool]  # offered to the model (empty: tool_choice "none")
     structured: StructuredOutput | None  # the forcing constraint (required / named)
     max_calls: int | None  # 1 with parallel_tool_calls false
-    parser: str = DEFAULT_PARSER
+
+    def parser(self, model_parser: str) -> str | None:
+        """The format to parse the output with: None when no tools are offered, Hermes for a
+        forced call (the grammar writes it), else the model's."""
+        if not self.tools:
+            return None
+        return FORCED_PARSER if self.structured is not None else model_parser
 
 
 def plan_tools(
@@ -136,11 +138,19 @@ def forcing_grammar(tools: list[Tool], max_calls: int | None) -> StructuredOutpu
 
 
 def render_messages(
-    messages: list[dict[str, Any]], plan: ToolPlan | None, *, template_takes_tools: bool
+    messages: list[dict[str, Any]],
+    plan: ToolPlan | None,
+    *,
+    template_takes_tools: bool,
+    parser: str = "hermes",
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(messages, tools) for the chat template: tool_calls and tool results written in the
-    Hermes markup unless the template takes tools itself. Validates both message kinds."""
+    markup of tool-call format `parser` (the prompt's calls: Hermes when they are forced)
+    unless the template takes tools itself. Validates both message kinds."""
     offered = [t.to_dict() for t in plan.tools] if plan is not None and plan.tools else None
+    markup = None if template_takes_tools else parser
+    if markup is not None and plan is not None and plan.structured is not None:
+        markup = FORCED_PARSER
     out: list[dict[str, Any]] = []
     known_ids: set[str] = set()
     for i, message in enumerate(messages):
@@ -148,15 +158,14 @@ def render_messages(
         if role == "assistant" and message.get("tool_calls") is not None:
             calls = _tool_calls(i, message["tool_calls"])
             known_ids.update(c["id"] for c in calls)
-            out.append(_assistant(message, calls, hermes=not template_takes_tools))
+            out.append(_assistant(message, calls, markup))
         elif role == "tool":
-            out.append(_tool_result(i, message, known_ids, hermes=not template_takes_tools))
+            out.append(_tool_result(i, message, known_ids, as_user_turn=markup is not None))
         else:
             out.append(message)
-    if offered is None or template_takes_tools:
+    if offered is None or markup is None:
         return out, offered
-    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in offered)
-    block = HERMES_SYSTEM.format(tools=listing)
+    block = tool_prompt.system_block(offered, markup)
     if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
         out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}"}
     else:
@@ -234,8 +243,8 @@ def _tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _assistant(message: dict[str, Any], calls: list[dict[str, Any]], *, hermes: bool) -> Any:
-    if not hermes:  # templates that take tools mostly read arguments as a mapping
+def _assistant(message: dict[str, Any], calls: list[dict[str, Any]], markup: str | None) -> Any:
+    if markup is None:  # templates that take tools mostly read arguments as a mapping
         tool_calls = [
             {
                 "id": c["id"],
@@ -245,23 +254,18 @@ def _assistant(message: dict[str, Any], calls: list[dict[str, Any]], *, hermes: 
             for c in calls
         ]
         return {**message, "tool_calls": tool_calls}
-    blocks = [
-        "<tool_call>\n"
-        + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False)
-        + "\n</tool_call>"
-        for c in calls
-    ]
+    written = tool_prompt.calls_text(calls, markup)
     content = message.get("content") or ""
-    text = "\n".join([content, *blocks] if isinstance(content, str) and content else blocks)
+    text = "\n".join([content, written] if isinstance(content, str) and content else [written])
     return {"role": "assistant", "content": text}
 
 
-def _tool_result(i: int, message: dict[str, Any], known: set[str], *, hermes: bool) -> Any:
+def _tool_result(i: int, message: dict[str, Any], known: set[str], *, as_user_turn: bool) -> Any:
     call_id = message.get("tool_call_id")
     if not isinstance(call_id, str) or call_id not in known:
         expected = "the id of a tool call in an earlier assistant message"
         _bad(f"messages[{i}].tool_call_id", call_id, expected)
-    if not hermes:
+    if not as_user_turn:
         return message
     content = message.get("content")
     if isinstance(content, list):  # text parts

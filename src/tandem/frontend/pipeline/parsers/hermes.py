@@ -1,6 +1,4 @@
-"""Tool calls out of generated text: whole (a response body) or streamed (SSE deltas).
-
-Hermes format (the default; tandem.frontend.pipeline.tools renders its prompt):
+"""The Hermes tool-call format (the default; tandem.frontend.pipeline.tools renders its prompt):
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -8,39 +6,26 @@ Hermes format (the default; tandem.frontend.pipeline.tools renders its prompt):
 
 A block whose body is not a JSON object with a string `name` stays content, as does an
 unclosed block at the end of the text; content never carries the markup of a parsed call.
-Streaming follows OpenAI's shape: per call, a first delta with index, id, type and
-function.name (arguments ""), then arguments in pieces as the model writes them; the text
-that might still become `<tool_call>` is held back until it cannot.
+Streamed (`base.py`'s shape), arguments in pieces as the model writes them; the text that
+might still become `<tool_call>` is held back until it cannot.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
+
+from tandem.frontend.pipeline.parsers.base import (
+    ToolCall,
+    args_delta,
+    head_delta,
+    partial_suffix,
+)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-@dataclass(slots=True)
-class ToolCall:
-    name: str
-    arguments: str  # a JSON text, as OpenAI sends it
-    id: str = field(default_factory=new_call_id)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
 
 
 def parse_call(body: str) -> ToolCall | None:
@@ -67,7 +52,7 @@ class HermesToolParser:
     """Parses `<tool_call>` blocks. One per choice; `feed` (streaming) and `parse` (whole
     text) are alternatives, not to be mixed on one instance."""
 
-    def __init__(self, *, max_calls: int | None = None) -> None:
+    def __init__(self, *, max_calls: int | None = None, tools: Sequence[Any] = ()) -> None:
         self.max_calls = max_calls  # parallel_tool_calls=false: 1
         self.calls: list[ToolCall] = []
         self._buf = ""  # unconsumed text (outside: a possible OPEN prefix; inside: the body)
@@ -109,7 +94,7 @@ class HermesToolParser:
             if not self._inside:
                 start = self._buf.find(OPEN)
                 if start == -1:
-                    keep = 0 if final else _partial_suffix(self._buf, OPEN)
+                    keep = 0 if final else partial_suffix(self._buf, OPEN)
                     content.append(self._buf[: len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep :]
                     break
@@ -150,7 +135,7 @@ class HermesToolParser:
             self.calls.append(ToolCall(name, ""))
             self._head_sent, self._args_start = True, match.end()
             out.append(self._head_delta())
-        safe = body[: len(body) - _partial_suffix(body, CLOSE)].rstrip()
+        safe = body[: len(body) - partial_suffix(body, CLOSE)].rstrip()
         if safe.endswith("}"):  # may be the call object's own closing brace
             safe = safe[:-1].rstrip()
         piece = safe[self._args_start + self._args_sent :]
@@ -181,34 +166,7 @@ class HermesToolParser:
         return self.max_calls is not None and len(self.calls) - slack >= self.max_calls
 
     def _head_delta(self) -> dict[str, Any]:
-        call = self.calls[-1]
-        return {
-            "index": len(self.calls) - 1,
-            "id": call.id,
-            "type": "function",
-            "function": {"name": call.name, "arguments": ""},
-        }
+        return head_delta(len(self.calls) - 1, self.calls[-1])
 
     def _args_delta(self, piece: str) -> dict[str, Any]:
-        return {"index": len(self.calls) - 1, "function": {"arguments": piece}}
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
-
-
-PARSERS = {"hermes": HermesToolParser}
-
-
-def make_tool_parser(name: str, *, max_calls: int | None = None) -> HermesToolParser:
-    """A parser from the registry; ValueError naming the known ones for an unknown name."""
-    cls = PARSERS.get(name)
-    if cls is None:
-        raise ValueError(
-            f"unknown tool call parser '{name}'; expected one of: {', '.join(sorted(PARSERS))}"
-        )
-    return cls(max_calls=max_calls)
+        return args_delta(len(self.calls) - 1, piece)

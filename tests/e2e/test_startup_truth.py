@@ -66,6 +66,17 @@ def test_worker_on_a_busy_system_port_exits_before_ready(tmp_path: Path) -> None
     assert not re.search(r"\bready\b", log) and "Traceback" not in log, log
 
 
+@pytest.mark.parametrize("command", ["worker", "frontend"])
+def test_unreachable_etcd_is_one_line_at_start(tmp_path: Path, command: str) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    args = [command, "--etcd-url", url] + (["--engine", "mocker"] if command == "worker" else [])
+    code, log = _finish(f"{command}-no-etcd", args, tmp_path, timeout_s=60)
+    assert code != 0
+    assert f"tandem {command}: error: etcd at {url} unreachable" in log
+    assert "Connection refused" in log and "Traceback" not in log, log
+    assert not re.search(r"\bready\b", log), log
+
+
 def test_missing_model_file_exits_before_ready(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
     code, log = _finish("worker-nomodel", ["worker", "--engine", "native", "--model",

@@ -6,6 +6,7 @@ Real backends are imported only when chosen, so `memory` needs nothing else inst
 
 from __future__ import annotations
 
+from tandem.errors import StartupError
 from tandem.runtime.address import resolve_addresses
 from tandem.runtime.base import Discovery, EventBus
 from tandem.runtime.blobs.base import BlobStore
@@ -72,11 +73,15 @@ def make_blob_store(config: RuntimeConfig, discovery: Discovery) -> BlobStore:
 
 async def check_discovery(discovery: Discovery) -> None:
     """Fail now, with the backend's message, when the discovery service refuses this process
-    (etcd credentials, certificates, permissions), rather than in a watch that retries."""
-    from tandem.runtime.discovery.etcd import EtcdDiscovery
+    (etcd credentials, certificates, permissions) or cannot be reached, rather than in a watch
+    that retries: StartupError, which the CLI prints as one line."""
+    from tandem.runtime.discovery.etcd import EtcdDiscovery, EtcdError
 
     if isinstance(discovery, EtcdDiscovery):
-        await discovery.check_access()
+        try:
+            await discovery.check_access()
+        except EtcdError as exc:  # unreachable or refused: one line at start, no traceback
+            raise StartupError(str(exc)) from exc
 
 
 def make_event_bus(config: RuntimeConfig, discovery: Discovery) -> EventBus:

@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -188,7 +189,7 @@ class EtcdDiscovery:
                 "--etcd-cert-file and --etcd-key-file"
             ) from exc
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise EtcdError(f"etcd at {self.url} unreachable on {path}: {exc!r}") from exc
+            raise EtcdError(f"etcd at {self.url} unreachable on {path}: {_reason(exc)}") from exc
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         status, data = await self._request(path, body, await self._headers())
@@ -433,3 +434,13 @@ def _events(
                 out.append(InstanceEvent(kind="added", instance=inst))
             known[key] = inst
     return out
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a request to etcd failed, without aiohttp's connection-key repr."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        err = exc.os_error
+        return f"{os.strerror(err.errno) if err.errno else err} (is etcd running there?)"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return repr(exc)

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tandem serve",
         description=__doc__,
-        epilog="Unknown flags go to every worker, e.g. --speedup-ratio 0 for the mocker. "
+        epilog="Unknown flags go to every worker, e.g. --speedup-ratio 0 for the mocker, or "
+        "--tool-call-parser NAME / --reasoning-parser NAME (see `tandem worker --help`). "
         "--cluster-secret S or --cluster-secret-file P (or TANDEM_CLUSTER_SECRET(_FILE)) is "
         "the whole stack's cluster secret; without one serve generates one per stack.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -20,9 +20,11 @@ from tandem.errors import InvalidRequest, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend.api import model_routes
 from tandem.frontend.api.chat import ChatEndpoints
+from tandem.frontend.api.embedder import Embedder
 from tandem.frontend.api.embeddings import EmbeddingsEndpoint
 from tandem.frontend.api.openapi import build_openapi
 from tandem.frontend.api.request_input import client_request_id
+from tandem.frontend.api.rerank import RERANK_PATHS, SCORE_PATHS, ScoreEndpoints
 from tandem.frontend.api.responses.endpoint import ResponsesEndpoint
 from tandem.frontend.auth import ApiKeys
 from tandem.frontend.http.message import ClientDisconnected, HttpRequest, HttpResponse
@@ -49,6 +51,8 @@ API_ENDPOINTS = {
     "/v1/route/explain": "route_explain",
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
+    **dict.fromkeys(RERANK_PATHS, "rerank"),
+    **dict.fromkeys(SCORE_PATHS, "score"),
 }
 WORKER_METRICS = "/metrics/workers/"  # + a worker id: that worker's metrics alone
 CLIENT_CLOSED = 499  # the status_code label of a request whose client went away (nginx's)
@@ -95,6 +99,8 @@ class FrontendApp:
         chat = ChatEndpoints(registry, self.pipeline)
         # its store holds `previous_response_id`s
         self.responses = ResponsesEndpoint(registry, self.pipeline)
+        embedder = Embedder(self.pipeline, client)  # embeddings, rerank and score
+        scores = ScoreEndpoints(registry, embedder)
         self._routes: dict[tuple[str, str], Callable[[HttpRequest, HttpResponse], Awaitable[None]]]
         self._routes = {
             ("POST", "/v1/chat/completions"): chat.chat_completions,
@@ -104,12 +110,14 @@ class FrontendApp:
             ("GET", "/live"): self.live,
             ("GET", "/metrics"): self.prometheus,
             ("POST", "/v1/route/explain"): chat.route_explain,
-            ("POST", "/v1/embeddings"): EmbeddingsEndpoint(registry, self.pipeline, client),
+            ("POST", "/v1/embeddings"): EmbeddingsEndpoint(registry, embedder),
             ("POST", "/v1/responses"): self.responses.create,
             ("GET", "/v1/models/{model}"): self.get_model,
             ("POST", "/tokenize"): self.tokenize,
             ("POST", "/detokenize"): self.detokenize,
             ("GET", "/openapi.json"): self.openapi,
+            **{("POST", path): scores.rerank for path in RERANK_PATHS},
+            **{("POST", path): scores.score for path in SCORE_PATHS},
         }
         if workers is not None:
             self._routes[("GET", "/metrics/workers")] = self.worker_metrics

@@ -5,11 +5,8 @@
 2. Take one admission slot (the frontend's in-flight bound, 503 + Retry-After past it).
 3. Tokenize text inputs; check each input's token ids (vocabulary) and length (context),
    the request's total tokens, and `dimensions` (400 naming `input[i]` or the field).
-4. The model's router picks a worker among those that embed (load accounted like a prompt of
-   all the inputs' tokens, with the policy's own cost: a KV router still credits prefix overlap,
-   which embeddings do not use); the whole batch goes in one `EmbedRequest`. A worker that
-   refuses or is lost before answering costs a retry on another one (bounded by the number of
-   instances).
+4. The model's router picks a worker among those that embed and the whole batch goes in one
+   `EmbedRequest` (`embedder.Embedder`, shared with `/v1/rerank` and `/v1/score`).
 5. Vectors come back as one float32 matrix; `dimensions` keeps a prefix and renormalises (only
    on models whose card declares Matryoshka training, as OpenAI refuses `dimensions` for
    text-embedding-ada-002); `encoding_format` float (JSON numbers) or base64 (the vector's
@@ -18,42 +15,26 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import logging
-import time
 import uuid
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from tandem.errors import ContextLengthExceeded, InvalidRequest, NoWorkersAvailable, PeerGone
+from tandem.errors import InvalidRequest
 from tandem.frontend import errors as http_errors
-from tandem.frontend.http.message import ClientDisconnected
+from tandem.frontend.api.embedder import Embedder, vectors
 from tandem.frontend.http.server import HttpRequest, HttpResponse
-from tandem.frontend.models import ModelRegistry, ServedModel
+from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
-from tandem.frontend.pipeline.generate import PIN_HEADER, GeneratePipeline, server_span
 from tandem.protocols.discovery import ModelCard
-from tandem.protocols.embedding import (
-    EMBED_ENDPOINT,
-    EmbedRequest,
-    EmbedResponse,
-    decode_embed_response,
-    encode,
-)
-from tandem.protocols.engine import PreprocessedRequest, RoutingHints, StopConditions
+from tandem.protocols.embedding import EmbedResponse
 from tandem.protocols.openai_embedding import (
-    MAX_TOTAL_TOKENS,
     EmbeddingRequest,
     embedding_inputs,
     validate_embedding,
 )
-from tandem.runtime.base import RequestClient
-from tandem.runtime.log_format import request_scope
-
-logger = logging.getLogger(__name__)
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
 _json = msgspec.json.Encoder()
@@ -62,11 +43,8 @@ _json = msgspec.json.Encoder()
 class EmbeddingsEndpoint:
     """The handler of `POST /v1/embeddings`; one per frontend, safe for concurrent use."""
 
-    def __init__(
-        self, registry: ModelRegistry, pipeline: GeneratePipeline, client: RequestClient | None
-    ) -> None:
-        self.registry, self.pipeline = registry, pipeline
-        self._client = client
+    def __init__(self, registry: ModelRegistry, embedder: Embedder) -> None:
+        self.registry, self.embedder = registry, embedder
 
     async def __call__(self, http: HttpRequest, response: HttpResponse) -> None:
         try:
@@ -78,142 +56,20 @@ class EmbeddingsEndpoint:
         model = self.registry.get(req.model)
         model.require_task("embed", "/v1/embeddings")
         count_as(model.name, stream=False)
-        with self.pipeline.admission.slots(1):  # one engine call, however many inputs
-            await self._serve(http, response, req, texts, params, model)
-
-    async def _serve(
-        self,
-        http: HttpRequest,
-        response: HttpResponse,
-        req: EmbeddingRequest,
-        texts: list[str | list[int]],
-        params: list[str],
-        model: ServedModel,
-    ) -> None:
-        metrics = self.pipeline.metrics
-        metrics.arrived(model.name)
-        started, failed = time.perf_counter(), True
         request_id = f"embd-{uuid.uuid4().hex}"
-        try:
-            with request_scope(request_id), server_span(http, request_id, model.name):
-                await model.ready()
-                card = model.require_task("embed", "/v1/embeddings")  # instances may change
-                dim = _dimensions(req, card, model.name)
-                inputs = [await _token_ids(model, t, p) for t, p in zip(texts, params, strict=True)]
-                _check_inputs(model, card, inputs, params)
-                result = await self._embed(http, model, inputs, request_id)
-                body = _body(req, model.name, result, dim)
-                await response.send(200, body)
-            failed = False
-            metrics.input_len.labels(model.name).observe(result.num_tokens)
-            metrics.input_tokens.labels(model.name).inc(result.num_tokens)
-            if metrics.interval is not None:  # the planner's view: a prompt, no output
-                metrics.interval.finished(model.name, isl=result.num_tokens, osl=0)
-        except (asyncio.CancelledError, ClientDisconnected):
-            metrics.disconnects.labels(model.name).inc()
-            raise
-        finally:
-            # no first token: an embedding leaves the queued gauge when it is done
-            seconds = time.perf_counter() - started
-            metrics.left(model.name, seconds, had_first_token=False, failed=failed)
-
-    async def _embed(
-        self, http: HttpRequest, model: ServedModel, inputs: list[list[int]], request_id: str
-    ) -> EmbedResponse:
-        if self._client is None:
-            raise NoWorkersAvailable("this frontend has no request-plane client for embeddings")
-        deadline_s = self.pipeline.deadline_s()
-        pin = http.headers.get(PIN_HEADER)
-        # the router sees one prompt of every input's tokens: its load is what it costs
-        route_request = PreprocessedRequest(
-            request_id=request_id,
-            model=model.name,
-            token_ids=[t for ids in inputs for t in ids],
-            stop=StopConditions(max_tokens=1),
-            routing=RoutingHints(worker_id=pin) if pin else None,
-            deadline_s=deadline_s,
-        )
-        payload = encode(
-            EmbedRequest(
-                request_id=request_id, model=model.name, inputs=inputs, deadline_s=deadline_s
-            )
-        )
-        excluded = {
-            iid
-            for iid, inst in model.instances.instances.items()
-            if inst.model is None or "embed" not in inst.model.tasks
-        }
-        for _ in range(len(model.instances.instances) + 1):
-            decision = await model.router.route(route_request, exclude=frozenset(excluded))
-            instance = model.instances.instances.get(decision.instance_id)
-            endpoint = instance.metadata.get("embed_endpoint", EMBED_ENDPOINT) if instance else ""
-            path = f"{instance.namespace}.{instance.component}.{endpoint}" if instance else ""
-            try:
-                return await self._call(decision.address, path, payload, request_id, deadline_s)
-            except PeerGone as exc:
-                logger.info(
-                    "request_id=%s not served by worker %s (%s); routing it again",
-                    request_id,
-                    decision.instance_id,
-                    exc,
-                )
-                excluded.add(decision.instance_id)
-            finally:
-                model.router.on_finish(request_id)
-        raise NoWorkersAvailable(f"no worker of model '{model.name}' answered the embeddings")
-
-    async def _call(
-        self, address: str, path: str, payload: bytes, request_id: str, deadline_s: float
-    ) -> EmbedResponse:
-        assert self._client is not None
-        if not path:
-            raise PeerGone("the routed instance left discovery")
-        stream = self._client.stream(
-            address, path, payload, request_id=request_id, deadline_s=deadline_s
-        )
-        try:
-            answer = await anext(aiter(stream), None)
-        finally:
-            await stream.aclose()
-        if answer is None:
-            raise PeerGone(f"embed stream from {address} ended without an answer")
-        return decode_embed_response(answer)
-
-
-async def _token_ids(model: ServedModel, text: str | list[int], param: str) -> list[int]:
-    if not isinstance(text, str):
-        return text
-    tok = model.require_tokenizer("a text input")
-    ids = list(tok.encode(text, add_special_tokens=True))
-    if not ids:
-        raise InvalidRequest(f"{param} has no tokens; expected text to embed", param=param)
-    return ids
-
-
-def _check_inputs(
-    model: ServedModel, card: ModelCard, inputs: list[list[int]], params: list[str]
-) -> None:
-    vocab = model.tokenizer.vocab_size if model.tokenizer is not None else None
-    total = 0
-    for ids, param in zip(inputs, params, strict=True):
-        for t in ids:
-            if t < 0 or (vocab is not None and t >= vocab):
-                raise InvalidRequest(
-                    f"{param} has token id {t} out of range; expected [0, {vocab or 'vocab size'})",
-                    param=param,
-                )
-        if len(ids) > card.context_length:
-            raise ContextLengthExceeded(
-                f"{param} has {len(ids)} tokens; model '{model.name}' takes at most "
-                f"{card.context_length} per input (shorten or split it)",
-                param=param,
-            )
-        total += len(ids)
-    if total > MAX_TOTAL_TOKENS:
-        raise InvalidRequest(
-            f"input has {total} tokens in all; at most {MAX_TOTAL_TOKENS} per request (split it)",
-            param="input",
-        )
+        embedder = self.embedder
+        with (
+            embedder.pipeline.admission.slots(1),  # one engine call, however many inputs
+            embedder.accounted(http, model.name, request_id) as tally,
+        ):
+            await model.ready()
+            card = model.require_task("embed", "/v1/embeddings")  # instances may change
+            dim = _dimensions(req, card, model.name)
+            inputs = embedder.token_ids(model, texts, params)
+            embedder.check(model, card, inputs, params, total_param="input")
+            result = await embedder.embed(http, model, inputs, request_id)
+            tally.num_tokens = result.num_tokens
+            await response.send(200, _body(req, model.name, result, dim))
 
 
 def _dimensions(req: EmbeddingRequest, card: ModelCard, name: str) -> int:
@@ -239,7 +95,7 @@ def _dimensions(req: EmbeddingRequest, card: ModelCard, name: str) -> int:
 
 
 def _body(req: EmbeddingRequest, model: str, result: EmbedResponse, dim: int) -> bytes:
-    matrix = np.frombuffer(result.data, dtype="<f4").reshape(-1, result.dim)
+    matrix = vectors(result)
     if dim < result.dim:  # Matryoshka: a prefix, renormalised
         matrix = matrix[:, :dim]
         matrix = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)

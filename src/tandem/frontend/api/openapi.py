@@ -13,10 +13,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from tandem.frontend.api.rerank import RERANK_PATHS, SCORE_PATHS
 from tandem.protocols import openai_types as t
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 from tandem.protocols.openai_embedding import EmbeddingRequest
 from tandem.protocols.openai_responses import ResponsesRequest
+from tandem.protocols.rerank import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
 
 TITLE = "tandem"
 REF = "#/components/schemas/{name}"
@@ -54,6 +56,24 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ),
     ("GET", "/v1/responses/{response_id}"): RouteDoc("A stored response; 404 if not stored"),
     ("DELETE", "/v1/responses/{response_id}"): RouteDoc("Delete a stored response"),
+    **{
+        ("POST", path): RouteDoc(
+            "Rank documents by the cosine similarity of their embeddings to the query (Jina / "
+            "Cohere shape, as vLLM serves it; no cross-encoder)",
+            RerankRequest,
+            RerankResponse,
+        )
+        for path in RERANK_PATHS
+    },
+    **{
+        ("POST", path): RouteDoc(
+            "Score text pairs 1:1, 1:N or N:N by the cosine similarity of their embeddings "
+            "(vLLM's shape; no cross-encoder)",
+            ScoreRequest,
+            ScoreResponse,
+        )
+        for path in SCORE_PATHS
+    },
     ("GET", "/v1/models"): RouteDoc("List the served models", None, t.ModelList),
     ("GET", "/v1/models/{model}"): RouteDoc("One served model; 404 if not served", None, t.Model),
     ("POST", "/tokenize"): RouteDoc(

@@ -1,0 +1,278 @@
+"""The `/v1/rerank` and `/v1/score` requests and responses, and the checks on their inputs'
+form.
+
+Shapes: rerank is the Jina / Cohere shape vLLM serves (`query`, `documents` as strings or
+`{"text": ...}` objects, `top_n`, `return_documents`; results `{index, relevance_score,
+document}` best first); score is vLLM's (`text_1` / `text_2`, each a string or a list, paired
+1:1, 1:N or N:N; `data` `{index, object: "score", score}` in pair order). Value checks that
+need the model (vocabulary, context length) are in `tandem.frontend.api.embedder`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from tandem.errors import InvalidRequest
+from tandem.protocols.openai import Unsupported, check_unsupported, show_value
+from tandem.protocols.openai_embedding import MAX_INPUTS
+
+_NO_ACTIVATION = (
+    "the score is the cosine similarity of the model's pooled embeddings, not a classifier's "
+    "logit: there is no activation to apply"
+)
+_SHARED_UNSUPPORTED = {
+    "priority": Unsupported((None, 0), "embedding calls have one priority here"),
+    "use_activation": Unsupported((None, False), _NO_ACTIVATION),
+    "softmax": Unsupported((None, False), _NO_ACTIVATION),
+    "activation": Unsupported((None, False), _NO_ACTIVATION),
+    "mm_processor_kwargs": Unsupported((None, {}), "inputs are text only"),
+}
+UNSUPPORTED_RERANK = {
+    **_SHARED_UNSUPPORTED,
+    "rank_fields": Unsupported((None,), 'documents are text (strings or {"text": ...})'),
+    "max_chunks_per_doc": Unsupported(
+        (None,), "a document is embedded whole (or cut by max_tokens_per_doc), never chunked"
+    ),
+}
+UNSUPPORTED_SCORE = _SHARED_UNSUPPORTED
+# score's pairs of input fields, vLLM's names for (first, second); exactly one pair per request
+SCORE_FIELD_PAIRS = (
+    ("text_1", "text_2"),
+    ("data_1", "data_2"),
+    ("queries", "documents"),
+    ("queries", "items"),
+)
+_SCORE_FIELDS = tuple(dict.fromkeys(name for pair in SCORE_FIELD_PAIRS for name in pair))
+
+
+class RerankRequest(msgspec.Struct, kw_only=True):
+    """Every field of vLLM's, Jina's and Cohere's (v1, v2) rerank requests: honoured, or
+    refused by name (`UNSUPPORTED_RERANK`)."""
+
+    model: str
+    query: str
+    documents: list[Any]  # strings or {"text": str}; checked by `rerank_documents`
+    top_n: int | None = None  # None or 0 (vLLM's default): every document
+    return_documents: bool = True  # Jina's default (vLLM always returns them)
+    max_tokens_per_doc: int | None = None  # Cohere v2: each document cut to its first N tokens
+    truncate_prompt_tokens: int | None = None  # vLLM: each input cut to its last N tokens
+    rank_fields: Any = None
+    max_chunks_per_doc: Any = None
+    priority: Any = None
+    use_activation: Any = None
+    softmax: Any = None
+    activation: Any = None
+    mm_processor_kwargs: Any = None
+
+
+class ScoreRequest(msgspec.Struct, kw_only=True):
+    """vLLM's score request; its input fields under any of vLLM's names
+    (`SCORE_FIELD_PAIRS`), each a string or a list of strings."""
+
+    model: str
+    text_1: str | list[Any] | None = None
+    text_2: str | list[Any] | None = None
+    data_1: str | list[Any] | None = None
+    data_2: str | list[Any] | None = None
+    queries: str | list[Any] | None = None
+    documents: str | list[Any] | None = None
+    items: str | list[Any] | None = None
+    truncate_prompt_tokens: int | None = None  # vLLM: each input cut to its last N tokens
+    priority: Any = None
+    use_activation: Any = None
+    softmax: Any = None
+    activation: Any = None
+    mm_processor_kwargs: Any = None
+
+
+def validate_rerank(req: RerankRequest) -> tuple[list[str], list[str]]:
+    """The texts to embed (the query first, then each document) and each one's `param` name
+    for errors. Raises InvalidRequest naming the field."""
+    _check_model(req.model)
+    check_unsupported(req, UNSUPPORTED_RERANK)
+    _check_truncate(req.truncate_prompt_tokens)
+    if req.top_n is not None and req.top_n < 0:
+        raise InvalidRequest(
+            f"top_n={req.top_n} is invalid; expected an integer >= 1 (0 or unset: every document)",
+            param="top_n",
+        )
+    if req.max_tokens_per_doc is not None and req.max_tokens_per_doc < 1:
+        raise InvalidRequest(
+            f"max_tokens_per_doc={req.max_tokens_per_doc} is invalid; expected an integer >= 1",
+            param="max_tokens_per_doc",
+        )
+    _check_text(req.query, "query")
+    documents = rerank_documents(req.documents)
+    return [req.query, *documents], ["query", *(f"documents[{i}]" for i in range(len(documents)))]
+
+
+def rerank_documents(value: list[Any]) -> list[str]:
+    """Each document's text: a non-empty string, or an object whose `text` is one."""
+    if not value:
+        raise InvalidRequest(
+            "documents is an empty list; expected at least one document", param="documents"
+        )
+    if len(value) > MAX_INPUTS - 1:  # the query and the documents go in one embed call
+        raise InvalidRequest(
+            f"documents has {len(value)} items; at most {MAX_INPUTS - 1} per request (split it)",
+            param="documents",
+        )
+    texts = []
+    for i, item in enumerate(value):
+        text = item.get("text") if isinstance(item, dict) else item
+        if not isinstance(text, str) or not text:
+            raise InvalidRequest(
+                f"documents[{i}]={show_value(item)} is invalid; expected a non-empty string or "
+                'an object {"text": "<non-empty string>"}',
+                param=f"documents[{i}]",
+            )
+        texts.append(text)
+    return texts
+
+
+class ScorePairs(msgspec.Struct, kw_only=True, frozen=True):
+    """A score request's inputs: `firsts` (one, broadcast, or one per second) and `seconds`,
+    with the names of the fields they came in."""
+
+    firsts: list[str]
+    seconds: list[str]
+    names: tuple[str, str]
+
+    @property
+    def num_pairs(self) -> int:
+        return len(self.seconds)
+
+    def params(self) -> list[str]:
+        """Each embedded input's `param` name, firsts then seconds."""
+        first, second = self.names
+        return [*_item_params(first, self.firsts), *_item_params(second, self.seconds)]
+
+
+def validate_score(req: ScoreRequest) -> ScorePairs:
+    """The pairs to score; raises InvalidRequest naming the field."""
+    _check_model(req.model)
+    check_unsupported(req, UNSUPPORTED_SCORE)
+    _check_truncate(req.truncate_prompt_tokens)
+    names = [n for n in _SCORE_FIELDS if getattr(req, n) is not None]
+    pair = next((p for p in SCORE_FIELD_PAIRS if set(p) == set(names)), None)
+    if pair is None:
+        pairs = ", ".join(f"{a}/{b}" for a, b in SCORE_FIELD_PAIRS)
+        raise InvalidRequest(
+            f"score needs exactly one pair of inputs, got {', '.join(names) or 'none'}; "
+            f"expected one of: {pairs}",
+            param=_missing_field(names),
+        )
+    first, second = pair
+    firsts = _score_texts(getattr(req, first), first)
+    seconds = _score_texts(getattr(req, second), second)
+    if len(firsts) > 1 and len(firsts) != len(seconds):
+        raise InvalidRequest(
+            f"{first} has {len(firsts)} items and {second} {len(seconds)}; expected 1:1, 1:N "
+            f"or N:N (one {first} for every {second}, or a single {first})",
+            param=second,
+        )
+    if len(firsts) + len(seconds) > MAX_INPUTS:  # every input goes in one embed call
+        raise InvalidRequest(
+            f"{first} and {second} have {len(firsts) + len(seconds)} texts in all; at most "
+            f"{MAX_INPUTS} per request (split it)",
+            param=second,
+        )
+    return ScorePairs(firsts=firsts, seconds=seconds, names=(first, second))
+
+
+def _missing_field(names: list[str]) -> str:
+    """The field to name when `names` is not one pair: the partner of a lone first field."""
+    partner = next((b for a, b in SCORE_FIELD_PAIRS if names == [a]), None)
+    return partner or (names[-1] if names else "text_1")
+
+
+def _score_texts(value: str | list[Any], name: str) -> list[str]:
+    if isinstance(value, str):
+        _check_text(value, name)
+        return [value]
+    if not value:
+        raise InvalidRequest(f"{name} is an empty list; expected at least one text", param=name)
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise InvalidRequest(
+                f"{name}[{i}]={show_value(item)} is invalid; expected a non-empty string "
+                "(multimodal inputs are not offered)",
+                param=f"{name}[{i}]",
+            )
+    return list(value)
+
+
+def _item_params(name: str, items: list[str]) -> list[str]:
+    return [name] if len(items) == 1 else [f"{name}[{i}]" for i in range(len(items))]
+
+
+def _check_model(model: str) -> None:
+    if not model:
+        raise InvalidRequest("model='' is invalid; expected a non-empty model name", param="model")
+
+
+def _check_truncate(value: int | None) -> None:
+    if value is not None and value != -1 and value < 1:
+        raise InvalidRequest(
+            f"truncate_prompt_tokens={value} is invalid; expected -1 (the model's context "
+            "length) or an integer >= 1 (each input keeps its last N tokens)",
+            param="truncate_prompt_tokens",
+        )
+
+
+def _check_text(text: str, param: str) -> None:
+    if not text:
+        raise InvalidRequest(f"{param} is an empty string; expected text", param=param)
+
+
+class _Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A response body: every field documented (decoding a real body checks that)."""
+
+
+class RerankDocument(_Body):
+    text: str
+
+
+class RerankResult(_Body, omit_defaults=True):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None  # left out with return_documents: false
+
+
+class RerankUsage(_Body):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(_Body):
+    """Results best first (ties: the earlier document first), at most `top_n`."""
+
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class ScoreData(_Body):
+    index: int
+    score: float
+    object: Literal["score"] = "score"
+
+
+class ScoreUsage(_Body):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+
+
+class ScoreResponse(_Body):
+    """One score per pair, in pair order."""
+
+    id: str
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: ScoreUsage
+    object: Literal["list"] = "list"

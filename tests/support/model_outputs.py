@@ -176,6 +176,11 @@ WELL_FORMED: dict[str, list[tuple[str, str | None, list[Call]]]] = {
             ],
         ),
         ('[get_time(timezone="a)b]c\\"d")]', None, [("get_time", {"timezone": 'a)b]c"d'})]),
+        (  # brackets and quotes inside a triple-quoted string
+            "[write_file(path='a.py', content='''print(\"(\", ']')\n''')]",
+            None,
+            [("write_file", {"path": "a.py", "content": "print(\"(\", ']')\n"})],
+        ),
         ("[1] Paris is the capital of France.", "[1] Paris is the capital of France.", []),
     ],
 }

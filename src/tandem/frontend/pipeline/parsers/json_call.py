@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from tandem.frontend.pipeline.parsers.region import PartialCall
 
-_decoder = json.JSONDecoder()
 _HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _BLANK = re.compile(r"\s*")
+JsonAt = Callable[[int], tuple[Any, int]]  # RegionToolParser.json_at on the text
 
 
 class NotACall(ValueError):
@@ -29,14 +30,11 @@ def skip_blank(text: str, pos: int) -> int:
     return match.end()
 
 
-def read_json_call(text: str, pos: int) -> tuple[PartialCall | None, int]:
+def read_json_call(text: str, pos: int, json_at: JsonAt) -> tuple[PartialCall | None, int]:
     """The call whose object starts at `text[pos]` (a `{`) and where it ends (-1: not yet).
     None for the call: its name is not known yet. Raises NotACall for a complete object that
-    is not a call."""
-    try:
-        obj, end = _decoder.raw_decode(text, pos)
-    except ValueError:
-        obj, end = None, -1
+    is not a call. `json_at(i)`: the JSON value at `text[i]` and its end ((None, -1): open)."""
+    obj, end = _decoded(pos, json_at)
     head = _HEAD.match(text, pos)
     if head is None:
         if end == -1:
@@ -44,10 +42,9 @@ def read_json_call(text: str, pos: int) -> tuple[PartialCall | None, int]:
         return _whole_call(obj), end
     name = json.loads(head.group(1))
     args_at = head.end()
-    try:
-        value, args_end = _decoder.raw_decode(text, args_at)
-    except ValueError:
-        value, args_end = None, -1
+    value, args_end = None, -1
+    if text.startswith("{", args_at):
+        value, args_end = _decoded(args_at, json_at)
     if end == -1:
         if args_end == -1 and not text.startswith("{", args_at):
             return PartialCall(name, "", done=False), -1
@@ -57,6 +54,13 @@ def read_json_call(text: str, pos: int) -> tuple[PartialCall | None, int]:
     if isinstance(value, dict):  # the exact text, so that the streamed prefix stays one
         return PartialCall(call.name, text[args_at:args_end], done=True), end
     return call, end
+
+
+def _decoded(pos: int, json_at: JsonAt) -> tuple[Any, int]:
+    try:
+        return json_at(pos)
+    except ValueError as exc:
+        raise NotACall("not JSON") from exc
 
 
 def _whole_call(obj: Any) -> PartialCall:
@@ -74,7 +78,7 @@ def _whole_call(obj: Any) -> PartialCall:
 
 
 def read_json_calls(
-    text: str, pos: int, separators: str, closer: str | None
+    text: str, pos: int, separators: str, closer: str | None, json_at: JsonAt
 ) -> tuple[list[PartialCall], int] | None:
     """Call objects from `pos` on, between `separators` and blanks, up to `closer` (`]`) if
     given; (calls, where reading stopped: -1 when the text may still go on) or None when
@@ -91,7 +95,7 @@ def read_json_calls(
         if text[pos] != "{":
             return (calls, pos) if calls else None
         try:
-            call, end = read_json_call(text, pos)
+            call, end = read_json_call(text, pos, json_at)
         except NotACall:
             return None
         if end == -1:

@@ -27,7 +27,7 @@ class Llama3JsonToolParser(RegionToolParser):
         pos = len(PYTHON_TAG) if region.startswith(PYTHON_TAG) else 0
         if skip_blank(region, pos) == len(region):
             return None if final else []
-        read = read_json_calls(region, pos, ";", None)
+        read = read_json_calls(region, pos, ";", None, lambda i: self.json_at(region, i))
         if read is None:
             return None
         calls, stopped = read

@@ -11,7 +11,6 @@ require when the calls come back in the history.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import ClassVar
 
@@ -22,7 +21,6 @@ from tandem.frontend.pipeline.parsers.region import PartialCall, RegionToolParse
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _NAME = re.compile(r"\s*([A-Za-z0-9_.\-]{1,64})\s*(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]")
 _NAME_SO_FAR = re.compile(r"\s*[A-Za-z0-9_.\-]{0,64}\s*(?:\[CALL_ID\][A-Za-z0-9]*)?\Z")
-_decoder = json.JSONDecoder()
 
 
 class MistralToolParser(RegionToolParser):
@@ -37,43 +35,44 @@ class MistralToolParser(RegionToolParser):
         if pos == len(region):
             return None if final else []
         if region[pos] == "[":  # pre-v11: a JSON list of call objects
-            read = read_json_calls(region, pos + 1, ",", "]")
+            read = read_json_calls(region, pos + 1, ",", "]", lambda i: self.json_at(region, i))
             if read is None:
                 return None
             calls, stopped = read
             if stopped == -1:  # the list is not closed yet
                 return None if final else calls
             return calls if stopped == len(region.rstrip()) else None
-        return _named_calls(region)
+        return self._named_calls(region)
 
-
-def _named_calls(region: str) -> list[PartialCall] | None:
-    """v11+: `[TOOL_CALLS]name[ARGS]{...}` repeated."""
-    calls: list[PartialCall] = []
-    pos = 0
-    while pos < len(region):
-        if not region.startswith(TOOL_CALLS, pos):
-            rest = region[pos:]
-            if rest.strip() and not TOOL_CALLS.startswith(rest.lstrip()):
-                return None  # text after a call
-            return calls
-        pos += len(TOOL_CALLS)
-        head = _NAME.match(region, pos)
-        if head is None:
-            return calls if _name_so_far(region[pos:]) else None
-        args_at = skip_blank(region, head.end())
-        try:
-            value, end = _decoder.raw_decode(region, args_at)
-        except ValueError:
+    def _named_calls(self, region: str) -> list[PartialCall] | None:
+        """v11+: `[TOOL_CALLS]name[ARGS]{...}` repeated."""
+        calls: list[PartialCall] = []
+        pos = 0
+        while pos < len(region):
+            if not region.startswith(TOOL_CALLS, pos):
+                rest = region[pos:]
+                if rest.strip() and not TOOL_CALLS.startswith(rest.lstrip()):
+                    return None  # text after a call
+                return calls
+            pos += len(TOOL_CALLS)
+            head = _NAME.match(region, pos)
+            if head is None:
+                return calls if _name_so_far(region[pos:]) else None
+            args_at = skip_blank(region, head.end())
             raw = region[args_at:]
             if raw and not raw.startswith("{"):
                 return None
-            return [*calls, PartialCall(head.group(1), raw, done=False)]
-        if not isinstance(value, dict):
-            return None
-        calls.append(PartialCall(head.group(1), region[args_at:end], done=True))
-        pos = skip_blank(region, end)
-    return calls
+            try:
+                value, end = self.json_at(region, args_at) if raw else (None, -1)
+            except ValueError:
+                return None
+            if end == -1:
+                return [*calls, PartialCall(head.group(1), raw, done=False)]
+            if not isinstance(value, dict):
+                return None
+            calls.append(PartialCall(head.group(1), region[args_at:end], done=True))
+            pos = skip_blank(region, end)
+        return calls
 
 
 def _name_so_far(text: str) -> bool:

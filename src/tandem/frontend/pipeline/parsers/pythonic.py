@@ -14,8 +14,10 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from tandem.frontend.pipeline.parsers.json_call import skip_blank
 from tandem.frontend.pipeline.parsers.region import PartialCall, RegionToolParser
 
 START, END = "<|python_start|>", "<|python_end|>"
@@ -27,21 +29,49 @@ class PythonicToolParser(RegionToolParser):
     markers: ClassVar[tuple[str, ...]] = (START,)
     leading: ClassVar[tuple[str, ...]] = ("[", START)
 
+    def __init__(self, *, max_calls: int | None = None, tools: Sequence[Any] = ()) -> None:
+        super().__init__(max_calls=max_calls, tools=tools)
+        self._closed: dict[int, PartialCall | None] = {}  # closed calls, by offset
+
     def scan(self, region: str, *, final: bool) -> list[PartialCall] | None:
-        body = region[len(START) :] if region.startswith(START) else region
-        if body.rstrip().endswith(END):
-            body = body.rstrip()[: -len(END)]
-        body = body.strip()
-        if len(body) > MAX_REGION_CHARS:
+        start = skip_blank(region, len(START) if region.startswith(START) else 0)
+        if len(region) > MAX_REGION_CHARS:
             return None
-        if not body:
+        if start == len(region):
             return None if final else []
-        if body[0] != "[":
+        if region[start] != "[":
             return None
-        calls = _whole(body)
-        if calls is not None:
-            return calls
-        return None if final else _partial(body)
+        end = self.bracket_end(region, start, python=True)
+        if end != -1:  # the list closed: only its end marker may follow
+            rest = region[end:].strip()
+            if rest and rest != END and (final or not END.startswith(rest)):
+                return None
+            return _whole(region[start:end])
+        return None if final else self._partial(region, start + 1)
+
+    def _partial(self, region: str, pos: int) -> list[PartialCall] | None:
+        """The calls of a list still being written: the closed ones whole, the open one by
+        name (None when what is written cannot become a list of calls)."""
+        calls: list[PartialCall] = []
+        while True:
+            pos = _skip(region, pos, ", \t\n" if calls else " \t\n")
+            if pos == len(region):
+                return calls
+            head = _NAME.match(region, pos)
+            if head is None:
+                rest = region[pos:]
+                return calls if re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_.]*\s*", rest) else None
+            end = self.bracket_end(region, head.end() - 1, python=True)
+            if end == -1:
+                return [*calls, PartialCall(head.group(1), "", done=False)]
+            if pos not in self._closed:
+                one = _whole("[" + region[pos:end] + "]")
+                self._closed[pos] = one[0] if one is not None and len(one) == 1 else None
+            call = self._closed[pos]
+            if call is None:
+                return None
+            calls.append(call)
+            pos = end
 
 
 def _whole(body: str) -> list[PartialCall] | None:
@@ -88,57 +118,7 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
-def _partial(body: str) -> list[PartialCall] | None:
-    """The calls of a list still being written: the closed ones whole, the open one by name
-    (None when what is written cannot become a list of calls)."""
-    calls: list[PartialCall] = []
-    pos = 1  # after "["
-    while True:
-        pos = _skip(body, pos, ", \t\n" if calls else " \t\n")
-        if pos == len(body):
-            return calls
-        if body[pos] == "]" and calls:  # the list closed: only its end marker may follow
-            return calls if END.startswith(body[pos + 1 :].strip()) else None
-        head = _NAME.match(body, pos)
-        if head is None:
-            rest = body[pos:]
-            return calls if re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_.]*\s*", rest) else None
-        end = _call_end(body, head.end())
-        if end == -1:
-            return [*calls, PartialCall(head.group(1), "", done=False)]
-        one = _whole("[" + body[pos:end] + "]")
-        if one is None:
-            return None
-        calls.extend(one)
-        pos = end
-
-
 def _skip(text: str, pos: int, chars: str) -> int:
     while pos < len(text) and text[pos] in chars:
         pos += 1
     return pos
-
-
-def _call_end(text: str, pos: int) -> int:
-    """Index after the `)` closing a call whose `(` ends before `pos`; -1 if not written yet.
-    Tracks brackets and string literals (quotes and backslash escapes)."""
-    depth, quote = 1, ""
-    while pos < len(text):
-        ch = text[pos]
-        if quote:
-            if ch == "\\":
-                pos += 1
-            elif text.startswith(quote, pos):
-                pos += len(quote) - 1
-                quote = ""
-        elif ch in "\"'":
-            quote = ch * 3 if text.startswith(ch * 3, pos) else ch
-            pos += len(quote) - 1
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return pos + 1
-        pos += 1
-    return -1

@@ -33,8 +33,8 @@ from tandem.frontend.pipeline.parsers.region import PartialCall, RegionToolParse
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"<function=([^>\n]{1,64})>")
-_PARAMETER = re.compile(r"<parameter=([^>\n]{1,128})>(.*?)</parameter>", re.S)
-_END_FUNCTION = "</function>"
+_PARAMETER = re.compile(r"<parameter=([^>\n]{1,128})>")
+_END_PARAMETER, _END_FUNCTION = "</parameter>", "</function>"
 
 
 class Qwen3CoderToolParser(RegionToolParser):
@@ -44,6 +44,7 @@ class Qwen3CoderToolParser(RegionToolParser):
         super().__init__(max_calls=max_calls, tools=tools)
         # parameter name -> its JSON schema type, per tool name
         self._types = {t.name: _param_types(t.parameters) for t in tools}
+        self._progress: dict[int, tuple[list[str], int]] = {}  # by the call's offset
 
     def scan(self, region: str, *, final: bool) -> list[PartialCall] | None:
         calls: list[PartialCall] = []
@@ -75,18 +76,21 @@ class Qwen3CoderToolParser(RegionToolParser):
             )
             return (None, -1) if maybe else None
         name, types = head.group(1).strip(), self._types.get(head.group(1).strip(), {})
-        pieces: list[str] = []
-        pos = head.end()
+        # the closed parameters are read once: where they end and their JSON pieces
+        pieces, pos = self._progress.get(head.end(), ([], head.end()))
+        pieces = list(pieces)
         while True:
             pos = skip_blank(region, pos)
             param = _PARAMETER.match(region, pos)
-            if param is None:
+            close = region.find(_END_PARAMETER, param.end()) if param is not None else -1
+            if param is None or close == -1:
                 break
             key = param.group(1).strip()
-            value = _convert(_strip_newline(param.group(2)), types.get(key))
+            value = _convert(_strip_newline(region[param.end() : close]), types.get(key))
             sep = "{" if not pieces else ", "
             pieces.append(sep + json.dumps(key, ensure_ascii=False) + ": " + value)
-            pos = param.end()
+            pos = close + len(_END_PARAMETER)
+            self._progress[head.end()] = (list(pieces), pos)
         if region.startswith(_END_FUNCTION, pos):
             end = skip_blank(region, pos + len(_END_FUNCTION))
             if not region.startswith(CLOSE, end):

@@ -12,6 +12,7 @@ and all; one cut before its first call was announced too.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -23,6 +24,7 @@ from tandem.frontend.pipeline.parsers.base import (
     new_call_id,
     partial_suffix,
 )
+from tandem.frontend.pipeline.parsers.brackets import BracketScanner
 
 
 @dataclass(slots=True)
@@ -49,6 +51,8 @@ class RegionToolParser:
         self._at_start = True  # nothing but blanks emitted: a `leading` marker may still come
         self._sent: list[int] = []  # argument characters sent, per call
         self.is_malformed = False  # final: the region was not (all) well-formed calls
+        self._scanners: dict[int, BracketScanner] = {}  # by the region offset they start at
+        self._json: dict[int, tuple[Any, int]] = {}  # closed JSON values, by offset
 
     def scan(self, region: str, *, final: bool) -> list[PartialCall] | None:
         """The calls `region` (which starts with its marker) holds so far; None when it
@@ -57,6 +61,27 @@ class RegionToolParser:
 
     def new_id(self) -> str:
         return new_call_id()
+
+    def bracket_end(self, region: str, start: int, *, python: bool = False) -> int:
+        """Index after the bracket at `region[start]` closes (-1: not yet), resumed where the
+        last look at the same bracket stopped (the region only grows)."""
+        scanner = self._scanners.get(start)
+        if scanner is None:
+            scanner = self._scanners[start] = BracketScanner(start, python=python)
+        return scanner.scan(region)
+
+    def json_at(self, region: str, start: int) -> tuple[Any, int]:
+        """(the JSON object or array at `region[start]`, the index after it), (None, -1)
+        while it is open; ValueError once it closed and is not JSON. Decoded once."""
+        done = self._json.get(start)
+        if done is not None:
+            return done
+        end = self.bracket_end(region, start)
+        if end == -1:
+            return None, -1
+        value = json.loads(region[start:end])  # ValueError: not JSON
+        self._json[start] = (value, end)
+        return value, end
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         content, _ = self.feed(text, final=True)

@@ -22,6 +22,8 @@ from tandem.frontend.api import model_routes
 from tandem.frontend.api.chat import ChatEndpoints
 from tandem.frontend.api.embedder import Embedder
 from tandem.frontend.api.embeddings import EmbeddingsEndpoint
+from tandem.frontend.api.messages import PATHS as MESSAGES_PATHS
+from tandem.frontend.api.messages import MessagesEndpoint
 from tandem.frontend.api.openapi import build_openapi
 from tandem.frontend.api.request_input import client_request_id
 from tandem.frontend.api.rerank import RERANK_PATHS, SCORE_PATHS, ScoreEndpoints
@@ -51,6 +53,8 @@ API_ENDPOINTS = {
     "/v1/route/explain": "route_explain",
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
     **dict.fromkeys(RERANK_PATHS, "rerank"),
     **dict.fromkeys(SCORE_PATHS, "score"),
 }
@@ -99,6 +103,7 @@ class FrontendApp:
         chat = ChatEndpoints(registry, self.pipeline)
         # its store holds `previous_response_id`s
         self.responses = ResponsesEndpoint(registry, self.pipeline)
+        messages = MessagesEndpoint(registry, self.pipeline)
         embedder = Embedder(self.pipeline, client)  # embeddings, rerank and score
         scores = ScoreEndpoints(registry, embedder)
         self._routes: dict[tuple[str, str], Callable[[HttpRequest, HttpResponse], Awaitable[None]]]
@@ -116,6 +121,8 @@ class FrontendApp:
             ("POST", "/tokenize"): self.tokenize,
             ("POST", "/detokenize"): self.detokenize,
             ("GET", "/openapi.json"): self.openapi,
+            ("POST", "/v1/messages"): messages.create,
+            ("POST", "/v1/messages/count_tokens"): messages.count_tokens,
             **{("POST", path): scores.rerank for path in RERANK_PATHS},
             **{("POST", path): scores.score for path in SCORE_PATHS},
         }
@@ -151,9 +158,11 @@ class FrontendApp:
             await handler(request, response)
         except ServingError as exc:
             tally.status = "error"
+            anthropic = request.path in MESSAGES_PATHS
             if not response.started:
-                tally.status_code = http_errors.error_status(exc)
-            await self._send_error(response, exc)
+                status = http_errors.anthropic_status if anthropic else http_errors.error_status
+                tally.status_code = status(exc)
+            await self._send_error(response, exc, anthropic=anthropic)
         except (asyncio.CancelledError, ClientDisconnected):
             tally.status, tally.status_code = "cancelled", CLIENT_CLOSED
             raise
@@ -169,7 +178,12 @@ class FrontendApp:
                     tally.model, endpoint, tally.request_type, tally.status, tally.status_code
                 )
 
-    async def _send_error(self, response: HttpResponse, exc: ServingError) -> None:
+    async def _send_error(
+        self, response: HttpResponse, exc: ServingError, *, anthropic: bool = False
+    ) -> None:
+        if anthropic:  # the Messages API's own error shape and statuses (529: overloaded)
+            await _send_anthropic_error(response, exc)
+            return
         body = http_errors.error_body(exc)
         if not response.started:
             status = http_errors.error_status(exc)
@@ -234,6 +248,16 @@ class FrontendApp:
         )
         text = await self.workers.scrape(worker_id or None)
         await response.send(200, text, content_type=CONTENT_TYPE)
+
+
+async def _send_anthropic_error(response: HttpResponse, exc: ServingError) -> None:
+    request_id = dict(response.extra_headers).get("request-id")
+    body = _json.encode(http_errors.anthropic_error(exc, request_id))
+    if not response.started:
+        status = http_errors.anthropic_status(exc)
+        await response.send(status, body, headers=http_errors.error_headers(exc))
+    else:  # mid-stream: Anthropic's error event
+        await response.write(b"event: error\ndata: " + body + b"\n\n")
 
 
 def _route_path(path: str) -> str:

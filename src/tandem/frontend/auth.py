@@ -1,7 +1,9 @@
 """API keys at the HTTP edge.
 
-With API keys configured, the OpenAI routes and /metrics need `Authorization: Bearer <key>`
-(401 with an OpenAI error body otherwise). `/health` and `/live` are always open (probes).
+With API keys configured, the API routes and /metrics need a key, sent as
+`Authorization: Bearer <key>` (OpenAI's way) or `x-api-key: <key>` (Anthropic's), on every
+route; 401 otherwise (in the route's API's error shape). When both headers are sent the
+Bearer key is the one checked. `/health` and `/live` are always open (probes).
 Admin routes — `POST /v1/route/explain`, an oracle for which prefixes other clients sent —
 need an admin key, and are off (403) when no admin key is configured. An admin key is
 accepted on every route. `/dashboard` (a static page) is open; the data it polls,
@@ -55,12 +57,15 @@ class ApiKeys:
 
     @staticmethod
     def _require(request: HttpRequest, keys: list[bytes], what: str) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
+        header = request.headers.get("authorization")
+        if header is None:  # Anthropic's clients send the key as x-api-key
+            scheme, token = "bearer", request.headers.get("x-api-key", "")
+        else:
+            scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized(
                 f"{request.method} {request.path} needs {what}: send it as "
-                "'Authorization: Bearer <key>'"
+                "'Authorization: Bearer <key>' or 'x-api-key: <key>'"
             )
         presented = token.strip().encode("latin-1")
         # compare with every key, no early exit: the time taken does not tell which matched

@@ -1,4 +1,5 @@
-"""The one mapping from tandem's error tree to HTTP status + OpenAI error JSON.
+"""The one mapping from tandem's error tree to HTTP status + OpenAI error JSON (and, for the
+Anthropic Messages routes, Anthropic's status and error JSON: `anthropic_error`).
 
 Body: {"error": {"message", "type", "param", "code"}}. Overloaded (and subclasses) add a
 Retry-After header. msgspec decode errors become 400s naming the field and the bad value;
@@ -64,6 +65,40 @@ def error_headers(exc: ServingError) -> list[tuple[str, str]]:
     if isinstance(exc, Unauthorized):
         return [("www-authenticate", 'Bearer realm="tandem"')]
     return []
+
+
+# Anthropic's error `type` per HTTP status (its API reference, "Errors"); another 4xx is
+# invalid_request_error, another 5xx api_error
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+OVERLOADED = 529  # Anthropic's status for "temporarily overloaded" (tandem's 503 Overloaded)
+
+
+def anthropic_status(exc: ServingError) -> int:
+    """The Messages API's status: tandem's 503 Overloaded (queues full, no worker free) is
+    Anthropic's 529; every other status is kept (a lost worker stays 503)."""
+    status = error_status(exc)
+    return OVERLOADED if isinstance(exc, Overloaded) and status == 503 else status
+
+
+def anthropic_error(exc: ServingError, request_id: str | None = None) -> dict[str, Any]:
+    """Anthropic's error body: {"type": "error", "error": {"type", "message"}, "request_id"}."""
+    status = anthropic_status(exc)
+    kind = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {
+        "type": "error",
+        "error": {"type": kind, "message": exc.message},
+        "request_id": request_id,
+    }
 
 
 def internal_error(exc: BaseException) -> ServingError:

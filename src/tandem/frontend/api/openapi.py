@@ -15,6 +15,7 @@ import msgspec
 
 from tandem.frontend.api.rerank import RERANK_PATHS, SCORE_PATHS
 from tandem.protocols import openai_types as t
+from tandem.protocols.anthropic import CountTokensRequest, MessagesRequest
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 from tandem.protocols.openai_embedding import EmbeddingRequest
 from tandem.protocols.openai_responses import ResponsesRequest
@@ -91,6 +92,15 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ),
     ("POST", "/v1/route/explain"): RouteDoc(
         "The router's choice for a chat or completions body, explained (nothing is routed)"
+    ),
+    # Anthropic's Message and events are built by frontend/api/messages_stream.py (generic here)
+    ("POST", "/v1/messages"): RouteDoc(
+        "Create a message (Anthropic Messages API; stream: true answers its events)",
+        MessagesRequest,
+    ),
+    ("POST", "/v1/messages/count_tokens"): RouteDoc(
+        "Count a Messages request's prompt tokens (Anthropic): {input_tokens}",
+        CountTokensRequest,
     ),
     ("GET", "/openapi.json"): RouteDoc("This document"),
     ("GET", "/dashboard"): RouteDoc(

@@ -146,6 +146,11 @@ class ChoiceState:
             )
         return entries
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the choice, if one did (Anthropic's `stop_sequence`)."""
+        return self._matcher.matched if self._matcher is not None else None
+
     def token_str(self, token_id: int) -> str:
         if self._tok is None:
             return f"token_id:{token_id}"

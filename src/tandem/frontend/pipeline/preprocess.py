@@ -98,21 +98,25 @@ async def preprocess_chat(
     tok = model.require_tokenizer("/v1/chat/completions")
     assert model.chat_template is not None
     messages, prompt_images = req.messages, None
-    if parts := image_parts(messages):  # DESIGN.md §10: one placeholder per image, expanded
+    plain = _plain_text(messages)
+    # DESIGN.md §10: one placeholder per image, expanded after tokenizing
+    if not plain and (parts := image_parts(messages)):
         assert images is not None, "a chat request with images needs an ImageLoader"
         prompt_images = await load_images(parts, card=model.card, loader=images)
         placeholder = tok.token_text(prompt_images.placeholder_id) or ""
         messages = with_placeholders(messages, placeholder)
-    plan = plan_tools(
-        req.tools, req.tool_choice, req.parallel_tool_calls, req.functions, req.function_call
-    )
+    plan, tools = None, None
+    if not plain or _has_tool_fields(req):
+        plan = plan_tools(
+            req.tools, req.tool_choice, req.parallel_tool_calls, req.functions, req.function_call
+        )
+        messages, tools = render_messages(
+            messages,
+            plan,
+            template_takes_tools=model.chat_template.takes_tools,
+            parser=model.tool_call_parser,
+        )
     structured = _structured(req.response_format, plan)
-    messages, tools = render_messages(
-        messages,
-        plan,
-        template_takes_tools=model.chat_template.takes_tools,
-        parser=model.tool_call_parser,
-    )
     text = model.chat_template.render(
         messages,
         add_generation_prompt=req.add_generation_prompt,
@@ -150,6 +154,27 @@ async def preprocess_chat(
         prompt_opens_think=reasoning is not None and prompt_opens_think(text),
         best_of=_best_of(req),
         n=req.n,
+    )
+
+
+def _plain_text(messages: list[dict[str, Any]]) -> bool:
+    """Whether every message is plain text (no content parts, no tool calls or results): the
+    chat template alone renders them, with no image or tool step."""
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str | None):
+            return False
+        if message.get("role") == "tool" or message.get("tool_calls") is not None:
+            return False
+    return True
+
+
+def _has_tool_fields(req: ChatCompletionRequest) -> bool:
+    return not (
+        req.tools is None
+        and req.tool_choice is None
+        and req.parallel_tool_calls is None
+        and req.functions is None
+        and req.function_call is None
     )
 
 

@@ -135,7 +135,9 @@ async def preprocess_chat(
     base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
     requests = _fan_out(base, [ids], model, num_candidates(req), max_tokens, param, "messages")
     tool_parser = plan.parser(model.tool_call_parser) if plan is not None else None
-    reasoning = None if thinking_disabled(req.chat_template_kwargs) else model.reasoning_parser
+    reasoning = model.reasoning_parser
+    if reasoning is not None and thinking_disabled(req.chat_template_kwargs):
+        reasoning = None
     return Prepared(
         request_id=request_id,
         model=model,

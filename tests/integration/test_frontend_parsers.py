@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import openai
 import pytest
+from openai.types.responses import ResponseReasoningItem
 from tests.support.frontend_stack import CHAT, FrontendStack
 from tests.support.model_outputs import TOOLS
+from tests.support.scripted_engine import ScriptedEngine
 
 from tandem.cli import worker as worker_cli
-from tandem.engines.mocker.config import MockerConfig
-from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest, prompt_array
 from tandem.runtime.flag_parser import parse_args
-from tandem.tokens.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "smollm2"
@@ -31,26 +30,6 @@ MISTRAL_OUT = (
     '[TOOL_CALLS]get_time[ARGS]{"timezone": "Europe/Paris"}'
 )
 R1_OUT = "The user wants the capital. It is Paris.\n</think>\n\nParis."
-
-
-class ScriptedEngine(MockerEngine):
-    """A mocker whose every answer is one fixed text (its tokens, three per chunk)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(MockerConfig(speedup_ratio=0))
-        assert self.config.tokenizer is not None
-        self.tok = load_tokenizer(self.config.tokenizer)
-        self.ids = list(self.tok.encode(text, add_special_tokens=False))
-        self.prompts: list[str] = []
-
-    async def generate(  # type: ignore[override]
-        self, request: PreprocessedRequest, **_: Any
-    ) -> AsyncGenerator[EngineOutput, None]:
-        self.prompts.append(self.tok.decode(prompt_array(request).tolist()))
-        ids = self.ids[: request.stop.max_tokens or len(self.ids)]
-        for i in range(0, len(ids), 3):
-            yield EngineOutput(token_ids=ids[i : i + 3])
-        yield EngineOutput(finish_reason="stop" if len(ids) == len(self.ids) else "length")
 
 
 def _worker_config(argv: list[str]) -> WorkerConfig:
@@ -147,3 +126,41 @@ def test_a_parser_name_not_known_stops_the_worker_naming_the_valid_ones(
     assert "'deepseek_r1', 'qwen3'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="expected one of: hermes"):
         WorkerConfig(tool_call_parser="granite")
+
+
+async def test_a_reasoning_model_answers_responses_with_a_reasoning_item_first() -> None:
+    async with _stack(R1_OUT, ["--reasoning-parser", "deepseek_r1"]) as (s, _):
+        client = openai.AsyncOpenAI(base_url=f"{s.base}/v1", api_key="none", max_retries=0)
+        try:
+            r = await client.responses.create(model=MODEL, input="Capital of France?")
+            assert [item.type for item in r.output] == ["reasoning", "message"]
+            reasoning = r.output[0]
+            assert isinstance(reasoning, ResponseReasoningItem) and reasoning.content
+            assert reasoning.content[0].text == "The user wants the capital. It is Paris.\n"
+            assert r.output_text == "Paris."
+
+            events = [e async for e in await client.responses.create(
+                model=MODEL, input="Capital of France?", stream=True
+            )]  # fmt: skip
+            kinds = [e.type for e in events]
+            assert kinds[:3] == [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+            ]
+            first_text = kinds.index("response.output_text.delta")
+            assert kinds.index("response.reasoning_text.done") < first_text
+            assert (
+                "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+                == reasoning.content[0].text
+            )
+            assert (
+                "".join(e.delta for e in events if e.type == "response.output_text.delta")
+                == "Paris."
+            )
+            done = events[-1]
+            assert done.type == "response.completed"
+            assert [item.type for item in done.response.output] == ["reasoning", "message"]
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+        finally:
+            await client.close()

@@ -100,3 +100,44 @@ def test_the_body_is_a_response_object() -> None:
     assert response.object == "response" and response.output_text == "done"
     assert response.metadata == {"k": "v"} and response.temperature == 0.0
     assert response.output[0].type == "message"
+
+
+def test_reasoning_is_an_item_before_the_message_and_a_cut_leaves_both_incomplete() -> None:
+    b = _builder()
+    b.defer_message = True  # a model with a reasoning parser
+    stream = b.start_events() + b.reasoning_event("Think") + b.reasoning_event("ing.")
+    stream += b.delta_event("Hi")
+    b.finish("stop", USAGE)
+    events = _parse(stream + b.end_events())
+    assert [(e["type"], e.get("output_index")) for e in events] == [
+        ("response.created", None),
+        ("response.in_progress", None),
+        ("response.output_item.added", 0),
+        ("response.reasoning_text.delta", 0),
+        ("response.reasoning_text.delta", 0),
+        ("response.reasoning_text.done", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.content_part.added", 1),
+        ("response.output_text.delta", 1),
+        ("response.output_text.done", 1),
+        ("response.content_part.done", 1),
+        ("response.output_item.done", 1),
+        ("response.completed", None),
+    ]
+    assert events[5]["text"] == "Thinking."
+    final = Response.model_validate(events[-1]["response"])
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == "Hi"
+
+    cut = _builder()
+    cut.defer_message = True
+    stream = cut.start_events() + cut.reasoning_event("Still thinking")
+    cut.finish("length", USAGE)
+    events = _parse(stream + cut.end_events())
+    final = Response.model_validate(events[-1]["response"])
+    assert final.status == "incomplete"
+    assert [(item.type, item.status) for item in final.output] == [
+        ("reasoning", "incomplete"),
+        ("message", "incomplete"),
+    ]

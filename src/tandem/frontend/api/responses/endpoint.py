@@ -32,6 +32,7 @@ from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
 from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
+from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.openai import ChatCompletionRequest, show_value
@@ -163,9 +164,10 @@ class ResponsesEndpoint:
 
 class ResponsesOutput:
     """A Response object, or its events (`Output` of the generate pipeline); `save(b)` runs
-    once the response is complete, before its end is sent."""
+    once the response is complete, before its end is sent. A model's reasoning (its reasoning
+    parser) becomes a reasoning item before the message."""
 
-    __slots__ = ("_b", "_prepared", "_save", "_state")
+    __slots__ = ("_b", "_parser", "_prepared", "_save", "_state")
     keep_text = True
 
     def __init__(
@@ -176,19 +178,35 @@ class ResponsesOutput:
         save: Callable[[ResponseBuilder], None],
     ) -> None:
         self._prepared, self._state, self._b, self._save = prepared, state, b, save
+        self._parser: OutputParser | None = None
+        if prepared.reasoning_parser is not None:
+            self._parser = OutputParser.make(
+                None, prepared.reasoning_parser, prompt_opens_think=prepared.prompt_opens_think
+            )
+            b.defer_message = True
 
     def head(self) -> bytes:
         return self._b.start_events()
 
     def chunks(self, batch: list[Event]) -> bytes:
         b = self._b
-        return b"".join([b.delta_event(event[1]) for event in batch if event[1]])
+        if self._parser is None:
+            return b"".join([b.delta_event(event[1]) for event in batch if event[1]])
+        return b"".join([self._parsed(event[1], final=False) for event in batch if event[1]])
+
+    def _parsed(self, text: str, *, final: bool) -> bytes:
+        assert self._parser is not None
+        reasoning, content, _ = self._parser.feed(text, final=final)
+        b = self._b
+        out = b.reasoning_event(reasoning) if reasoning else b""
+        return (out + b.delta_event(content)) if content else out
 
     def tail(self) -> bytes:
         b = self._b
+        flushed = self._parsed("", final=True) if self._parser is not None else b""
         b.finish(self._state.finish_reason, _usage(self._prepared, self._state))
         self._save(b)
-        return b.end_events()
+        return flushed + b.end_events()
 
     def failed(self, exc: ServingError) -> bytes:
         """OpenAI's error event, then response.failed."""
@@ -197,6 +215,9 @@ class ResponsesOutput:
     def body(self) -> bytes:
         b, state = self._b, self._state
         b.text = "".join(state.text_parts)
+        if self._parser is not None:
+            reasoning, content, _ = self._parser.parse(b.text)
+            b.reasoning, b.text = reasoning, content or ""
         b.finish(state.finish_reason, _usage(self._prepared, state))
         self._save(b)
         return b.body()

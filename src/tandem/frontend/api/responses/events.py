@@ -11,6 +11,12 @@ response streams, in order (each event with `type` and an increasing `sequence_n
     output hit max_output_tokens or the context, with incomplete_details).
 
 An error after the stream started is one `error` event and then response.failed.
+
+A model with a reasoning parser (`frontend/pipeline/parsers/reasoning.py`) answers with a
+reasoning item first when it reasoned: its events (output_item.added, then
+response.reasoning_text.delta × N, response.reasoning_text.done, output_item.done) come at
+output_index 0 before the message item's, which then sits at output_index 1 and opens at the
+first answer text (`defer_message`).
 """
 
 from __future__ import annotations
@@ -37,8 +43,13 @@ class ResponseBuilder:
         self.req, self.model, self.id = req, model, response_id
         self.created_at = int(time.time())
         self.item_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.status = "in_progress"
         self.text = ""
+        self.reasoning: str | None = None  # None: no reasoning item
+        # a reasoning model's message item opens at its first answer text, not at the start
+        self.defer_message = False
+        self._message_open = self._reasoning_done = False
         self.usage: dict[str, Any] | None = None
         self.incomplete_reason: str | None = None
         self.error: dict[str, Any] | None = None
@@ -69,6 +80,20 @@ class ResponseBuilder:
             "content": content,
         }
 
+    def reasoning_item(self, *, done: bool) -> dict[str, Any]:
+        content = [{"type": "reasoning_text", "text": self.reasoning or ""}] if done else []
+        return {
+            "id": self.reasoning_id,
+            "type": "reasoning",
+            "summary": [],
+            "content": content,
+            "status": self._item_status() if done else "in_progress",
+        }
+
+    def output(self) -> list[dict[str, Any]]:
+        message = self.message_item(done=True)
+        return [message] if self.reasoning is None else [self.reasoning_item(done=True), message]
+
     def _item_status(self) -> str:
         return "incomplete" if self.status == "incomplete" else "completed"
 
@@ -93,7 +118,7 @@ class ResponseBuilder:
             "max_output_tokens": req.max_output_tokens,
             "metadata": req.metadata or {},
             "model": self.model,
-            "output": [self.message_item(done=True)] if done else [],
+            "output": self.output() if done else [],
             "parallel_tool_calls": True
             if req.parallel_tool_calls is None
             else req.parallel_tool_calls,
@@ -121,18 +146,26 @@ class ResponseBuilder:
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + _json.encode(data) + b"\n\n"
 
+    def _message_index(self) -> int:
+        return 0 if self.reasoning is None else 1
+
     def _where(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        return {"item_id": self.item_id, "output_index": self._message_index(), "content_index": 0}
 
     def start_events(self) -> bytes:
-        """created, in_progress, the message item added, its text part added."""
-        return b"".join(
+        """created, in_progress, and (unless deferred) the message item and its text part
+        added."""
+        started = self._event("response.created", {"response": self.response()})
+        started += self._event("response.in_progress", {"response": self.response()})
+        return started if self.defer_message else started + self._open_message()
+
+    def _open_message(self) -> bytes:
+        self._message_open = True
+        return self._close_reasoning() + b"".join(
             (
-                self._event("response.created", {"response": self.response()}),
-                self._event("response.in_progress", {"response": self.response()}),
                 self._event(
                     "response.output_item.added",
-                    {"output_index": 0, "item": self.message_item(done=False)},
+                    {"output_index": self._message_index(), "item": self.message_item(done=False)},
                 ),
                 self._event(
                     "response.content_part.added", {**self._where(), "part": self._part("")}
@@ -140,9 +173,34 @@ class ResponseBuilder:
             )
         )
 
-    def delta_event(self, text: str) -> bytes:
-        self.text += text
+    def reasoning_event(self, text: str) -> bytes:
+        """A piece of reasoning (before any answer text: the message item is not open)."""
+        assert not self._message_open, "reasoning after the answer began"
+        opened = b""
+        if self.reasoning is None:
+            self.reasoning = ""
+            item = self.reasoning_item(done=False)
+            opened = self._event("response.output_item.added", {"output_index": 0, "item": item})
+        self.reasoning += text
+        where = {"item_id": self.reasoning_id, "output_index": 0, "content_index": 0}
+        return opened + self._event("response.reasoning_text.delta", {**where, "delta": text})
+
+    def _close_reasoning(self) -> bytes:
+        if self.reasoning is None or self._reasoning_done:
+            return b""
+        self._reasoning_done = True
+        where = {"item_id": self.reasoning_id, "output_index": 0, "content_index": 0}
         return self._event(
+            "response.reasoning_text.done", {**where, "text": self.reasoning}
+        ) + self._event(
+            "response.output_item.done",
+            {"output_index": 0, "item": self.reasoning_item(done=True)},
+        )
+
+    def delta_event(self, text: str) -> bytes:
+        opened = b"" if self._message_open else self._open_message()
+        self.text += text
+        return opened + self._event(
             "response.output_text.delta", {**self._where(), "delta": text, "logprobs": []}
         )
 
@@ -151,6 +209,7 @@ class ResponseBuilder:
         final = "response.incomplete" if self.status == "incomplete" else "response.completed"
         return b"".join(
             (
+                b"" if self._message_open else self._open_message(),
                 self._event(
                     "response.output_text.done",
                     {**self._where(), "text": self.text, "logprobs": []},
@@ -158,7 +217,7 @@ class ResponseBuilder:
                 self._event("response.content_part.done", {**self._where(), "part": self._part()}),
                 self._event(
                     "response.output_item.done",
-                    {"output_index": 0, "item": self.message_item(done=True)},
+                    {"output_index": self._message_index(), "item": self.message_item(done=True)},
                 ),
                 self._event(final, {"response": self.response()}),
             )

@@ -4,7 +4,9 @@
 mocker worker in one process (memory discovery and events, the TCP request plane; the SmolLM2
 tokenizer and chat template), sends one warm-up chat, then records one streamed
 `/v1/chat/completions` request — from its HTTP bytes reaching the frontend's socket to the SSE
-`[DONE]` leaving it — and prints the `src/tandem` files whose code ran on behalf of it.
+`[DONE]` leaving it — and prints the `src/tandem` files whose code ran on behalf of it, marking
+those the frontend's half entered (F) and those only the worker's half did (W: under the
+request plane's server or an engine).
 
 "On behalf of the request" is: Python calls made by event-loop callbacks outside any task (the
 protocols' `data_received`: the frontend's HTTP socket, the request plane's sockets) and in the
@@ -44,10 +46,26 @@ BODY = {
 
 @dataclass
 class Walk:
-    """What one recorded window ran: files in first-entry order, entries per file."""
+    """What one recorded window ran: files in first-entry order, entries per file, and the
+    files the frontend's half entered (the rest ran only in the worker's half)."""
 
     order: list[str] = field(default_factory=list)
     entries: Counter[str] = field(default_factory=Counter)
+    frontend: set[str] = field(default_factory=set)
+
+
+WORKER_SIDE = ("tandem/runtime/tcp/server.py", "tandem/engines/")
+
+
+def _worker_side(frame: FrameType | None) -> bool:
+    """Whether `frame` runs in the worker's half: under the request plane's server or an
+    engine. Everything else in the window is the frontend's half."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(SRC) and name[len(SRC) :].startswith(WORKER_SIDE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _Recorder:
@@ -73,6 +91,8 @@ class _Recorder:
         caller = frame.f_back
         if caller is None or caller.f_code.co_filename != path:
             self.walk.entries[name] += 1  # entered from another file
+        if name not in self.walk.frontend and not _worker_side(frame):
+            self.walk.frontend.add(name)
 
 
 async def _record(action: Any) -> Walk:
@@ -112,16 +132,24 @@ async def walk_one_chat() -> tuple[Walk, Walk]:
     return request, idle
 
 
+def request_path(request: Walk, idle: Walk) -> tuple[list[str], list[str]]:
+    """(the request's files, those of them the frontend's half entered): what ran for the
+    request and not in the idle window, in first-entry order."""
+    path = [f for f in request.order if f not in idle.entries]
+    return path, [f for f in path if f in request.frontend]
+
+
 def main() -> None:
     request, idle = asyncio.run(walk_one_chat())
-    path = [f for f in request.order if f not in idle.entries]
-    print(f"request path: {len(path)} files")
+    path, front = request_path(request, idle)
+    print(f"request path: {len(path)} files, {len(front)} in the frontend's half (F)")
     for name in path:
-        print(f"  {request.entries[name]:3d}  {name}")
+        side = "F" if name in request.frontend else "W"
+        print(f"  {request.entries[name]:3d}  {side}  {name}")
     print(f"background (also ran with no request): {len(idle.order)} files")
     for name in idle.order:
         print(f"       {name}")
-    print(json.dumps({"files": len(path)}))
+    print(json.dumps({"files": len(path), "frontend_files": len(front)}))
 
 
 if __name__ == "__main__":

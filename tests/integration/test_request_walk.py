@@ -1,0 +1,26 @@
+"""The walk of one aggregated, streamed chat completion stays short (issue 29).
+
+`tests/support/request_walk.py` records the `src/tandem` files that run on behalf of one
+request (its docstring defines it). At 74b6e1e, before the structural step, the frontend's half
+entered 34 files (41 with the worker's); the step brought it to the figures below. A change
+that adds a stop to every request's path fails here with the path listed: walk it with
+`python -m tests.support.request_walk` and either keep the request off the new module (a
+feature the request does not use should cost it nothing) or raise the bound knowingly."""
+
+from __future__ import annotations
+
+from tests.support.request_walk import request_path, walk_one_chat
+
+MAX_FRONTEND_FILES = 30
+MAX_FILES = 37
+
+
+async def test_the_walk_of_one_chat_completion_stays_short() -> None:
+    request, idle = await walk_one_chat()
+    path, front = request_path(request, idle)
+    listing = "\n".join(f"  {'F' if f in front else 'W'}  {f}" for f in path)
+    assert len(front) <= MAX_FRONTEND_FILES, f"frontend's half: {len(front)} files\n{listing}"
+    assert len(path) <= MAX_FILES, f"request path: {len(path)} files\n{listing}"
+    assert "tandem/frontend/pipeline/tools.py" not in path, "a chat without tools entered tools"
+    assert "tandem/multimodal/prompt.py" not in path, "a text-only chat entered multimodal"
+    assert not idle.order, f"background loops were counted in the idle window: {idle.order}"

@@ -113,7 +113,8 @@ def test_cluster_secret_never_printed_and_checked(tmp_path) -> None:
         ("abcab" * 8, "only 3 distinct characters"),
         ("a" * 56 + "bcdefghi", "bits of entropy per character"),
         ("0123456789abcdef" * 4, "repeats a 16-character pattern"),
-        (secrets.token_hex(8), "too short"),
+        # a fresh random value under a fixed id: pytest-xdist workers must collect equal ids
+        pytest.param(secrets.token_hex(8), "too short", id="16 random hex digits-too short"),
     ],
 )
 def test_placeholder_and_low_entropy_secrets_are_refused(value: str, why: str) -> None:

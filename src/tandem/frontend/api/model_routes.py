@@ -39,7 +39,9 @@ def served_model(registry: ModelRegistry, name: str) -> bytes:
     return _json.encode(Model(id=model.name, created=model.created, owned_by="tandem"))
 
 
-async def _model_for(registry: ModelRegistry, name: str | None) -> ServedModel:
+async def model_for(registry: ModelRegistry, name: str | None) -> ServedModel:
+    """The served model `name`, once ready; None names the one model served (vLLM's routes
+    take no model), else InvalidRequest listing them."""
     if name is None:
         live = registry.live()
         if len(live) != 1:
@@ -57,7 +59,7 @@ async def tokenize(registry: ModelRegistry, body: bytes) -> bytes:
     req = decode_body(_tokenize_decoder, body)
     if (req.prompt is None) == (req.messages is None):
         raise InvalidRequest("expected exactly one of prompt and messages", param="prompt")
-    model = await _model_for(registry, req.model)
+    model = await model_for(registry, req.model)
     tok = model.require_tokenizer("/tokenize")
     if req.messages is not None:
         if image_parts(req.messages):
@@ -81,13 +83,15 @@ async def tokenize(registry: ModelRegistry, body: bytes) -> bytes:
         ids = await asyncio.to_thread(tok.encode, text, add_special_tokens=special)
     else:
         ids = tok.encode(text, add_special_tokens=special)
-    strs = [tok.decode([t], skip_special_tokens=False) for t in ids]
+    strs = None
+    if req.return_token_strs:  # a decode per token: only when asked (vLLM's flag)
+        strs = [tok.decode([t], skip_special_tokens=False) for t in ids]
     return _json.encode(
         TokenizeResponse(
             count=len(ids),
             max_model_len=model.card.context_length,
             tokens=ids,
-            token_strs=strs if req.return_token_strs else None,
+            token_strs=strs,
         )
     )
 
@@ -95,7 +99,7 @@ async def tokenize(registry: ModelRegistry, body: bytes) -> bytes:
 async def detokenize(registry: ModelRegistry, body: bytes) -> bytes:
     """POST /detokenize: the text of token ids (special tokens kept, as vLLM does)."""
     req = decode_body(_detokenize_decoder, body)
-    model = await _model_for(registry, req.model)
+    model = await model_for(registry, req.model)
     tok = model.require_tokenizer("/detokenize")
     if len(req.tokens) > MAX_TOKENIZE_IDS:
         raise InvalidRequest(

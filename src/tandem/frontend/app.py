@@ -22,9 +22,11 @@ from tandem.frontend.api import model_routes
 from tandem.frontend.api.chat import ChatEndpoints
 from tandem.frontend.api.embedder import Embedder
 from tandem.frontend.api.embeddings import EmbeddingsEndpoint
+from tandem.frontend.api.generate_tokens import GenerateTokensEndpoint
 from tandem.frontend.api.messages import PATHS as MESSAGES_PATHS
 from tandem.frontend.api.messages import MessagesEndpoint
 from tandem.frontend.api.openapi import build_openapi
+from tandem.frontend.api.render import RenderEndpoints
 from tandem.frontend.api.request_input import client_request_id
 from tandem.frontend.api.rerank import RERANK_PATHS, SCORE_PATHS, ScoreEndpoints
 from tandem.frontend.api.responses.endpoint import ResponsesEndpoint
@@ -49,6 +51,9 @@ _MODEL_PREFIX = "/v1/models/"
 API_ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
     "/v1/completions": "completions",
+    "/inference/v1/generate": "generate_tokens",
+    "/v1/completions/render": "completions_render",
+    "/v1/chat/completions/render": "chat_completions_render",
     "/v1/models": "models",
     "/v1/route/explain": "route_explain",
     "/v1/embeddings": "embeddings",
@@ -101,6 +106,7 @@ class FrontendApp:
             request_timeout_s=request_timeout_s,
         )
         chat = ChatEndpoints(registry, self.pipeline)
+        render = RenderEndpoints(registry, self.pipeline)
         # its store holds `previous_response_id`s
         self.responses = ResponsesEndpoint(registry, self.pipeline)
         messages = MessagesEndpoint(registry, self.pipeline)
@@ -110,6 +116,9 @@ class FrontendApp:
         self._routes = {
             ("POST", "/v1/chat/completions"): chat.chat_completions,
             ("POST", "/v1/completions"): chat.completions,
+            ("POST", "/inference/v1/generate"): GenerateTokensEndpoint(registry, self.pipeline),
+            ("POST", "/v1/completions/render"): render.completions,
+            ("POST", "/v1/chat/completions/render"): render.chat_completions,
             ("GET", "/v1/models"): self.list_models,
             ("GET", "/health"): self.health,
             ("GET", "/live"): self.live,

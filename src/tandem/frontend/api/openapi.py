@@ -19,6 +19,7 @@ from tandem.protocols.anthropic import CountTokensRequest, MessagesRequest
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 from tandem.protocols.openai_embedding import EmbeddingRequest
 from tandem.protocols.openai_responses import ResponsesRequest
+from tandem.protocols.tokens_generate import GenerateRequest, GenerateResponse
 from tandem.protocols.rerank import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
 
 TITLE = "tandem"
@@ -47,6 +48,23 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
         CompletionRequest,
         t.CompletionResponse,
         stream_chunk=t.CompletionChunk,
+    ),
+    ("POST", "/inference/v1/generate"): RouteDoc(
+        "Generate from token ids, answer token ids (vLLM's tokens-in/tokens-out generate)",
+        GenerateRequest,
+        GenerateResponse,
+        stream_chunk=GenerateResponse,
+    ),
+    ("POST", "/v1/completions/render"): RouteDoc(
+        "A completions body as tokens-in requests, one per prompt, without generating (vLLM)",
+        CompletionRequest,
+        list[GenerateRequest],
+    ),
+    ("POST", "/v1/chat/completions/render"): RouteDoc(
+        "A chat body as a tokens-in request (the templated prompt's ids), without generating "
+        "(vLLM)",
+        ChatCompletionRequest,
+        GenerateRequest,
     ),
     ("POST", "/v1/embeddings"): RouteDoc(
         "Create embeddings (OpenAI)", EmbeddingRequest, t.EmbeddingResponse

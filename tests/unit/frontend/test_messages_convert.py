@@ -173,6 +173,8 @@ def test_what_tandem_does_not_honour_is_refused_by_name() -> None:
     _refused("thinking.budget_tokens", thinking={"type": "enabled", "budget_tokens": 512})
     _refused("thinking.budget_tokens", thinking={"type": "enabled", "budget_tokens": 2048})
     _refused("thinking.display", thinking={"type": "adaptive", "display": "omitted"})
+    forced = {"tools": [WEATHER], "tool_choice": {"type": "any"}}
+    _refused("tool_choice", thinking={"type": "adaptive"}, **forced)
     _refused("service_tier", service_tier="priority")
     _refused("speed", speed="fast")
     _refused("output_config", output_config={"effort": "high"})

@@ -15,7 +15,19 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from tests.support.smollm2 import smollm2_gguf
 
-from tandem.errors import InvalidRequest, Overloaded
+from tandem.errors import (
+    DeadlineExceeded,
+    EngineError,
+    Forbidden,
+    InvalidRequest,
+    ModelNotFound,
+    NoWorkersAvailable,
+    Overloaded,
+    PeerGone,
+    RateLimited,
+    Unauthorized,
+)
+from tandem.frontend import errors as http_errors
 from tandem.frontend.api.messages_stream import MessageOutput
 from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState
@@ -189,3 +201,21 @@ def test_reasoning_streams_as_a_thinking_block_before_the_text() -> None:
     body, _ = _run("<think>Two and two.</think>Four.", stream=False, reasoning=True)
     unary = Message.model_validate_json(body).model_dump(exclude_none=True)
     assert unary == message.model_dump(exclude_none=True)
+
+
+def test_errors_have_anthropics_statuses_and_types() -> None:
+    cases = [
+        (InvalidRequest("x"), 400, "invalid_request_error"),
+        (Unauthorized("x"), 401, "authentication_error"),
+        (Forbidden("x"), 403, "permission_error"),
+        (ModelNotFound("x"), 404, "not_found_error"),
+        (RateLimited("x"), 429, "rate_limit_error"),
+        (Overloaded("x"), 529, "overloaded_error"),
+        (NoWorkersAvailable("x"), 529, "overloaded_error"),
+        (PeerGone("x"), 503, "api_error"),
+        (DeadlineExceeded("x"), 504, "timeout_error"),
+        (EngineError("x"), 500, "api_error"),
+    ]
+    for exc, status, kind in cases:
+        assert http_errors.anthropic_status(exc) == status, exc
+        assert http_errors.anthropic_error(exc)["error"]["type"] == kind, exc

@@ -104,6 +104,12 @@ def chat_equivalent(
             origins.append(origin)
     tools = [_tool(i, t) for i, t in enumerate(req.tools)] if req.tools is not None else None
     tool_choice, parallel = _tool_choice(req.tool_choice)
+    if thinking and tool_choice not in (None, "auto", "none"):
+        raise InvalidRequest(
+            "tool_choice forces a tool call, which thinking cannot precede (as Anthropic "
+            "answers); with thinking use tool_choice 'auto' or 'none'",
+            param="tool_choice",
+        )
     fields: dict[str, Any] = {}
     if isinstance(req, MessagesRequest):
         fields = {

@@ -19,8 +19,8 @@ from tandem.protocols.anthropic import CountTokensRequest, MessagesRequest
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 from tandem.protocols.openai_embedding import EmbeddingRequest
 from tandem.protocols.openai_responses import ResponsesRequest
-from tandem.protocols.tokens_generate import GenerateRequest, GenerateResponse
 from tandem.protocols.rerank import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
+from tandem.protocols.tokens_generate import GenerateRequest, GenerateResponse
 
 TITLE = "tandem"
 REF = "#/components/schemas/{name}"

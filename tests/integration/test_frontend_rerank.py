@@ -132,7 +132,8 @@ BAD_RERANK = [
     ({"documents": ["ok", {"content": "x"}]}, "documents[1]"),
     ({"documents": ["x"] * MAX_INPUTS}, "documents"),
     ({"top_n": -1}, "top_n"),
-    ({"max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+    ({"max_tokens_per_doc": -1}, "max_tokens_per_doc"),
+    ({"instruction": "Judge relevance"}, "instruction"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"rank_fields": ["title"]}, "rank_fields"),
     ({"max_chunks_per_doc": 2}, "max_chunks_per_doc"),
@@ -189,14 +190,20 @@ async def test_too_long_inputs_are_named_or_cut_as_asked() -> None:
             s, "/v1/embeddings", {"model": MODEL, "input": [ids[QUERY], head, tail]}
         )
         q, h, t = np.array([d["embedding"] for d in out["data"]], dtype=np.float64)
-        # Cohere's max_tokens_per_doc keeps a document's first N tokens, vLLM's
-        # truncate_prompt_tokens every input's last N; usage counts what was embedded
-        for field, kept in (("max_tokens_per_doc", h), ("truncate_prompt_tokens", t)):
-            status, out = await _post(s, "/v1/rerank", {**body, field: 8})
+        # max_tokens_per_doc keeps a document's first N tokens, truncate_prompt_tokens every
+        # text's last N (or its first N, truncation_side right); usage counts what was embedded
+        cuts = (
+            ({"max_tokens_per_doc": 8}, h),
+            ({"truncate_prompt_tokens": 8}, t),
+            ({"truncate_prompt_tokens": 8, "truncation_side": "right"}, h),
+        )
+        for fields, kept in cuts:
+            status, out = await _post(s, "/v1/rerank", {**body, **fields, "request_id": "r-7"})
             assert status == 200, out
             (got,) = [r["relevance_score"] for r in out["results"] if r["index"] == 1]
-            assert got == pytest.approx(q @ kept, abs=1e-5), field
+            assert got == pytest.approx(q @ kept, abs=1e-5), fields
             assert out["usage"]["prompt_tokens"] == len(ids[QUERY]) + len(ids["ok"]) + 8
+            assert out["id"] == "rerank-r-7"  # vLLM's request_id
 
 
 async def test_a_model_whose_workers_cannot_embed_is_refused_by_name() -> None:

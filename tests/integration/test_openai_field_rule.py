@@ -9,18 +9,25 @@ in the OpenAI API reference (platform.openai.com/docs/api-reference/chat/create 
 that reference, so its `CompletionCreateParamsStreaming` TypedDicts carry the same names;
 `test_the_lists_match_the_sdk` checks the lists against the installed SDK, so a field a newer
 SDK adds fails here until it is given a rule.
+
+/v1/rerank and /v1/score follow the same rule over the fields of vLLM's rerank and score
+requests (checked against .venv-vllm's vLLM where it is built) and Jina's and Cohere's rerank
+fields.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import logging
 import typing
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 from openai.types import completion_create_params
@@ -28,8 +35,11 @@ from openai.types.chat import completion_create_params as chat_create_params
 from tests.support.frontend_stack import CHAT, FrontendStack
 from tests.support.smollm2 import smollm2_gguf
 
+from tandem.engines.mocker.config import MockerConfig
+from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import NativeEngine
+from tandem.protocols.rerank import RerankRequest, ScoreRequest
 from tandem.tokens.tokenizer import ModelTokenizer, load_tokenizer
 
 pytestmark = [pytest.mark.native, pytest.mark.timeout(240)]
@@ -257,3 +267,164 @@ async def test_every_openai_field_has_its_effect_or_a_400_naming_it(
         chat_done |= await _tool_effects(client)
         assert set(CHAT_FIELDS) - chat_done == set()
         assert set(COMPLETION_FIELDS) - text_done == set()
+
+
+# /v1/rerank and /v1/score: the fields of vLLM's RerankRequest and Score*Request (vLLM 0.32:
+# entrypoints/pooling/scoring/protocol.py and pooling/base/protocol.py), Jina's and Cohere's
+# rerank fields, and the activation switches older vLLM took before use_activation
+VLLM_SCORING = (
+    "model", "user", "truncate_prompt_tokens", "padding", "truncation_side", "request_id",
+    "priority", "mm_processor_kwargs", "cache_salt", "use_activation", "max_tokens_per_query",
+    "max_tokens_per_doc", "instruction", "chat_template_kwargs",
+)  # fmt: skip
+VLLM_RERANK = (*VLLM_SCORING, "query", "documents", "top_n")
+VLLM_SCORE_PAIRS = ("text_1", "text_2", "data_1", "data_2", "queries", "documents", "items")
+RERANK_FIELDS = (*VLLM_RERANK, "return_documents", "rank_fields", "max_chunks_per_doc",
+                 "softmax", "activation")  # fmt: skip
+SCORE_FIELDS = (*VLLM_SCORING, *VLLM_SCORE_PAIRS, "softmax", "activation")
+SCORING_REFUSED = {
+    "priority": 3,
+    "use_activation": True,
+    "softmax": True,
+    "activation": True,
+    "mm_processor_kwargs": {"size": 4},
+    "instruction": "Judge relevance",
+    "chat_template_kwargs": {"instruction": "x"},
+    "padding": "max_length",
+}
+RERANK_REFUSED = {**SCORING_REFUSED, "rank_fields": ["title"], "max_chunks_per_doc": 2}
+QUERY, DOCS = "Where did the cat sit?", ["The cat sat on the mat.", "Markets fell.", "A dog ran."]
+
+
+def test_the_rerank_and_score_lists_match_the_request_models() -> None:
+    assert {f.name for f in msgspec.structs.fields(RerankRequest)} == set(RERANK_FIELDS)
+    assert {f.name for f in msgspec.structs.fields(ScoreRequest)} == set(SCORE_FIELDS)
+
+
+def test_the_rerank_and_score_lists_match_the_installed_vllm() -> None:
+    """Read from .venv-vllm's source (importing vLLM takes a minute): a field a newer vLLM
+    adds fails here until it is given a rule."""
+    venv = Path(__file__).resolve().parents[2] / ".venv-vllm"
+    found = sorted(venv.glob("lib/python3*/site-packages/vllm/entrypoints/pooling"))
+    if not found:
+        pytest.skip(".venv-vllm is not built")
+    fields = _pydantic_fields(found[0] / "base/protocol.py", found[0] / "scoring/protocol.py")
+    assert fields("RerankRequest") == set(VLLM_RERANK)
+    for name, pair in [
+        ("ScoreTextRequest", ("text_1", "text_2")),
+        ("ScoreDataRequest", ("data_1", "data_2")),
+        ("ScoreQueriesDocumentsRequest", ("queries", "documents")),
+        ("ScoreQueriesItemsRequest", ("queries", "items")),
+    ]:
+        assert fields(name) == {*VLLM_SCORING, *pair}, name
+
+
+def _pydantic_fields(*files: Path) -> Callable[[str], set[str]]:
+    """Annotated class attributes of the classes in `files`, bases (found there) included."""
+    classes: dict[str, tuple[list[str], set[str]]] = {}
+    for file in files:
+        for node in ast.parse(file.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                own = {
+                    item.target.id
+                    for item in node.body
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                }
+                classes[node.name] = (bases, own)
+
+    def fields(name: str) -> set[str]:
+        bases, own = classes.get(name, ([], set()))
+        return own.union(*(fields(b) for b in bases))
+
+    return fields
+
+
+async def test_every_rerank_and_score_field_has_its_effect_or_a_400_naming_it() -> None:
+    """On a mocker worker: every effect here is the frontend's (which texts, cut where, which
+    results, which id), the same whatever engine embeds; the native engine's scores are
+    tests/integration/test_frontend_rerank_native.py's."""
+    async with AsyncExitStack() as exit_stack:
+        s = FrontendStack(exit_stack)
+        await s.add_worker(MockerEngine(MockerConfig(speedup_ratio=0)))
+        ready = {"model": MODEL, "query": "q", "documents": ["d"]}
+        await s.start_frontend(ready, ready_path="/v1/rerank")
+        rerank_done = await _rerank_effects(s)
+        score_done = await _score_effects(s)
+        for path, refused in (("/v1/rerank", RERANK_REFUSED), ("/v1/score", SCORING_REFUSED)):
+            base = (
+                {"model": MODEL, "query": QUERY, "documents": DOCS}
+                if path == "/v1/rerank"
+                else {"model": MODEL, "text_1": QUERY, "text_2": DOCS}
+            )
+            for field, value in refused.items():
+                status, error = await _post(s, path, {**base, field: value})
+                assert status == 400 and error["param"] == field, (path, error)
+                assert "not supported" in error["message"] and "accepted" in error["message"]
+        assert set(RERANK_FIELDS) - rerank_done - set(RERANK_REFUSED) == set()
+        assert set(SCORE_FIELDS) - score_done - set(SCORING_REFUSED) == set()
+
+
+async def _post(s: FrontendStack, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    assert s.http is not None
+    async with s.http.post(f"{s.base}{path}", data=json.dumps(body)) as resp:
+        out = await resp.json()
+        return resp.status, out.get("error", out)
+
+
+async def _rerank_effects(s: FrontendStack) -> set[str]:
+    body = {"model": MODEL, "query": QUERY, "documents": DOCS}
+    lengths = [len(_tokenizer().encode(t)) for t in (QUERY, *DOCS)]
+    assert min(lengths) > 2
+
+    async def rerank(**kw: Any) -> Any:
+        status, out = await _post(s, "/v1/rerank", {**body, **kw})
+        assert status == 200, out
+        return out
+
+    base = await rerank()
+    assert base["model"] == MODEL and len(base["results"]) == 3  # model, query, documents
+    assert base["usage"]["prompt_tokens"] == sum(lengths)
+    scores = [r["relevance_score"] for r in base["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert (await rerank(top_n=1))["results"] == base["results"][:1]
+    assert all("document" not in r for r in (await rerank(return_documents=False))["results"])
+    assert (await rerank(max_tokens_per_doc=1))["usage"]["prompt_tokens"] == lengths[0] + 3
+    got = (await rerank(max_tokens_per_query=1))["usage"]["prompt_tokens"]
+    assert got == 1 + sum(lengths[1:])
+    left = await rerank(truncate_prompt_tokens=2)
+    assert left["usage"]["prompt_tokens"] == 2 * 4  # every text keeps 2 tokens
+    right = await rerank(truncate_prompt_tokens=2, truncation_side="right")
+    assert left["results"] != right["results"]  # truncation_side: other tokens kept
+    assert (await rerank(request_id="abc-1"))["id"] == "rerank-abc-1"
+    # accepted: tandem keeps no per-user state, and an embedding never reads or fills the
+    # prefix cache that cache_salt salts
+    assert (await rerank(user="u-1", cache_salt="salt"))["results"] == base["results"]
+    return {
+        "model", "query", "documents", "top_n", "return_documents", "max_tokens_per_doc",
+        "max_tokens_per_query", "truncate_prompt_tokens", "truncation_side", "request_id",
+        "user", "cache_salt",
+    }  # fmt: skip
+
+
+async def _score_effects(s: FrontendStack) -> set[str]:
+    async def score(**kw: Any) -> Any:
+        status, out = await _post(s, "/v1/score", {"model": MODEL, **kw})
+        assert status == 200, out
+        return out
+
+    base = await score(text_1=QUERY, text_2=DOCS)
+    assert base["model"] == MODEL and len(base["data"]) == 3
+    for first, second in (("data_1", "data_2"), ("queries", "documents"), ("queries", "items")):
+        assert (await score(**{first: QUERY, second: DOCS}))["data"] == base["data"], first
+    pairs = {"text_1": QUERY, "text_2": DOCS}
+    cut = await score(**pairs, max_tokens_per_doc=1, max_tokens_per_query=1)
+    assert cut["usage"]["prompt_tokens"] == 1 + 3
+    kept = await score(**pairs, truncate_prompt_tokens=1, truncation_side="right")
+    assert kept["usage"]["prompt_tokens"] == 4 and kept["data"] == cut["data"]
+    assert (await score(**pairs, request_id="s-1"))["id"] == "score-s-1"
+    assert (await score(**pairs, user="u", cache_salt="x"))["data"] == base["data"]
+    return {
+        "model", *VLLM_SCORE_PAIRS, "max_tokens_per_doc", "max_tokens_per_query",
+        "truncate_prompt_tokens", "truncation_side", "request_id", "user", "cache_salt",
+    }  # fmt: skip

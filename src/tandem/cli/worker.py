@@ -92,8 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str] | None = None
     group.add_argument(
         "--embedding-only",
         action="store_true",
-        help="serve only /v1/embeddings (the `embed` endpoint; generation requests go to other "
-        "workers, or get a 400 naming the model); native and mocker engines",
+        help="serve only /v1/embeddings, /v1/rerank and /v1/score (the `embed` endpoint; "
+        "generation requests go to other workers, or get a 400 naming the model); native and "
+        "mocker engines",
     )
     group.add_argument(
         "--system-port",

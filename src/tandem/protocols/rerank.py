@@ -10,6 +10,7 @@ need the model (vocabulary, context length) are in `tandem.frontend.api.embedder
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -18,16 +19,26 @@ from tandem.errors import InvalidRequest
 from tandem.protocols.openai import Unsupported, check_unsupported, show_value
 from tandem.protocols.openai_embedding import MAX_INPUTS
 
+MAX_REQUEST_ID_CHARS = 128  # the X-Request-ID rule
+_REQUEST_ID = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
 _NO_ACTIVATION = (
     "the score is the cosine similarity of the model's pooled embeddings, not a classifier's "
     "logit: there is no activation to apply"
 )
+_NO_TEMPLATE = (
+    "the embedding model takes each text as it is: no score template to give an instruction to"
+)
 _SHARED_UNSUPPORTED = {
     "priority": Unsupported((None, 0), "embedding calls have one priority here"),
     "use_activation": Unsupported((None, False), _NO_ACTIVATION),
-    "softmax": Unsupported((None, False), _NO_ACTIVATION),
-    "activation": Unsupported((None, False), _NO_ACTIVATION),
+    "softmax": Unsupported((None, False), _NO_ACTIVATION),  # vLLM before use_activation
+    "activation": Unsupported((None, False), _NO_ACTIVATION),  # vLLM before use_activation
     "mm_processor_kwargs": Unsupported((None, {}), "inputs are text only"),
+    "instruction": Unsupported((None,), _NO_TEMPLATE),
+    "chat_template_kwargs": Unsupported((None, {}), _NO_TEMPLATE),
+    "padding": Unsupported(
+        (None, "do_not_pad"), "the pooled mean is over a text's own tokens: never padded"
+    ),
 }
 UNSUPPORTED_RERANK = {
     **_SHARED_UNSUPPORTED,
@@ -53,18 +64,27 @@ class RerankRequest(msgspec.Struct, kw_only=True):
 
     model: str
     query: str
-    documents: list[Any]  # strings or {"text": str}; checked by `rerank_documents`
+    # a string, or a list of strings or {"text": str}; checked by `rerank_documents`
+    documents: str | list[Any]
     top_n: int | None = None  # None or 0 (vLLM's default): every document
     return_documents: bool = True  # Jina's default (vLLM always returns them)
-    max_tokens_per_doc: int | None = None  # Cohere v2: each document cut to its first N tokens
-    truncate_prompt_tokens: int | None = None  # vLLM: each input cut to its last N tokens
-    rank_fields: Any = None
-    max_chunks_per_doc: Any = None
+    rank_fields: Any = None  # Cohere v1
+    max_chunks_per_doc: Any = None  # Cohere v1
+    user: str | None = None  # accepted; tandem keeps no per-user state
+    request_id: str | None = None  # the answer's id is "<rerank|score>-<request_id>"
+    cache_salt: str | None = None  # accepted: an embedding never reads or fills the prefix cache
+    max_tokens_per_query: int = 0  # each query (first text) cut to its first N tokens; 0: uncut
+    max_tokens_per_doc: int = 0  # each document (second text) cut to its first N tokens; 0: uncut
+    truncate_prompt_tokens: int | None = None  # each text cut to N tokens (-1: the context)
+    truncation_side: str | None = None  # which end truncate_prompt_tokens cuts; unset: "left"
     priority: Any = None
     use_activation: Any = None
     softmax: Any = None
     activation: Any = None
     mm_processor_kwargs: Any = None
+    instruction: Any = None
+    chat_template_kwargs: Any = None
+    padding: Any = None
 
 
 class ScoreRequest(msgspec.Struct, kw_only=True):
@@ -79,12 +99,21 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
     queries: str | list[Any] | None = None
     documents: str | list[Any] | None = None
     items: str | list[Any] | None = None
-    truncate_prompt_tokens: int | None = None  # vLLM: each input cut to its last N tokens
+    user: str | None = None  # accepted; tandem keeps no per-user state
+    request_id: str | None = None  # the answer's id is "<rerank|score>-<request_id>"
+    cache_salt: str | None = None  # accepted: an embedding never reads or fills the prefix cache
+    max_tokens_per_query: int = 0  # each query (first text) cut to its first N tokens; 0: uncut
+    max_tokens_per_doc: int = 0  # each document (second text) cut to its first N tokens; 0: uncut
+    truncate_prompt_tokens: int | None = None  # each text cut to N tokens (-1: the context)
+    truncation_side: str | None = None  # which end truncate_prompt_tokens cuts; unset: "left"
     priority: Any = None
     use_activation: Any = None
     softmax: Any = None
     activation: Any = None
     mm_processor_kwargs: Any = None
+    instruction: Any = None
+    chat_template_kwargs: Any = None
+    padding: Any = None
 
 
 def validate_rerank(req: RerankRequest) -> tuple[list[str], list[str]]:
@@ -92,24 +121,22 @@ def validate_rerank(req: RerankRequest) -> tuple[list[str], list[str]]:
     for errors. Raises InvalidRequest naming the field."""
     _check_model(req.model)
     check_unsupported(req, UNSUPPORTED_RERANK)
-    _check_truncate(req.truncate_prompt_tokens)
+    check_cuts(req)
     if req.top_n is not None and req.top_n < 0:
         raise InvalidRequest(
             f"top_n={req.top_n} is invalid; expected an integer >= 1 (0 or unset: every document)",
             param="top_n",
-        )
-    if req.max_tokens_per_doc is not None and req.max_tokens_per_doc < 1:
-        raise InvalidRequest(
-            f"max_tokens_per_doc={req.max_tokens_per_doc} is invalid; expected an integer >= 1",
-            param="max_tokens_per_doc",
         )
     _check_text(req.query, "query")
     documents = rerank_documents(req.documents)
     return [req.query, *documents], ["query", *(f"documents[{i}]" for i in range(len(documents)))]
 
 
-def rerank_documents(value: list[Any]) -> list[str]:
-    """Each document's text: a non-empty string, or an object whose `text` is one."""
+def rerank_documents(value: str | list[Any]) -> list[str]:
+    """Each document's text: a non-empty string, or an object whose `text` is one (a lone
+    string is one document, as vLLM takes it)."""
+    if isinstance(value, str):
+        value = [value]
     if not value:
         raise InvalidRequest(
             "documents is an empty list; expected at least one document", param="documents"
@@ -154,7 +181,7 @@ def validate_score(req: ScoreRequest) -> ScorePairs:
     """The pairs to score; raises InvalidRequest naming the field."""
     _check_model(req.model)
     check_unsupported(req, UNSUPPORTED_SCORE)
-    _check_truncate(req.truncate_prompt_tokens)
+    check_cuts(req)
     names = [n for n in _SCORE_FIELDS if getattr(req, n) is not None]
     pair = next((p for p in SCORE_FIELD_PAIRS if set(p) == set(names)), None)
     if pair is None:
@@ -213,12 +240,33 @@ def _check_model(model: str) -> None:
         raise InvalidRequest("model='' is invalid; expected a non-empty model name", param="model")
 
 
-def _check_truncate(value: int | None) -> None:
+def check_cuts(req: RerankRequest | ScoreRequest) -> None:
+    """The fields that cut texts, and `request_id`; raises InvalidRequest naming the field."""
+    value = req.truncate_prompt_tokens
     if value is not None and value != -1 and value < 1:
         raise InvalidRequest(
             f"truncate_prompt_tokens={value} is invalid; expected -1 (the model's context "
-            "length) or an integer >= 1 (each input keeps its last N tokens)",
+            "length) or an integer >= 1 (each text keeps N tokens)",
             param="truncate_prompt_tokens",
+        )
+    if req.truncation_side not in (None, "left", "right"):
+        raise InvalidRequest(
+            f"truncation_side={show_value(req.truncation_side)} is invalid; expected left "
+            "(keep the last tokens) or right (keep the first)",
+            param="truncation_side",
+        )
+    for name in ("max_tokens_per_query", "max_tokens_per_doc"):
+        if getattr(req, name) < 0:
+            raise InvalidRequest(
+                f"{name}={getattr(req, name)} is invalid; expected an integer >= 0 (0: uncut)",
+                param=name,
+            )
+    rid = req.request_id
+    if rid is not None and (len(rid) > MAX_REQUEST_ID_CHARS or not _REQUEST_ID.fullmatch(rid)):
+        raise InvalidRequest(
+            f"request_id={show_value(rid)} is invalid; expected 1 to {MAX_REQUEST_ID_CHARS} "
+            "printable ASCII characters without spaces",
+            param="request_id",
         )
 
 

@@ -1,6 +1,6 @@
 """The rerank and score answers from vectors: cosine per pair, best first, ties in document
-order, `top_n`, `return_documents`, and the cuts `max_tokens_per_doc` and
-`truncate_prompt_tokens` ask for."""
+order, `top_n`, `return_documents`, and the cuts vLLM's `max_tokens_per_query`,
+`max_tokens_per_doc`, `truncate_prompt_tokens` and `truncation_side` ask for."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from tandem.frontend.api.rerank import cosines, cut_inputs, rerank_response, score_response
-from tandem.protocols.discovery import ModelCard
 from tandem.protocols.rerank import RerankRequest, ScoreResponse
 
 DOCS = ["d0", "d1", "d2", "d3"]
@@ -70,11 +69,19 @@ def test_score_response_is_one_score_per_pair_in_order() -> None:
     assert out["object"] == "list" and out["usage"]["completion_tokens"] == 0
 
 
-def test_cuts_keep_the_first_tokens_of_documents_or_the_last_of_every_input() -> None:
-    card = ModelCard(name="m", context_length=3, block_size=16, num_total_blocks=1)
+def _cut(inputs: list[list[int]], num_firsts: int = 1, **kw: Any) -> list[list[int]]:
+    return cut_inputs(inputs, num_firsts, 3, _req(**kw))
+
+
+def test_cuts_are_vllms_first_n_per_query_or_document_then_the_last_or_first_n() -> None:
     inputs = [[1, 2, 3, 4, 5], [6, 7, 8, 9], [10]]
-    assert cut_inputs(inputs, card, None, None) == inputs
-    assert cut_inputs(inputs, card, None, 2) == [[1, 2, 3, 4, 5], [6, 7], [10]]  # query whole
-    assert cut_inputs(inputs, card, 2, None) == [[4, 5], [8, 9], [10]]
-    assert cut_inputs(inputs, card, -1, None) == [[3, 4, 5], [7, 8, 9], [10]]  # the context
-    assert cut_inputs(inputs, card, 1, 3) == [[5], [8], [10]]  # first N, then last N
+    assert _cut(inputs) == inputs
+    assert _cut(inputs, max_tokens_per_doc=2) == [[1, 2, 3, 4, 5], [6, 7], [10]]
+    assert _cut(inputs, max_tokens_per_query=2) == [[1, 2], [6, 7, 8, 9], [10]]
+    assert _cut(inputs, 2, max_tokens_per_query=2) == [[1, 2], [6, 7], [10]]  # N:N score
+    assert _cut(inputs, truncate_prompt_tokens=2) == [[4, 5], [8, 9], [10]]
+    right = _cut(inputs, truncate_prompt_tokens=2, truncation_side="right")
+    assert right == [[1, 2], [6, 7], [10]]
+    assert _cut(inputs, truncate_prompt_tokens=-1) == [[3, 4, 5], [7, 8, 9], [10]]  # context
+    both = _cut(inputs, max_tokens_per_doc=3, truncate_prompt_tokens=1)
+    assert both == [[5], [8], [10]]  # first N, then last N

@@ -55,7 +55,14 @@ def test_rerank_texts_are_the_query_then_each_document_string_or_object() -> Non
     ({"documents": [3]}, "documents[0]"),
     ({"documents": ["d"] * MAX_INPUTS}, "documents"),  # the query takes one slot of the call
     ({"top_n": -1}, "top_n"),
-    ({"max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+    ({"max_tokens_per_doc": -1}, "max_tokens_per_doc"),
+    ({"max_tokens_per_query": -1}, "max_tokens_per_query"),
+    ({"truncation_side": "middle"}, "truncation_side"),
+    ({"request_id": "has space"}, "request_id"),
+    ({"request_id": "x" * 129}, "request_id"),
+    ({"instruction": "Judge relevance"}, "instruction"),
+    ({"chat_template_kwargs": {"instruction": "x"}}, "chat_template_kwargs"),
+    ({"padding": "max_length"}, "padding"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"rank_fields": ["title"]}, "rank_fields"),
@@ -72,7 +79,10 @@ def test_rerank_refusals_name_the_field(change: dict[str, Any], param: str) -> N
 
 def test_rerank_accepts_the_values_that_ask_for_nothing_missing() -> None:
     ok = {"priority": 0, "use_activation": False, "mm_processor_kwargs": {}, "top_n": 0}
-    validate_rerank(_rerank(**ok, truncate_prompt_tokens=-1, max_tokens_per_doc=1))
+    ok |= {"padding": "do_not_pad", "chat_template_kwargs": {}, "max_tokens_per_doc": 0}
+    ok |= {"user": "u", "cache_salt": "s", "request_id": "r-1", "truncation_side": "right"}
+    validate_rerank(_rerank(**ok, truncate_prompt_tokens=-1, max_tokens_per_query=1))
+    assert validate_rerank(_rerank(documents="one"))[0] == ["q", "one"]  # vLLM takes a string
     validate_rerank(_rerank(documents=["d"] * (MAX_INPUTS - 1)))
 
 
@@ -115,6 +125,8 @@ def test_score_takes_each_of_vllms_names_for_the_two_sides(first: str, second: s
     ({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"text_1": "a", "text_2": "b", "softmax": True}, "softmax"),
     ({"text_1": "a", "text_2": "b", "priority": -1}, "priority"),
+    ({"text_1": "a", "text_2": "b", "max_tokens_per_doc": -1}, "max_tokens_per_doc"),
+    ({"text_1": "a", "text_2": "b", "instruction": "x"}, "instruction"),
 ])  # fmt: skip
 def test_score_refusals_name_the_field(body: dict[str, Any], param: str) -> None:
     assert _param(lambda: validate_score(_score(**body))) == param

@@ -14,8 +14,9 @@ hash-seeded (`engines/mocker/embedding.py`): equal token ids score 1, anything e
 1. Decode and check the body (400 naming the field); the model must have a worker that
    embeds (its card lists the "embed" task), else 400 naming the model and the route.
 2. One admission slot; every text (the query and the documents, or both sides of the pairs,
-   a lone `text_1` embedded once) is tokenized, cut as asked (`truncate_prompt_tokens`:
-   each keeps its last N tokens, as vLLM; `max_tokens_per_doc`: each document its first N),
+   a lone `text_1` embedded once) is tokenized, cut as asked (vLLM's `max_tokens_per_query`,
+   `max_tokens_per_doc`: the first N tokens; `truncate_prompt_tokens`: the last N, or the
+   first with `truncation_side: right`),
    checked (vocabulary, context length, MAX_TOTAL_TOKENS in all) and sent in one routed
    embed call (`embedder.Embedder`, the path `/v1/embeddings` takes).
 3. Scores are dot products of the unit vectors; rerank sorts them best first (ties: the
@@ -37,7 +38,6 @@ from tandem.frontend.api.embedder import Embedder, vectors
 from tandem.frontend.http.server import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.observability.metrics import count_as
-from tandem.protocols.discovery import ModelCard
 from tandem.protocols.rerank import (
     RerankDocument,
     RerankRequest,
@@ -71,15 +71,9 @@ class ScoreEndpoints:
     async def rerank(self, http: HttpRequest, response: HttpResponse) -> None:
         req = _decode(_rerank_decoder, http.body)
         texts, params = validate_rerank(req)
-        request_id = f"rerank-{uuid.uuid4().hex}"
+        request_id = f"rerank-{req.request_id or uuid.uuid4().hex}"
         model, matrix, num_tokens = await self._similarities(
-            http,
-            req.model,
-            texts,
-            params,
-            request_id,
-            keep_last=req.truncate_prompt_tokens,
-            max_tokens_per_doc=req.max_tokens_per_doc,
+            http, req, texts, params, 1, request_id
         )
         scores = cosines(matrix[:1], matrix[1:])
         body = rerank_response(req, request_id, model.name, texts[1:], scores, num_tokens)
@@ -88,16 +82,11 @@ class ScoreEndpoints:
     async def score(self, http: HttpRequest, response: HttpResponse) -> None:
         req = _decode(_score_decoder, http.body)
         pairs = validate_score(req)
-        request_id = f"score-{uuid.uuid4().hex}"
+        request_id = f"score-{req.request_id or uuid.uuid4().hex}"
+        texts, num_firsts = [*pairs.firsts, *pairs.seconds], len(pairs.firsts)
         model, matrix, num_tokens = await self._similarities(
-            http,
-            req.model,
-            [*pairs.firsts, *pairs.seconds],
-            pairs.params(),
-            request_id,
-            keep_last=req.truncate_prompt_tokens,
+            http, req, texts, pairs.params(), num_firsts, request_id
         )
-        num_firsts = len(pairs.firsts)
         scores = cosines(matrix[:num_firsts], matrix[num_firsts:])
         body = score_response(request_id, model.name, scores, num_tokens)
         await response.send(200, _json.encode(body))
@@ -105,17 +94,16 @@ class ScoreEndpoints:
     async def _similarities(
         self,
         http: HttpRequest,
-        model_name: str,
+        req: RerankRequest | ScoreRequest,
         texts: list[str],
         params: list[str],
+        num_firsts: int,
         request_id: str,
-        *,
-        keep_last: int | None = None,
-        max_tokens_per_doc: int | None = None,
     ) -> tuple[ServedModel, np.ndarray, int]:
-        """The model, the unit vectors of `texts` (one row each) and the tokens embedded."""
+        """The model, the unit vectors of `texts` (one row each; the first `num_firsts` are
+        queries, the rest documents) and the number of tokens embedded."""
         route = http.path
-        model = self.registry.get(model_name)
+        model = self.registry.get(req.model)
         model.require_task("embed", route)
         count_as(model.name, stream=False)
         embedder = self.embedder
@@ -126,7 +114,7 @@ class ScoreEndpoints:
             await model.ready()
             card = model.require_task("embed", route)  # instances may change
             inputs = embedder.token_ids(model, texts, params)
-            inputs = cut_inputs(inputs, card, keep_last, max_tokens_per_doc)
+            inputs = cut_inputs(inputs, num_firsts, card.context_length, req)
             embedder.check(model, card, inputs, params, total_param=_total_param(params))
             result = await embedder.embed(http, model, inputs, request_id)
             tally.num_tokens = result.num_tokens
@@ -134,15 +122,25 @@ class ScoreEndpoints:
 
 
 def cut_inputs(
-    inputs: list[list[int]], card: ModelCard, keep_last: int | None, max_tokens_per_doc: int | None
+    inputs: list[list[int]],
+    num_firsts: int,
+    context_length: int,
+    req: RerankRequest | ScoreRequest,
 ) -> list[list[int]]:
-    """`max_tokens_per_doc`: every input after the first (rerank's documents) keeps its first
-    N tokens; then `keep_last`: every input keeps its last N (-1: the context length)."""
-    if max_tokens_per_doc is not None:
-        inputs = [inputs[0], *(ids[:max_tokens_per_doc] for ids in inputs[1:])]
-    if keep_last is not None:
-        n = card.context_length if keep_last == -1 else keep_last
-        inputs = [ids[-n:] for ids in inputs]
+    """The cuts a request asks for, as vLLM makes them: `max_tokens_per_query` keeps each of
+    the first `num_firsts` texts' first N tokens, `max_tokens_per_doc` each later text's (0:
+    uncut); then `truncate_prompt_tokens` keeps every text's last N tokens (`truncation_side`
+    left, the default) or its first N (right); -1 is the context length."""
+    firsts, seconds = inputs[:num_firsts], inputs[num_firsts:]
+    if req.max_tokens_per_query:
+        firsts = [ids[: req.max_tokens_per_query] for ids in firsts]
+    if req.max_tokens_per_doc:
+        seconds = [ids[: req.max_tokens_per_doc] for ids in seconds]
+    inputs = firsts + seconds
+    if req.truncate_prompt_tokens is not None:
+        n = context_length if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
+        right = req.truncation_side == "right"
+        inputs = [ids[:n] if right else ids[-n:] for ids in inputs]
     return inputs
 
 

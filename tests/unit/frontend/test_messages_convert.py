@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tandem.errors import InvalidRequest
 from tandem.frontend.api.messages_convert import chat_equivalent
@@ -237,3 +239,41 @@ def test_chat_errors_are_renamed_to_the_messages_fields() -> None:
     )
     assert eq.rename(InvalidRequest("x", param="stop")).param == "stop_sequences"
     assert eq.rename(InvalidRequest("x", param="messages[0]")).param == "system"
+
+
+_KEYS = st.sampled_from(
+    ["type", "text", "role", "content", "source", "id", "name", "input", "tool_use_id",
+     "is_error", "cache_control", "media_type", "data", "url", "citations", "input_schema",
+     "description", "strict", "budget_tokens", "disable_parallel_tool_use"]
+)  # fmt: skip
+_VALUES = st.sampled_from(
+    ["text", "image", "tool_use", "tool_result", "thinking", "user", "assistant", "system",
+     "base64", "url", "ephemeral", "object", "auto", "any", "tool", "none", "enabled", ""]
+)  # fmt: skip
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 5000) | _VALUES,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=5),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.lists(st.dictionaries(_KEYS, _JSON, max_size=3), min_size=1, max_size=3),
+    system=st.none() | _VALUES | st.lists(st.dictionaries(_KEYS, _JSON, max_size=3), max_size=2),
+    tools=st.none() | st.lists(st.dictionaries(_KEYS, _JSON, max_size=4), max_size=2),
+    tool_choice=st.none() | st.dictionaries(_KEYS, _JSON, max_size=3),
+    thinking=st.none() | st.dictionaries(_KEYS, _JSON, max_size=2),
+)
+def test_any_body_is_translated_or_refused_by_name(**fields: Any) -> None:
+    """Whatever a client sends in the blocks, the conversion answers a chat request or an
+    InvalidRequest naming a field; nothing else escapes (a 500)."""
+    body = {k: v for k, v in fields.items() if v is not None}
+    try:
+        req = _req(**body)
+    except msgspec.ValidationError:
+        return  # the decode's own 400
+    try:
+        chat_equivalent(req)
+    except InvalidRequest as exc:
+        assert exc.param, exc.message

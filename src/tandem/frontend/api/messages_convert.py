@@ -145,7 +145,7 @@ def _thinking(req: CountTokensRequest) -> bool:
         return False
     kind = thinking.get("type")
     allowed = {"enabled": {"type", "budget_tokens"}, "adaptive": {"type"}, "disabled": {"type"}}
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:
         _bad("thinking.type", kind, "'enabled', 'adaptive' or 'disabled'")
     if extra := set(thinking) - allowed[kind]:
         field = sorted(extra)[0]

@@ -5,6 +5,7 @@ input is a 400 naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import AsyncExitStack
 from typing import Any
@@ -16,7 +17,7 @@ from tests.integration.test_frontend_openai import SCRIPT
 from tests.integration.test_frontend_openai import _start as start_fake_workers
 from tests.integration.test_frontend_utility import _validator
 from tests.support.eventually import eventually
-from tests.support.frontend_stack import COMPLETIONS, FrontendStack
+from tests.support.frontend_stack import COMPLETIONS, FrontendStack, start_frontend_task
 from tests.support.smollm2 import smollm2_gguf
 
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
@@ -24,6 +25,7 @@ from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
+from tandem.frontend.config import FrontendConfig
 from tandem.protocols.tokens_generate import (
     UNSUPPORTED_SAMPLING,
     GenerateRequest,
@@ -247,3 +249,28 @@ async def test_bad_input_is_a_400_naming_the_field() -> None:
             status, out, _ = await s.post(GENERATE, body(**{name: value}))  # vLLM's defaults
             assert status == 200, (name, out)
         assert await s.inflight_on_workers() in ([], [0.0])
+
+
+async def test_the_routes_need_an_api_key_when_keys_are_configured() -> None:
+    async with AsyncExitStack() as exit_stack:
+        s = FrontendStack(exit_stack)
+        await s.add_worker(mocker())
+        s.base, s.http = await start_frontend_task(
+            exit_stack, await s.runtime(), FrontendConfig(port=0, api_keys=("k1",))
+        )
+        assert s.http is not None
+        for path, sent in (
+            (GENERATE, body()),
+            ("/v1/completions/render", {"model": MODEL, "prompt": "a"}),
+            ("/v1/chat/completions/render", {"model": MODEL, "messages": []}),
+        ):
+            status, error, _ = await s.post(path, sent)
+            assert status == 401 and error["error"]["code"] == "invalid_api_key", error
+        async with asyncio.timeout(30):
+            while True:  # the worker is discovered
+                async with s.http.post(
+                    f"{s.base}{GENERATE}", json=body(), headers={"Authorization": "Bearer k1"}
+                ) as resp:
+                    if resp.status == 200:
+                        break
+                await asyncio.sleep(0.05)

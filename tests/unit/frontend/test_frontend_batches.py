@@ -227,7 +227,7 @@ async def test_a_long_prompts_first_delta_is_flushed_at_once_in_responses(
         yield [(state, "a", None, None, 1), (state, "b", None, None, 2)]
         yield [(state, "c", None, "stop", 3)]
 
-    prepared = SimpleNamespace(prompt_lens=[prompt_tokens])
+    prepared = SimpleNamespace(prompt_lens=[prompt_tokens], reasoning_parser=None)
     builder = ResponseBuilder(ResponsesRequest(model="m", input="hi"), "m", "resp_1")
     response = RecordingResponse()
     timer = TokenTimer(FrontendMetrics(), "m")

@@ -138,3 +138,24 @@ def test_the_chat_template_decides_where_its_markup_is_certain(
     assert detect_tool_parser(template) == tool
     assert detect_reasoning_parser(template) == reasoning
     assert detect_tool_parser(None) is None and detect_reasoning_parser(None) is None
+
+
+def test_json_nested_deeper_than_the_stack_is_text_not_an_exception() -> None:
+    deep = "[" * 50_000 + "]" * 50_000
+    outputs = {
+        "hermes": '<tool_call>{"name": "get_time", "arguments": {"a": ' + deep + "}}</tool_call>",
+        "llama3_json": '{"name": "get_time", "parameters": {"a": ' + deep + "}}",
+        "mistral": '[TOOL_CALLS]get_time[ARGS]{"a": ' + deep + "}",
+        "pythonic": "[get_time(a=" + deep + ")]",
+    }
+    for fmt, text in outputs.items():
+        assert make_tool_parser(fmt).parse(text) == (text, []), fmt
+        content, calls, _ = stream(fmt, [text[: len(text) // 2], text[len(text) // 2 :]])
+        assert content == text or calls, fmt
+    xml = (
+        "<tool_call>\n<function=get_current_weather>\n<parameter=fields>\n"
+        + deep
+        + "\n</parameter>\n</function>\n</tool_call>"
+    )
+    _, calls = make_tool_parser("qwen3_coder", tools=TOOLS).parse(xml)
+    assert json.loads(calls[0].arguments) == {"fields": deep}  # not an array: kept as text

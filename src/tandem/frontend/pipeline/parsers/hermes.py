@@ -32,7 +32,7 @@ def parse_call(body: str) -> ToolCall | None:
     """The call a block's body spells, or None when it is not one."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the stack
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -40,7 +40,7 @@ def parse_call(body: str) -> ToolCall | None:
     if isinstance(args, str):
         try:
             json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return ToolCall(obj["name"], args)
     if not isinstance(args, dict):

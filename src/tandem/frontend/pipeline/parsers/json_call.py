@@ -70,7 +70,7 @@ def _whole_call(obj: Any) -> PartialCall:
     if isinstance(args, str):  # arguments JSON-encoded once more
         try:
             args = json.loads(args)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise NotACall("arguments are not JSON") from exc
     if not isinstance(args, dict):
         raise NotACall("arguments are not an object")

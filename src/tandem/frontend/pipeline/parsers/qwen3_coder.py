@@ -150,7 +150,7 @@ def _as_type(text: str, kind: Any) -> str | None:
     if kind in ("object", "array"):
         try:
             parsed = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             try:
                 parsed = ast.literal_eval(text)
             except (ValueError, SyntaxError, MemoryError, RecursionError):

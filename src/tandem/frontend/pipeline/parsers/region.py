@@ -79,7 +79,10 @@ class RegionToolParser:
         end = self.bracket_end(region, start)
         if end == -1:
             return None, -1
-        value = json.loads(region[start:end])  # ValueError: not JSON
+        try:
+            value = json.loads(region[start:end])
+        except RecursionError as exc:  # nested deeper than Python's stack: not a call either
+            raise ValueError("JSON nested too deep") from exc
         self._json[start] = (value, end)
         return value, end
 

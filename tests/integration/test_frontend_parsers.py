@@ -164,3 +164,22 @@ async def test_a_reasoning_model_answers_responses_with_a_reasoning_item_first()
             assert [e.sequence_number for e in events] == list(range(len(events)))
         finally:
             await client.close()
+
+
+async def test_a_forced_call_of_a_reasoning_model_is_a_call_not_reasoning() -> None:
+    """The grammar writes the call from the first token: a parser that starts inside
+    reasoning (deepseek_r1) must not take it for thoughts."""
+    forced = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
+    tools = [t.to_dict() for t in TOOLS]
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Time?"}],
+        "tools": tools,
+        "tool_choice": "required",
+    }
+    async with _stack(forced, ["--reasoning-parser", "deepseek_r1"]) as (s, _):
+        status, resp, _ = await s.post(CHAT, body)
+        assert status == 200, resp
+        message = resp["choices"][0]["message"]
+        assert message.get("reasoning_content") is None
+        assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]

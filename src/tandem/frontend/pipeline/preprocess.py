@@ -136,7 +136,11 @@ async def preprocess_chat(
     requests = _fan_out(base, [ids], model, num_candidates(req), max_tokens, param, "messages")
     tool_parser = plan.parser(model.tool_call_parser) if plan is not None else None
     reasoning = model.reasoning_parser
-    if reasoning is not None and thinking_disabled(req.chat_template_kwargs):
+    # a grammar (response_format, a forced call) holds the output from its first token: no
+    # think block in it, and a parser that starts inside one would take the answer for one
+    if reasoning is not None and (
+        structured is not None or thinking_disabled(req.chat_template_kwargs)
+    ):
         reasoning = None
     return Prepared(
         request_id=request_id,

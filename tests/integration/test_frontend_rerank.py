@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import cohere
 import jsonschema
 import msgspec
 import numpy as np
@@ -81,6 +82,24 @@ async def test_rerank_scores_are_embedding_cosines_sorted_on_every_alias() -> No
             "relevance_score": pytest.approx(1.0, abs=1e-6),
             "document": {"text": QUERY},
         }
+
+
+async def test_the_cohere_sdk_reranks_on_v1_and_v2() -> None:
+    async with _stack() as s:
+        _, expected = await _post(
+            s, "/v1/rerank", {"model": MODEL, "query": QUERY, "documents": DOCS}
+        )
+        best = [(r["index"], r["relevance_score"]) for r in expected["results"]]
+        v2 = cohere.AsyncClientV2(api_key="none", base_url=s.base, max_retries=0)
+        out = await v2.rerank(model=MODEL, query=QUERY, documents=DOCS, top_n=2)
+        assert [(r.index, r.relevance_score) for r in out.results] == best[:2]
+        v1 = cohere.AsyncClient(api_key="none", base_url=s.base, max_retries=0)
+        old = await v1.rerank(model=MODEL, query=QUERY, documents=DOCS, return_documents=True)
+        assert [(r.index, r.relevance_score) for r in old.results] == best
+        assert [r.document.text for r in old.results if r.document] == [DOCS[i] for i, _ in best]
+        with pytest.raises(cohere.BadRequestError) as info:
+            await v2.rerank(model=MODEL, query=QUERY, documents=DOCS, max_tokens_per_doc=-1)
+        assert info.value.body["error"]["param"] == "max_tokens_per_doc"
 
 
 async def test_score_pairs_one_to_one_one_to_many_and_many_to_many() -> None:

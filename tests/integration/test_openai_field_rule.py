@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 import json
 import logging
 import typing
@@ -27,6 +28,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import cohere
 import msgspec
 import openai
 import pytest
@@ -280,7 +282,7 @@ VLLM_SCORING = (
 VLLM_RERANK = (*VLLM_SCORING, "query", "documents", "top_n")
 VLLM_SCORE_PAIRS = ("text_1", "text_2", "data_1", "data_2", "queries", "documents", "items")
 RERANK_FIELDS = (*VLLM_RERANK, "return_documents", "rank_fields", "max_chunks_per_doc",
-                 "softmax", "activation")  # fmt: skip
+                 "relevant_spans", "softmax", "activation")  # fmt: skip
 SCORE_FIELDS = (*VLLM_SCORING, *VLLM_SCORE_PAIRS, "softmax", "activation")
 SCORING_REFUSED = {
     "priority": 3,
@@ -292,13 +294,26 @@ SCORING_REFUSED = {
     "chat_template_kwargs": {"instruction": "x"},
     "padding": "max_length",
 }
-RERANK_REFUSED = {**SCORING_REFUSED, "rank_fields": ["title"], "max_chunks_per_doc": 2}
+RERANK_REFUSED = {
+    **SCORING_REFUSED,
+    "rank_fields": ["title"],
+    "max_chunks_per_doc": 2,
+    "relevant_spans": {"mode": "enabled"},
+}
 QUERY, DOCS = "Where did the cat sit?", ["The cat sat on the mat.", "Markets fell.", "A dog ran."]
 
 
 def test_the_rerank_and_score_lists_match_the_request_models() -> None:
     assert {f.name for f in msgspec.structs.fields(RerankRequest)} == set(RERANK_FIELDS)
     assert {f.name for f in msgspec.structs.fields(ScoreRequest)} == set(SCORE_FIELDS)
+
+
+def test_the_rerank_list_holds_every_field_the_cohere_sdk_sends() -> None:
+    """Cohere's v1 and v2 clients (the rerank clients vLLM's rerank answers) are generated
+    from Cohere's API definition, as openai's from OpenAI's."""
+    for method in (cohere.AsyncClient.rerank, cohere.AsyncClientV2.rerank):
+        params = set(inspect.signature(method).parameters) - {"self", "request_options"}
+        assert params - set(RERANK_FIELDS) == set(), method
 
 
 def test_the_rerank_and_score_lists_match_the_installed_vllm() -> None:

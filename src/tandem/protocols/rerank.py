@@ -46,6 +46,9 @@ UNSUPPORTED_RERANK = {
     "max_chunks_per_doc": Unsupported(
         (None,), "a document is embedded whole (or cut by max_tokens_per_doc), never chunked"
     ),
+    "relevant_spans": Unsupported(
+        (None, {"mode": "disabled"}), "a document gets one score (a cosine), no spans"
+    ),
 }
 UNSUPPORTED_SCORE = _SHARED_UNSUPPORTED
 # score's pairs of input fields, vLLM's names for (first, second); exactly one pair per request
@@ -70,6 +73,7 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     return_documents: bool = True  # Jina's default (vLLM always returns them)
     rank_fields: Any = None  # Cohere v1
     max_chunks_per_doc: Any = None  # Cohere v1
+    relevant_spans: Any = None  # Cohere v2
     user: str | None = None  # accepted; tandem keeps no per-user state
     request_id: str | None = None  # the answer's id is "<rerank|score>-<request_id>"
     cache_salt: str | None = None  # accepted: an embedding never reads or fills the prefix cache

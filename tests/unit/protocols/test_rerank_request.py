@@ -67,6 +67,7 @@ def test_rerank_texts_are_the_query_then_each_document_string_or_object() -> Non
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"rank_fields": ["title"]}, "rank_fields"),
     ({"max_chunks_per_doc": 1}, "max_chunks_per_doc"),
+    ({"relevant_spans": {"mode": "enabled"}}, "relevant_spans"),
     ({"priority": 1}, "priority"),
     ({"use_activation": True}, "use_activation"),
     ({"softmax": True}, "softmax"),

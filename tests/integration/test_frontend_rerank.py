@@ -7,7 +7,9 @@ the real model.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -17,12 +19,13 @@ import jsonschema
 import msgspec
 import numpy as np
 import pytest
+from tests.support.eventually import eventually
 from tests.support.frontend_stack import CHAT, FrontendStack
 
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.protocols.openai_embedding import MAX_INPUTS
-from tandem.protocols.rerank import RerankResponse, ScoreResponse
+from tandem.protocols.rerank import RerankRequest, RerankResponse, ScoreRequest, ScoreResponse
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "smollm2"
@@ -265,3 +268,51 @@ async def test_openapi_documents_the_routes_and_real_bodies_validate() -> None:
 
 def _validator(doc: dict[str, Any], schema: dict[str, Any]) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator({**schema, "components": doc["components"]})
+
+
+HOSTILE: list[Any] = [
+    None, True, 0, -1, 2**31, 2**64, 1e308, "", "x" * 3000, "\x00", [], [[]], [None], [1, "a"],
+    [""], ["a", 5], [{"text": 5}], [{"text": ""}], {}, {"mode": "enabled"}, "left", "right",
+]  # fmt: skip
+
+
+async def test_random_bodies_never_get_a_5xx_and_every_400_names_its_field() -> None:
+    """Seeded and bounded (100 bodies per route): hostile values in any field."""
+    rng = random.Random(20261128)
+    fields = {
+        "/v1/rerank": [f.name for f in msgspec.structs.fields(RerankRequest)],
+        "/v1/score": [f.name for f in msgspec.structs.fields(ScoreRequest)],
+    }
+    bodies = []
+    for _ in range(100):
+        for path, names in fields.items():
+            body: dict[str, Any] = (
+                {"model": MODEL, "query": "q", "documents": ["a", "b c"]}
+                if path == "/v1/rerank"
+                else {"model": MODEL, "text_1": "q", "text_2": ["a", "b"]}
+            )
+            for _ in range(rng.randint(1, 3)):
+                body[rng.choice(names)] = rng.choice(HOSTILE)
+            bodies.append((path, body))
+    async with _stack(context_length=256) as s:
+        statuses: dict[int, int] = {}
+        sem = asyncio.Semaphore(4)
+
+        async def send(path: str, body: dict[str, Any]) -> None:
+            async with sem, asyncio.timeout(15):
+                status, out = await _post(s, path, body)
+            statuses[status] = statuses.get(status, 0) + 1
+            assert status in (200, 400), (path, body, out)
+            if status == 400:
+                error = out["error"]
+                assert error["message"] and (error["param"] or "body" in error["message"]), out
+
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(send(p, b) for p, b in bodies))
+        assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0, statuses
+        await eventually(lambda: s.workers[0].num_inflight == 0, timeout_s=5)
+        assert s.http is not None
+        async with s.http.get(f"{s.base}/metrics") as resp:
+            metrics = await resp.text()
+        for endpoint in ("rerank", "score"):  # counted under their own endpoint label
+            assert f'endpoint="{endpoint}"' in metrics, endpoint

@@ -4,13 +4,24 @@ order, `top_n`, `return_documents`, and the cuts vLLM's `max_tokens_per_query`,
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import numpy as np
 import pytest
 
-from tandem.frontend.api.rerank import cosines, cut_inputs, rerank_response, score_response
+from tandem.errors import InvalidRequest
+from tandem.frontend.api.embedder import Embedder
+from tandem.frontend.api.rerank import (
+    _total_param,
+    cosines,
+    cut_inputs,
+    rerank_response,
+    score_response,
+)
+from tandem.protocols.discovery import ModelCard
+from tandem.protocols.openai_embedding import MAX_TOTAL_TOKENS
 from tandem.protocols.rerank import RerankRequest, ScoreResponse
 
 DOCS = ["d0", "d1", "d2", "d3"]
@@ -85,3 +96,21 @@ def test_cuts_are_vllms_first_n_per_query_or_document_then_the_last_or_first_n()
     assert _cut(inputs, truncate_prompt_tokens=-1) == [[3, 4, 5], [7, 8, 9], [10]]  # context
     both = _cut(inputs, max_tokens_per_doc=3, truncate_prompt_tokens=1)
     assert both == [[5], [8], [10]]  # first N, then last N
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    (["query", "documents[0]", "documents[1]"], "documents"),
+    (["text_1", "text_2[0]", "text_2[1]"], "text_2"),
+    (["queries[0]", "queries[1]", "items[0]", "items[1]"], "items"),
+])  # fmt: skip
+def test_too_many_tokens_in_all_name_the_field_the_texts_came_in(
+    params: list[str], field: str
+) -> None:
+    card = ModelCard(name="m", context_length=MAX_TOTAL_TOKENS, block_size=16, num_total_blocks=1)
+    model: Any = SimpleNamespace(name="m", tokenizer=None)
+    share = MAX_TOTAL_TOKENS // (len(params) - 1)
+    inputs = [[1] * share for _ in params]  # one share too many
+    with pytest.raises(InvalidRequest) as info:
+        Embedder.check(model, card, inputs, params, total_param=_total_param(params))
+    assert info.value.param == field and str(MAX_TOTAL_TOKENS) in str(info.value)
+    Embedder.check(model, card, inputs[1:], params[1:], total_param=field)  # at the limit

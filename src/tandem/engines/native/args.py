@@ -9,7 +9,14 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from tandem.engines.native.config import DTYPES, KV_CACHE_DTYPES, WEIGHT_FORMATS, NativeConfig
+from tandem.engines.native.config import (
+    DTYPES,
+    KV_CACHE_DTYPES,
+    MAX_SPEC_TOKENS,
+    SPEC_METHODS,
+    WEIGHT_FORMATS,
+    NativeConfig,
+)
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
 
 # flag -> (type, default, help)
@@ -46,6 +53,20 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--seed": (int, 0, "seed of the sampler for requests without their own seed"),
     "--mm-encoder": (str, "bridge", "vision encoder of image requests ('none': text only)"),
     "--mm-placeholder-token-id": (int, 16, "token id at image rows (SmolLM2: <empty_output>)"),
+    "--spec-method": (
+        str,
+        "none",
+        f"speculative decoding: {', '.join(SPEC_METHODS)} (ngram: prompt lookup, drafts from "
+        "the sequence's own tokens, verified in one forward; greedy output unchanged; requests "
+        "with penalties, logit_bias, logprobs or structured output decode without it)",
+    ),
+    "--spec-tokens": (
+        int,
+        4,
+        f"draft tokens a step with --spec-method ngram (1..{MAX_SPEC_TOKENS})",
+    ),
+    "--spec-ngram-min": (int, 2, "shortest recurring suffix that drafts (tokens)"),
+    "--spec-ngram-max": (int, 4, "longest suffix matched first (tokens, >= --spec-ngram-min)"),
 }
 
 
@@ -80,4 +101,8 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         kvbm=kvbm_config_from_args(ns),
         mm_encoder=None if ns.mm_encoder == "none" else ns.mm_encoder,
         mm_placeholder_token_id=ns.mm_placeholder_token_id,
+        spec_method=ns.spec_method,
+        spec_tokens=ns.spec_tokens,
+        spec_ngram_min=ns.spec_ngram_min,
+        spec_ngram_max=ns.spec_ngram_max,
     )

@@ -103,11 +103,12 @@ class BlockManager:
         have = len(self.tables.get(seq.seq_id, ()))
         return max(0, -(-num_tokens // self.block_size) - have)
 
-    def ensure_slots(self, seq: Sequence, num_tokens: int) -> bool:
+    def ensure_slots(self, seq: Sequence, num_tokens: int, *, evict: bool = True) -> bool:
         """Grow the sequence's table to hold `num_tokens` tokens; False (and no change)
-        when there are not enough free blocks."""
+        when there are not enough free blocks (`evict=False`: free blocks that hold no
+        cached prefix)."""
         needed = self.blocks_needed(seq, num_tokens)
-        if needed > self.num_free_blocks:
+        if needed > (self.num_free_blocks if evict else len(self.free_uncached)):
             return False
         table = self.tables.setdefault(seq.seq_id, [])
         self.num_committed.setdefault(seq.seq_id, 0)
@@ -224,6 +225,21 @@ class BlockManager:
                 )
                 run = []
             run.append(i)
+
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks of the sequence's table beyond those `num_tokens` tokens
+        need (taken for speculative tokens that were rejected). Those blocks were never
+        committed: they hold no hash and nobody shares them."""
+        table = self.tables.get(seq.seq_id)
+        keep = -(-num_tokens // self.block_size)
+        if table is None or len(table) <= keep:
+            return
+        assert self.num_committed[seq.seq_id] <= keep, "trimming a committed block"
+        for block in reversed(table[keep:]):  # tail first, as `free` does
+            assert self.ref_counts[block] == 1 and self.block_hash[block] is None
+            self.ref_counts[block] = 0
+            self.free_uncached.appendleft(block)
+        del table[keep:]
 
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks (tail first, so tails are evicted first)."""

@@ -12,6 +12,9 @@ from tandem.kvbm.base import KvbmConfig
 DTYPES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", *DTYPES)
 WEIGHT_FORMATS = ("fp32", "int8", "int4")
+SPEC_METHODS = ("none", "ngram")
+MAX_SPEC_TOKENS = 32  # draft tokens a step; more rows than this cost more than they save
+MAX_SPEC_NGRAM = 64
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
@@ -41,6 +44,12 @@ class NativeConfig:
     # and the token id the prompt holds at image rows (SmolLM2's <empty_output>)
     mm_encoder: str | None = "bridge"
     mm_placeholder_token_id: int = 16
+    # prompt-lookup speculative decoding (speculation.py): "none" or "ngram"; k draft tokens
+    # a step from the longest recurring suffix of ngram_min..ngram_max tokens
+    spec_method: str = "none"
+    spec_tokens: int = 4
+    spec_ngram_min: int = 2
+    spec_ngram_max: int = 4
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -71,6 +80,19 @@ class NativeConfig:
         check_range("num_threads", self.num_threads, low=1, high=1024)
         if self.mm_encoder is not None:
             encoder_rows(self.mm_encoder)  # ValueError naming the known encoders
+        if self.spec_method not in SPEC_METHODS:
+            raise ValueError(
+                f"spec_method='{self.spec_method}'; expected one of: {', '.join(SPEC_METHODS)}"
+            )
+        check_range("spec_tokens", self.spec_tokens, low=1, high=MAX_SPEC_TOKENS)
+        check_range("spec_ngram_min", self.spec_ngram_min, low=1, high=MAX_SPEC_NGRAM)
+        check_range(
+            "spec_ngram_max",
+            self.spec_ngram_max,
+            low=self.spec_ngram_min,
+            high=MAX_SPEC_NGRAM,
+            note="(spec_ngram_min is the low end)",
+        )
         if self.kvbm is not None and not self.enable_prefix_caching:
             raise ValueError("kvbm tiers set with enable_prefix_caching=False; expected True")
 

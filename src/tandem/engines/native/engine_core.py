@@ -20,6 +20,7 @@ from tandem.engines.native.model_runner import ModelRunner
 from tandem.engines.native.sampler import check_sampling
 from tandem.engines.native.scheduler import ScheduledBatch, Scheduler
 from tandem.engines.native.sequence import Sequence
+from tandem.engines.native.speculation import NgramProposer, Speculator
 from tandem.engines.native.structured import GrammarCompiler, advance
 from tandem.engines.native.tiering import KvTiering
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
@@ -68,11 +69,20 @@ class EngineCore:
             self.tiering = KvTiering(
                 config.kvbm, self.block_manager, self.runner, on_events=self._on_kvbm_events
             )
+        self.speculator: Speculator | None = None
+        if config.spec_method == "ngram":
+            proposer = NgramProposer(
+                config.spec_tokens, config.spec_ngram_min, config.spec_ngram_max
+            )
+            self.speculator = Speculator(
+                proposer, max_model_len=self.max_model_len, capacity_tokens=self.capacity_tokens
+            )
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             onboard=self.tiering.onboard if self.tiering is not None else None,
+            draft=self.speculator.draft if self.speculator is not None else None,
         )
         self.seqs: dict[str, Sequence] = {}
         self.num_failed_steps = 0  # consecutive; reset by a step that succeeds
@@ -205,16 +215,26 @@ class EngineCore:
 
     def _run_batch(self, batch: ScheduledBatch) -> list[tuple[str, EngineOutput]]:
         sampled = self.runner.run(batch, self.block_manager)
-        self.scheduler.update(batch)
         outputs: list[tuple[str, EngineOutput]] = []
         finished: list[Sequence] = []
-        for seq in batch.seqs:
-            token = sampled.get(seq.seq_id)
-            if token is None:
+        for i, seq in enumerate(batch.seqs):
+            tokens = sampled.get(seq.seq_id)
+            if tokens is None:
                 continue
-            reason = self._append(seq, token)
-            out = EngineOutput(token_ids=[token], finish_reason=reason)  # type: ignore[arg-type]
-            if seq.num_output_tokens == 1:
+            first = seq.num_output_tokens == 0
+            decoding = not first and seq.num_uncomputed_tokens == 1
+            reason: str | None = None
+            emitted = 0
+            for token in tokens:  # a speculative run ends where the sequence does
+                emitted += 1
+                if (reason := self._append(seq, token)) is not None:
+                    break
+            if seq.draft_token_ids:  # KV kept: the last token's and the accepted drafts'
+                batch.num_new_tokens[i] = emitted
+            if decoding and self.speculator is not None:
+                self.speculator.record(seq, emitted)
+            out = EngineOutput(token_ids=tokens[:emitted], finish_reason=reason)  # type: ignore[arg-type]
+            if first:
                 out.num_cached_tokens = seq.num_cached_tokens or 0
             if seq.pending_logprobs:
                 out.logprobs, out.top_logprobs = seq.pending_logprobs, seq.pending_top_logprobs
@@ -223,6 +243,7 @@ class EngineCore:
             if reason is not None:
                 seq.finish_reason = reason
                 finished.append(seq)
+        self.scheduler.update(batch)  # after the append: it hashes blocks of committed tokens
         if self.on_finish is not None:
             for seq in finished:
                 self.on_finish(seq)
@@ -315,8 +336,12 @@ class EngineCore:
         return events
 
     def prometheus_lines(self) -> list[str]:
-        """kvbm's tier metrics (transfers, hit rates, occupancy); empty without tiers."""
-        return [] if self.tiering is None else self.tiering.kvbm.prometheus_lines()
+        """kvbm's tier metrics (transfers, hit rates, occupancy) and speculation's counters
+        (acceptance, tokens per step); empty without tiers and speculation."""
+        lines = [] if self.tiering is None else self.tiering.kvbm.prometheus_lines()
+        if self.speculator is not None:
+            lines += self.speculator.stats.prometheus_lines()
+        return lines
 
     def close(self) -> None:
         """Finish queued offloads and stop kvbm's threads (idempotent)."""
@@ -337,7 +362,7 @@ def step_tokens(batch: ScheduledBatch) -> tuple[int, int]:
     (the planner's step metrics)."""
     prefill = decode_kv = 0
     for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-        if n == 1 and seq.num_output_tokens > 0:
+        if (n == 1 or seq.draft_token_ids) and seq.num_output_tokens > 0:
             decode_kv += seq.num_computed_tokens + 1
         else:
             prefill += n

@@ -19,6 +19,7 @@ from tandem.engines.native.model import LlamaModel
 from tandem.engines.native.sampler import Sampler
 from tandem.engines.native.scheduler import ScheduledBatch
 from tandem.engines.native.sequence import Sequence
+from tandem.engines.native.speculation import accept_greedy
 from tandem.engines.native.structured import GrammarMasks
 from tandem.engines.native.thread_policy import ThreadPolicy
 
@@ -52,9 +53,10 @@ class ModelRunner:
         self.steps_by_threads: Counter[int] = Counter()
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, block_manager: BlockManager) -> dict[int, int]:
-        """Forward the batch; returns {seq_id: sampled token} for sequences whose chunk
-        reached the end of their tokens (the others are mid-prefill)."""
+    def run(self, batch: ScheduledBatch, block_manager: BlockManager) -> dict[int, list[int]]:
+        """Forward the batch; returns {seq_id: new tokens} for sequences whose chunk
+        reached the end of their tokens (the others are mid-prefill): one token, or for a
+        sequence with a draft its accepted draft tokens and one more (speculation.py)."""
         policy = self.thread_policies[sum(batch.num_new_tokens) > 1]
         self.steps_by_threads[policy.before_step()] += 1
         single = len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1
@@ -69,6 +71,8 @@ class ModelRunner:
             hidden, sample_seqs = self._forward(batch, block_manager)
         if not sample_seqs:
             return {}
+        if any(seq.draft_token_ids for seq in sample_seqs):
+            return self._verify(hidden, sample_seqs)
         grammars = [seq.grammar for seq in sample_seqs]
         if Sampler.is_plain_greedy(sample_seqs) and not any(g is not None for g in grammars):
             tokens = self.model.head.greedy(hidden)
@@ -76,7 +80,35 @@ class ModelRunner:
             logits = self.model.head.logits(hidden)
             self.grammar_masks.apply(logits, grammars)  # returns at once when none is set
             tokens = self.sampler(logits, sample_seqs)
-        return {seq.seq_id: tok for seq, tok in zip(sample_seqs, tokens, strict=True)}
+        return {seq.seq_id: [tok] for seq, tok in zip(sample_seqs, tokens, strict=True)}
+
+    def _verify(self, hidden: torch.Tensor, seqs: list[Sequence]) -> dict[int, list[int]]:
+        """Sample a batch where some sequences carry drafts: `hidden` has len(draft) + 1
+        rows for each of those (in order), one for every other sequence. Drafting sequences
+        have no grammar, penalties or logprobs (`speculation.can_speculate`)."""
+        spans: list[tuple[int, int]] = []
+        row = 0
+        for seq in seqs:
+            spans.append((row, row + len(seq.draft_token_ids) + 1))
+            row = spans[-1][1]
+        plain = [i for i, seq in enumerate(seqs) if not seq.draft_token_ids]
+        out: dict[int, list[int]] = {}
+        if Sampler.is_plain_greedy(seqs) and all(seqs[i].grammar is None for i in plain):
+            greedy = self.model.head.greedy(hidden)
+            for seq, (lo, hi) in zip(seqs, spans, strict=True):
+                out[seq.seq_id] = accept_greedy(seq.draft_token_ids, greedy[lo:hi])
+            return out
+        logits = self.model.head.logits(hidden)
+        if plain:
+            plain_seqs = [seqs[i] for i in plain]
+            rows = logits[[spans[i][0] for i in plain]]
+            self.grammar_masks.apply(rows, [s.grammar for s in plain_seqs])
+            for seq, tok in zip(plain_seqs, self.sampler(rows, plain_seqs), strict=True):
+                out[seq.seq_id] = [tok]
+        for seq, (lo, hi) in zip(seqs, spans, strict=True):
+            if seq.draft_token_ids:
+                out[seq.seq_id] = self.sampler.verify(logits[lo:hi], seq)
+        return out
 
     def _forward(
         self, batch: ScheduledBatch, block_manager: BlockManager
@@ -89,7 +121,11 @@ class ModelRunner:
             start = seq.num_computed_tokens
             ids += seq.token_ids[start : start + num_new]
             positions += range(start, start + num_new)
-            if start + num_new == len(seq.token_ids):
+            if draft := seq.draft_token_ids:  # verified rows: the last token and the draft
+                ids += draft
+                sample_rows += range(len(ids) - len(draft) - 1, len(ids))
+                sample_seqs.append(seq)
+            elif start + num_new == len(seq.token_ids):
                 sample_rows.append(len(ids) - 1)
                 sample_seqs.append(seq)
         dev = self.device
@@ -119,9 +155,11 @@ class ModelRunner:
             start, ctx_len = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             table = block_manager.block_table(seq)[: -(-ctx_len // bs)]
             slots += [table[p // bs] * bs + p % bs for p in range(start, ctx_len)]
-            if num_new == 1:
-                decode_tables.append(table)
-                decode_lens.append(ctx_len)
+            if num_new == 1 or seq.draft_token_ids:
+                # a draft's rows are decode rows, each over its own prefix: the same kernel
+                # and arithmetic a plain decode step of that position runs
+                decode_tables += [table] * num_new
+                decode_lens += range(start + 1, ctx_len + 1)
             else:
                 mask = None
                 if start:

@@ -17,6 +17,7 @@ import torch
 
 from tandem.engines.native.penalties import apply_penalties, has_penalties
 from tandem.engines.native.sequence import Sequence
+from tandem.engines.native.speculation import accept_greedy, accept_sampled
 from tandem.errors import InvalidRequest
 from tandem.protocols.engine import SamplingParams, TopLogprob
 
@@ -127,9 +128,24 @@ class Sampler:
                     logits[i, list(banned)] = float("-inf")
 
     def _sample_row(self, row: torch.Tensor, seq: Sequence) -> int:
-        params = seq.sampling
-        if is_greedy(params):
+        if is_greedy(seq.sampling):
             return int(row.argmax())
+        gen = seq.generator or self.generator
+        return int(torch.multinomial(self._probs(row, seq), 1, generator=gen))
+
+    def verify(self, logits: torch.Tensor, seq: Sequence) -> list[int]:
+        """The tokens `seq` emits from its draft, given the target's logits at the draft's
+        rows [len(draft) + 1, vocab] (tandem.engines.native.speculation)."""
+        draft = seq.draft_token_ids
+        if is_greedy(seq.sampling):
+            return accept_greedy(draft, logits.max(dim=-1).indices.tolist())
+        probs = torch.stack([self._probs(row, seq) for row in logits])
+        return accept_sampled(probs, draft, seq.generator or self.generator)
+
+    @staticmethod
+    def _probs(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+        """The row's sampling distribution (temperature, top-k, top-p) on the host."""
+        params = seq.sampling
         row = row / params.temperature
         if 0 < params.top_k < row.shape[0]:
             kth = torch.topk(row, params.top_k).values[-1]
@@ -146,8 +162,7 @@ class Sampler:
                 f"request_id={seq.request_id}: no finite distribution to sample from "
                 f"(temperature={params.temperature}, top_k={params.top_k}, top_p={params.top_p})"
             )
-        gen = seq.generator or self.generator
-        return int(torch.multinomial(probs.cpu(), 1, generator=gen))
+        return probs.cpu()
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> None:

@@ -4,6 +4,12 @@ Each step: drop aborted sequences, give every running sequence its next tokens (
 decode, a chunk of the rest for a prefill) within `max_num_batched_tokens`, preempting the
 youngest running sequence when blocks run out, then admit waiting sequences while
 `max_num_seqs`, the token budget and free blocks allow.
+
+With speculation (`draft`), a decoding sequence also computes its draft tokens
+(`Sequence.draft_token_ids`) when the budget and free blocks allow; a draft never preempts
+anyone, never delays an admission and never evicts a cached prefix: drafts take only the
+budget and the uncached free blocks the step left; without them the sequence decodes one
+token.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class ScheduledBatch:
     """Sequences of one step with the number of new tokens each computes; decodes
-    (one token) first, then prefill chunks. `finished` were removed this step (aborted)."""
+    (one token, or one and a draft) first, then prefill chunks. `aborted` were removed this
+    step."""
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
@@ -43,12 +50,15 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         onboard: Callable[[Sequence, int], int] | None = None,
+        draft: Callable[[Sequence, int], list[int]] | None = None,
     ) -> None:
         """`onboard(seq, num_cached_tokens)`, when given, runs at admission after the device
         prefix match and returns how many more prompt tokens it made cached (blocks brought
-        back from a lower KV tier into the sequence's table)."""
+        back from a lower KV tier into the sequence's table). `draft(seq, budget)`, when
+        given, proposes at most `budget` speculative tokens for a decoding sequence."""
         self.block_manager = block_manager
         self.onboard = onboard
+        self.draft = draft
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -76,6 +86,7 @@ class Scheduler:
         while queue and budget > 0:
             seq = queue.pop(0)
             num_new = min(seq.num_uncomputed_tokens, budget)
+            seq.draft_token_ids = []
             while not self.block_manager.ensure_slots(seq, seq.num_computed_tokens + num_new):
                 victim = queue.pop() if queue else seq
                 self._preempt(victim)
@@ -86,7 +97,10 @@ class Scheduler:
                 budget -= num_new
         if self.waiting and self.num_preemptions == preemptions_before:
             budget = self._admit(scheduled, budget)
-        scheduled.sort(key=lambda item: item[1] != 1)  # decodes first (stable)
+        if self.draft is not None:
+            self._add_drafts(scheduled, budget)
+        # decodes (drafts included) first, stable
+        scheduled.sort(key=lambda item: item[1] != 1 and not item[0].draft_token_ids)
         batch.seqs = [s for s, _ in scheduled]
         batch.num_new_tokens = [n for _, n in scheduled]
         return batch
@@ -112,9 +126,27 @@ class Scheduler:
             budget -= num_new
         return budget
 
+    def _add_drafts(self, scheduled: list[tuple[Sequence, int]], budget: int) -> None:
+        """Give decoding sequences their drafts from what the step left: budget and free
+        blocks after every running and admitted sequence has its tokens."""
+        assert self.draft is not None
+        for i, (seq, num_new) in enumerate(scheduled):
+            if budget <= 0:
+                return
+            if num_new != 1 or seq.num_uncomputed_tokens != 1:
+                continue
+            draft = self.draft(seq, budget)
+            if draft and self.block_manager.ensure_slots(
+                seq, seq.num_computed_tokens + 1 + len(draft), evict=False
+            ):
+                seq.draft_token_ids = draft
+                scheduled[i] = (seq, 1 + len(draft))
+                budget -= len(draft)
+
     def _preempt(self, seq: Sequence) -> None:
         logger.debug("preempting request_id=%s", seq.request_id)
         self.block_manager.free(seq)
+        seq.draft_token_ids = []
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -148,10 +180,17 @@ class Scheduler:
         self.finish(seq, reason)
 
     def update(self, batch: ScheduledBatch) -> None:
-        """After the forward: advance progress and announce newly full blocks."""
+        """After the forward and the new tokens' append: advance progress and announce newly
+        full blocks. A drafting sequence's `num_new_tokens` must by now count only the
+        positions whose tokens were kept (its last token and the accepted draft); the blocks
+        it took for the rejected rest are given back."""
+        bm = self.block_manager
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += num_new
-            self.block_manager.commit(seq)
+            bm.commit(seq)
+            if seq.draft_token_ids:
+                seq.draft_token_ids = []
+                bm.trim(seq, len(seq.token_ids))
 
     def retire(self, finished: list[Sequence]) -> None:
         """Remove sequences that finished this step from the running queue."""

@@ -31,6 +31,11 @@ class Sequence:
         # where the output begins for penalties (tokens generated before a handoff count)
         self.output_start = max(self.num_prompt_tokens - request.num_generated_tokens, 0)
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        # this step's speculative tokens after token_ids (set by the scheduler, [] when none):
+        # computed with the step, never part of token_ids until verified (speculation.py)
+        self.draft_token_ids: list[int] = []
+        self.spec_skip = 0  # decode steps left without drafting (after rejected drafts)
+        self.spec_backoff = 0  # the next skip after a draft with nothing accepted
         self.num_cached_tokens: int | None = None  # prefix-cache hits on first schedule
         self.sampling = request.sampling
         self.stop = request.stop

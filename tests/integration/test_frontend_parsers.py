@@ -39,10 +39,12 @@ def _worker_config(argv: list[str]) -> WorkerConfig:
 
 
 @asynccontextmanager
-async def _stack(text: str, argv: list[str]) -> AsyncIterator[tuple[FrontendStack, ScriptedEngine]]:
+async def _stack(
+    text: str, argv: list[str], *, eos: bool = False
+) -> AsyncIterator[tuple[FrontendStack, ScriptedEngine]]:
     async with AsyncExitStack() as exit_stack:
         s = FrontendStack(exit_stack)
-        engine = ScriptedEngine(text)
+        engine = ScriptedEngine(text, eos=eos)
         worker = Worker(engine, await s.runtime(), _worker_config(argv))
         await worker.start()
         exit_stack.push_async_callback(worker.stop, 0)
@@ -59,7 +61,8 @@ def _events(text: str) -> list[dict[str, Any]]:
 async def test_the_tool_call_parser_flag_reads_mistral_calls_whole_and_streamed() -> None:
     tools = [t.to_dict() for t in TOOLS]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Paris?"}], "tools": tools}
-    async with _stack(MISTRAL_OUT, ["--tool-call-parser", "mistral"]) as (s, engine):
+    # [TOOL_CALLS] is a special token, so the text keeps special tokens: not the EOS's text
+    async with _stack(MISTRAL_OUT, ["--tool-call-parser", "mistral"], eos=True) as (s, engine):
         status, resp, _ = await s.post(CHAT, body)
         assert status == 200, resp
         choice = resp["choices"][0]

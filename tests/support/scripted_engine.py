@@ -16,11 +16,12 @@ class ScriptedEngine(MockerEngine):
     """A mocker whose every answer is one fixed text (its tokens, three per chunk); `prompts`
     records each request's prompt as text."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, eos: bool = False) -> None:
         super().__init__(MockerConfig(speedup_ratio=0))
         assert self.config.tokenizer is not None
         self.tok = load_tokenizer(self.config.tokenizer)
         self.ids = list(self.tok.encode(text, add_special_tokens=False))
+        self.eos = eos  # end as a real model does: its EOS token, with the finish
         self.prompts: list[str] = []
 
     async def generate(  # type: ignore[override]
@@ -30,4 +31,7 @@ class ScriptedEngine(MockerEngine):
         ids = self.ids[: request.stop.max_tokens or len(self.ids)]
         for i in range(0, len(ids), 3):
             yield EngineOutput(token_ids=ids[i : i + 3])
+        if self.eos and len(ids) == len(self.ids):
+            yield EngineOutput(token_ids=[self.tok.eos_token_ids[0]], finish_reason="stop")
+            return
         yield EngineOutput(finish_reason="stop" if len(ids) == len(self.ids) else "length")

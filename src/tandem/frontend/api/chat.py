@@ -151,6 +151,7 @@ def _choice_states(prepared: Prepared) -> list[ChoiceState]:
             prepared.stop_strings,
             include_stop_str=prepared.include_stop_str,
             skip_special_tokens=prepared.skip_special_tokens,
+            hidden_token_ids=prepared.hidden_token_ids,
         )
         for i in range(len(prepared.requests))
     ]

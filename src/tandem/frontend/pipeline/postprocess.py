@@ -56,6 +56,7 @@ class ChoiceState:
 
     __slots__ = (
         "_detok",
+        "_hidden",
         "_matcher",
         "_tok",
         "all_logprobs",
@@ -78,9 +79,13 @@ class ChoiceState:
         *,
         include_stop_str: bool = False,
         skip_special_tokens: bool = True,
+        hidden_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.index = index
         self._tok = tokenizer
+        # ids counted but never written as text (the EOS where special tokens are kept for a
+        # tool-call parser)
+        self._hidden = hidden_token_ids
         self._detok = (
             make_detokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
             if tokenizer is not None
@@ -106,7 +111,10 @@ class ChoiceState:
         if self.num_cached_tokens is None and out.num_cached_tokens is not None:
             self.num_cached_tokens = out.num_cached_tokens
         self.num_tokens += len(out.token_ids)
-        text = self._detok.add(out.token_ids) if self._detok is not None and out.token_ids else ""
+        ids = out.token_ids
+        if self._hidden and ids:
+            ids = [t for t in ids if t not in self._hidden]
+        text = self._detok.add(ids) if self._detok is not None and ids else ""
         if self._matcher is not None:
             text = self._matcher.feed(text)
             if self._matcher.matched is not None:

@@ -74,6 +74,7 @@ class Prepared:
     echo_texts: list[str] | None = None
     include_stop_str: bool = False
     skip_special_tokens: bool = True
+    hidden_token_ids: frozenset[int] = frozenset()  # counted, never detokenized
     num_top_logprobs: int | None = None
     # the tool-call format to parse the text with (None: no tools offered) and the offered
     # tools; the reasoning parser (None: off) and whether the prompt leaves the output inside
@@ -135,6 +136,9 @@ async def preprocess_chat(
     base.sampling = msgspec.structs.replace(base.sampling, structured=structured)
     requests = _fan_out(base, [ids], model, num_candidates(req), max_tokens, param, "messages")
     tool_parser = plan.parser(model.tool_call_parser) if plan is not None else None
+    keep_special = bool(
+        req.skip_special_tokens and tool_parser is not None and needs_special_tokens(tool_parser)
+    )
     reasoning = model.reasoning_parser
     # a grammar (response_format, a forced call) holds the output from its first token: no
     # think block in it, and a parser that starts inside one would take the answer for one
@@ -149,9 +153,9 @@ async def preprocess_chat(
         prompt_lens=[len(ids)],
         stop_strings=stop_strings(req),
         include_stop_str=req.include_stop_str_in_output,
-        # a format opened by a special token ([TOOL_CALLS]) needs it in the text
-        skip_special_tokens=req.skip_special_tokens
-        and not (tool_parser is not None and needs_special_tokens(tool_parser)),
+        # a format opened by a special token ([TOOL_CALLS]) needs it in the text, not the EOS
+        skip_special_tokens=req.skip_special_tokens and not keep_special,
+        hidden_token_ids=frozenset(model.eos_token_ids) if keep_special else frozenset(),
         num_top_logprobs=top,
         tool_parser=tool_parser,
         max_tool_calls=plan.max_calls if plan is not None else None,

@@ -159,3 +159,15 @@ def test_json_nested_deeper_than_the_stack_is_text_not_an_exception() -> None:
     )
     _, calls = make_tool_parser("qwen3_coder", tools=TOOLS).parse(xml)
     assert json.loads(calls[0].arguments) == {"fields": deep}  # not an array: kept as text
+
+
+def test_a_qwen3_coder_text_parameter_streams_before_it_closes() -> None:
+    parser = make_tool_parser("qwen3_coder", tools=TOOLS)
+    _, deltas = parser.feed('<tool_call>\n<function=write_file>\n<parameter=content>\nline "1"\n')
+    assert deltas[0]["function"]["name"] == "write_file"
+    assert "".join(d["function"]["arguments"] for d in deltas[1:]) == '{"content": "line \\"1\\"'
+    _, more = parser.feed("line 2\n</param")  # the held newline was value after all
+    assert "".join(d["function"]["arguments"] for d in more) == "\\nline 2"
+    _, last = parser.feed("eter>\n</function>\n</tool_call>", final=True)
+    assert json.loads(parser.calls[0].arguments) == {"content": 'line "1"\nline 2'}
+    assert "".join(d["function"]["arguments"] for d in last) == '"}'

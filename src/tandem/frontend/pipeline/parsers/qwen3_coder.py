@@ -16,7 +16,7 @@ parameter (integer, number, boolean, null, object/array as JSON or a Python lite
 or an unknown parameter stays text; a value that does not convert stays text too). One
 newline after `<parameter=...>` and before `</parameter>` is markup, not value. Streamed: the
 head once `<function=name>` is complete, then `{`, one `"name": value` piece per closed
-parameter, and `}` at `</function>`.
+parameter (a text parameter's value as it is written), and `}` at `</function>`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from tandem.frontend.pipeline.parsers.base import partial_suffix
 from tandem.frontend.pipeline.parsers.json_call import skip_blank
 from tandem.frontend.pipeline.parsers.region import PartialCall, RegionToolParser
 
@@ -45,6 +46,7 @@ class Qwen3CoderToolParser(RegionToolParser):
         # parameter name -> its JSON schema type, per tool name
         self._types = {t.name: _param_types(t.parameters) for t in tools}
         self._progress: dict[int, tuple[list[str], int]] = {}  # by the call's offset
+        self._escaped: dict[int, tuple[int, str]] = {}  # an open value's JSON so far
 
     def scan(self, region: str, *, final: bool) -> list[PartialCall] | None:
         calls: list[PartialCall] = []
@@ -101,7 +103,21 @@ class Qwen3CoderToolParser(RegionToolParser):
             return PartialCall(name, args, done=True), end + len(CLOSE)
         if not _may_continue(region[pos:]):
             return None
+        if param is not None and types.get(param.group(1).strip()) in (None, "string"):
+            # a text value streams as it is written (its JSON string, still unclosed)
+            key, value = param.group(1).strip(), _open_value(region[param.end() :])
+            sep = "{" if not pieces else ", "
+            text = self._escaped_prefix(param.end(), value)
+            pieces = [*pieces, sep + json.dumps(key, ensure_ascii=False) + ": " + text]
         return PartialCall(name, "".join(pieces), done=False), -1
+
+    def _escaped_prefix(self, at: int, value: str) -> str:
+        """`json.dumps(value)` without its closing quote, escaping only what is new since
+        the last look at the value at `at` (it only grows; JSON escapes per character)."""
+        done, text = self._escaped.get(at, (0, '"'))
+        text += json.dumps(value[done:], ensure_ascii=False)[1:-1]
+        self._escaped[at] = (len(value), text)
+        return text
 
 
 def _may_continue(rest: str) -> bool:
@@ -109,6 +125,14 @@ def _may_continue(rest: str) -> bool:
     if "<parameter=".startswith(rest) or _END_FUNCTION.startswith(rest):
         return True
     return rest.startswith("<parameter=") and "</parameter>" not in rest
+
+
+def _open_value(raw: str) -> str:
+    """The part of a parameter's value so far that is value whatever follows: not a start of
+    `</parameter>`, nor a last newline that may be the markup's."""
+    raw = raw[1:] if raw.startswith("\n") else raw
+    raw = raw[: len(raw) - partial_suffix(raw, _END_PARAMETER)]
+    return raw[:-1] if raw.endswith("\n") else raw
 
 
 def _strip_newline(value: str) -> str:

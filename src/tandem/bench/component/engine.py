@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.bench.component.engine_spec import add_spec_args, format_spec, spec_result
 from tandem.bench.component.entry import figures_main
 from tandem.engines.native.config import (
     KV_CACHE_DTYPES,
@@ -73,6 +74,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the GGUF"
     )
     p.add_argument("--json", default=None, help="also write the figures to this file")
+    add_spec_args(p)
     return p.parse_args(argv)
 
 
@@ -367,6 +369,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         weight_bytes[name] = model.weight_bytes()
         kv_dtypes[name] = str(model.kv_dtype).removeprefix("torch.")
     assert config is not None  # --weights takes one format at least (nargs="+")
+    models = {name.removeprefix("native-"): b.core.model for name, b in natives.items()}
+    spec = spec_result(models, args)
+    if args.spec_only:
+        return {"model": config.name, "device": args.device, "threads": args.num_threads, **spec}
     baselines: dict[str, Baseline] = {}
     if not args.skip_hf:
         _, hf_config, weights = load_model_weights(args.model)
@@ -383,6 +389,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "weight_bytes": weight_bytes,
         "kv_dtype": kv_dtypes,
         "engines": {name: {} for name in (*natives, *baselines)},
+        **spec,
     }
     device = args.device
     bandwidth = [(memcpy_gbps(device=device), matvec_gbps(device=device))]
@@ -411,6 +418,8 @@ def add_bounds(result: dict[str, Any], gbps: float, mv_gbps: float) -> None:
 
 
 def format_result(r: dict[str, Any]) -> str:
+    if r.get("spec_only"):
+        return "\n".join(format_spec(r))
     engines = r["engines"]
     keys = [k for k in next(iter(engines.values())) if "@" in k]
     lines = [
@@ -455,7 +464,7 @@ def format_result(r: dict[str, Any]) -> str:
             f"{name} decode steps by intra-op threads: "
             + "  ".join(f"@{n} {dict(sorted(v.items()))}" for n, v in per_n.items())
         )
-    return "\n".join(lines)
+    return "\n".join(lines + format_spec(r))
 
 
 def main(argv: list[str]) -> int:

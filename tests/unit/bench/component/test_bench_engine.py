@@ -151,3 +151,34 @@ def test_an_engine_that_cannot_run_a_batch_is_reported_unavailable_never_nan(tmp
         json.loads((tmp_path / "r.json").read_text())["engines"]["llama.cpp"]["decode_tok_s@4"]
         is None
     )
+
+
+def test_bench_engine_speculation_reports_both_modes_on_both_workloads(
+    tmp_path, capsys, monkeypatch
+):
+    """--spec-tokens: plain vs speculative batch-1 decode on the quote and chat workloads,
+    speed-up, acceptance, tokens per step and token identity (a tiny random model: the
+    figures' plumbing; SmolLM2's own are in the README)."""
+    from tandem.bench.component import engine_spec
+
+    save_hf_dir(TINY, random_weights(TINY), str(tmp_path / "tiny"))
+    monkeypatch.setattr(engine_spec, "load_tokenizer", lambda source: None)
+    monkeypatch.setattr(  # the tiny model has no tokenizer: prompts that repeat themselves
+        engine_spec, "chat_prompts", lambda tok, tasks: [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]]
+    )
+    out_json = tmp_path / "r.json"
+    argv = ["--model", str(tmp_path / "tiny"), "--weights", "fp32", "int4", "--repeats", "1"]
+    argv += ["--num-threads", "1", "--spec-tokens", "3", "--spec-max-tokens", "12"]
+    assert main([*argv, "--spec-only", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "speculation: prompt lookup, k=3, n-gram 2..4" in text
+    result = json.loads(out_json.read_text())
+    for fmt in ("fp32", "int4"):
+        for workload in ("quote", "chat"):
+            f = result["speculation"][fmt][workload]
+            assert f["identical"] and f["plain_tok_s"] > 0 and f["spec_tok_s"] > 0
+            assert f["tokens_per_step"] >= 1 and f"native-{fmt} {workload}" in text
+    with pytest.raises(SystemExit, match="--spec-tokens=-1; expected 0"):
+        main([*argv[:-4], "--spec-tokens", "-1"])
+    with pytest.raises(SystemExit, match="spec_ngram_max=1 out of range"):
+        main([*argv, "--spec-only", "--spec-ngram-max", "1"])

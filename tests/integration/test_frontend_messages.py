@@ -1,8 +1,8 @@
 """/v1/messages with the official `anthropic` SDK against mocker workers (in one process):
 thinking through the model's reasoning parser, tool_use from the model's tool-call parser,
-an engine failure after the stream started as Anthropic's `error` event, image blocks through
-the multimodal path (the same tokens and cached blocks as the chat request with the same
-image), and /openapi.json."""
+an engine failure after the stream started as Anthropic's `error` event, the same prompt as
+the chat request's tokens and cached blocks (text, and image blocks through the multimodal
+path), x-api-key, refusals in Anthropic's shape, and /openapi.json."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 MODEL = "smollm2"
 ASK = [{"role": "user", "content": "Capital of France?"}]
 READY = {"model": MODEL, "messages": ASK, "max_tokens": 1}
+KEY = "sk-test-key"
 R1_OUT = "The user wants the capital. It is Paris.\n</think>\n\nParis."
 MISTRAL_OUT = 'Checking.[TOOL_CALLS]get_current_weather[ARGS]{"location": "Paris"}'
 
@@ -161,3 +162,61 @@ async def test_an_image_block_is_the_same_tokens_and_blocks_as_chats_image_url()
         validator = jsonschema.Draft202012Validator({**schema, "components": doc["components"]})
         validator.validate({"model": MODEL, "messages": turn, "max_tokens": 2})
         assert "post" in doc["paths"]["/v1/messages/count_tokens"]
+
+
+async def test_the_same_prompt_is_the_same_tokens_as_chat_and_reads_its_cache() -> None:
+    """Routing equivalence: a Messages request and its chat twin render the same prompt, so the
+    second finds the first's blocks cached (the KV router and the prefix cache key on the same
+    token ids); count_tokens counts that prompt. Also x-api-key, and refusals in Anthropic's
+    shape: a wrong key (401), an unknown model (404), an unknown beta or version (400)."""
+    mocker = MockerConfig(
+        speedup_ratio=0, block_size=4, tokenizer=f"gguf:{smollm2_gguf()}", model_name=MODEL
+    )
+    async with AsyncExitStack() as exit_stack:
+        s = FrontendStack(exit_stack)
+        await s.add_worker(MockerEngine(mocker))
+        await s.start_frontend(READY, api_keys=(KEY,))
+        chat_client = openai.AsyncOpenAI(base_url=f"{s.base}/v1", api_key=KEY, max_retries=0)
+        client = anthropic.AsyncAnthropic(base_url=s.base, api_key=KEY, max_retries=0)
+        await exit_stack.enter_async_context(chat_client)
+        await exit_stack.enter_async_context(client)
+        system = "You are a careful assistant who answers in one sentence."
+        chat = await chat_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "system", "content": system}, *ASK], max_tokens=2
+        )
+        assert chat.usage is not None
+        prompt_tokens = chat.usage.prompt_tokens
+        counted = await client.messages.count_tokens(model=MODEL, system=system, messages=ASK)  # type: ignore[arg-type]
+        assert counted.input_tokens == prompt_tokens
+        message = await client.messages.create(
+            model=MODEL,
+            system=system,
+            messages=ASK,
+            max_tokens=2,  # type: ignore[arg-type]
+        )
+        cached = message.usage.cache_read_input_tokens or 0
+        assert message.usage.input_tokens + cached == prompt_tokens
+        assert cached >= prompt_tokens - 4  # every full block (block_size 4)
+
+        bad = anthropic.AsyncAnthropic(base_url=s.base, api_key="nope", max_retries=0)
+        await exit_stack.enter_async_context(bad)
+        with pytest.raises(anthropic.AuthenticationError) as auth:
+            await bad.messages.create(model=MODEL, messages=ASK, max_tokens=2)  # type: ignore[arg-type]
+        assert auth.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            await client.messages.create(model="nope", messages=ASK, max_tokens=2)  # type: ignore[arg-type]
+        assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+        for header, value in (
+            ("anthropic-beta", "context-1m-2025-08-07"),
+            ("anthropic-version", "2022-01-01"),
+        ):
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                await client.messages.create(
+                    model=MODEL,
+                    messages=ASK,  # type: ignore[arg-type]
+                    max_tokens=2,
+                    extra_headers={header: value},
+                )
+            body = refused.value.body
+            assert body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+            assert value in body["error"]["message"]  # type: ignore[index]

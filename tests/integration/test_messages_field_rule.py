@@ -1,9 +1,9 @@
 """The Anthropic Messages API with the official `anthropic` SDK against a real frontend and
 the real SmolLM2 native engine: every field of the current Messages request either has its
 documented effect (observed here) or is a 400 naming it in Anthropic's error shape; the SDK's
-streaming helper accumulates tandem's events; tools round-trip (tool_use → tool_result);
-count_tokens; x-api-key; the same prompt through /v1/messages and /v1/chat/completions is the
-same tokens (the second reads the first's cached blocks).
+streaming helper accumulates tandem's events; tools round-trip (tool_use → tool_result).
+count_tokens, x-api-key and the routing equivalence with chat are shown on the mocker
+(tests/integration/test_frontend_messages.py).
 
 The field list is the 2.x SDK's `MessageCreateParamsStreaming` (generated from Anthropic's
 API reference); `test_the_list_matches_the_sdk` fails when a newer SDK adds a field, until it
@@ -20,7 +20,6 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import anthropic
-import openai
 import pytest
 from anthropic.types import message_create_params
 from tests.support.frontend_stack import FrontendStack
@@ -30,7 +29,6 @@ from tandem.engines.native.engine import NativeEngine
 
 pytestmark = [pytest.mark.native, pytest.mark.timeout(240)]
 MODEL = "smollm2"
-KEY = "sk-test-key"
 STORY = [{"role": "user", "content": "Tell me a short story about a fox."}]
 FIELDS = (
     "cache_control", "container", "diagnostics", "inference_geo", "max_tokens", "messages",
@@ -207,62 +205,3 @@ async def test_every_messages_field_has_its_effect_or_a_400_naming_it(
         done = await _sampling_effects(client, caplog) | set(REFUSED) | set(REFUSED_HEADERS)
         done |= await _tool_effects(client)
         assert set(FIELDS) - done == set()
-
-
-async def test_the_same_prompt_is_the_same_tokens_as_chat_and_reads_its_cache() -> None:
-    """Routing equivalence: a Messages request and its chat twin render the same prompt, so the
-    second finds the first's blocks cached (KV-aware routing and the prefix cache key on the
-    same token ids); count_tokens counts that prompt."""
-    async with AsyncExitStack() as exit_stack:
-        s = FrontendStack(exit_stack)
-        config = NativeConfig(num_blocks=256, max_num_batched_tokens=256, num_threads=1)
-        await s.add_worker(NativeEngine(config))
-        system = "You are a careful assistant who answers in one sentence. " * 6
-        question = [{"role": "user", "content": "Why is the sky blue? Explain it to a child."}]
-        ready = {"model": MODEL, "messages": question, "max_tokens": 1}
-        await s.start_frontend(ready, api_keys=(KEY,))
-        chat_client = openai.AsyncOpenAI(base_url=f"{s.base}/v1", api_key=KEY, max_retries=0)
-        client = _old_client(s.base, KEY)
-        chat = await chat_client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "system", "content": system}, *question],
-            max_tokens=2,
-        )
-        prompt_tokens = chat.usage.prompt_tokens
-        counted = await client.messages.count_tokens(model=MODEL, system=system, messages=question)
-        assert counted.input_tokens == prompt_tokens
-        message = await _create(client, system=system, messages=question, max_tokens=2)
-        usage = message.usage
-        assert usage.input_tokens + usage.cache_read_input_tokens == prompt_tokens
-        assert usage.cache_read_input_tokens >= prompt_tokens - 16  # all but the last block
-        # x-api-key was the key above; a wrong one is Anthropic's 401
-        bad = anthropic.AsyncAnthropic(base_url=s.base, api_key="nope", max_retries=0)
-        with pytest.raises(anthropic.AuthenticationError) as info:
-            await _create(bad)
-        assert info.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
-        with pytest.raises(anthropic.NotFoundError) as missing:
-            await _create(client, model="no-such-model")
-        assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
-        beta = client.messages.create(
-            model=MODEL,
-            messages=question,
-            max_tokens=2,
-            extra_headers={"anthropic-beta": "context-1m-2025-08-07"},
-        )
-        await _refused(beta, "context-1m-2025-08-07")
-        old = client.messages.create(
-            model=MODEL,
-            messages=question,
-            max_tokens=2,
-            extra_headers={"anthropic-version": "2022-01-01"},
-        )
-        await _refused(old, "anthropic-version")
-        image = {
-            "type": "image",
-            "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
-        }
-        body = await _refused(
-            _create(client, system=system, messages=[{"role": "user", "content": [image]}]),
-            "messages[0].content[0]",
-        )
-        assert "image" in body["error"]["message"]

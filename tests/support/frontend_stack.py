@@ -55,6 +55,7 @@ class FrontendStack:
         self.base = ""
         self.http: aiohttp.ClientSession | None = None
         self.workers: list[Worker] = []
+        self.headers: dict[str, str] = {}  # sent with `post` (a stack with API keys: the first)
 
     async def runtime(self) -> Runtime:
         return await self.exit_stack.enter_async_context(
@@ -76,7 +77,10 @@ class FrontendStack:
         self, ready_body: dict[str, Any], *, ready_path: str = CHAT, **config: Any
     ) -> None:
         """Serve on a free port (`config`: FrontendConfig fields); return once `ready_body`
-        sent to `ready_path` gets a 200 (workers discovered, the model's tokenizer loaded)."""
+        sent to `ready_path` gets a 200 (workers discovered, the model's tokenizer loaded).
+        With `api_keys`, `post` sends the first as a Bearer key."""
+        if keys := config.get("api_keys"):
+            self.headers = {"authorization": f"Bearer {keys[0]}"}
         rt = await self.runtime()
         self.base, self.http = await start_frontend_task(
             self.exit_stack, rt, FrontendConfig(port=0, **config)
@@ -94,7 +98,7 @@ class FrontendStack:
         """POST a dict (as JSON) or raw bytes; the body comes back parsed when it is JSON."""
         assert self.http is not None
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        async with self.http.post(f"{self.base}{path}", data=data) as resp:
+        async with self.http.post(f"{self.base}{path}", data=data, headers=self.headers) as resp:
             text = await resp.text()
             try:
                 parsed: Any = json.loads(text)

@@ -204,6 +204,7 @@ BAD_INPUT = [  # (what the body changes, the param named, a word of the message)
     ({"sampling_params": {"min_p": 0.1}}, "sampling_params.min_p", "0.1"),
     ({"sampling_params": {"temperature": 9}}, "sampling_params.temperature", "9"),
     ({"sampling_params": {"n": 500}}, "sampling_params.n", "500"),
+    ({"sampling_params": {"output_kind": 7}}, "sampling_params.output_kind", "7"),
     ({"sampling_params": {"max_tokens": 0}}, "sampling_params.max_tokens", "0"),
     ({"sampling_params": {"logprobs": -1}}, "sampling_params.logprobs", "-1"),
     ({"sampling_params": {"stop_token_ids": [10**6]}}, "stop_token_ids[0]", "1000000"),
@@ -227,6 +228,17 @@ REFUSED_SAMPLING = {
     "extra_args": {"x": 1},
     "truncate_prompt_tokens": 8,
     "flat_logprobs": True,
+    "logprob_token_ids": [3],
+    "prompt_logprob_token_ids": [[3]],
+    "prompt_logprob_start": 2,
+    "stream_interval": 4,
+    "skip_reading_prefix_cache": True,
+    "thinking_token_budget": 100,
+    "repetition_detection": {"max_pattern_size": 4},
+    "routed_experts_prompt_start": 5,
+    "trace_decode_token_ids": [3],
+    "watermarking": {"key": 1},
+    "output_text_buffer_length": 3,
 }
 
 
@@ -245,9 +257,22 @@ async def test_bad_input_is_a_400_naming_the_field() -> None:
             status, error, _ = await s.post(GENERATE, body(**{name: value}))
             assert status == 400 and error["error"]["param"] == f"sampling_params.{name}", error
             assert "not supported" in error["error"]["message"], error
-        for name, value in {"min_p": 0.0, "bad_words": [], "flat_logprobs": False}.items():
-            status, out, _ = await s.post(GENERATE, body(**{name: value}))  # vLLM's defaults
-            assert status == 200, (name, out)
+        # vLLM's SamplingParams() as msgspec encodes it (vLLM 0.32), and other defaults
+        defaults = {"stop": [], "stop_token_ids": [], "bad_words": []}
+        defaults |= {"skip_reading_prefix_cache": False, "min_p": 0.0, "flat_logprobs": False}
+        defaults |= {"skip_clone": True, "stream_interval": 1, "routed_experts_prompt_start": 0}
+        status, out, _ = await s.post(GENERATE, body(**defaults))
+        assert status == 200, out
+        # msgspec.json.encode of vLLM 0.32's SamplingParams(max_tokens=4, temperature=0.0,
+        # seed=3, logprobs=1, stop_token_ids=[2]): vLLM's internal fields ride along
+        vllm_encoded = (
+            b'{"temperature":0.0,"seed":3,"stop":[],"stop_token_ids":[2],"max_tokens":4,'
+            b'"logprobs":1,"_all_stop_token_ids":[2],"bad_words":[],'
+            b'"skip_reading_prefix_cache":false}'
+        )
+        raw = b'{"token_ids":[1,2,3],"sampling_params":' + vllm_encoded + b"}"
+        status, out, _ = await s.post(GENERATE, raw)
+        assert status == 200 and len(out["choices"][0]["token_ids"]) <= 4, out
         assert await s.inflight_on_workers() in ([], [0.0])
 
 

@@ -47,6 +47,14 @@ class GenerateSamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: int = 0  # vLLM's RequestOutputKind; the server streams deltas either way
+    skip_clone: bool = False  # vLLM-internal (its copy of the params); nothing to do here
+    # vLLM-internal fields that msgspec.json.encode(vllm.SamplingParams(...)) writes too: vLLM
+    # derives them from the fields above (stop ids + the model's eos, bad_words' ids) when it
+    # builds the params, and so does tandem's preprocess: their values are not read
+    all_stop_token_ids: Any = msgspec.field(default=None, name="_all_stop_token_ids")
+    bad_words_token_ids: Any = msgspec.field(default=None, name="_bad_words_token_ids")
+    eos_token_id: Any = msgspec.field(default=None, name="_eos_token_id")
+    watermarking_skipped: Any = msgspec.field(default=None, name="_watermarking_skipped")
     # vLLM fields tandem does not offer (UNSUPPORTED_SAMPLING)
     min_p: Any = None
     prompt_logprobs: Any = None
@@ -57,6 +65,17 @@ class GenerateSamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields
     extra_args: Any = None
     truncate_prompt_tokens: Any = None
     flat_logprobs: Any = None
+    logprob_token_ids: Any = None
+    prompt_logprob_token_ids: Any = None
+    prompt_logprob_start: Any = None
+    stream_interval: Any = None
+    skip_reading_prefix_cache: Any = None
+    thinking_token_budget: Any = None
+    repetition_detection: Any = None
+    routed_experts_prompt_start: Any = None
+    trace_decode_token_ids: Any = None
+    watermarking: Any = None
+    output_text_buffer_length: Any = None
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -86,6 +105,19 @@ UNSUPPORTED_SAMPLING = {
     "extra_args": Unsupported((None, {}), "engine-specific extra arguments are not offered"),
     "truncate_prompt_tokens": Unsupported((None,), "prompts are never truncated"),
     "flat_logprobs": Unsupported((None, False), "logprobs come in vLLM's per-token form"),
+    # vLLM 0.32's further fields (a msgspec-encoded SamplingParams() carries
+    # skip_reading_prefix_cache: false)
+    "logprob_token_ids": Unsupported((None,), "logprobs of chosen ids are not offered"),
+    "prompt_logprob_token_ids": Unsupported((None,), "prompt tokens get no logprobs"),
+    "prompt_logprob_start": Unsupported((None,), "prompt tokens get no logprobs"),
+    "stream_interval": Unsupported((None, 1), "every engine output is streamed as it comes"),
+    "skip_reading_prefix_cache": Unsupported((None, False), "the prefix cache is always read"),
+    "thinking_token_budget": Unsupported((None,), "there is no thinking budget"),
+    "repetition_detection": Unsupported((None,), "repetition detection is not offered"),
+    "routed_experts_prompt_start": Unsupported((None, 0), "routed experts are not returned"),
+    "trace_decode_token_ids": Unsupported((None,), "decode tracing by id is not offered"),
+    "watermarking": Unsupported((None,), "watermarking is not offered"),
+    "output_text_buffer_length": Unsupported((None, 0), "vLLM-internal; no text is returned"),
 }
 UNSUPPORTED_GENERATE = {
     "features": Unsupported((None,), "multimodal features are not taken with token ids"),

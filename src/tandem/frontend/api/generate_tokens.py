@@ -76,7 +76,7 @@ def decode_generate(body: bytes) -> GenerateRequest:
         known = GenerateSamplingParams if m.group("at") else GenerateRequest
         raise InvalidRequest(
             f"{param} is not a field of {PATH} (vLLM's GenerateRequest); expected one of: "
-            f"{', '.join(known.__struct_fields__)}",
+            f"{', '.join(known.__struct_encode_fields__)}",
             param=param,
         ) from exc
     check_unsupported(req, UNSUPPORTED_GENERATE)
@@ -101,6 +101,12 @@ def completion_request(req: GenerateRequest, model: str) -> CompletionIdsRequest
             f"sampling_params.stop={show_value(sp.stop)} needs detokenize: true (stop strings "
             "are matched on the text); use stop_token_ids, or drop detokenize: false",
             param="sampling_params.stop",
+        )
+    if sp.output_kind not in (0, 1, 2):
+        raise InvalidRequest(
+            f"sampling_params.output_kind={sp.output_kind} is invalid; expected vLLM's "
+            "RequestOutputKind: 0 (cumulative), 1 (delta) or 2 (final only)",
+            param="sampling_params.output_kind",
         )
     if req.cache_salt is not None and not 0 < len(req.cache_salt) <= MAX_IDENTIFIER_CHARS:
         raise InvalidRequest(

@@ -77,6 +77,9 @@ async def test_thinking_comes_from_the_reasoning_parser_whole_and_streamed() -> 
             streamed = await stream.get_final_message()
         assert deltas == {"thinking_delta", "text_delta"}
         assert streamed.model_dump(exclude={"id"}) == message.model_dump(exclude={"id"})
+        # not asked for: a model that thinks anyway has its thinking dropped, tags and all
+        quiet = await client.messages.create(model=MODEL, messages=ASK, max_tokens=2048)
+        assert [(b.type, b.text) for b in quiet.content] == [("text", "Paris.")]  # type: ignore[union-attr]
 
 
 async def test_tool_use_comes_from_the_models_tool_call_parser() -> None:

@@ -93,9 +93,17 @@ class MessagesEndpoint:
                     prepared.stop_strings,
                     skip_special_tokens=prepared.skip_special_tokens,
                 )
-                parser = output_parser(prepared)
+                # without `thinking`, a model that thinks anyway (R1 style) has its thinking
+                # parsed out and left out of the answer
+                hidden = None if equivalent.thinking else model.reasoning_parser
                 output = MessageOutput(
-                    message_id, model.name, prepared, state, parser, stream=req.stream
+                    message_id,
+                    model.name,
+                    prepared,
+                    state,
+                    output_parser(prepared, hidden),
+                    stream=req.stream,
+                    show_thinking=equivalent.thinking,
                 )
                 await pipeline.run(response, prepared, [state], output, stream=req.stream)
 
@@ -154,14 +162,19 @@ async def _preprocess(
         raise equivalent.rename(exc) from None
 
 
-def output_parser(prepared: Prepared) -> OutputParser | None:
-    """The choice's reasoning and tool-call parsers, as chat's output makes them."""
-    if prepared.tool_parser is None and prepared.reasoning_parser is None:
+def output_parser(prepared: Prepared, hidden_reasoning: str | None) -> OutputParser | None:
+    """The choice's reasoning and tool-call parsers, as chat's output makes them;
+    `hidden_reasoning`: the model's reasoning parser where preprocessing turned it off (the
+    template was told not to think), to catch thinking the model writes anyway."""
+    reasoning, opens_think = prepared.reasoning_parser, prepared.prompt_opens_think
+    if reasoning is None:
+        reasoning, opens_think = hidden_reasoning, False
+    if prepared.tool_parser is None and reasoning is None:
         return None
     return OutputParser.make(
         prepared.tool_parser,
-        prepared.reasoning_parser,
+        reasoning,
         max_calls=prepared.max_tool_calls,
         tools=prepared.tools,
-        prompt_opens_think=prepared.prompt_opens_think,
+        prompt_opens_think=opens_think,
     )

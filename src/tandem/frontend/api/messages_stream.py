@@ -7,8 +7,9 @@ pieces of a tool call's input as the model writes them) and `content_block_stop`
 first block starts; `message_delta` (stop_reason, stop_sequence, usage) and `message_stop`.
 An error after the stream started is an `error` event. Reasoning and tool calls come from the
 model's parsers (`pipeline.parsers.choice.OutputParser`, as chat's): reasoning becomes
-`thinking` blocks (`thinking_delta`; asked for with `thinking`, else the template was told not
-to think), each call a `tool_use` block (`toolu_` id).
+`thinking` blocks (`thinking_delta`) when `thinking` asked for them (else the template was
+told not to think, and thinking a model writes anyway is dropped), each call a `tool_use`
+block (`toolu_` id).
 
 Usage: `input_tokens` are the prompt tokens not read from the prefix cache,
 `cache_read_input_tokens` the ones that were (Anthropic counts the two apart; their sum is
@@ -74,6 +75,7 @@ class MessageOutput:
         "_parser",
         "_pinged",
         "_prepared",
+        "_show_thinking",
         "_state",
         "_tool_ids",
         "keep_text",
@@ -88,8 +90,10 @@ class MessageOutput:
         parser: OutputParser | None,
         *,
         stream: bool,
+        show_thinking: bool = True,
     ) -> None:
         self._id, self._model = message_id, model
+        self._show_thinking = show_thinking  # False: thinking is parsed out and dropped
         self._prepared, self._state, self._parser = prepared, state, parser
         self.keep_text = not stream
         self._index = -1  # the open content block's index (-1: none yet)
@@ -124,7 +128,7 @@ class MessageOutput:
             reasoning, calls = "", list[dict[str, Any]]()
             if self._parser is not None:
                 reasoning, text, calls = self._parser.feed(text, final=finish is not None)
-            if reasoning:
+            if reasoning and self._show_thinking:
                 self._open(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
                 out.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
             if text:
@@ -194,7 +198,7 @@ class MessageOutput:
         if self._parser is not None and text is not None:
             reasoning, text, calls = self._parser.parse(text)
         blocks: list[dict[str, Any]] = []
-        if reasoning:
+        if reasoning and self._show_thinking:
             blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
         if text:
             blocks.append({"type": "text", "text": text})

@@ -70,6 +70,7 @@ def test_streamed_at_every_split_point_it_adds_up_to_the_whole(
         got, calls, _ = stream(fmt, pieces)
         assert (got.strip() or None) == (content.strip() if content else None), pieces
         assert [(c["name"], json.loads(c["args"])) for c in calls.values()] == expected, pieces
+        assert all(c["args"].startswith("{") for c in calls.values()), pieces
         if fmt != "hermes":  # exactly the text parse gives (Hermes re-encodes a whole call)
             assert [c["args"] for c in calls.values()] == [c.arguments for c in whole]
 

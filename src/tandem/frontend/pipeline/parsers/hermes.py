@@ -25,7 +25,8 @@ from tandem.frontend.pipeline.parsers.base import (
 )
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+# up to the arguments' first character: streamed arguments start at the value, not a blank
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 
 
 def parse_call(body: str) -> ToolCall | None:

@@ -33,6 +33,10 @@ class PythonicToolParser(RegionToolParser):
         super().__init__(max_calls=max_calls, tools=tools)
         self._closed: dict[int, PartialCall | None] = {}  # closed calls, by offset
 
+    def forget_region(self) -> None:
+        super().forget_region()
+        self._closed.clear()
+
     def scan(self, region: str, *, final: bool) -> list[PartialCall] | None:
         start = skip_blank(region, len(START) if region.startswith(START) else 0)
         if len(region) > MAX_REGION_CHARS:

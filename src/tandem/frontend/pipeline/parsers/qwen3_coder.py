@@ -48,6 +48,11 @@ class Qwen3CoderToolParser(RegionToolParser):
         self._progress: dict[int, tuple[list[str], int]] = {}  # by the call's offset
         self._escaped: dict[int, tuple[int, str]] = {}  # an open value's JSON so far
 
+    def forget_region(self) -> None:
+        super().forget_region()
+        self._progress.clear()
+        self._escaped.clear()
+
     def scan(self, region: str, *, final: bool) -> list[PartialCall] | None:
         calls: list[PartialCall] = []
         pos = 0

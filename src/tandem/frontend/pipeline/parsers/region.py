@@ -62,6 +62,12 @@ class RegionToolParser:
     def new_id(self) -> str:
         return new_call_id()
 
+    def forget_region(self) -> None:
+        """Drop what was read of a region that turned out to be text (its offsets would
+        mislead the reading of a region opened later); subclasses with caches extend it."""
+        self._scanners.clear()
+        self._json.clear()
+
     def bracket_end(self, region: str, start: int, *, python: bool = False) -> int:
         """Index after the bracket at `region[start]` closes (-1: not yet), resumed where the
         last look at the same bracket stopped (the region only grows)."""
@@ -143,6 +149,7 @@ class RegionToolParser:
                 self.is_malformed = True
             if not self.calls:  # not calls after all: the region is text
                 region, self._region = self._region, None
+                self.forget_region()
                 if final:
                     return region, []
                 self._buf, self._at_start = "", False

@@ -13,6 +13,7 @@ from native_tiny import request, tiny_core
 
 from tandem.engines.native.args import add_args, config_from_args
 from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.engine import NativeEngine
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.sequence import Sequence
 from tandem.engines.native.speculation import NgramProposer, accept_greedy, accept_sampled
@@ -285,3 +286,17 @@ def test_flags_turn_it_on_and_bad_values_are_clear_errors():
         parse("--spec-method", "ngram", "--spec-tokens", "0")
     with pytest.raises(ValueError, match="spec_ngram_max=2 out of range"):
         parse("--spec-ngram-min", "3", "--spec-ngram-max", "2")
+
+
+async def test_the_engine_serves_the_speculation_series_with_its_metrics():
+    """What a worker's /metrics scrape reads (`Engine.metric_families`)."""
+    core = tiny_core(spec_method="ngram")
+    engine = NativeEngine(core.config, core=core)
+    await engine.start()
+    async for out in engine.generate(request("m", PROMPTS["a"], max_tokens=4)):
+        if out.finish_reason:
+            break
+    names = {f.name for f in engine.metric_families()}
+    await engine.stop()
+    assert {"tandem_native_spec_acceptance_rate", "tandem_native_spec_decode_steps"} <= names
+    assert core.speculator.stats.num_decode_steps == 3

@@ -38,6 +38,7 @@ from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState
 from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.anthropic import API_VERSIONS, CountTokensRequest, MessagesRequest
+from tandem.protocols.openai import show_value
 from tandem.runtime import tracing
 from tandem.runtime.log_format import request_scope
 
@@ -128,21 +129,21 @@ def check_headers(headers: dict[str, str]) -> str | None:
     version = headers.get("anthropic-version")
     if version is not None and version not in API_VERSIONS:
         raise InvalidRequest(
-            f"anthropic-version={version!r} is not supported; accepted: "
+            f"anthropic-version={show_value(version)} is not supported; accepted: "
             f"{', '.join(API_VERSIONS)} (or no header)",
             param="anthropic-version",
         )
     betas = [b.strip() for b in headers.get("anthropic-beta", "").split(",") if b.strip()]
     if refused := [b for b in betas if b not in BETAS]:
         raise InvalidRequest(
-            f"anthropic-beta {', '.join(refused)} not supported by this server; accepted: "
-            f"{', '.join(sorted(BETAS))}",
+            f"anthropic-beta {show_value(', '.join(refused))} not supported by this server; "
+            f"accepted: {', '.join(sorted(BETAS))}",
             param="anthropic-beta",
         )
     for header, why in REFUSED_HEADERS.items():
         if header in headers:
             raise InvalidRequest(
-                f"{header}={headers[header]!r} is not supported: {why}; leave it unset",
+                f"{header}={show_value(headers[header])} is not supported: {why}; leave it unset",
                 param=header,
             )
     return version

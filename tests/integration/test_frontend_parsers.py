@@ -186,3 +186,26 @@ async def test_a_forced_call_of_a_reasoning_model_is_a_call_not_reasoning() -> N
         message = resp["choices"][0]["message"]
         assert message.get("reasoning_content") is None
         assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+async def test_every_endpoint_keeps_the_eos_out_of_a_mistral_models_text(path: str) -> None:
+    """/v1/messages and /v1/responses build their choice the way chat does: the EOS that a
+    tool-call parser's kept special tokens would let through is not text on either."""
+    async with _stack("Sunny in Paris.", ["--tool-call-parser", "mistral"], eos=True) as (s, _):
+        if path == "/v1/messages":
+            tools = [
+                {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                for t in (t.to_dict() for t in TOOLS)
+            ]
+            body = {"model": MODEL, "max_tokens": 32, "tools": tools}
+            body["messages"] = [{"role": "user", "content": "Paris?"}]
+            status, resp, _ = await s.post(path, body)
+            assert status == 200, resp
+            assert [b["text"] for b in resp["content"]] == ["Sunny in Paris."], resp
+        else:
+            body = {"model": MODEL, "input": "Paris?", "max_output_tokens": 32}
+            status, resp, _ = await s.post(path, body)
+            assert status == 200, resp
+            texts = [c["text"] for o in resp["output"] for c in o.get("content", [])]
+            assert texts == ["Sunny in Paris."], resp

@@ -25,7 +25,7 @@ from tandem.frontend.api.request_input import (
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
-from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
+from tandem.frontend.pipeline.generate import GeneratePipeline, choice_state, server_span
 from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event, best_candidates
 from tandem.frontend.pipeline.preprocess import Prepared
@@ -144,17 +144,7 @@ def _log_end_user(request_id: str, req: ChatCompletionRequest | CompletionReques
 
 def _choice_states(prepared: Prepared) -> list[ChoiceState]:
     """One state per engine request; an echoed prompt prefixes its choices' text."""
-    states = [
-        ChoiceState(
-            i,
-            prepared.model.tokenizer,
-            prepared.stop_strings,
-            include_stop_str=prepared.include_stop_str,
-            skip_special_tokens=prepared.skip_special_tokens,
-            hidden_token_ids=prepared.hidden_token_ids,
-        )
-        for i in range(len(prepared.requests))
-    ]
+    states = [choice_state(prepared, i) for i in range(len(prepared.requests))]
     if prepared.echo_texts is not None:  # choices of prompt p: p*k .. p*k+k-1
         per_prompt = len(states) // len(prepared.echo_texts)
         for state in states:

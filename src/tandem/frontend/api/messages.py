@@ -33,9 +33,8 @@ from tandem.frontend.api.request_input import decode_body, new_request_id
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.observability.metrics import count_as
-from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
+from tandem.frontend.pipeline.generate import GeneratePipeline, choice_state, server_span
 from tandem.frontend.pipeline.parsers.choice import OutputParser
-from tandem.frontend.pipeline.postprocess import ChoiceState
 from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.anthropic import API_VERSIONS, CountTokensRequest, MessagesRequest
 from tandem.protocols.openai import show_value
@@ -88,12 +87,7 @@ class MessagesEndpoint:
                     prepared = await _preprocess(pipeline, http, equivalent, model, message_id)
                 if equivalent.thinking and prepared.reasoning_parser is None:
                     raise no_reasoning_parser(req.thinking, model.name)
-                state = ChoiceState(
-                    0,
-                    prepared.model.tokenizer,
-                    prepared.stop_strings,
-                    skip_special_tokens=prepared.skip_special_tokens,
-                )
+                state = choice_state(prepared)
                 # without `thinking`, a model that thinks anyway (R1 style) has its thinking
                 # parsed out and left out of the answer
                 hidden = None if equivalent.thinking else model.reasoning_parser

@@ -286,6 +286,21 @@ async def collect_events(
     await response.send(200, output.body())
 
 
+def choice_state(prepared: Prepared, index: int = 0) -> ChoiceState:
+    """The state that turns the outputs of `prepared`'s engine request `index` into text: its
+    stop strings, whether special tokens are skipped and which ids are never text (a Mistral
+    model's EOS where special tokens stay for a tool-call parser). Every endpoint builds its
+    choices here, so none drops one of them."""
+    return ChoiceState(
+        index,
+        prepared.model.tokenizer,
+        prepared.stop_strings,
+        include_stop_str=prepared.include_stop_str,
+        skip_special_tokens=prepared.skip_special_tokens,
+        hidden_token_ids=prepared.hidden_token_ids,
+    )
+
+
 def cached_tokens(prepared: Prepared, states: list[ChoiceState]) -> int:
     """Prompt tokens served from the prefix cache: each prompt's first choice reports them."""
     n = len(states) // max(len(prepared.prompt_lens), 1)

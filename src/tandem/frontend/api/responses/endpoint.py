@@ -31,7 +31,7 @@ from tandem.frontend.api.responses.store import ResponseStore
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
-from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
+from tandem.frontend.pipeline.generate import GeneratePipeline, choice_state, server_span
 from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared
@@ -129,12 +129,7 @@ class ResponsesEndpoint:
                         len(system),
                         len(history),
                     )
-                state = ChoiceState(
-                    0,
-                    prepared.model.tokenizer,
-                    [],
-                    skip_special_tokens=prepared.skip_special_tokens,
-                )
+                state = choice_state(prepared)
                 output = ResponsesOutput(prepared, state, builder, save)
                 await pipeline.run(response, prepared, [state], output, stream=req.stream)
 

@@ -1,5 +1,5 @@
-/* Weight-only quantized linear kernels for the native engine: AVX-512, AVX2 + FMA, or a
- * portable scalar path, picked at compile time by what the compiler targets.
+/* Weight-only quantized linear kernels for the native engine: AVX-512 (with or without VNNI),
+ * AVX2 + FMA, or a portable scalar path, picked at compile time by what the compiler targets.
  *
  * Source weights (the cache / GGUF order), row-major over output rows n, in groups of 32
  * along the input dimension k:
@@ -22,8 +22,9 @@
  *   y[n]   = acc[n] (+ residual)
  * so a request's output is bit-identical alone or batched (batch invariance by
  * construction), and equals x @ dequantize(W)^T up to the order of the fp32 additions.
- * That is the AVX2 and scalar builds; an AVX-512 build with VNNI rounds the activations to
- * 15 bits per group instead and sums in int32 (the VNNI path below; tq_activation_bits).
+ * That is the AVX-512 (without VNNI) and scalar builds; the AVX-512 VNNI build rounds the
+ * activations to 15 bits per group instead and sums in int32 (vpdpbusd), the AVX2 build to
+ * 13 bits (vpmaddubsw) (the integer path below; tq_activation_bits).
  *
  * Up to MR rows (12 with AVX-512: 24 zmm of partial sums; 2 with AVX2): each tile's codes
  * are widened in registers once per k and used by all rows (the mat-vec streams the packed
@@ -87,6 +88,15 @@ typedef __m256 vec;
 #define VNNI 1 /* the integer path below, with its own packed layout */
 #else
 #define VNNI 0
+#endif
+/* the integer-activation path (activations rounded per group of 32, code x activation byte
+ * products summed exactly in integers): AVX-512 VNNI (vpdpbusd) and AVX2 (vpmaddubsw); the
+ * AVX2 build compiled with -DTQ_FP32_ACTIVATIONS runs the fp32-activation kernel instead
+ * (a measurement baseline, not a build tandem serves) */
+#if VNNI || (ISA == 256 && !defined(TQ_FP32_ACTIVATIONS))
+#define IPATH 1
+#else
+#define IPATH 0
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
@@ -156,8 +166,8 @@ static void pack(int kind, const uint8_t *qs, const float *d, const float *m, in
             } else {
                 q = qs[n * K + k];
             }
-#if VNNI /* quads of 4 k: byte 4 (c mod 16) + k mod 4; columns 16.. in the high nibbles
-          * (q4) or the next 64 bytes (q8) */
+#if IPATH /* quads of 4 k: byte 4 (c mod 16) + k mod 4; columns 16.. in the high nibbles
+           * (q4) or the next 64 bytes (q8) */
             uint8_t *o = pq + t * tile + (k / 4) * (kind == 4 ? 64 : 128) + 4 * (c % 16) + k % 4;
             if (kind == 8 && c >= 16) o += 64;
 #else /* k-major: byte c (q8), or c mod 16 with columns 16.. in the high nibbles (q4) */
@@ -383,8 +393,8 @@ static void run_tile(int R, int kind, const float *buf, const uint8_t *q, const 
 
 int tq_screen_block(void) { return SBK; }
 
-/* ------------------------------------------------------------------ VNNI path */
-#if VNNI
+/* ------------------------------------------------------------------ integer path */
+#if IPATH
 /* Where AVX512-VNNI is present the codes are never widened: each row's activations are
  * rounded to 15-bit integers per group of 32 (scale s = max|x| / 16383, xq = rint(x / s))
  * and split into two signed bytes, xq = 128 xh + xl (xh in -128..127, xl in 0..127), so
@@ -403,13 +413,23 @@ int tq_screen_block(void) { return SBK; }
  * AND a quad: ~1 % of the GEMM at 32 rows), so those columns' packed d is d / 16 (exact); the
  * int32 sums then reach 16 x 15 x 16383 x 32 < 2^31, and their fp32 conversion rounds as
  * q8's (codes to 255) always did. */
-#define XBITS 15
-#define XMAX 16383
 #define ROWS_SPLIT 64 /* rows a thread from which threads split rows, not tiles */
 #define TILE_CHUNK 16 /* tiles a row block passes at a time in the row split (~220 KB of q4) */
+#if VNNI
+#define XBITS 15
+#define XMAX 16383
+#define XSHIFT 7 /* xq = 128 xh + xl */
 #define VR 4 /* rows per block: 4 int32 + 2 fp32 sums a row = 24 zmm (6 rows, fp32 sums in L1: +1-2 %) */
+#else
+#define XBITS 13
+#define XMAX 4095
+#define XSHIFT 6 /* xq = 64 xh + xl */
+#define VR 2 /* rows per block: 4 int16/int32 sums a row + 2 code and 2 activation vectors: 14 ymm */
+#endif
 
 int tq_activation_bits(void) { return XBITS; }
+
+#if VNNI
 
 /* acc += vpdpbusd(a, the 4 bytes at p in every lane), in inline asm: the accumulator is
  * updated in place (with the intrinsic, GCC 12 copied every accumulator to another register
@@ -510,6 +530,154 @@ INLINE void vblock(int R, int U, int kind, const uint8_t *q, int64_t tq, const f
         }
 }
 
+#else /* AVX2: vpmaddubsw (unsigned code byte x signed activation byte, pairs summed in int16) */
+
+/* Here the activations are 13-bit integers per group of 32 (s = max|x| / 4095), split as
+ * xq = 64 xh + xl, xh in -64..63, xl in 0..63, so that no pair sum of vpmaddubsw saturates:
+ * a code (q8: 0..255) times a byte of either plane, two to a lane, stays within 2 x 255 x 64
+ * = 32640 < 2^15. q4 codes (0..15) take the products of a whole group (16 a lane: 16 x 15 x
+ * 64) in int16 and widen once a group (vpmaddwd by ones); q8 codes widen every quad. Per group
+ *   acc[n] = fma(d[g][n] * s, (float)(64 (q . xh) + (q . xl)), acc[n]);
+ *   acc[n] = fma(m[g][n], s * (xq[32g] + ... + xq[32g+31]), acc[n]),
+ * the VNNI path's arithmetic with 13 bits instead of 15. 8-bit activations (one plane, one
+ * vpmaddubsw per 32 products) were measured against the quality gate on SmolLM2 with scales
+ * per block of 32: mean KL 4.1e-3, 87 % greedy agreement (the gate: < 1e-4, >= 95 %); 13
+ * bits: see quant.py. The packed layout is the VNNI one (quads of 4 k, 16 columns a 64 bytes)
+ * with q4's high nibbles shifted down (the codes stay <= 15, so int16 sums do not overflow). */
+
+/* the 4 bytes at p in every 32-bit lane */
+INLINE __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* 32 int32 (four vectors, in order) as bytes at o (values within -128..127) */
+INLINE void store_bytes(__m256i a, __m256i b, __m256i c, __m256i e, int8_t *o) {
+    const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    const __m256i ce = _mm256_permute4x64_epi64(_mm256_packs_epi32(c, e), 0xD8);
+    _mm256_storeu_si256((__m256i *)o, _mm256_permute4x64_epi64(_mm256_packs_epi16(ab, ce), 0xD8));
+}
+
+INLINE float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+INLINE int32_t hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+/* row r of x (times alpha, its RMS factor where eps >= 0, and cs) as xh, xl [K] bytes,
+ * sc [G] scales, xs [G] = s * sum xq */
+static void quantize_row(const float *x, int64_t K, float alpha, float eps, const float *cs,
+                         int8_t *xh, int8_t *xl, float *sc, float *xs) {
+    const __m256 va = _mm256_set1_ps(row_alpha(x, K, alpha, eps));
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i lim = _mm256_set1_epi32(XMAX), nlim = _mm256_set1_epi32(-XMAX);
+    const __m256i lowm = _mm256_set1_epi32((1 << XSHIFT) - 1);
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        __m256 v[4];
+        for (int h = 0; h < 4; h++) {
+            const int64_t k = g * GROUP + 8 * h;
+            __m256 a = _mm256_loadu_ps(x + k);
+            if (cs) a = _mm256_mul_ps(a, _mm256_loadu_ps(cs + k));
+            v[h] = _mm256_mul_ps(va, a);
+        }
+        const __m256 am = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absm), _mm256_and_ps(v[1], absm)),
+                                        _mm256_max_ps(_mm256_and_ps(v[2], absm), _mm256_and_ps(v[3], absm)));
+        const float s = hmax8(am) / (float)XMAX;
+        __m256i q[4], hi[4], lo[4], sum = _mm256_setzero_si256();
+        for (int h = 0; h < 4; h++) {
+            q[h] = _mm256_setzero_si256();
+            if (s > 0.f) /* rint (nearest, ties to even) of x / s, kept in -XMAX..XMAX */
+                q[h] = _mm256_min_epi32(lim, _mm256_max_epi32(nlim, _mm256_cvtps_epi32(_mm256_div_ps(v[h], _mm256_set1_ps(s)))));
+            sum = _mm256_add_epi32(sum, q[h]);
+            hi[h] = _mm256_srai_epi32(q[h], XSHIFT);
+            lo[h] = _mm256_and_si256(q[h], lowm);
+        }
+        store_bytes(hi[0], hi[1], hi[2], hi[3], xh + g * GROUP);
+        store_bytes(lo[0], lo[1], lo[2], lo[3], xl + g * GROUP);
+        sc[g] = s;
+        xs[g] = s * (float)hsum8i(sum);
+    }
+}
+
+/* R rows x one tile, half h of the columns (8h.. and 16 + 8h..): q . xh and q . xl per
+ * group into the fp32 accumulators acc[r][v] (v: columns 8v..8v+7) */
+INLINE void vhalf(int R, int kind, int h, const uint8_t *q, const float *d, const float *m,
+                  const int8_t *xh, const int8_t *xl, const float *sc, const float *xs, int64_t K,
+                  int64_t g, __m256 acc[][4]) {
+    const int64_t G = K / GROUP, qb = kind == 4 ? 64 : 128;
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i ih[VR][2], il[VR][2];
+    for (int r = 0; r < R; r++) ih[r][0] = ih[r][1] = il[r][0] = il[r][1] = _mm256_setzero_si256();
+    for (int64_t j = g * (GROUP / 4); j < (g + 1) * (GROUP / 4); j++) {
+        const uint8_t *p = q + j * qb + 32 * h;
+        __m256i c[2];
+        if (kind == 4) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)p);
+            c[0] = _mm256_and_si256(b, low);
+            c[1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+        } else {
+            c[0] = _mm256_loadu_si256((const __m256i *)p);
+            c[1] = _mm256_loadu_si256((const __m256i *)(p + 64));
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256i bh = bcast4(xh + r * K + 4 * j), bl = bcast4(xl + r * K + 4 * j);
+            for (int v = 0; v < 2; v++) {
+                const __m256i ph = _mm256_maddubs_epi16(c[v], bh), pl = _mm256_maddubs_epi16(c[v], bl);
+                if (kind == 4) {
+                    ih[r][v] = _mm256_add_epi16(ih[r][v], ph);
+                    il[r][v] = _mm256_add_epi16(il[r][v], pl);
+                } else {
+                    ih[r][v] = _mm256_add_epi32(ih[r][v], _mm256_madd_epi16(ph, ones));
+                    il[r][v] = _mm256_add_epi32(il[r][v], _mm256_madd_epi16(pl, ones));
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const __m256 s = _mm256_set1_ps(sc[r * G + g]), sb = _mm256_set1_ps(xs[r * G + g]);
+        for (int v = 0; v < 2; v++) {
+            const int cv = 2 * v + h; /* columns 8 cv.. */
+            __m256i hv = ih[r][v], lv = il[r][v];
+            if (kind == 4) hv = _mm256_madd_epi16(hv, ones), lv = _mm256_madd_epi16(lv, ones);
+            const __m256i isum = _mm256_add_epi32(_mm256_slli_epi32(hv, XSHIFT), lv);
+            const __m256 ds = _mm256_mul_ps(_mm256_loadu_ps(d + g * TN + 8 * cv), s);
+            const __m256 a = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(isum), acc[r][cv]);
+            acc[r][cv] = _mm256_fmadd_ps(_mm256_loadu_ps(m + g * TN + 8 * cv), sb, a);
+        }
+    }
+}
+
+/* R rows x U tiles (tile u at q + u tq, d + u td); same per-row arithmetic for all (R, U) */
+INLINE void vblock(int R, int U, int kind, const uint8_t *q, int64_t tq, const float *d,
+                   const float *m, int64_t td, const int8_t *xh, const int8_t *xl,
+                   const float *sc, const float *xs, int64_t K, float *y, int64_t ldy,
+                   const float *res, int nc_last) {
+    const int64_t G = K / GROUP;
+    const int64_t oc = nc_last == GLU ? TN / 2 : TN; /* output columns a tile */
+    for (int u = 0; u < U; u++) {
+        __m256 acc[VR][4];
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < 4; v++) acc[r][v] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; g++)
+            for (int h = 0; h < 2; h++)
+                vhalf(R, kind, h, q + u * tq, d + u * td, m + u * td, xh, xl, sc, xs, K, g, acc);
+        for (int r = 0; r < R; r++) {
+            float out[TN] __attribute__((aligned(64)));
+            for (int v = 0; v < 4; v++) _mm256_store_ps(out + 8 * v, acc[r][v]);
+            store_rows(1, out, y + r * ldy + u * oc, 0, res ? res + r * ldy + u * TN : NULL,
+                       u == U - 1 || nc_last == GLU ? nc_last : TN);
+        }
+    }
+}
+#endif
+
 static void vrun(int R, int U, int kind, const uint8_t *q, int64_t tq, const float *d,
                  const float *m, int64_t td, const int8_t *xh, const int8_t *xl,
                  const float *sc, const float *xs, int64_t K, float *y, int64_t ldy,
@@ -520,7 +688,10 @@ static void vrun(int R, int U, int kind, const uint8_t *q, int64_t tq, const flo
         return;                                                                              \
     }
 #define VK(r, u) V(r, u, 4) V(r, u, 8)
-    VK(1, 2) VK(1, 1) VK(2, 1) VK(3, 1) VK(4, 1) /* R <= VR */
+    VK(1, 2) VK(1, 1) VK(2, 1) /* R <= VR */
+#if VR > 2
+    VK(3, 1) VK(4, 1)
+#endif
 #undef VK
 #undef V
 }
@@ -614,6 +785,7 @@ int tq_screen_layout(void) { return 1; } /* the copy in the packed q8 order (qua
 
 /* R <= VR rows of one tile of the screening copy: per row, the max over the tile's valid
  * columns of H + bound and of H - bound into tu, tl (stride ldt) */
+#if VNNI
 INLINE void sblock(int R, const uint8_t *w, const float *D, const int8_t *h, const int32_t *hs,
                    const float *S, int64_t K, const float *rs, const float *cols, int64_t ncols,
                    int nc_last, float *tu, float *tl, int64_t ldt, int *bad) {
@@ -660,6 +832,57 @@ INLINE void sblock(int R, const uint8_t *w, const float *D, const int8_t *h, con
     }
 }
 
+#else
+/* the same on AVX2: the copy's codes Q + 128 turn signed (Q, -127..127) and vpmaddubsw takes
+ * |Q| times h with Q's sign (no pair sum saturates: 2 x 127 x 127 < 2^15), so the integer sum
+ * is Q . h itself (hs unused) */
+INLINE void sblock(int R, const uint8_t *w, const float *D, const int8_t *h, const int32_t *hs,
+                   const float *S, int64_t K, const float *rs, const float *cols, int64_t ncols,
+                   int nc_last, float *tu, float *tl, int64_t ldt, int *bad) {
+    (void)hs;
+    const int64_t B = (K + SBK - 1) / SBK, J = K / 4;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 acc[VR][4];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < 4; v++) acc[r][v] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < B; b++) {
+        __m256i ai[VR][4];
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < 4; v++) ai[r][v] = _mm256_setzero_si256();
+        const int64_t j1 = (b + 1) * (SBK / 4) < J ? (b + 1) * (SBK / 4) : J;
+        for (int64_t j = b * (SBK / 4); j < j1; j++)
+            for (int v = 0; v < 4; v++) {
+                const __m256i sq = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + j * 128 + 32 * v)), flip);
+                const __m256i aq = _mm256_abs_epi8(sq);
+                for (int r = 0; r < R; r++) {
+                    const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(bcast4(h + r * K + 4 * j), sq));
+                    ai[r][v] = _mm256_add_epi32(ai[r][v], _mm256_madd_epi16(p, ones));
+                }
+            }
+        for (int r = 0; r < R; r++) {
+            const __m256 s = _mm256_set1_ps(S[r * B + b]);
+            for (int v = 0; v < 4; v++)
+                acc[r][v] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(D + b * TN + 8 * v), s),
+                                            _mm256_cvtepi32_ps(ai[r][v]), acc[r][v]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float a[TN] __attribute__((aligned(64)));
+        for (int v = 0; v < 4; v++) _mm256_store_ps(a + 8 * v, acc[r][v]);
+        float up = -INFINITY, lo = -INFINITY;
+        for (int c = 0; c < nc_last && c < TN; c++) { /* cols: |W_n|_2, |W_n - W'_n|_2, max|W'_n|, mag_n */
+            float bd = cols[3 * ncols + c] * rs[4 * r + 3];
+            for (int i = 2; i >= 0; i--) bd = fmaf(cols[i * ncols + c], rs[4 * r + i], bd);
+            if (a[c] != a[c]) __atomic_store_n(&bad[r], 1, __ATOMIC_RELAXED); /* threads share a row */
+            up = fmaxf(up, a[c] + bd);
+            lo = fmaxf(lo, a[c] - bd);
+        }
+        tu[r * ldt] = up;
+        tl[r * ldt] = lo;
+    }
+}
+#endif
+
 /* sq, sd: the screening copy (tile t: sq + t K TN codes Q + 128 in the packed q8 order, sd + t B
  * TN scales, B = ceil(K / SBK), column-major within a block); cols:
  * four rows of T TN floats, per column |W_n|_2, |W_n - W'_n|_2, max |W'_n| and mag_n (rounded
@@ -691,7 +914,7 @@ static int head_greedy(int kind, const float *x, int64_t M, int64_t K, float alp
             const int64_t k0 = b * SBK, k1 = k0 + SBK < K ? k0 + SBK : K;
             double amax = 0.;
             for (int64_t k = k0; k < k1; k++) {
-                const double xa = (double)sc[r * G + k / GROUP] * (128 * xh[r * K + k] + xl[r * K + k]);
+                const double xa = (double)sc[r * G + k / GROUP] * (xh[r * K + k] * (1 << XSHIFT) + xl[r * K + k]);
                 amax = fmax(amax, fabs(xa));
                 if (!(fabs(xa) <= SCREEN_MAX)) big = 1; /* NaN too */
             }
@@ -699,7 +922,7 @@ static int head_greedy(int kind, const float *x, int64_t M, int64_t K, float alp
             S[r * B + b] = s;
             int32_t hsum = 0;
             for (int64_t k = k0; k < k1; k++) {
-                const int32_t q = 128 * xh[r * K + k] + xl[r * K + k];
+                const int32_t q = xh[r * K + k] * (1 << XSHIFT) + xl[r * K + k];
                 const double xa = (double)sc[r * G + k / GROUP] * q;
                 double h = s > 0.f ? rint(xa / (double)s) : 0.;
                 h = h > 127. ? 127. : h < -127. ? -127. : h;
@@ -733,7 +956,11 @@ static int head_greedy(int kind, const float *x, int64_t M, int64_t K, float alp
                rs + 4 * r0, cols + t * TN, ncols, nc, tu + r0 * T + t, tl + r0 * T + t, T,      \
                bad + r0);                                                                       \
         break;
+            #if VR > 2
             switch (R) { SB(1) SB(2) SB(3) default: SB(4) } /* R <= VR */
+#else
+            switch (R) { SB(1) default: SB(2) } /* R <= VR */
+#endif
 #undef SB
         }
     }
@@ -906,7 +1133,7 @@ int tq_head_greedy(int kind, const float *x, int64_t M, int64_t K, float alpha, 
                    const uint8_t *pq, const float *pd, const float *pm, int64_t N, const uint8_t *sq,
                    const float *sd, const float *cols, int64_t *out, int nt, float eps) {
     if (kind != 4 && kind != 8) return -1;
-#if VNNI
+#if IPATH
     return head_greedy(kind, x, M, K, alpha, cs, pq, pd, pm, N, sq, sd, cols, out, nt, eps);
 #else
     return head_greedy_f(kind, x, M, K, alpha, cs, pq, pd, pm, N, sq, sd, cols, out, nt, eps);
@@ -921,7 +1148,7 @@ static int gemm(int kind, const float *x, int64_t M, int64_t K, float alpha, con
                 const float *res, int nt, float eps, int glu) {
     if (K % GROUP || K <= 0 || M < 0 || N < 0 || (glu && (N % TN || res))) return -1;
     if (M == 0 || N == 0) return 0;
-#if VNNI
+#if IPATH
     return vgemm(kind, x, M, K, alpha, cs, pq, pd, pm, N, y, res, nt, eps, glu);
 #endif
     const int64_t G = K / GROUP, T = (N + TN - 1) / TN, rb = kind == 4 ? TN / 2 : TN;

@@ -7,7 +7,11 @@ request and leaves no EngineCore behind; then, with the stack stopped, greedy ou
 vLLM's own OpenAI server on the same prompts, and a 1P1D stack (NixlConnector on CPU) gives
 the same greedy tokens as the aggregated one.
 
-One stack for the whole module (a vLLM engine takes 20+ s to start); tests run in order."""
+One stack for the whole module (a vLLM engine takes 20+ s to start); tests run in order. When
+the tests of that stack are done, it is told to stop while vLLM's own server and the 1P1D stack
+start together (`successors`): a vLLM start is three processes importing vLLM one after
+another, about one core, so the three engines share the two cores instead of the single
+server's start leaving one idle, and the old stack's drain overlaps them."""
 
 from __future__ import annotations
 
@@ -337,21 +341,65 @@ def test_sigkill_of_a_vllm_worker_mid_stream_migrates_and_reaps(stack: Stack) ->
     assert not alive, f"processes of the killed worker still running: {alive}"
 
 
-def test_greedy_output_equals_vllms_own_openai_server(
-    stack: Stack, hf_dir: Path, tmp_path: Path
-) -> None:
+class Successors:
+    """vLLM's own OpenAI server and the 1P1D `tandem serve`, started together."""
+
+    def __init__(self, tmp: Path, hf_dir: Path, python: Path) -> None:
+        self.server_port, self.disagg_port = free_port(), free_port()
+        self.server_log = tmp / "vllm.log"
+        args = ["-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1"]
+        args += ["--port", str(self.server_port), "--model", str(hf_dir)]
+        args += ["--served-model-name", MODEL, *ENGINE_FLAGS]
+        self.server = _start(args, self.server_log, python)
+        args = ["-m", "tandem.cli", "serve", "--engine", "vllm", "--prefill-workers", "1"]
+        # conditional disaggregation: prompts of 6+ tokens are prefilled remotely, shorter ones
+        # on the decode worker itself (a kv_consumer vLLM still prefills what it is given)
+        args += ["--decode-workers", "1", "--disagg-min-prefill-tokens", str(MIN_REMOTE_PROMPT)]
+        args += ["--port", str(self.disagg_port), "--run-dir", str(tmp / "run")]
+        args += ["--model", str(hf_dir), "--served-model-name", MODEL, *ENGINE_FLAGS]
+        try:
+            popen = _start(args, tmp / "serve.log", python)
+        except BaseException:
+            self.stop_server()
+            raise
+        self.disagg = TandemProcess(name="serve-1p1d", proc=popen, log_path=tmp / "serve.log")
+
+    def stop_server(self) -> None:
+        if self.server.poll() is not None:
+            return
+        self.server.send_signal(signal.SIGTERM)
+        try:
+            self.server.wait(30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def successors(
+    stack: Stack, hf_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Successors]:
+    """Once the aggregated stack's tests are done: that stack told to stop (SIGTERM), vLLM's
+    own server and the 1P1D stack started meanwhile, then the old stack awaited."""
     assert len(stack.greedy) == len(PROMPTS)
-    stack.proc.stop(grace_s=30)  # one vLLM stack at a time (memory)
     python = require_vllm_venv()
-    port = free_port()
-    args = ["-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1"]
-    args += ["--port", str(port), "--model", str(hf_dir), "--served-model-name", MODEL]
-    server = _start([*args, *ENGINE_FLAGS], tmp_path / "vllm.log", python)
+    stack.proc.signal(signal.SIGTERM)
+    started = Successors(tmp_path_factory.mktemp("vllm-successors"), hf_dir, python)
     try:
-        base = f"http://127.0.0.1:{port}"
+        stack.proc.stop(grace_s=30)  # its drain overlapped the imports of the new engines
+        yield started
+    finally:
+        started.stop_server()
+        started.disagg.stop(grace_s=30)
+
+
+def test_greedy_output_equals_vllms_own_openai_server(stack: Stack, successors: Successors) -> None:
+    server = successors.server
+    try:
+        base = f"http://127.0.0.1:{successors.server_port}"
         deadline = time.monotonic() + START_TIMEOUT_S
         while http_request_ok(f"{base}/v1/models") is False:
-            assert server.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
+            assert server.poll() is None, successors.server_log.read_text()[-3000:]
             assert time.monotonic() < deadline, "vLLM's server did not start"
             time.sleep(0.2)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
@@ -362,12 +410,7 @@ def test_greedy_output_equals_vllms_own_openai_server(
             )  # fmt: skip
             assert theirs.choices[0].text == ours, prompt
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        successors.stop_server()  # its cores to the 1P1D stack
 
 
 def _metric_sum(url: str, name: str, label: str = "") -> float:
@@ -378,22 +421,11 @@ def _metric_sum(url: str, name: str, label: str = "") -> float:
 
 
 def test_one_prefill_one_decode_gives_the_aggregated_greedy_tokens(
-    stack: Stack, hf_dir: Path, tmp_path: Path
+    stack: Stack, successors: Successors
 ) -> None:
-    assert len(stack.greedy) == len(PROMPTS)
-    stack.proc.stop(grace_s=30)
-    python = require_vllm_venv()
-    port = free_port()
-    args = ["-m", "tandem.cli", "serve", "--engine", "vllm", "--prefill-workers", "1"]
-    # conditional disaggregation: prompts of 6+ tokens are prefilled remotely, shorter ones
-    # on the decode worker itself (a kv_consumer vLLM still prefills what it is given)
-    args += ["--decode-workers", "1", "--disagg-min-prefill-tokens", str(MIN_REMOTE_PROMPT)]
-    args += ["--port", str(port), "--run-dir", str(tmp_path / "run")]
-    args += ["--model", str(hf_dir), "--served-model-name", MODEL, *ENGINE_FLAGS]
-    popen = _start(args, tmp_path / "serve.log", python)
-    proc = TandemProcess(name="serve-1p1d", proc=popen, log_path=tmp_path / "serve.log")
+    proc = successors.disagg
     try:
-        base = f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.1:{successors.disagg_port}"
         proc.wait_log(r"tandem serve ready", timeout_s=START_TIMEOUT_S)
         disagg = Stack(proc, base, set())
         num_remote = num_local = 0

@@ -4,10 +4,10 @@ HF transformers on the same weights, and llama.cpp on the same GGUF when
 
 Prints, in one run on the same model and thread count: prefill tokens/s at --prompt-len
 tokens; decode tokens/s (aggregate) at each --concurrency, timed over the decode steps only
-("n/a" where an engine does not run that many sequences: llama.cpp beyond one); the
-weight-streaming bound of each format (its weight bytes / measured memcpy GB/s) and how far
-its batch-1 step is from it. Repeats of every engine alternate, so on a shared machine all
-meet the same load.
+(llama.cpp too: n sequences in one batch a step); the kernels' instruction-set build and
+why it was chosen; the weight-streaming bound of each format (its weight bytes / measured
+memcpy GB/s) and how far its batch-1 step is from it. Repeats of every engine alternate, so
+on a shared machine all meet the same load.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import torch
 
 from tandem.bench.component.engine_spec import add_spec_args, format_spec, spec_result
 from tandem.bench.component.entry import figures_main
+from tandem.bench.component.llamacpp import LlamaCppRunner
+from tandem.cbuild import select_isa
 from tandem.engines.native.config import (
     KV_CACHE_DTYPES,
     WEIGHT_FORMATS,
@@ -247,35 +249,23 @@ class HfBaseline(Baseline):
 
 
 class LlamaCppBaseline(Baseline):
-    """llama.cpp through llama-cpp-python on the same GGUF (batch 1 only)."""
+    """llama.cpp through llama-cpp-python on the same GGUF: prefill, and decode at every
+    concurrency (n sequences, one token each per llama_decode; `component/llamacpp.py`)."""
 
-    def __init__(self, path: str, threads: int) -> None:
-        try:
-            from llama_cpp import Llama
-        except ImportError as exc:
-            raise SystemExit(
-                "--llamacpp needs llama-cpp-python (pip install llama-cpp-python; it builds "
-                "llama.cpp from source in ~8 min)"
-            ) from exc
-        # Any: llama-cpp-python is untyped where installed (mypy checks calls into it)
-        self.llm: Any = Llama(model_path=path, n_ctx=4096, n_threads=threads, verbose=False)
+    def __init__(self, path: str, args: argparse.Namespace) -> None:
+        seq_len = max(args.prompt_len, args.decode_prompt_len + args.decode_tokens + 2)
+        self.runner = LlamaCppRunner(path, args.num_threads, max(args.concurrency), seq_len)
 
     def prefill_s(self, args: argparse.Namespace, rng: random.Random) -> float:
-        self.llm.reset()
+        prompt = _prompt(rng, args.prompt_len, args.vocab_size)
+        self.runner.clear()
         start = time.perf_counter()
-        self.llm.eval(_prompt(rng, args.prompt_len, args.vocab_size))
+        self.runner.prefill(prompt)
         return time.perf_counter() - start
 
-    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float | None:
-        if len(ids) != 1:
-            return None  # llama-cpp-python's Llama decodes one sequence
-        self.llm.reset()
-        self.llm.eval(ids[0])
-        start = time.perf_counter()
-        for _ in range(new_tokens):
-            token = int(self.llm.sample(temp=0.0))
-            self.llm.eval([token])
-        return time.perf_counter() - start
+    def decode_window_s(self, ids: list[list[int]], new_tokens: int) -> float:
+        start, end = self.runner.decode_steps(ids, new_tokens)
+        return end - start
 
 
 def prefill_figures(
@@ -378,14 +368,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _, hf_config, weights = load_model_weights(args.model)
         baselines["hf"] = HfBaseline(hf_model(hf_config, weights, dtype).to(args.device))
     if args.llamacpp:
-        baselines["llama.cpp"] = LlamaCppBaseline(
-            args.model or default_model_path(), args.num_threads
-        )
+        baselines["llama.cpp"] = LlamaCppBaseline(args.model or default_model_path(), args)
     result: dict[str, Any] = {
         "model": config.name,
         "device": args.device,
         "dtype": args.dtype,
         "threads": args.num_threads,
+        "kernels": "{} build, {}".format(*select_isa()) if args.device == "cpu" else None,
         "weight_bytes": weight_bytes,
         "kv_dtype": kv_dtypes,
         "engines": {name: {} for name in (*natives, *baselines)},
@@ -426,6 +415,7 @@ def format_result(r: dict[str, Any]) -> str:
         f"model {r['model']}  device {r.get('device', 'cpu')}  dtype {r['dtype']}  "
         f"threads {r['threads']}  "
         f"memcpy {r['memcpy_gbps']:.1f} GB/s  fp32 mat-vec read {r['matvec_gbps']:.1f} GB/s",
+        *([f"native kernels: the {r['kernels']}"] if r.get("kernels") else []),
         f"{'':14}{'prefill tok/s':>15}"
         + "".join(f"{'decode@' + k.split('@')[1]:>13}" for k in keys),
     ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 
 import pytest
@@ -19,6 +20,8 @@ from tandem.bench.component.engine import (
     hf_model,
     main,
 )
+from tandem.bench.component.llamacpp import INSTALL_HINT, LlamaCppRunner
+from tandem.cbuild import select_isa
 from tandem.engines.native.loader import random_weights, save_hf_dir
 from tandem.engines.native.model_config import ModelConfig
 
@@ -69,6 +72,8 @@ def test_bench_engine_reports_every_format_hf_and_bounds(tmp_path, capsys):
     assert "decode@4" in text.split("native-int4 / native-fp32:")[1]
     result = json.loads(out_json.read_text())
     assert result["device"] == "cpu" and "device cpu" in text
+    isa, why = select_isa()  # the kernels' build and why, as the engine logs it
+    assert result["kernels"] == f"{isa} build, {why}" and f"native kernels: the {isa} build" in text
     natives = ("native-fp32", "native-int8", "native-int4")
     assert set(result["engines"]) == {*natives, "hf"}
     for row in result["engines"].values():
@@ -151,6 +156,13 @@ def test_an_engine_that_cannot_run_a_batch_is_reported_unavailable_never_nan(tmp
         json.loads((tmp_path / "r.json").read_text())["engines"]["llama.cpp"]["decode_tok_s@4"]
         is None
     )
+
+
+def test_llamacpp_without_llama_cpp_python_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
+    with pytest.raises(SystemExit, match="pip install llama-cpp-python") as exc:
+        LlamaCppRunner("model.gguf", threads=1, max_seqs=4, seq_len=64)
+    assert str(exc.value) == INSTALL_HINT
 
 
 def test_bench_engine_speculation_reports_both_modes_on_both_workloads(

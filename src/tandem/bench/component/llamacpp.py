@@ -36,6 +36,9 @@ class LlamaCppRunner:
 
     def __init__(self, path: str, threads: int, max_seqs: int, seq_len: int) -> None:
         self.lib = lib = _module()
+        # llama.cpp logs every tensor and graph input at load: drop its log (kept referenced)
+        self._quiet = lib.llama_log_callback(lambda level, text, user_data: None)
+        lib.llama_log_set(self._quiet, None)
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
         self.model = lib.llama_model_load_from_file(path.encode(), mparams)

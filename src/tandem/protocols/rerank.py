@@ -61,7 +61,28 @@ SCORE_FIELD_PAIRS = (
 _SCORE_FIELDS = tuple(dict.fromkeys(name for pair in SCORE_FIELD_PAIRS for name in pair))
 
 
-class RerankRequest(msgspec.Struct, kw_only=True):
+class ScoringOptions(msgspec.Struct, kw_only=True):
+    """What rerank and score requests share: the answer's id, how each text is cut, fields
+    accepted with no effect, and vLLM's fields refused by name (`_SHARED_UNSUPPORTED`)."""
+
+    user: str | None = None  # accepted; tandem keeps no per-user state
+    request_id: str | None = None  # the answer's id is "<rerank|score>-<request_id>"
+    cache_salt: str | None = None  # accepted: an embedding never reads or fills the prefix cache
+    max_tokens_per_query: int = 0  # each query (first text) cut to its first N tokens; 0: uncut
+    max_tokens_per_doc: int = 0  # each document (second text) cut to its first N tokens; 0: uncut
+    truncate_prompt_tokens: int | None = None  # each text cut to N tokens (-1: the context)
+    truncation_side: str | None = None  # which end truncate_prompt_tokens cuts; unset: "left"
+    priority: Any = None
+    use_activation: Any = None
+    softmax: Any = None
+    activation: Any = None
+    mm_processor_kwargs: Any = None
+    instruction: Any = None
+    chat_template_kwargs: Any = None
+    padding: Any = None
+
+
+class RerankRequest(ScoringOptions, kw_only=True):
     """Every field of vLLM's, Jina's and Cohere's (v1, v2) rerank requests: honoured, or
     refused by name (`UNSUPPORTED_RERANK`)."""
 
@@ -74,24 +95,9 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     rank_fields: Any = None  # Cohere v1
     max_chunks_per_doc: Any = None  # Cohere v1
     relevant_spans: Any = None  # Cohere v2
-    user: str | None = None  # accepted; tandem keeps no per-user state
-    request_id: str | None = None  # the answer's id is "<rerank|score>-<request_id>"
-    cache_salt: str | None = None  # accepted: an embedding never reads or fills the prefix cache
-    max_tokens_per_query: int = 0  # each query (first text) cut to its first N tokens; 0: uncut
-    max_tokens_per_doc: int = 0  # each document (second text) cut to its first N tokens; 0: uncut
-    truncate_prompt_tokens: int | None = None  # each text cut to N tokens (-1: the context)
-    truncation_side: str | None = None  # which end truncate_prompt_tokens cuts; unset: "left"
-    priority: Any = None
-    use_activation: Any = None
-    softmax: Any = None
-    activation: Any = None
-    mm_processor_kwargs: Any = None
-    instruction: Any = None
-    chat_template_kwargs: Any = None
-    padding: Any = None
 
 
-class ScoreRequest(msgspec.Struct, kw_only=True):
+class ScoreRequest(ScoringOptions, kw_only=True):
     """vLLM's score request; its input fields under any of vLLM's names
     (`SCORE_FIELD_PAIRS`), each a string or a list of strings."""
 
@@ -103,21 +109,6 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
     queries: str | list[Any] | None = None
     documents: str | list[Any] | None = None
     items: str | list[Any] | None = None
-    user: str | None = None  # accepted; tandem keeps no per-user state
-    request_id: str | None = None  # the answer's id is "<rerank|score>-<request_id>"
-    cache_salt: str | None = None  # accepted: an embedding never reads or fills the prefix cache
-    max_tokens_per_query: int = 0  # each query (first text) cut to its first N tokens; 0: uncut
-    max_tokens_per_doc: int = 0  # each document (second text) cut to its first N tokens; 0: uncut
-    truncate_prompt_tokens: int | None = None  # each text cut to N tokens (-1: the context)
-    truncation_side: str | None = None  # which end truncate_prompt_tokens cuts; unset: "left"
-    priority: Any = None
-    use_activation: Any = None
-    softmax: Any = None
-    activation: Any = None
-    mm_processor_kwargs: Any = None
-    instruction: Any = None
-    chat_template_kwargs: Any = None
-    padding: Any = None
 
 
 def validate_rerank(req: RerankRequest) -> tuple[list[str], list[str]]:

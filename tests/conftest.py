@@ -10,6 +10,7 @@ file converted its own before, ~12 s each; skips where .venv-vllm is not built).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,19 @@ from tests.support.smollm2 import smollm2_gguf
 from tests.support.vllm_env import convert_smollm2, require_vllm_venv
 
 __all__ = ["free_port"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _unfreeze_gc() -> Iterator[None]:
+    """Give the cyclic collector back what a module's frontends froze. A frontend freezes every
+    object alive once its model loads (`frontend.models.freeze_long_lived`): right for a
+    process that serves, but in the test process it froze each in-process stack's engine, whose
+    reference cycles then outlived their test; the native stacks' arenas piled up to 21 GB of
+    RSS by the end of tests/integration on a 24 GiB machine. Per module, not per test: the
+    next freeze collects the heap first, and once per module keeps that walk rare."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture

@@ -106,6 +106,29 @@ class FrontendStack:
                 parsed = text  # an SSE stream
             return resp.status, parsed, dict(resp.headers)
 
+    async def post_all(
+        self,
+        bodies: list[tuple[str, Any]],
+        check: Callable[[str, Any, int, Any], None],
+        *,
+        concurrency: int = 4,
+    ) -> dict[int, int]:
+        """POST every (path, body), `concurrency` at a time, each within 15 s and all within
+        60 s; `check(path, body, status, reply)` sees every answer. How many answers had each
+        status (the fuzz tests' loop)."""
+        sem = asyncio.Semaphore(concurrency)
+        statuses: dict[int, int] = {}
+
+        async def send(path: str, body: Any) -> None:
+            async with sem, asyncio.timeout(15):
+                status, reply, _ = await self.post(path, body)
+            statuses[status] = statuses.get(status, 0) + 1
+            check(path, body, status, reply)
+
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(send(path, body) for path, body in bodies))
+        return statuses
+
     async def instance_ids(self, model: str) -> list[str]:
         _, text = await self.get("/health")
         return list(json.loads(text)["instances"].get(model, []))

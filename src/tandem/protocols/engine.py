@@ -97,6 +97,19 @@ class MmItem(msgspec.Struct, kw_only=True, omit_defaults=True):
     embedding_handle: dict[str, Any] | None = None
 
 
+class KvFetchHint(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The KV router's peer fetch (issue 31): before prefilling, pull the KV of the prompt's
+    first ``len(block_hashes)`` blocks from instance ``source_instance_id`` (whose transfer
+    agent ``agent_id`` listens at ``address``) instead of recomputing it. A hint, never a
+    promise: the holder may have evicted some (a shorter fetch) or be gone (recompute)."""
+
+    source_instance_id: str
+    address: tuple[str, int]
+    agent_id: str
+    block_hashes: list[int]  # the router's chained hashes (DESIGN.md §5) of those blocks
+    block_size: int
+
+
 class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a worker's `generate` endpoint receives: tokens, sampling, stop conditions."""
 
@@ -136,6 +149,8 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     # token_ids grow
     block_hashes: list[int] | None = None
     hash_block_size: int = 0
+    # the KV router's peer fetch for this request (None: prefill from the local cache only)
+    kv_fetch: KvFetchHint | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

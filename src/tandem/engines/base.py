@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem.engines.output_stream import DirectSink
 from tandem.engines.vision import EmbeddingProvider
-from tandem.errors import InvalidRequest
+from tandem.errors import InvalidRequest, ModelNotFound
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.scaling import StepSample
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
     from prometheus_client.metrics_core import Metric
+
+    from tandem.protocols.lora import LoraLoaded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +86,9 @@ class EngineCapabilities:
     embeds: bool = False
     # takes requests with images; None: text only (`attach_embedding_provider` refuses)
     images: ImageInput | None = None
+    # serves LoRA adapters (issue 32): `load_lora` / `unload_lora` / `loras` work, and a
+    # request's `lora_name` must name a resident adapter (else ModelNotFound naming it)
+    lora: bool = False
 
 
 class Engine(Protocol):
@@ -155,6 +160,23 @@ class Engine(Protocol):
         the worker's wiring before `start`, tandem.multimodal.provider_args)."""
         ...
 
+    async def load_lora(self, name: str, path: str) -> LoraLoaded:
+        """With `capabilities.lora`: make the PEFT adapter in directory `path` resident as
+        `name` (evicting the least recently used idle one when every slot is taken; all
+        busy -> Overloaded). Idempotent for the same name and path; the same name with
+        another path -> InvalidRequest. A bad adapter -> InvalidRequest naming the problem
+        (tandem.engines.lora.read_peft_adapter)."""
+        ...
+
+    async def unload_lora(self, name: str) -> None:
+        """With `capabilities.lora`: drop adapter `name` (unknown -> ModelNotFound). Requests
+        already running with it finish first; new ones naming it are refused."""
+        ...
+
+    def loras(self) -> list[str]:
+        """The adapters resident now (empty for an engine without LoRA)."""
+        ...
+
 
 class EngineDefaults:
     """The optional parts of `Engine` for an engine that has none of them: no capabilities,
@@ -178,6 +200,22 @@ class EngineDefaults:
 
     def attach_embedding_provider(self, provider: EmbeddingProvider) -> None:
         raise ValueError(f"{type(self).__name__} takes no images")
+
+    async def load_lora(self, name: str, path: str) -> LoraLoaded:
+        raise InvalidRequest(f"this worker's engine ({_engine_name(self)}) serves no LoRA adapters")
+
+    async def unload_lora(self, name: str) -> None:
+        raise ModelNotFound(
+            f"LoRA adapter '{name}' is not loaded: this worker's engine ({_engine_name(self)}) "
+            "serves no LoRA adapters"
+        )
+
+    def loras(self) -> list[str]:
+        return []
+
+
+def _engine_name(engine: object) -> str:
+    return type(engine).__name__.removesuffix("Engine").lower() or type(engine).__name__
 
 
 @dataclass(frozen=True, slots=True)

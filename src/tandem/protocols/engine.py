@@ -130,6 +130,11 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     routing: RoutingHints | None = None
     # absolute wall-clock deadline (time.time() seconds); None = no deadline
     deadline_s: float | None = None
+    # issue 33 (protocols/tenancy.py): the priority class (vLLM's convention: lower = served
+    # earlier; the router queue and the engines' schedulers order by it) and the tenant whose
+    # fair share it counts against (None = the default tenant)
+    priority: int = 0
+    tenant: str | None = None
     # prefill/decode handoff (DESIGN.md §4); opaque to everyone but tandem.disagg
     disagg_params: dict[str, Any] | None = None
     # free-form annotations (e.g. "prefill_only"); engines ignore what they do not know

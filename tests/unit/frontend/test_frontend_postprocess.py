@@ -64,6 +64,27 @@ def test_choice_state_finishes_on_stop_string_and_counts_tokens(smollm2) -> None
     assert state.num_tokens < len(ids)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 100])
+def test_a_chunk_of_several_tokens_counts_only_those_up_to_the_stop(smollm2, chunk: int) -> None:
+    """A verified draft or a coalesced batch brings several tokens at once: the tokens after
+    the one that completes the stop string are not text, not usage and not logprobs, whatever
+    the chunking (one token a chunk is the reference)."""
+    ids = smollm2.encode("The answer is 42. STOP now and then some more")
+    stop_at = next(n for n in range(1, len(ids) + 1) if "STOP" in smollm2.decode(ids[:n]))
+    state = ChoiceState(0, smollm2, ["STOP"])
+    text, entries = "", 0
+    for i in range(0, len(ids), chunk):
+        piece = ids[i : i + chunk]
+        state.process(EngineOutput(token_ids=piece, logprobs=[-0.5] * len(piece)))
+        text += state.delta_text
+        entries += len(state.delta_logprobs or [])
+        if state.finish_reason:
+            break
+    assert (text, state.finish_reason) == ("The answer is 42. ", "stop")
+    assert state.num_tokens == entries == stop_at < len(ids)
+    assert state.sum_logprob == -0.5 * stop_at
+
+
 def test_choice_state_maps_finish_and_engine_error(smollm2) -> None:
     state = ChoiceState(0, smollm2, [])
     state.process(

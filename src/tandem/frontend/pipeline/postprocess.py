@@ -110,37 +110,64 @@ class ChoiceState:
             raise EngineError(f"engine failed: {out.error or 'unknown error'}")
         if self.num_cached_tokens is None and out.num_cached_tokens is not None:
             self.num_cached_tokens = out.num_cached_tokens
-        self.num_tokens += len(out.token_ids)
         ids = out.token_ids
-        if self._hidden and ids:
-            ids = [t for t in ids if t not in self._hidden]
-        text = self._detok.add(ids) if self._detok is not None and ids else ""
-        if self._matcher is not None:
-            text = self._matcher.feed(text)
-            if self._matcher.matched is not None:
-                self.finish_reason = "stop"
-            elif out.finish_reason is not None:
-                text += self._matcher.flush()
+        used = len(ids)
+        if self._matcher is None:
+            text = self._text(ids)
+        else:
+            text, used = self._through_stops(ids, last=out.finish_reason is not None)
+        self.num_tokens += used
         if self.finish_reason is None and out.finish_reason is not None:
             self.finish_reason = _FINISH.get(out.finish_reason, out.finish_reason)
         if self.prefix:
             text, self.prefix = self.prefix + text, ""
         self.delta_text = text
-        self.delta_logprobs = self._logprobs(out) if out.logprobs is not None else None
+        self.delta_logprobs = self._logprobs(out, used) if out.logprobs is not None else None
         if out.logprobs is not None:
-            self.sum_logprob += sum(out.logprobs)
+            self.sum_logprob += sum(out.logprobs[:used])
         if keep_text:
             if text:
                 self.text_parts.append(text)
             if self.delta_logprobs is not None:
                 self.all_logprobs = (self.all_logprobs or []) + self.delta_logprobs
 
-    def _logprobs(self, out: EngineOutput) -> list[dict[str, Any]]:
-        """Chat-style entries: [{token, logprob, bytes, top_logprobs: [{token, logprob}]}]."""
+    def _text(self, ids: list[int]) -> str:
+        if self._hidden and ids:
+            ids = [t for t in ids if t not in self._hidden]
+        return self._detok.add(ids) if self._detok is not None and ids else ""
+
+    def _through_stops(self, ids: list[int], *, last: bool) -> tuple[str, int]:
+        """The text of `ids` that the stop strings let out, and how many of `ids` count. A
+        chunk of several tokens (a verified draft, a coalesced batch) is fed one token at a
+        time: the tokens after the one that completes a stop string are neither written nor
+        counted in usage, as if the engine had stopped there."""
+        matcher = self._matcher
+        assert matcher is not None
+        if matcher.matched is not None:  # a chunk the engine sent before it saw the stop
+            return "", 0
+        used = len(ids)
+        if used <= 1 or self._detok is None:
+            text = matcher.feed(self._text(ids))
+        else:
+            parts = []
+            for token_id in ids:
+                parts.append(matcher.feed(self._text([token_id])))
+                if matcher.matched is not None:
+                    break
+            used, text = len(parts), "".join(parts)
+        if matcher.matched is not None:
+            self.finish_reason = "stop"
+        elif last:
+            text += matcher.flush()
+        return text, used
+
+    def _logprobs(self, out: EngineOutput, used: int) -> list[dict[str, Any]]:
+        """Chat-style entries: [{token, logprob, bytes, top_logprobs: [{token, logprob}]}]
+        for the first `used` tokens of `out`."""
         entries = []
         tops = out.top_logprobs or [[] for _ in out.token_ids]
         assert out.logprobs is not None
-        for tid, lp, top in zip(out.token_ids, out.logprobs, tops, strict=False):
+        for tid, lp, top in zip(out.token_ids[:used], out.logprobs, tops, strict=False):
             token = self.token_str(tid)
             entries.append(
                 {

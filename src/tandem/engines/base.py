@@ -50,6 +50,8 @@ class EngineInfo:
     # embeddings (an engine with `embed`): vector width and Matryoshka training (see ModelCard)
     embedding_dim: int = 0
     embedding_matryoshka: bool = False
+    # LoRA adapters resident at once (`--max-loras`; 0: serves none); the Worker announces it
+    max_loras: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

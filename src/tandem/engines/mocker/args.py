@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from tandem.engines.lora import add_max_loras_arg
 from tandem.engines.mocker.config import MockerConfig, default_tokenizer
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
 
@@ -43,6 +44,12 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
         576,
         "width of the simulated embeddings (hash-seeded unit vectors); 0 = no embed endpoint",
     ),
+    "--lora-load-ms": (
+        float,
+        100.0,
+        "simulated time to load one LoRA adapter; it stalls the step loop (default: an 84 MB "
+        "rank-16 adapter of an 8B model read from local disk)",
+    ),
     "--perf-profile": (
         str,
         None,
@@ -69,6 +76,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="KV events (and kv_state snapshots) carry each stored block's token ids; off by "
         "default: routers key on the block hashes (a non-boolean env value is an error)",
     )
+    add_max_loras_arg(group)
     add_kvbm_args(parser)
 
 
@@ -95,4 +103,6 @@ def config_from_args(ns: argparse.Namespace) -> MockerConfig:
         embedding_dim=ns.embedding_dim,
         perf_profile=ns.perf_profile,
         kv_events_token_ids=ns.kv_events_token_ids,
+        max_loras=ns.max_loras,
+        lora_load_ms=ns.lora_load_ms,
     )

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from tandem.config_check import check_range
+from tandem.engines.lora import DEFAULT_MAX_LORAS, MAX_LORAS_LIMIT
 from tandem.kvbm.base import KvbmConfig
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,6 +63,13 @@ class MockerConfig:
     # off by default: routers key on the block hashes, and copying every prompt token into
     # the pool and the events was most of the mocker's CPU for long prompts
     kv_events_token_ids: bool = False
+    # LoRA adapters (issue 32, `mocker/lora.py`): resident at once (`--max-loras`, the native
+    # engine's meaning) and the simulated load time, which stalls the step loop. 100 ms: a
+    # rank-16 adapter of every projection of a Llama-3-8B-shaped model is 84 MB in bf16
+    # (r x (in + out) x 7 projections x 32 layers); read from local disk at ~1-2 GB/s and
+    # copied to the device, plus safetensors parsing and checks
+    max_loras: int = DEFAULT_MAX_LORAS
+    lora_load_ms: float = 100.0
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -81,3 +89,5 @@ class MockerConfig:
         )
         check_range("mm_num_tokens_per_image", self.mm_num_tokens_per_image, low=0, high=1 << 16)
         check_range("mm_encode_ms_per_image", self.mm_encode_ms_per_image, low=0, high=1e6)
+        check_range("max_loras", self.max_loras, low=0, high=MAX_LORAS_LIMIT)
+        check_range("lora_load_ms", self.lora_load_ms, low=0, high=1e6)

@@ -19,6 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tandem.engines.base import (
@@ -32,6 +33,7 @@ from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.embedding import hashed_embedding
+from tandem.engines.mocker.lora import MockerLoras
 from tandem.engines.mocker.scheduler import Scheduler, StepResult
 from tandem.engines.output_stream import DirectSink, OutputStream
 from tandem.engines.vision import EmbeddingProvider
@@ -45,6 +47,7 @@ from tandem.protocols.engine import (
     prompt_array,
 )
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.lora import LoraLoaded
 from tandem.protocols.scaling import StepSample
 
 if TYPE_CHECKING:
@@ -95,6 +98,12 @@ class MockerEngine(EngineDefaults):
         # the mocker's tokens are synthetic, so sampling fields cannot change them; it
         # records what arrived (of the last 1024 requests) so tests can see every field travel
         self.received: deque[ReceivedSampling] = deque(maxlen=1024)
+        # LoRA adapters (mocker/lora.py): a load holds the step loop for its simulated time
+        self.capabilities = replace(MockerEngine.capabilities, lora=config.max_loras > 0)
+        self._stalls: list[tuple[float, asyncio.Future[None]]] = []
+        speedup = config.speedup_ratio
+        load_s = config.lora_load_ms / 1000.0 / speedup if speedup > 0 else 0.0
+        self.adapters = MockerLoras(config.max_loras, load_s, self._stall)
 
     @property
     def info(self) -> EngineInfo:
@@ -115,6 +124,7 @@ class MockerEngine(EngineDefaults):
             else None,
             embedding_dim=c.embedding_dim,
             embedding_matryoshka=True,  # see tandem.engines.mocker.embedding
+            max_loras=c.max_loras,
         )
 
     async def start(self) -> EngineInfo:
@@ -153,10 +163,18 @@ class MockerEngine(EngineDefaults):
             if not request.token_ids:  # an embedding provider reads the ids
                 request.token_ids = prompt_array(request).tolist()
             await self._encode_images(request)
-        if install is None:
-            self.scheduler.add_request(request)
-        else:
-            install(self.scheduler)
+        lora = request.lora_name
+        if lora:
+            await self.adapters.acquire(lora)  # waits while it loads; ModelNotFound if absent
+        try:
+            if install is None:
+                self.scheduler.add_request(request)
+            else:
+                install(self.scheduler)
+        except BaseException:
+            if lora:
+                self.adapters.release(lora)
+            raise
         stream = self._streams[request_id] = OutputStream(direct)
         self._wake.set()
         try:
@@ -164,8 +182,32 @@ class MockerEngine(EngineDefaults):
                 yield out
         finally:
             self._streams.pop(request_id, None)
+            if lora:
+                self.adapters.release(lora)
             if not stream.finished:
                 self.scheduler.abort(request_id)
+
+    async def load_lora(self, name: str, path: str) -> LoraLoaded:
+        """Make adapter `name` resident (simulated: `mocker/lora.py`); the load stalls the
+        step loop `--lora-load-ms` / speedup. InvalidRequest for a directory without a PEFT
+        config or a name loaded from another path; Overloaded when no slot went idle."""
+        if self._task is None or self._failure is not None:
+            raise EngineError("mocker engine is not running; it loads no LoRA adapter")
+        return await self.adapters.load(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        """Drop adapter `name` (ModelNotFound when not resident); running requests finish."""
+        self.adapters.unload(name)
+
+    def loras(self) -> list[str]:
+        return self.adapters.resident()
+
+    async def _stall(self, seconds: float) -> None:
+        """Hold the step loop for `seconds` (a LoRA load between two steps)."""
+        done = asyncio.get_running_loop().create_future()
+        self._stalls.append((seconds, done))
+        self._wake.set()
+        await done
 
     async def embed(self, inputs: list[list[int]]) -> Any:
         """[len(inputs), embedding_dim] hash-seeded unit vectors (`mocker.embedding`), after
@@ -259,6 +301,7 @@ class MockerEngine(EngineDefaults):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         self._end_all(EngineOutput(finish_reason="cancelled"))
+        self._fail_stalls("mocker engine stopped")
         self._events.close()  # ends kv_events() once drained
 
     # ------------------------------------------------------------------ step loop
@@ -267,10 +310,19 @@ class MockerEngine(EngineDefaults):
         target = self._clock()
         try:
             while True:
-                if not self.scheduler.has_work:
+                if not self.scheduler.has_work and not self._stalls:
                     self._wake.clear()
                     await self._wake.wait()
                     target = self._clock()
+                if self._stalls:  # LoRA loads: the engine does nothing else meanwhile
+                    stalls, self._stalls = self._stalls, []
+                    target = max(target, self._clock()) + sum(s for s, _ in stalls)
+                    await self._sleep(target - self._clock())
+                    for _, done in stalls:
+                        if not done.done():
+                            done.set_result(None)
+                    if not self.scheduler.has_work:
+                        continue
                 if self._encode_debt_s > 0:  # EPD: the encoder holds the engine meanwhile
                     debt, self._encode_debt_s = self._encode_debt_s, 0.0
                     target = max(target, self._clock()) + debt
@@ -291,6 +343,7 @@ class MockerEngine(EngineDefaults):
             logger.exception("mocker step loop failed")
             self._failure = f"mocker engine failed: {type(exc).__name__}: {exc}"
             self._end_all(EngineOutput(finish_reason="cancelled", error=self._failure))
+            self._fail_stalls(self._failure)
             self._events.close()  # kv_events() ends once drained
             if self._failed is not None and not self._failed.done():
                 self._failed.set_result(self._failure)
@@ -313,6 +366,12 @@ class MockerEngine(EngineDefaults):
             if stream is not None:
                 stream.push(out)
         self._events.push(result.events)
+
+    def _fail_stalls(self, why: str) -> None:
+        stalls, self._stalls = self._stalls, []
+        for _, done in stalls:
+            if not done.done():
+                done.set_exception(EngineError(f"{why}; the LoRA load did not finish"))
 
     def _end_all(self, final: EngineOutput) -> None:
         for request_id, stream in list(self._streams.items()):

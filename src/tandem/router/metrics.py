@@ -13,9 +13,12 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    SummaryMetricFamily,
 )
 from prometheus_client.metrics_core import Metric
 
+from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.tenancy import DEFAULT_TENANT, class_name
 from tandem.router.config import RouterConfig
 from tandem.runtime.metrics import Families, render
 
@@ -33,6 +36,21 @@ class RouterMetrics:
         self._buckets = [0] * (len(OVERHEAD_BUCKETS_S) + 1)
         self.overhead_sum_s = 0.0
         self._overhead_count = 0
+        # issue 33, per (priority class name, tenant): time queued, deadline misses; the
+        # queue's own depth and served tokens (`tenants`, set by the router that has a queue)
+        self.queue_waits: Counter[tuple[str, str]] = Counter()
+        self.queue_wait_sum_s: dict[tuple[str, str], float] = {}
+        self.deadline_misses: Counter[tuple[str, str]] = Counter()
+        self.tenants: TenantView | None = None
+
+    def observe_queue_wait(
+        self, request: PreprocessedRequest, wait_s: float, *, missed: bool = False
+    ) -> None:
+        key = (class_name(request.priority), request.tenant or DEFAULT_TENANT)
+        self.queue_waits[key] += 1
+        self.queue_wait_sum_s[key] = self.queue_wait_sum_s.get(key, 0.0) + wait_s
+        if missed:
+            self.deadline_misses[key] += 1
 
     def observe_route(
         self, worker_id: str, overlap_blocks: int, request_blocks: int, overhead_s: float
@@ -60,6 +78,14 @@ class RouterMetrics:
 
     def render(self) -> str:
         return render(Families(_families([({}, self, None)]))).decode()
+
+
+class TenantView(Protocol):
+    """What the families read of a router's queue (`router.queue.RequestQueue`)."""
+
+    served_tokens: dict[str, float]
+
+    def depth(self) -> dict[tuple[int, str], int]: ...
 
 
 class MeteredRouter(Protocol):
@@ -123,6 +149,7 @@ def _families(
     overhead = HistogramMetricFamily(
         f"{p}_overhead_seconds", "time the router spent choosing a worker", labels=names
     )
+    tenant_families = _tenant_families(p, names)
     for labels, metrics, num_queued in found:
         if metrics is None:
             continue
@@ -137,7 +164,49 @@ def _families(
         if num_queued is not None:
             queued.add_metric(values, num_queued)
         overhead.add_metric(values, metrics.overhead_buckets(), sum_value=metrics.overhead_sum_s)
-    return [routed, overlap, blocks, hit_rate, events, queued, overhead]
+        _add_tenant_rows(tenant_families, metrics, values)
+    return [routed, overlap, blocks, hit_rate, events, queued, overhead, *tenant_families]
+
+
+def _tenant_families(p: str, names: tuple[str, ...]) -> list[Metric]:
+    by = ("priority_class", "tenant", *names)
+    return [
+        GaugeMetricFamily(
+            f"{p}_tenant_queued_requests",
+            "requests waiting in the router queue, per priority class and tenant",
+            labels=by,
+        ),
+        SummaryMetricFamily(
+            f"{p}_tenant_queue_wait_seconds",
+            "time requests waited in the router queue, per priority class and tenant",
+            labels=by,
+        ),
+        CounterMetricFamily(
+            f"{p}_tenant_deadline_misses",
+            "requests answered 504 because their deadline passed while queued",
+            labels=by,
+        ),
+        CounterMetricFamily(
+            f"{p}_tenant_routed_tokens",
+            "weighted tokens routed per tenant (prompt + 2 x expected output: the fair share's "
+            "count)",
+            labels=("tenant", *names),
+        ),
+    ]
+
+
+def _add_tenant_rows(fams: list[Metric], metrics: RouterMetrics, values: tuple[str, ...]) -> None:
+    queued, waits, misses, tokens = fams
+    if metrics.tenants is not None:
+        for (klass, tenant), n in sorted(metrics.tenants.depth().items()):
+            queued.add_metric((class_name(klass), tenant, *values), n)  # type: ignore[attr-defined]
+        for tenant, num_tokens in sorted(metrics.tenants.served_tokens.items()):
+            tokens.add_metric((tenant, *values), num_tokens)  # type: ignore[attr-defined]
+    for key, n in sorted(metrics.queue_waits.items()):
+        sum_s = metrics.queue_wait_sum_s[key]
+        waits.add_metric((*key, *values), count_value=n, sum_value=sum_s)  # type: ignore[attr-defined]
+    for key, n in sorted(metrics.deadline_misses.items()):
+        misses.add_metric((*key, *values), n)  # type: ignore[attr-defined]
 
 
 def worker_component(router: MeteredRouter | RouterMetrics) -> str:

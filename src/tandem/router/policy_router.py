@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Required, TypedDict
 
-from tandem.errors import InvalidRequest, NoWorkersAvailable, Overloaded
+from tandem.errors import DeadlineExceeded, InvalidRequest, NoWorkersAvailable, Overloaded
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.kv_events import LoadMetrics
@@ -22,6 +23,7 @@ from tandem.router.cost import CandidateCost
 from tandem.router.decision_log import DecisionLog
 from tandem.router.load import LoadTracker
 from tandem.router.metrics import RouterMetrics
+from tandem.router.queue import RequestQueue, Waiter
 from tandem.router.source import EventSource, InstanceSource
 from tandem.runtime import tracing
 from tandem.runtime.base import Subscription
@@ -45,6 +47,30 @@ class AllBusy(Exception):
     """Raised by `_choose` when every candidate is over a busy threshold."""
 
 
+class _Waker:
+    """`set()` runs `dispatch` once soon (calls in one loop iteration coalesce), or at once
+    outside an event loop."""
+
+    def __init__(self, dispatch: Callable[[], None]) -> None:
+        self._dispatch = dispatch
+        self._scheduled = False
+
+    def set(self) -> None:
+        if self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._dispatch()
+            return
+        self._scheduled = True
+        loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        self._dispatch()
+
+
 class PolicyRouter:
     """Base of the routers. One asyncio loop; `route` may be called concurrently."""
 
@@ -66,14 +92,16 @@ class PolicyRouter:
         self._events = events
         self._clock = clock
         self._rng = rng or random.Random(config.seed)
-        self._wake = asyncio.Event()
+        self._wake = _Waker(self._dispatch)
         self.loads = LoadTracker(on_update=self._wake.set)
         self._inflight: dict[str, int] = {}
         self._request_worker: dict[str, str] = {}
-        self._num_queued = 0
+        # waiting for a worker that is not busy: by class, tenant share, deadline (queue.py)
+        self.queue = RequestQueue()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self.metrics = RouterMetrics()
+        self.metrics.tenants = self.queue
         self.decisions = DecisionLog()  # the last routing decisions, for /dashboard
 
     def subject(self, name: str) -> str:
@@ -179,31 +207,43 @@ class PolicyRouter:
     async def route(
         self, request: PreprocessedRequest, *, exclude: frozenset[str] = frozenset()
     ) -> RouteDecision:
-        deadline = self._clock() + self.config.queue_timeout_s
-        queued = False
         span = tracing.start("route", policy=self.policy, pool=self.config.worker_component)
         queue_span = None
         try:
-            while True:
-                started = time.perf_counter()
-                cands = self.candidates(request, exclude)
-                try:
-                    chosen, details = self._choose(request, cands)
-                    break
-                except AllBusy:
-                    if span is not None and queue_span is None:
-                        queue_span = tracing.start("queue", parent=span)
-                    queued = await self._wait_not_busy(queued, deadline)
+            self._check_deadline(request, None)
+            started = time.perf_counter()
+            cands = self.candidates(request, exclude)
+            decision = None
+            if self.queue.outranks_all(request):  # nobody waiting comes before it
+                with contextlib.suppress(AllBusy):
+                    decision = self._book(request, *self._choose(request, cands), started)
+            if decision is None:
+                if span is not None:
+                    queue_span = tracing.start("queue", parent=span)
+                decision = await self._wait_in_queue(request, exclude)
         except BaseException as exc:
             tracing.end(queue_span, exc)
             tracing.end(span, exc)
             raise
-        finally:
-            if queued:
-                self._num_queued -= 1
+        if span is not None:
+            tracing.end(queue_span)
+            tracing.end(span, worker_id=decision.instance_id,
+                        overlap_blocks=decision.overlap_blocks,
+                        request_blocks=decision.request_blocks)  # fmt: skip
+        return decision
+
+    def _book(
+        self,
+        request: PreprocessedRequest,
+        chosen: Instance,
+        details: dict[str, Any],
+        started: float,
+    ) -> RouteDecision:
+        """Record `request` as routed to `chosen` (synchronously: the next choice sees it)."""
         self.on_finish(request.request_id)  # a re-route (migration) replaces the old entry
         self._request_worker[request.request_id] = chosen.instance_id
         self._inflight[chosen.instance_id] = self._inflight.get(chosen.instance_id, 0) + 1
+        self.queue.charge(request)
         decision = self._record(request, chosen, details)
         self.metrics.observe_route(
             chosen.instance_id,
@@ -212,12 +252,85 @@ class PolicyRouter:
             time.perf_counter() - started,
         )
         self.decisions.record(request, decision, self._decision_costs())
-        if span is not None:
-            tracing.end(queue_span)
-            tracing.end(span, worker_id=decision.instance_id,
-                        overlap_blocks=decision.overlap_blocks,
-                        request_blocks=decision.request_blocks)  # fmt: skip
         return decision
+
+    async def _wait_in_queue(
+        self, request: PreprocessedRequest, exclude: frozenset[str]
+    ) -> RouteDecision:
+        """Queue `request` until `_dispatch` gives it a worker, its deadline or the queue
+        timeout passes, or it is cancelled."""
+        if len(self.queue) >= self.config.queue_size:
+            raise Overloaded(
+                f"all workers are busy and the router queue is full "
+                f"({len(self.queue)}/{self.config.queue_size}); retry later",
+                retry_after_s=self.config.retry_after_s,
+            )
+        waiter = self.queue.push(request, exclude, self._clock())
+        waiter.done = asyncio.get_running_loop().create_future()
+        self._wake.set()  # a worker may be free for it already (it queued behind others)
+        timeout, by_deadline = self.config.queue_timeout_s, False
+        if request.deadline_s is not None and request.deadline_s - time.time() < timeout:
+            timeout, by_deadline = request.deadline_s - time.time(), True
+        missed = False
+        try:
+            decision: RouteDecision = await asyncio.wait_for(waiter.done, timeout=timeout)
+            return decision
+        except DeadlineExceeded:
+            missed = True
+            raise
+        except TimeoutError:
+            if by_deadline:
+                missed = True
+                self._check_deadline(request, waiter, now_s=math.inf)
+            raise Overloaded(
+                f"all workers stayed busy for {self.config.queue_timeout_s}s in the router queue",
+                retry_after_s=self.config.retry_after_s,
+            ) from None
+        finally:
+            self.queue.remove(waiter)
+            wait_s = self._clock() - waiter.enqueued_s
+            self.metrics.observe_queue_wait(request, wait_s, missed=missed)
+
+    def _check_deadline(
+        self, request: PreprocessedRequest, waiter: Waiter | None, *, now_s: float | None = None
+    ) -> None:
+        """DeadlineExceeded when `request`'s deadline has passed (by `now_s`, default the
+        wall clock): never serve it late."""
+        now_s = time.time() if now_s is None else now_s
+        if request.deadline_s is None or request.deadline_s > now_s:
+            return
+        waited = "" if waiter is None else (
+            f" after {self._clock() - waiter.enqueued_s:.3f}s in the router queue "
+            f"({len(self.queue) - 1} other requests waiting)"
+        )  # fmt: skip
+        raise DeadlineExceeded(
+            f"request {request.request_id} missed its deadline{waited}; it was not served "
+            "late. Allow a longer x-tandem-deadline-ms, a higher priority, or retry later"
+        )
+
+    def _dispatch(self) -> None:
+        """Offer free workers to the queued requests in queue order (`_wake.set` calls it:
+        a finish, a load update, an instance change)."""
+        for waiter in self.queue.ordered():
+            if waiter.done is None or waiter.done.done():
+                continue
+            request = waiter.request
+            started = time.perf_counter()
+            try:
+                self._check_deadline(request, waiter)
+                cands = self.candidates(request, waiter.exclude)
+                chosen, details = self._choose(request, cands)
+            except AllBusy:
+                pinned = request.routing is not None and request.routing.worker_id is not None
+                if pinned or waiter.exclude:
+                    continue  # another waiter may still fit elsewhere
+                return
+            except Exception as exc:  # its own error (deadline, no workers): fail it alone
+                self.queue.remove(waiter)
+                waiter.done.set_exception(exc)
+                continue
+            self.queue.remove(waiter)
+            waiter.done.set_result(self._book(request, chosen, details, started))
 
     def _decision_costs(self) -> Sequence[CandidateCost] | None:
         """Hook: the per-candidate costs of the decision `_record` just booked (KV router)."""
@@ -230,27 +343,6 @@ class PolicyRouter:
         return RouteDecision(
             instance_id=chosen.instance_id, address=chosen.address, details=details
         )
-
-    async def _wait_not_busy(self, queued: bool, deadline: float) -> bool:
-        """Wait for a change (finish, load update, instance) in the bounded queue."""
-        if not queued:
-            if self._num_queued >= self.config.queue_size:
-                raise Overloaded(
-                    f"all workers are busy and the router queue is full "
-                    f"({self._num_queued}/{self.config.queue_size}); retry later",
-                    retry_after_s=self.config.retry_after_s,
-                )
-            self._num_queued += 1
-        remaining = deadline - self._clock()
-        if remaining <= 0:
-            raise Overloaded(
-                f"all workers stayed busy for {self.config.queue_timeout_s}s in the router queue",
-                retry_after_s=self.config.retry_after_s,
-            )
-        self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=remaining)
-        return True
 
     def on_first_token(self, request_id: str) -> None:
         """Nothing to do for load-only policies."""
@@ -269,7 +361,7 @@ class PolicyRouter:
     @property
     def num_queued(self) -> int:
         """Requests waiting in this router's queue for a worker that is not busy."""
-        return self._num_queued
+        return len(self.queue)
 
     def inflight(self, worker_id: str) -> int:
         return self._inflight.get(worker_id, 0)

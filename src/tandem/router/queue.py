@@ -1,0 +1,126 @@
+"""`RequestQueue`: the router's queue of requests waiting for a worker that is not busy
+(issue 33), in the order they get one:
+
+1. priority class: a lower `PreprocessedRequest.priority` first (vLLM's convention);
+2. within a class, the tenant with the lowest virtual token counter (VTC, "Fairness in Serving
+   Large Language Models", OSDI '24): each dispatched request adds its weighted tokens
+   (prompt tokens × `PROMPT_TOKEN_WEIGHT` + expected output tokens × `OUTPUT_TOKEN_WEIGHT`)
+   divided by its tenant's weight to its tenant's counter, so backlogged tenants are served in
+   proportion to their weights, counted in tokens. Work-conserving: a tenant alone in the queue
+   is served whatever its counter. A tenant that starts waiting while others are backlogged in
+   its class is lifted to the lowest counter among them: idle time earns no burst of credit;
+3. within a tenant, the earliest deadline first (`deadline_s`; none = last), then arrival.
+
+Synchronous and deterministic (no I/O, no clock); the router calls it from one event loop."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.tenancy import DEFAULT_TENANT
+
+PROMPT_TOKEN_WEIGHT = 1.0
+OUTPUT_TOKEN_WEIGHT = 2.0  # the VTC paper's w_q = 2 w_p: a decode token costs more of a step
+# what a request counts for output before it ran: its max_tokens, at most this (a client that
+# leaves max_tokens at the context's remainder must not be charged its whole context)
+MAX_EXPECTED_OUTPUT_TOKENS = 512
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One queued request. `exclude`: workers it must not go to (a failed attempt's)."""
+
+    request: PreprocessedRequest
+    exclude: frozenset[str]
+    seq: int
+    enqueued_s: float
+    done: Any = None  # the router's future: set_result(decision) or set_exception
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tenant(self) -> str:
+        return self.request.tenant or DEFAULT_TENANT
+
+
+def request_cost(request: PreprocessedRequest) -> float:
+    """The weighted tokens `request` counts against its tenant's share (before its weight)."""
+    output = min(request.stop.max_tokens, MAX_EXPECTED_OUTPUT_TOKENS)
+    return request.num_prompt_tokens * PROMPT_TOKEN_WEIGHT + output * OUTPUT_TOKEN_WEIGHT
+
+
+class RequestQueue:
+    """Waiting requests ordered by class, tenant share and deadline; not thread-safe."""
+
+    def __init__(self) -> None:
+        self._waiters: list[Waiter] = []
+        self._seq = itertools.count()
+        self.counters: dict[str, float] = defaultdict(float)  # tenant -> virtual tokens
+        self.served_tokens: dict[str, float] = defaultdict(float)  # tenant -> weighted tokens
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def push(self, request: PreprocessedRequest, exclude: frozenset[str], now_s: float) -> Waiter:
+        """Queue `request`, lifting its tenant's counter if it was not backlogged."""
+        waiter = Waiter(request, exclude, next(self._seq), now_s)
+        tenant, klass = waiter.tenant, request.priority
+        backlogged = {w.tenant for w in self._waiters if w.request.priority == klass}
+        if tenant not in backlogged and backlogged:
+            floor = min(self.counters[t] for t in backlogged)
+            self.counters[tenant] = max(self.counters[tenant], floor)
+        self._waiters.append(waiter)
+        return waiter
+
+    def remove(self, waiter: Waiter) -> None:
+        """Drop `waiter` (dispatched, timed out or cancelled); idempotent."""
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+
+    def key(self, waiter: Waiter) -> tuple[int, float, float, int]:
+        deadline = waiter.request.deadline_s
+        return (
+            waiter.request.priority,
+            self.counters[waiter.tenant],
+            math.inf if deadline is None else deadline,
+            waiter.seq,
+        )
+
+    def ordered(self) -> list[Waiter]:
+        """The waiters in the order they are offered a worker."""
+        return sorted(self._waiters, key=self.key)
+
+    def outranks_all(self, request: PreprocessedRequest) -> bool:
+        """Whether a new `request` would be first: then it may take a free worker at once;
+        otherwise it queues behind the waiters that come before it."""
+        if not self._waiters:
+            return True
+        tenant = request.tenant or DEFAULT_TENANT
+        head = min(self._waiters, key=self.key)
+        deadline = request.deadline_s
+        own = (
+            request.priority,
+            self.counters[tenant],
+            math.inf if deadline is None else deadline,
+            -1,
+        )
+        return own < self.key(head)
+
+    def charge(self, request: PreprocessedRequest) -> None:
+        """Count a dispatched `request` against its tenant's share."""
+        tenant = request.tenant or DEFAULT_TENANT
+        cost = request_cost(request)
+        self.counters[tenant] += cost / max(request.tenant_weight, 1e-6)
+        self.served_tokens[tenant] += cost
+
+    def depth(self) -> dict[tuple[int, str], int]:
+        """Waiting requests per (priority class, tenant)."""
+        out: dict[tuple[int, str], int] = defaultdict(int)
+        for w in self._waiters:
+            out[(w.request.priority, w.tenant)] += 1
+        return dict(out)

@@ -135,6 +135,9 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     # fair share it counts against (None = the default tenant)
     priority: int = 0
     tenant: str | None = None
+    # the tenant's weight (its share of its class: the router queue's fair share), stamped by
+    # the frontend from the tenants file so that every router, remote ones too, reads it
+    tenant_weight: float = 1.0
     # prefill/decode handoff (DESIGN.md §4); opaque to everyone but tandem.disagg
     disagg_params: dict[str, Any] | None = None
     # free-form annotations (e.g. "prefill_only"); engines ignore what they do not know

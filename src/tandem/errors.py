@@ -68,10 +68,15 @@ class Overloaded(ServingError):
 
 
 class RateLimited(Overloaded):
-    """Per-client limit reached (HTTP 429 + Retry-After)."""
+    """Per-client limit reached (HTTP 429 + Retry-After). `headers`: more response headers
+    (a tenant limit's `x-ratelimit-*`)."""
 
     status_code = 429
     error_type = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, param: str | None = None):
+        super().__init__(message, retry_after_s=retry_after_s, param=param)
+        self.headers: list[tuple[str, str]] = []
 
 
 class NoWorkersAvailable(Overloaded):

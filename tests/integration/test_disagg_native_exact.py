@@ -1,6 +1,7 @@
 """Exactness: greedy tokens of a 1-prefill/1-decode native stack (SmolLM2, real KV bytes
 through the transfer agent) equal the aggregated engine's, for 16+ prompts of varied
-lengths, in both flows and over both the shm and the tcp backend."""
+lengths, in both flows and over both the shm and the tcp backend; and tokens after a prefix
+fetched from a peer (peer KV fetch, issue 31) equal those after recomputing it."""
 
 from __future__ import annotations
 
@@ -11,20 +12,24 @@ import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import msgspec
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.disagg_stack import start_stack
 from support.smollm2 import smollm2_gguf
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
+from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import NativeEngine, build_core
 from tandem.engines.native.engine_core import EngineCore
 from tandem.protocols.engine import (
+    KvFetchHint,
     PreprocessedRequest,
     SamplingParams,
     StopConditions,
 )
+from tandem.tokens.hashing import sequence_hashes
 from tandem.tokens.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,3 +149,66 @@ async def test_penalties_count_the_prefills_token_as_output(model, flow) -> None
         )
         tokens, reason = await s.generate(req("pd"))
         assert reason == "length" and tokens == expected
+
+
+def fetch_cases() -> list[tuple[list[int], list[int]]]:
+    """(prompt the holder ran, prompt the fetcher runs): the same prompt, or a shared prefix
+    with another suffix (the holder exports only the blocks they share)."""
+    rng = random.Random(11)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(100, 40000) for _ in range(n)]
+
+    same = [toks(33), toks(64)]
+    shared = [(toks(48), toks(10), toks(30)), (toks(64), toks(16), toks(47))]
+    return [(p, p) for p in same] + [(pre + a, pre + b) for pre, a, b in shared]
+
+
+async def _tokens(engine, req: PreprocessedRequest) -> tuple[list[int], int]:
+    tokens: list[int] = []
+    cached = -1
+    async for out in engine.generate(req):
+        if cached < 0 and out.num_cached_tokens is not None:
+            cached = out.num_cached_tokens
+        tokens += out.token_ids
+    return tokens, cached
+
+
+async def test_peer_fetched_prefix_gives_the_recomputed_tokens(model) -> None:
+    """The fetcher pulls the holder's blocks of the prompt (whole, or the shared prefix),
+    reports them cached and emits exactly the tokens of a cold engine."""
+    worker = DisaggWorkerConfig(backends=("shm", "tcp"), kv_fetch=True, kv_fetch_timeout_s=10.0)
+    plain = engine_of(model)
+    holder, fetcher = DisaggEngine(engine_of(model), worker), DisaggEngine(engine_of(model), worker)
+    for e in (plain, holder, fetcher):
+        await e.start()
+    try:
+        assert holder.agent is not None and fetcher.fetch is not None
+        for i, (warm, prompt) in enumerate(fetch_cases()):
+            warm_tokens, _ = await _tokens(holder, request(f"warm{i}", warm))
+            expected = (
+                warm_tokens
+                if warm == prompt
+                else (await _tokens(plain, request(f"ref{i}", prompt)))[0]
+            )
+            hint = KvFetchHint(
+                source_instance_id="holder", address=holder.agent.address,
+                agent_id=holder.agent.agent_id, block_size=CONFIG.block_size,
+                block_hashes=sequence_hashes(prompt, CONFIG.block_size),
+            )  # fmt: skip
+            tokens, cached = await _tokens(
+                fetcher, msgspec.structs.replace(request(f"f{i}", prompt), kv_fetch=hint)
+            )
+            common = next(
+                (j for j, (x, y) in enumerate(zip(warm, prompt, strict=False)) if x != y), len(warm)
+            )
+            assert cached == min(common, len(prompt) - 1) // 16 * 16, f"case {i}"
+            assert tokens == expected, f"case {i}: {cached} tokens fetched"
+        stats = fetcher.fetch.stats
+        assert stats.num_fell_back == 0 and stats.num_succeeded == len(fetch_cases())
+        assert stats.num_bytes > 0
+        for e in (holder, fetcher):
+            await _wait_no_blocks(e)
+    finally:
+        for e in (plain, holder, fetcher):
+            await e.stop()

@@ -49,6 +49,18 @@ def add_disagg_worker_args(parser: argparse.ArgumentParser) -> None:
                    default="local",
                    help="local: prefill on the decode worker; fail: end it with an error",
                    )  # fmt: skip
+    g.add_argument(
+        "--kv-fetch",
+        action="store_true",
+        help="peer KV fetch: serve this worker's cached blocks to peers and pull a prefix the "
+        "KV router names from the peer caching it (a transfer agent; --disagg-transfer-*)",
+    )
+    g.add_argument(
+        "--kv-fetch-timeout-s",
+        type=float,
+        default=DisaggWorkerConfig().kv_fetch_timeout_s,
+        help="a peer KV fetch not done after this is given up: the prompt is recomputed",
+    )
 
 
 def disagg_worker_config_from_args(ns: argparse.Namespace) -> DisaggWorkerConfig:
@@ -60,6 +72,8 @@ def disagg_worker_config_from_args(ns: argparse.Namespace) -> DisaggWorkerConfig
         pin_ttl_s=ns.disagg_pin_ttl_s,
         transfer_timeout_s=ns.disagg_transfer_timeout_s,
         on_transfer_failure=ns.disagg_on_transfer_failure,
+        kv_fetch=bool(getattr(ns, "kv_fetch", False)),
+        kv_fetch_timeout_s=getattr(ns, "kv_fetch_timeout_s", None) or 2.0,
         transfer_host=getattr(ns, "transfer_host", None) or "127.0.0.1",
         transfer_port=getattr(ns, "transfer_port", None) or 0,
     )

@@ -38,9 +38,14 @@ class DisaggWorkerConfig:
     # worker's request-plane --host unless --transfer-host says otherwise)
     transfer_host: str = "127.0.0.1"
     transfer_port: int = 0  # 0: any free port
+    # peer KV fetch (issue 31): export cached blocks to peers and pull the prefix a router's
+    # KvFetchHint names; a fetch not done within kv_fetch_timeout_s is recomputed instead
+    kv_fetch: bool = False
+    kv_fetch_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
         _one_of("disagg mode", self.mode, DISAGG_MODES)
+        check_range("kv_fetch_timeout_s", self.kv_fetch_timeout_s, low=0.01, high=600)
         _one_of("transfer failure policy", self.on_transfer_failure, FAILURE_POLICIES)
         for backend in self.backends:
             _one_of("transfer backend", backend, BACKEND_NAMES)
@@ -57,7 +62,8 @@ class DisaggWorkerConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "none"
+        """The worker needs a transfer agent: a disaggregated role or peer KV fetch."""
+        return self.mode != "none" or self.kv_fetch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,8 +5,10 @@ opens a `TransferAgent`, registers the KV cache as the region ``kv`` (moving a r
 tensor into shared memory so same-host peers can memcpy it; a one-byte-per-block region for
 engines that move no bytes) and builds the engine's `KvHandoff`. `generate` sends a
 prefill worker's requests through `PrefillSide`, a decode worker's requests that carry
-`disagg_params` through `DecodeSide`, and everything else to the engine as usual.
-`instance_metadata()` tells the frontend the role and the agent's address.
+`disagg_params` through `DecodeSide`, requests that carry a router's `kv_fetch` hint through
+`PeerFetch` (``--kv-fetch``, any role but prefill; mode ``none`` is an aggregated worker with
+peer fetch), and everything else to the engine as usual. `instance_metadata()` tells the
+frontend the role and the agent's address, and the router the peer-fetch figures.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.decode import DecodeSide
+from tandem.disagg.peer_fetch import PeerFetch
 from tandem.disagg.prefill import REGION, PrefillSide
 from tandem.engines.base import Engine, EngineCapabilities, EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.handoff import KvHandoff
@@ -38,6 +43,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
+FETCH_METADATA_KEY = "kv_fetch"  # tandem.router.fetch.METADATA_KEY (what the router reads)
 
 MAX_TRANSFER_THREADS = 32  # concurrent pulls/pushes of one worker (a transfer is bounded)
 # engine name (EngineInfo.engine) -> "module:class" of its KvHandoff(engine)
@@ -74,7 +80,7 @@ class DisaggEngine(EngineDefaults):
         tls: TlsFiles | None = None,
     ) -> None:
         if not config.enabled:
-            raise ValueError("DisaggEngine needs mode 'prefill' or 'decode'")
+            raise ValueError("DisaggEngine needs mode 'prefill' or 'decode', or kv_fetch")
         self.engine, self.config = engine, config
         self._agent_config = agent_config or TransferAgentConfig(
             host=config.transfer_host,
@@ -89,6 +95,7 @@ class DisaggEngine(EngineDefaults):
         self.handoff: KvHandoff | None = None
         self.prefill: PrefillSide | None = None
         self.decode: DecodeSide | None = None
+        self.fetch: PeerFetch | None = None
         self._executor = ThreadPoolExecutor(MAX_TRANSFER_THREADS, thread_name_prefix="kv-xfer")
 
     async def start(self) -> EngineInfo:
@@ -114,8 +121,15 @@ class DisaggEngine(EngineDefaults):
             self.prefill = PrefillSide(
                 self.handoff, self.agent, self.config, info.eos_token_ids, pool
             )
-        else:
+        elif self.config.mode == "decode":
             self.decode = DecodeSide(self.engine, self.handoff, self.agent, self.config, pool)
+        if self.config.kv_fetch and self.prefill is None:
+            figures = self.handoff.fetch_figures()
+            self.fetch = PeerFetch(
+                self.engine, self.handoff, self.agent, self.config,
+                block_size=info.block_size, bytes_per_token=figures.bytes_per_token,
+                bandwidth_bytes_per_s=figures.bandwidth_bytes_per_s, executor=pool,
+            )  # fmt: skip
         logger.info("disagg %s worker: transfer agent %s at %s:%d", self.config.mode,
                     self.agent.agent_id, *self.agent.address)  # fmt: skip
         return info
@@ -132,17 +146,28 @@ class DisaggEngine(EngineDefaults):
     def metric_families(self) -> list[Metric]:
         """The wrapped engine's, then the transfer agent's counters."""
         agent = self.agent.families() if self.agent is not None else []
-        return [*self.engine.metric_families(), *agent]
+        fetch = self.fetch.families() if self.fetch is not None else []
+        return [*self.engine.metric_families(), *agent, *fetch]
 
     def instance_metadata(self) -> dict[str, Any]:
         """Discovery metadata: the role and where the frontend/peers reach the agent."""
         assert self.agent is not None, "instance_metadata before start()"
-        return {
+        out: dict[str, Any] = {
             "disagg_mode": self.config.mode,
             "kv_transfer_address": list(self.agent.address),
             "kv_transfer_agent_id": self.agent.agent_id,
             "kv_transfer_backends": list(self.agent.backend_names),
         }
+        if self.fetch is not None and self.handoff is not None:
+            figures = self.handoff.fetch_figures()
+            out[FETCH_METADATA_KEY] = {
+                "address": list(self.agent.address),
+                "agent_id": self.agent.agent_id,
+                "bytes_per_token": figures.bytes_per_token,
+                "bandwidth_bytes_per_s": self.fetch.stats.bandwidth_bytes_per_s,
+                "prefill_s_per_token": figures.prefill_s_per_token,
+            }
+        return out
 
     def generate(
         self, request: PreprocessedRequest, *, direct: DirectSink | None = None
@@ -152,6 +177,10 @@ class DisaggEngine(EngineDefaults):
             return self.prefill.generate(request)
         if self.decode is not None and request.disagg_params is not None:
             return self.decode.generate(request)
+        if self.fetch is not None and request.kv_fetch is not None:
+            return self.fetch.generate(request)
+        if request.kv_fetch is not None:  # a hint this worker cannot take: compute it
+            request = msgspec.structs.replace(request, kv_fetch=None)
         return self.engine.generate(request)
 
     async def abort(self, request_id: str) -> None:

@@ -39,6 +39,16 @@ class KvCacheSpec:
         )  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchFigures:
+    """KV bytes per token, the transfer bandwidth assumed until fetches measure it, and the
+    engine's prefill seconds per token when it knows them (None: the router's default)."""
+
+    bytes_per_token: int
+    bandwidth_bytes_per_s: float
+    prefill_s_per_token: float | None = None
+
+
 class KvHandoff(Protocol):
     """Engine-side half of a prefill → decode KV handoff.
 
@@ -56,6 +66,10 @@ class KvHandoff(Protocol):
     def adopt_kv_cache(self, tensor: Any) -> None:
         """Use ``tensor`` (shaped `kv_cache_spec().shape`, e.g. a shared-memory region) as
         the engine's KV cache from now on. Called once, before any request."""
+        ...
+
+    def fetch_figures(self) -> FetchFigures:
+        """What a peer KV fetch to or from this engine costs, for the router (issue 31)."""
         ...
 
     def transfer_delay_s(self, num_tokens: int) -> float:
@@ -76,9 +90,20 @@ class KvHandoff(Protocol):
         """Release a prefill's pins (thread-safe, idempotent)."""
         ...
 
-    async def allocate(self, request: PreprocessedRequest, num_tokens: int) -> list[int]:
+    def pin_cached(self, request_id: str, block_hashes: list[int]) -> list[int]:
+        """Peer KV fetch, holder side: pin under ``request_id`` the cached blocks of the
+        longest prefix of the chained ``block_hashes`` and return their ids ([] and no pin
+        when the first is not cached); `unpin` releases them. Thread-safe, blocking: the
+        transfer agent calls it from a connection thread."""
+        ...
+
+    async def allocate(
+        self, request: PreprocessedRequest, num_tokens: int, *, prefix_only: bool = False
+    ) -> list[int]:
         """Reserve fresh blocks for the first ``num_tokens`` tokens of ``request`` on the
-        decode side; raises `Overloaded` when the pool cannot hold them now."""
+        decode side; raises `Overloaded` when the pool cannot hold them now. Tokens beyond
+        ``num_tokens`` are a decode-first prefill's first token, or with ``prefix_only``
+        (a peer KV fetch of a prompt prefix) prompt still to compute."""
         ...
 
     def release(self, request_id: str) -> None:

@@ -38,6 +38,8 @@ from tandem.frontend.observability.metrics import FrontendMetrics, close_tally, 
 from tandem.frontend.observability.worker_scrape import WorkerScraper
 from tandem.frontend.pipeline.generate import Admission, GeneratePipeline
 from tandem.frontend.pipeline.streamer import Streamer
+from tandem.frontend.rate_limit import RateLimiter, ratelimit_headers
+from tandem.frontend.tenancy import Tenancy, reset_current, set_current
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
 from tandem.runtime.base import RequestClient
@@ -63,6 +65,11 @@ API_ENDPOINTS = {
     **dict.fromkeys(RERANK_PATHS, "rerank"),
     **dict.fromkeys(SCORE_PATHS, "score"),
 }
+# the endpoints a tenant's requests/min limit counts (issue 33): those that run a model
+LIMITED_ENDPOINTS = frozenset(
+    {"chat_completions", "completions", "generate_tokens", "embeddings", "responses",
+     "messages", "rerank", "score"}
+)  # fmt: skip
 WORKER_METRICS = "/metrics/workers/"  # + a worker id: that worker's metrics alone
 CLIENT_CLOSED = 499  # the status_code label of a request whose client went away (nginx's)
 
@@ -86,13 +93,18 @@ class FrontendApp:
         admin_api_keys: tuple[str, ...] = (),
         workers: WorkerScraper | None = None,
         client: RequestClient | None = None,
+        tenancy: Tenancy | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.registry, self.metrics = registry, metrics
         self.workers = workers
         metrics.watch(registry)
         self.images = images or ImageLoader(ImageConfig())
         self.health_monitor = health
-        self._auth = ApiKeys(api_keys, admin_api_keys)
+        self.tenancy, self.limiter = tenancy, limiter
+        self._auth = ApiKeys(
+            api_keys, admin_api_keys, is_tenant_key=tenancy.has_key if tenancy else None
+        )
         self.admission = Admission(
             max_inflight=max_inflight_requests,
             max_fanout=max_fanout,
@@ -104,6 +116,8 @@ class FrontendApp:
             admission=self.admission,
             images=self.images,
             request_timeout_s=request_timeout_s,
+            tenancy=tenancy,
+            limiter=limiter,
         )
         chat = ChatEndpoints(registry, self.pipeline)
         render = RenderEndpoints(registry, self.pipeline)
@@ -158,12 +172,18 @@ class FrontendApp:
             handler = self._routes.get(("GET", WORKER_METRICS.rstrip("/")))
         endpoint = API_ENDPOINTS.get(request.path, "other" if handler is None else None)
         tally, token = open_tally()
+        identity_token = None
         try:
             if (client_id := client_request_id(request.headers)) is not None:
                 response.extra_headers.append(("x-request-id", client_id))
             if handler is None:
                 raise _not_found(request, {_route_path(path) for _, path in self._routes})
             self._auth.check(request)
+            if self.tenancy is not None:
+                identity = self.tenancy.resolve(request)
+                identity_token = set_current(identity)
+                if endpoint in LIMITED_ENDPOINTS:
+                    self._limit_requests(identity.tenant, response)
             await handler(request, response)
         except ServingError as exc:
             tally.status = "error"
@@ -181,11 +201,22 @@ class FrontendApp:
                 tally.status_code = 500  # the server answers 500 for what escapes here
             raise
         finally:
+            if identity_token is not None:
+                reset_current(identity_token)
             close_tally(token)
             if endpoint is not None:
                 self.metrics.counted(
                     tally.model, endpoint, tally.request_type, tally.status, tally.status_code
                 )
+
+    def _limit_requests(self, tenant: str, response: HttpResponse) -> None:
+        """Take one from `tenant`'s requests/min bucket (RateLimited when empty)."""
+        assert self.tenancy is not None
+        limit = self.tenancy.table.get(tenant).requests_per_minute
+        if self.limiter is None or limit is None:
+            return
+        states = self.limiter.take(tenant, {"requests": (limit, 1.0)})
+        response.extra_headers.extend(ratelimit_headers(states))
 
     async def _send_error(
         self, response: HttpResponse, exc: ServingError, *, anthropic: bool = False

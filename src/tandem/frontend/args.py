@@ -4,6 +4,7 @@ from `tandem.runtime.flag_parser` (TANDEM_<FLAG>), applied by the entry point.""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tandem.disagg.args import add_disagg_route_args, disagg_route_config_from_args
 from tandem.frontend.api.responses.store import (
@@ -167,6 +168,14 @@ def _add_auth_args(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="file of admin API keys",
     )
+    g.add_argument(
+        "--tenants-file",
+        default=None,
+        metavar="PATH",
+        help="YAML of tenants (API keys -> tenant, weight, priority ceiling, requests/tokens per "
+        "minute, isolated); read again when it changes (README: Tenants). Without it every "
+        "request is the default tenant's and the router queue is FIFO within a class",
+    )
 
 
 def api_keys(flags: list[str], path: str | None) -> tuple[str, ...]:
@@ -202,6 +211,7 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         http=http_config_from_args(ns),
         api_keys=api_keys(ns.api_key, ns.api_key_file),
         admin_api_keys=api_keys(ns.admin_api_key, ns.admin_api_key_file),
+        tenants_file=Path(ns.tenants_file) if ns.tenants_file else None,
         health_stale_s=ns.health_stale_s,
         disagg=disagg_route_config_from_args(ns),
         images=image_config_from_args(ns),

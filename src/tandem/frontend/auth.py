@@ -15,6 +15,7 @@ no admin key).
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from tandem.errors import Forbidden, Unauthorized
 from tandem.frontend.http.server import HttpRequest
@@ -28,9 +29,17 @@ OPERATOR_PATHS = frozenset({"/dashboard/state"})
 class ApiKeys:
     """Checks one request's credentials; immutable, safe to share."""
 
-    def __init__(self, api_keys: tuple[str, ...], admin_api_keys: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        api_keys: tuple[str, ...],
+        admin_api_keys: tuple[str, ...],
+        *,
+        is_tenant_key: Callable[[str], bool] | None = None,
+    ) -> None:
         self._admin = [k.encode() for k in admin_api_keys]
         self._user = [k.encode() for k in api_keys]
+        # the keys a tenants file lists are user keys too (issue 33; reloaded with the file)
+        self._is_tenant_key = is_tenant_key
 
     def check(self, request: HttpRequest) -> None:
         """Raise Unauthorized (401) or Forbidden (403) unless `request` may use its route."""
@@ -53,10 +62,15 @@ class ApiKeys:
                 )
             self._require(request, self._admin, "an admin API key")
         elif self._user:
-            self._require(request, self._user + self._admin, "an API key")
+            self._require(request, self._user + self._admin, "an API key", self._is_tenant_key)
 
     @staticmethod
-    def _require(request: HttpRequest, keys: list[bytes], what: str) -> None:
+    def _require(
+        request: HttpRequest,
+        keys: list[bytes],
+        what: str,
+        is_tenant_key: Callable[[str], bool] | None = None,
+    ) -> None:
         header = request.headers.get("authorization")
         if header is None:  # Anthropic's clients send the key as x-api-key
             scheme, token = "bearer", request.headers.get("x-api-key", "")
@@ -72,6 +86,8 @@ class ApiKeys:
         matched = False
         for key in keys:
             matched |= hmac.compare_digest(presented, key)
+        if not matched and is_tenant_key is not None:
+            matched = is_tenant_key(token.strip())  # a dict lookup: keyed by the whole key
         if not matched:
             raise Unauthorized(f"incorrect API key provided: {_mask(token.strip())}")
 

@@ -39,6 +39,7 @@ class FrontendConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
     api_keys: tuple[str, ...] = ()
     admin_api_keys: tuple[str, ...] = ()
+    tenants_file: Path | None = None  # issue 33: tenants, weights, limits (frontend/tenancy.py)
     health_stale_s: float = 5.0
     request_timeout_s: float = 600.0
     retry_after_s: float = 1.0

@@ -21,6 +21,7 @@ from tandem.errors import (
     ModelNotFound,
     Overloaded,
     PeerGone,
+    RateLimited,
     ServingError,
     Unauthorized,
 )
@@ -61,7 +62,8 @@ def error_body(exc: ServingError) -> bytes:
 
 def error_headers(exc: ServingError) -> list[tuple[str, str]]:
     if isinstance(exc, Overloaded):
-        return [("retry-after", str(max(1, math.ceil(exc.retry_after_s))))]
+        extra = exc.headers if isinstance(exc, RateLimited) else []
+        return [("retry-after", str(max(1, math.ceil(exc.retry_after_s)))), *extra]
     if isinstance(exc, Unauthorized):
         return [("www-authenticate", 'Bearer realm="tandem"')]
     return []

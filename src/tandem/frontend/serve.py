@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tandem.errors import StartupError
+from tandem.errors import ConfigError, StartupError
 from tandem.frontend.api.responses.store import ResponseStore
 from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
@@ -30,6 +30,8 @@ from tandem.frontend.observability.request_stats import (
 from tandem.frontend.observability.worker_scrape import WorkerScraper
 from tandem.frontend.pipeline import prompt_ids
 from tandem.frontend.pipeline.streamer import Streamer
+from tandem.frontend.rate_limit import RateLimiter, default_db_path
+from tandem.frontend.tenancy import Tenancy
 from tandem.multimodal.loader import ImageLoader
 from tandem.multimodal.remote_provider import ENCODER_COMPONENT, ENCODER_ENDPOINT
 from tandem.protocols.discovery import InstanceEvent
@@ -175,6 +177,7 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
         admin_api_keys=config.admin_api_keys,
         workers=WorkerScraper(runtime.discovery, runtime.client, runtime.namespace),
         client=runtime.client,  # /v1/embeddings calls workers' `embed` endpoints
+        **_tenancy(config),
     )
     _add_dashboard(app, config, runtime, health, pool)
     app.responses.store = ResponseStore(config.responses_store)
@@ -197,6 +200,18 @@ def _on_worker_event(streamer: EngineStreamer, event: InstanceEvent) -> None:
     connection now (not after the stall timeout), so when it returns it is served afresh."""
     if event.kind == "removed":
         streamer.worker_removed(event.instance.instance_id, event.instance.address)
+
+
+def _tenancy(config: FrontendConfig) -> dict[str, Any]:
+    """The tenants file's tables and the host's shared limit buckets (issue 33), or nothing."""
+    if config.tenants_file is None:
+        return {}
+    try:
+        tenancy = Tenancy(config.tenants_file)
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from exc
+    db = tenancy.table.limits_db or default_db_path(config.tenants_file)
+    return {"tenancy": tenancy, "limiter": RateLimiter(db)}
 
 
 def _health_monitor(

@@ -74,6 +74,9 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # vLLM extension
+    # vLLM extension: the priority class (lower = earlier; protocols/tenancy.py), typed Any so
+    # that a bad value's 400 lists the classes
+    priority: Any = None
     # token id (as a string, JSON object keys are strings) -> bias in [-100, 100]
     logit_bias: dict[str, float] | None = None
     # OpenAI fields tandem does not offer: any value other than their `UNSUPPORTED`

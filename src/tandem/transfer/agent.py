@@ -31,7 +31,7 @@ from prometheus_client.metrics_core import Metric
 
 from tandem.errors import TransferError
 from tandem.transfer.base import TransferBackend
-from tandem.transfer.client import cancel_soon, run_transfer, send_control
+from tandem.transfer.client import cancel_soon, run_transfer, send_control, send_export
 from tandem.transfer.config import TransferAgentConfig
 from tandem.transfer.descriptor import OpKind, OpRef, OpStatus, RegionLayout, TransferOpMeta
 from tandem.transfer.metrics import TransferStats, transfer_families
@@ -46,7 +46,7 @@ from tandem.transfer.registry import create_backends, installed_backends
 from tandem.transfer.selection import BackendSelector
 from tandem.transfer.server import ControlServer
 from tandem.transfer.shm import ShmProbe, ShmProofs
-from tandem.transfer.wire import Done
+from tandem.transfer.wire import Done, Export, ExportReply
 
 logger = logging.getLogger(__name__)
 _RETAIN_S = 60.0  # finished ops stay queryable this long
@@ -116,6 +116,9 @@ class TransferAgent:
         self._timers: list[tuple[float, str]] = []
         self._cond = threading.Condition()
         self._closed = False
+        # (op_id, block_hashes, ttl_s) -> blocks covered: opens the readable op a peer's KV
+        # fetch asks for (`Export`); None: this agent exports nothing
+        self.exporter: Callable[[str, list[int], float], int] | None = None
         self._server = ControlServer(self, self.config.host, self.config.port)
         self.address = (
             self.config.advertise_host or self._server.address[0],
@@ -454,6 +457,30 @@ class TransferAgent:
             timeout_s,
             self.config.tls,
         )
+
+    def serve_export(self, export: Export) -> ExportReply:
+        """A connection thread: run the exporter for a peer's fetch; its failure is the
+        reply's error (the peer recomputes), never this agent's."""
+        exporter = self.exporter
+        if exporter is None:
+            return ExportReply(error=f"agent {self.agent_id} exports no KV (no --kv-fetch)")
+        try:
+            num_blocks = exporter(export.op_id, export.block_hashes, export.ttl_s)
+        except Exception as exc:
+            logger.debug("export op=%s for %s failed", export.op_id, export.peer, exc_info=True)
+            return ExportReply(error=str(exc) or type(exc).__name__)
+        return ExportReply(num_blocks=num_blocks)
+
+    def request_export(
+        self, target: OpRef, block_hashes: list[int], *, ttl_s: float, timeout_s: float
+    ) -> int:
+        """Ask a peer to open readable op ``target.op_id`` over the longest prefix of
+        ``block_hashes`` it caches (then `pull` it); returns its blocks, 0 for none.
+        TransferError when the peer is unreachable or refuses."""
+        return send_export(
+            self.agent_id, self.config.cluster_secret, target, block_hashes, ttl_s, timeout_s,
+            self.config.tls,
+        )  # fmt: skip
 
     def families(self) -> list[Metric]:
         """This agent's counters as Prometheus families (``tandem_transfer_*``)."""

@@ -23,6 +23,8 @@ from tandem.transfer.wire import (
     BeginReply,
     Cancel,
     Done,
+    Export,
+    ExportReply,
     Query,
     Start,
     StatusReply,
@@ -181,6 +183,36 @@ def send_control(
             f"{what} failed: {exc}"
         ) from exc
     return reply.status if isinstance(reply, StatusReply) else "unknown"
+
+
+def send_export(
+    sender_id: str,
+    cluster_secret: str | None,
+    target: OpRef,
+    block_hashes: list[int],
+    ttl_s: float,
+    timeout_s: float,
+    tls: TlsFiles | None = None,
+) -> int:
+    """Ask ``target``'s agent to open readable op ``target.op_id`` over the longest prefix of
+    ``block_hashes`` it caches; returns how many blocks it covers (0: none, no op). Raises
+    TransferError when the owner is unreachable, refuses, or has no exporter."""
+    frame = Export(op_id=target.op_id, peer=sender_id, block_hashes=block_hashes, ttl_s=ttl_s)
+    try:
+        with _connect(target, timeout_s, tls) as sock:
+            handshake.connect(sock, handshake.transfer_key(cluster_secret))
+            send_frame(sock, frame)
+            reply = recv_frame(sock)
+    except (OSError, msgspec.DecodeError, TransferError) as exc:
+        raise TransferError(
+            f"export op={target.op_id} peer={target.agent_id or target.address}: {exc}"
+        ) from exc
+    if not isinstance(reply, ExportReply):
+        raise TransferError(f"export op={target.op_id}: owner answered {type(reply).__name__}")
+    if reply.error:
+        raise TransferError(f"export op={target.op_id} refused by {target.agent_id}: "
+                            f"{reply.error}")  # fmt: skip
+    return reply.num_blocks
 
 
 def cancel_soon(

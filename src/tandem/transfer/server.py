@@ -1,7 +1,7 @@
 """The owner side: one listening socket per agent, one thread per transfer connection.
 
 Serves ``Begin`` (claim an op, possibly waiting a bounded time for it to be created),
-then ``Start`` + bytes + ``Done``; also ``Cancel`` and ``Query``. Whatever breaks the
+then ``Start`` + bytes + ``Done``; also ``Cancel``, ``Query`` and ``Export``. Whatever breaks the
 connection before ``Done`` marks the op errored, so the owner's waiter wakes at once.
 """
 
@@ -26,6 +26,8 @@ from tandem.transfer.wire import (
     BeginReply,
     Cancel,
     Done,
+    Export,
+    ExportReply,
     Query,
     Start,
     StatusReply,
@@ -66,6 +68,10 @@ class OpOwner(Initiator, Protocol):
 
     def finish_served(self, op: TransferOp, done: Done, moved: int) -> None:
         """Record the end of a transfer served into / out of ``op``."""
+        ...
+
+    def serve_export(self, export: Export) -> ExportReply:
+        """Open the readable op a peer's KV fetch asks for, through the agent's exporter."""
         ...
 
 
@@ -136,6 +142,8 @@ class ControlServer:
                 send_frame(conn, _status(op))
             elif isinstance(frame, Query):
                 send_frame(conn, _status(self._agent.find_op(frame.op_id)))
+            elif isinstance(frame, Export):
+                send_frame(conn, self._agent.serve_export(frame))
         except ssl.SSLError as exc:
             logger.warning("refusing transfer connection from %s: TLS failed: %s", peer, exc)
         except (OSError, ValueError, TransferError) as exc:  # the peer died or the op ended

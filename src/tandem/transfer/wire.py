@@ -9,7 +9,8 @@ A transfer is one TCP connection to the owner's agent: ``Begin`` claims the op a
 gets its metadata back; ``Start`` names the backend the initiator chose; the bytes
 move (over this socket for the tcp backend, by memcpy/RDMA otherwise); ``Done``
 reports the outcome and the ``StatusReply`` says whether the owner accepted it (an op
-cancelled meanwhile answers ``cancelled``).
+cancelled meanwhile answers ``cancelled``). ``Export`` → ``ExportReply`` asks the owner to
+open a readable op over the blocks it caches of some block hashes (a peer KV fetch).
 """
 
 from __future__ import annotations
@@ -90,7 +91,25 @@ class StatusReply(msgspec.Struct, tag="status", kw_only=True):
     reason: str = ""
 
 
-Frame = Begin | BeginReply | Start | Done | Cancel | Query | StatusReply | Hello | Auth | AuthReply
+class Export(msgspec.Struct, tag="export", kw_only=True):
+    """Ask the owner to open readable op ``op_id`` over the longest prefix of the chained
+    ``block_hashes`` it still caches (a peer KV fetch); the initiator then pulls it."""
+
+    op_id: str
+    peer: str
+    block_hashes: list[int]
+    ttl_s: float
+
+
+class ExportReply(msgspec.Struct, tag="export_reply", kw_only=True):
+    num_blocks: int = 0  # blocks the op covers (0: none held, no op opened)
+    error: str = ""
+
+
+Frame = (
+    Begin | BeginReply | Start | Done | Cancel | Query | StatusReply | Export | ExportReply
+    | Hello | Auth | AuthReply
+)  # fmt: skip
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Frame)
 

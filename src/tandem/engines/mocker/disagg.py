@@ -17,12 +17,15 @@ from typing import Any
 
 import msgspec
 
+from tandem.engines.handoff import FetchFigures
 from tandem.engines.mocker.admission import make_sequence
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.mocker.scheduler import Scheduler
 from tandem.engines.mocker.sequence import request_seed
 from tandem.errors import Overloaded
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+
+PIN_TIMEOUT_S = 5.0  # a connection thread's wait for the engine loop to pin a peer's blocks
 
 
 class MockerKvHandoff:
@@ -39,6 +42,20 @@ class MockerKvHandoff:
 
     def adopt_kv_cache(self, tensor: Any) -> None:
         raise NotImplementedError("the mocker has no KV tensor")
+
+    def fetch_figures(self) -> FetchFigures:
+        """The simulated figures: the config's KV size and bandwidth, the perf model's
+        prefill time per token (of a 2048-token pass), both scaled by the speedup ratio."""
+        c = self.engine.config
+        speedup = c.speedup_ratio or 1e6  # 0: as fast as possible
+        tokens = 2048
+        perf = self.scheduler.perf
+        prefill_ms = perf.step_ms(tokens, 0, 0, 0.0) - perf.step_ms(0, 0, 0, 0.0)
+        return FetchFigures(
+            bytes_per_token=c.kv_bytes_per_token,
+            bandwidth_bytes_per_s=c.kv_transfer_bandwidth_gbps * 1e9 * speedup,
+            prefill_s_per_token=prefill_ms / 1e3 / tokens / speedup,
+        )
 
     def transfer_delay_s(self, num_tokens: int) -> float:
         c = self.engine.config
@@ -71,11 +88,33 @@ class MockerKvHandoff:
     def unpin(self, request_id: str) -> None:
         self._on_loop(self.scheduler.unpin, request_id)
 
+    def pin_cached(self, request_id: str, block_hashes: list[int]) -> list[int]:
+        def pin() -> list[int]:
+            sched = self.scheduler
+            if request_id in sched.pins:
+                raise ValueError(f"request_id={request_id} already holds pinned blocks")
+            blocks = sched.pool.match_prefix(block_hashes)
+            if blocks:
+                sched.pool.acquire(blocks)
+                sched.pins[request_id] = list(blocks)
+            return list(blocks)
+
+        if threading.get_ident() == self._loop_thread:
+            return pin()
+
+        async def on_loop() -> list[int]:
+            return pin()
+
+        return asyncio.run_coroutine_threadsafe(on_loop(), self._loop).result(PIN_TIMEOUT_S)
+
     # ------------------------------------------------------------------ decode side
-    async def allocate(self, request: PreprocessedRequest, num_tokens: int) -> list[int]:
+    async def allocate(
+        self, request: PreprocessedRequest, num_tokens: int, *, prefix_only: bool = False
+    ) -> list[int]:
         sched = self.scheduler
         seq = make_sequence(sched.config, request, {**sched.held})
-        extra = seq.num_prompt_tokens - num_tokens  # the prefill's first token, when given
+        # the prefill's first token, when given (a peer fetch's tokens beyond stay prompt)
+        extra = 0 if prefix_only else seq.num_prompt_tokens - num_tokens
         if extra > 0:  # continue the stream the prompt alone seeds, as aggregated would
             seq.num_prompt_tokens = num_tokens
             seq.max_tokens += extra

@@ -21,7 +21,7 @@ from typing import cast
 import msgspec
 import torch
 
-from tandem.engines.handoff import KvCacheSpec
+from tandem.engines.handoff import FetchFigures, KvCacheSpec
 from tandem.engines.native.engine import NativeEngine
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.sequence import Sequence, SequenceStatus
@@ -29,6 +29,7 @@ from tandem.errors import InvalidRequest, Overloaded
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 
 logger = logging.getLogger(__name__)
+DEFAULT_BANDWIDTH = 1e9  # bytes/s assumed for peer KV fetch until fetches measure it
 
 
 class NativeKvHandoff:
@@ -76,6 +77,14 @@ class NativeKvHandoff:
 
         self.engine.run_locked(swap)
 
+    def fetch_figures(self) -> FetchFigures:
+        """Bytes from the KV tensor; 1 GB/s (a TCP link, below a same-host memcpy) until
+        measured; prefill speed unknown here (the router's default)."""
+        spec = self.kv_cache_spec()
+        itemsize = self.core.runner.kv_cache.element_size()
+        per_token = spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * itemsize
+        return FetchFigures(bytes_per_token=per_token, bandwidth_bytes_per_s=DEFAULT_BANDWIDTH)
+
     def transfer_delay_s(self, num_tokens: int) -> float:
         return 0.0  # real bytes move; their time is real
 
@@ -118,13 +127,40 @@ class NativeKvHandoff:
             key = cast(Sequence, SimpleNamespace(seq_id=entry[0]))
             self.engine.run_locked(lambda core: core.block_manager.free(key))
 
+    def pin_cached(self, request_id: str, block_hashes: list[int]) -> list[int]:
+        def pin(core: EngineCore) -> list[int]:
+            bm = core.block_manager
+            blocks: list[int] = []
+            for h in block_hashes:
+                block = bm.hash_to_block.get(h)  # committed blocks only: computed, immutable
+                if block is None:
+                    break
+                blocks.append(block)
+            for block in blocks:
+                if bm.ref_counts[block] == 0:
+                    del bm.free_cached[block]
+                bm.ref_counts[block] += 1
+            if blocks:
+                key = next(self._keys)
+                bm.tables[key] = blocks
+                with self._lock:
+                    self._pins[request_id] = (key, blocks)
+            return list(blocks)
+
+        with self._lock:
+            if request_id in self._pins:
+                raise ValueError(f"request_id={request_id} already holds pinned blocks")
+        return self.engine.run_locked(pin)
+
     @property
     def num_pinned(self) -> int:
         with self._lock:
             return len(self._pins)
 
     # ------------------------------------------------------------------ decode side
-    async def allocate(self, request: PreprocessedRequest, num_tokens: int) -> list[int]:
+    async def allocate(
+        self, request: PreprocessedRequest, num_tokens: int, *, prefix_only: bool = False
+    ) -> list[int]:
         import asyncio
 
         self.core.check(request)

@@ -23,6 +23,7 @@ Chat and completions (`api.chat`) and `/v1/responses` (`api.responses`) differ o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import AbstractContextManager, aclosing, contextmanager
@@ -35,6 +36,8 @@ from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer, c
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.pipeline.streamer import Streamer
+from tandem.frontend.rate_limit import RateLimiter, ratelimit_headers
+from tandem.frontend.tenancy import Tenancy, current_identity
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import (
@@ -43,6 +46,7 @@ from tandem.protocols.openai import (
     fan_out,
     num_candidates,
 )
+from tandem.protocols.tenancy import RequestIdentity, parse_priority
 from tandem.runtime import tracing
 
 if TYPE_CHECKING:
@@ -167,10 +171,15 @@ class GeneratePipeline:
         admission: Admission,
         images: ImageLoader,
         request_timeout_s: float,
+        tenancy: Tenancy | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.streamer, self.metrics, self.admission = streamer, metrics, admission
         self.images = images
         self.request_timeout_s = request_timeout_s
+        # issue 33: who is asking (None: every request is the default tenant's, class
+        # normal, FIFO) and the per-tenant limits (None: none configured)
+        self.tenancy, self.limiter = tenancy, limiter
 
     def deadline_s(self) -> float:
         """The deadline (wall clock) of a request starting now, on the request plane."""
@@ -182,11 +191,15 @@ class GeneratePipeline:
         req: ChatCompletionRequest | CompletionRequest,
         model: ServedModel,
         request_id: str,
+        *,
+        identity: RequestIdentity | None = None,
     ) -> Prepared:
-        """`req`'s engine requests (the `preprocess` step)."""
+        """`req`'s engine requests (the `preprocess` step), stamped with `identity` (else
+        the running request's, `tenancy.current_identity`): tenant, priority class (the
+        body's `priority` wins, within the tenant's ceiling) and deadline."""
         worker_id, deadline_s = http.headers.get(PIN_HEADER), self.deadline_s()
         if isinstance(req, ChatCompletionRequest):
-            return await preprocess_chat(
+            prepared = await preprocess_chat(
                 req,
                 model,
                 images=self.images,
@@ -194,9 +207,49 @@ class GeneratePipeline:
                 worker_id=worker_id,
                 deadline_s=deadline_s,
             )
-        return await preprocess_completion(
-            req, model, request_id=request_id, worker_id=worker_id, deadline_s=deadline_s
+        else:
+            prepared = await preprocess_completion(
+                req, model, request_id=request_id, worker_id=worker_id, deadline_s=deadline_s
+            )
+        self._stamp(prepared, identity or current_identity(), req.priority)
+        return prepared
+
+    def _stamp(
+        self, prepared: Prepared, identity: RequestIdentity | None, body_priority: object
+    ) -> None:
+        if identity is None and body_priority is None:
+            return  # no tenants, no priority asked: the FIFO path
+        identity = identity or RequestIdentity()
+        priority = identity.priority
+        if body_priority is not None:
+            priority = parse_priority(body_priority, param="priority")
+            if self.tenancy is not None:
+                self.tenancy.check_ceiling(identity.tenant, priority, param="priority")
+        for request in prepared.requests:
+            request.priority, request.tenant = priority, identity.tenant
+            if self.tenancy is not None:
+                request.tenant_weight = self.tenancy.table.get(identity.tenant).weight
+            if identity.deadline_s is not None:
+                request.deadline_s = min(request.deadline_s or identity.deadline_s,
+                                         identity.deadline_s)  # fmt: skip
+        prepared.identity = dataclasses.replace(identity, priority=priority)
+
+    def charge_tokens(
+        self, response: HttpResponse | None, prepared: Prepared, num_tokens: int, *, done: bool
+    ) -> None:
+        """Take `num_tokens` from the tenant's tokens/min bucket: prompt tokens before the
+        request runs (RateLimited when short), generated ones when it ended (debt allowed)."""
+        identity = prepared.identity
+        if self.limiter is None or self.tenancy is None or identity is None:
+            return
+        limit = self.tenancy.table.get(identity.tenant).tokens_per_minute
+        if limit is None or (done and num_tokens <= 0):
+            return
+        states = self.limiter.take(
+            identity.tenant, {"tokens": (limit, float(num_tokens))}, allow_debt=done
         )
+        if response is not None and not response.started:
+            response.extra_headers.extend(ratelimit_headers(states))
 
     async def run(
         self,
@@ -210,6 +263,7 @@ class GeneratePipeline:
         """Route and stream `prepared` (`states[i]` processing `requests[i]`), answer through
         `output` (streamed or collected) and account the request in the metrics."""
         name = prepared.model.name
+        self.charge_tokens(response, prepared, sum(prepared.prompt_lens), done=False)
         self.metrics.arrived(name)
         timer = TokenTimer(self.metrics, name)
         failed = True
@@ -239,6 +293,7 @@ class GeneratePipeline:
                 had_first_token=timer.last > 0.0,
                 failed=failed,
             )
+            self.charge_tokens(None, prepared, sum(s.num_tokens for s in states), done=True)
 
 
 async def stream_events(

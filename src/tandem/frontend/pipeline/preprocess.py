@@ -50,6 +50,7 @@ from tandem.protocols.openai import (
     validate_chat,
     validate_completion,
 )
+from tandem.protocols.tenancy import RequestIdentity
 
 # prompts longer than this (characters) are tokenized off the event loop
 _THREAD_TOKENIZE_CHARS = 16_384
@@ -84,6 +85,8 @@ class Prepared:
     tools: list[Tool] = field(default_factory=list)
     reasoning_parser: str | None = None
     prompt_opens_think: bool = False
+    # who asked, at which class (issue 33; None: no tenants and no priority asked)
+    identity: RequestIdentity | None = None
 
 
 async def preprocess_chat(

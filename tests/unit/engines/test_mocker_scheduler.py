@@ -158,6 +158,27 @@ def test_preemption_victim_is_the_last_admitted() -> None:
     assert [s.request_id for s in sched._running] == ["old"]
 
 
+def test_preemption_spares_a_more_urgent_request() -> None:
+    """issue 33: the older request of the batch class yields to the younger high one."""
+    sched = Scheduler(_config(num_blocks=6))
+    sched.add_request(_req("old-batch", [1] * 7, max_tokens=10, priority=2))
+    sched.add_request(_req("new-high", [2] * 7, max_tokens=10, priority=-1))
+    sched.step()
+    while sched.num_preemptions == 0:
+        sched.step()
+        sched.check_integrity()
+    assert [s.request_id for s in sched._waiting] == ["old-batch"]
+    assert [s.request_id for s in sched._running] == ["new-high"]
+
+
+def test_waiting_requests_join_by_priority_class() -> None:
+    sched = Scheduler(_config(max_num_seqs=1))
+    for rid, priority in (("low", 1), ("normal-1", 0), ("high", -1), ("normal-2", 0)):
+        sched.add_request(_req(rid, [3] * 5, max_tokens=2, priority=priority))
+    outs = _run(sched)
+    assert list(outs) == ["high", "normal-1", "normal-2", "low"]
+
+
 def test_sequence_too_long_for_the_whole_pool_ends_with_length() -> None:
     sched = Scheduler(_config(num_blocks=3))
     sched.add_request(_req("a", [1] * 10, max_tokens=50))

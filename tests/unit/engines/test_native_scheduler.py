@@ -82,3 +82,36 @@ def test_max_num_seqs_limits_running():
         core.add(request(f"r{i}", [5, 6, 7], max_tokens=4))
     core.step()
     assert len(core.scheduler.running) == 3 and len(core.scheduler.waiting) == 2
+
+
+def _with_priority(req, priority):  # type: ignore[no-untyped-def]
+    req.priority = priority
+    return req
+
+
+def test_waiting_requests_are_admitted_by_priority_class():
+    """issue 33: lower `priority` first; arrival order within a class."""
+    core = tiny_core(max_num_seqs=1)
+    for rid, priority in (("low", 1), ("normal-1", 0), ("high", -1), ("normal-2", 0)):
+        core.add(_with_priority(request(rid, [5, 6, 7], max_tokens=2), priority))
+    admitted = []
+    while core.has_work():
+        core.step()
+        for seq in core.scheduler.running:
+            if seq.request_id not in admitted:
+                admitted.append(seq.request_id)
+    assert admitted == ["high", "normal-1", "normal-2", "low"]
+
+
+def test_preemption_spares_the_more_urgent_request():
+    """Blocks run out while an older batch-class request and a younger high-class one decode:
+    the batch one yields (youngest-first alone would have preempted the high one)."""
+    core = tiny_core(num_blocks=8, block_size=4)
+    core.add(_with_priority(request("batch", list(range(3, 15)), max_tokens=12), 2))
+    core.add(_with_priority(request("high", list(range(20, 32)), max_tokens=12), -1))
+    seqs = dict(core.seqs)
+    while core.has_work():
+        core.step()
+        core.block_manager.check_integrity()
+    assert seqs["batch"].num_preemptions >= 1
+    assert seqs["high"].num_preemptions == 0

@@ -67,6 +67,7 @@ def make_sequence(
         block_size=config.block_size,
         lora_name=request.lora_name,
         cache_salt=request.cache_salt,
+        priority=request.priority,
         mm_items=list(request.mm_items),
         block_hashes=_shipped_hashes(config, request, token_ids),
     )

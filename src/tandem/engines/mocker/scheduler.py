@@ -1,8 +1,9 @@
 """vLLM-style continuous batching over a `BlockPool`, one synchronous `step()` at a time.
 
 Each step: running sequences first (in admission order; a sequence mid-prefill gets its next
-chunk, a decoding one its last token), preempting the most recently admitted (LIFO, recompute:
-its blocks are released and it rejoins the head of the waiting queue) when blocks run out;
+chunk, a decoding one its last token), preempting the most recently admitted of the least
+urgent priority class (LIFO within it, recompute: its blocks are released and it rejoins the
+head of its class in the waiting queue, which is ordered by class) when blocks run out;
 then, if nothing was preempted, waiting sequences join while `max_num_seqs`, the token budget
 (`max_num_batched_tokens`) and free blocks allow, starting after their cached prefix. A
 sequence whose tokens are all computed samples one new token. Requests join (`add_request`)
@@ -92,7 +93,10 @@ class Scheduler:
         """Queue `request`. Raises InvalidRequest / ContextLengthExceeded if it can never run."""
         seq = make_sequence(self.config, request, self._requests)
         self._requests[seq.request_id] = seq
-        self._waiting.append(seq)
+        i = len(self._waiting)  # after every waiting request of its class or a more urgent one
+        while i > 0 and self._waiting[i - 1].priority > seq.priority:
+            i -= 1
+        self._waiting.insert(i, seq)
         return seq
 
     def abort(self, request_id: str) -> Sequence | None:
@@ -167,12 +171,12 @@ class Scheduler:
             seq = self._running[idx]
             num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
             while not self._grow(seq, num_new):
-                victim = self._running[-1]
+                victim = self._victim(idx, seq)
                 preempted = True
                 if victim is not seq:
                     self._preempt(victim)
                     continue
-                if idx == 0:  # alone and still too big for the whole pool
+                if len(self._running) == 1:  # alone and still too big for the whole pool
                     self._running.pop()
                     self._finish(seq, "length")
                     self._ended.append((seq, EngineOutput(finish_reason="length")))
@@ -183,6 +187,17 @@ class Scheduler:
             budget -= num_new
             idx += 1
         return scheduled, budget, preempted
+
+    def _victim(self, idx: int, seq: Sequence) -> Sequence:
+        """The youngest running sequence of the least urgent class after position `idx`
+        (not yet given tokens this step); `seq` itself when that one is more urgent than it
+        (issue 33; with one class: the youngest, LIFO)."""
+        rest = range(idx + 1, len(self._running))
+        if not rest:
+            return seq
+        i = max(rest, key=lambda k: (self._running[k].priority, k))
+        victim = self._running[i]
+        return seq if victim.priority < seq.priority else victim
 
     def _admit_waiting(self, scheduled: list[tuple[Sequence, int]], budget: int) -> None:
         size = self.config.block_size
@@ -293,14 +308,17 @@ class Scheduler:
         return seq, out
 
     def _preempt(self, seq: Sequence) -> None:
-        """LIFO preemption by recompute: drop the KV, requeue at the head of waiting."""
+        """Preemption by recompute: drop the KV, requeue at the head of its class."""
         self._running.remove(seq)
         self._free(seq)
         seq.num_computed_tokens = 0
         seq.num_committed_blocks = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self._waiting.appendleft(seq)
+        i = 0  # before every waiting request of its class
+        while i < len(self._waiting) and self._waiting[i].priority < seq.priority:
+            i += 1
+        self._waiting.insert(i, seq)
 
     def _free(self, seq: Sequence) -> None:
         self.pool.release(seq.block_ids)

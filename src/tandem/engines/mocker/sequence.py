@@ -65,6 +65,7 @@ class Sequence:
     block_size: int
     lora_name: str | None = None
     cache_salt: str | None = None
+    priority: int = 0  # lower = admitted first, preempted last (issue 33)
     mm_items: list[MmItem] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)

@@ -5,6 +5,12 @@ decode, a chunk of the rest for a prefill) within `max_num_batched_tokens`, pree
 youngest running sequence when blocks run out, then admit waiting sequences while
 `max_num_seqs`, the token budget and free blocks allow.
 
+Priority (issue 33; `PreprocessedRequest.priority`, lower = more urgent): the waiting queue is
+ordered by class (arrival order within one; a preempted sequence at the front of its class),
+and the preemption victim is the youngest running sequence of the lowest class, never one
+more urgent than the sequence that needs the blocks (that one yields instead). With one class
+everywhere this is the plain FIFO / youngest-first policy.
+
 With speculation (`draft`), a decoding sequence also computes its draft tokens
 (`Sequence.draft_token_ids`) when the budget and free blocks allow; a draft never preempts
 anyone, never delays an admission and never evicts a cached prefix: drafts take only the
@@ -67,7 +73,30 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue `seq` after every waiting sequence of its class or a more urgent one."""
+        i = len(self.waiting)
+        while i > 0 and self.waiting[i - 1].priority > seq.priority:
+            i -= 1
+        self.waiting.insert(i, seq)
+
+    def _requeue(self, seq: Sequence) -> None:
+        """Put a preempted `seq` back before every waiting sequence of its class."""
+        i = 0
+        while i < len(self.waiting) and self.waiting[i].priority < seq.priority:
+            i += 1
+        self.waiting.insert(i, seq)
+
+    @staticmethod
+    def _victim(queue: list[Sequence], seq: Sequence) -> Sequence:
+        """Whom to preempt so that `seq` gets blocks: the youngest of the least urgent class
+        among `queue` (running, not yet given tokens this step), taken out of it; `seq`
+        itself when that one is more urgent than `seq` or `queue` is empty."""
+        if not queue:
+            return seq
+        i = max(range(len(queue)), key=lambda k: (queue[k].priority, k))
+        if queue[i].priority < seq.priority:
+            return seq
+        return queue.pop(i)
 
     def abort(self, request_id: str) -> None:
         """Remove the request at the next `schedule()` (unknown ids are ignored)."""
@@ -88,7 +117,7 @@ class Scheduler:
             num_new = min(seq.num_uncomputed_tokens, budget)
             seq.draft_token_ids = []
             while not self.block_manager.ensure_slots(seq, seq.num_computed_tokens + num_new):
-                victim = queue.pop() if queue else seq
+                victim = self._victim(queue, seq)
                 self._preempt(victim)
                 if victim is seq:
                     break
@@ -153,7 +182,7 @@ class Scheduler:
         self.num_preemptions += 1
         if seq in self.running:
             self.running.remove(seq)
-        self.waiting.appendleft(seq)
+        self._requeue(seq)
 
     def _drop_aborted(self, batch: ScheduledBatch) -> None:
         if not self._aborts:

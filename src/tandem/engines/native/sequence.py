@@ -42,6 +42,7 @@ class Sequence:
         self.eos_token_ids = set(request.eos_token_ids or default_eos_ids)
         self.stop_token_ids = set(request.stop.stop_token_ids)
         self.lora_name = request.lora_name
+        self.priority = request.priority  # lower = admitted first, preempted last (issue 33)
         self.cache_salt = request.cache_salt
         self.mm_items = request.mm_items  # images: their rows in token_ids and mm_hashes
         # per image (offset, [num_tokens, hidden] rows in the model's dtype); set at admission

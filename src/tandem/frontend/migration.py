@@ -188,8 +188,11 @@ class EngineStreamer:
             decision = await router.route(current, exclude=frozenset(run.excluded) | suspects)
             if self._on_routed is not None:
                 self._on_routed(current.model, time.perf_counter() - asked)
+            sent = current  # a peer fetch hint is for this dispatch only (never a re-route)
+            if decision.kv_fetch is not None:
+                sent = msgspec.structs.replace(current, kv_fetch=decision.kv_fetch)
             payload = encode_request(
-                current, block_hashes=decision.block_hashes, hash_block_size=decision.block_size
+                sent, block_hashes=decision.block_hashes, hash_block_size=decision.block_size
             )
             stream = self._client.stream(
                 decision.address,

@@ -98,6 +98,19 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         "--router-seed", type=int, default=None, help="seed of the router's random choices"
     )
     g.add_argument(
+        "--kv-fetch",
+        action=argparse.BooleanOptionalAction,
+        default=d.kv_fetch,
+        help="kv policy: let a worker pull a cached prefix from the busy worker holding it "
+        "(both started with worker --kv-fetch) when the transfer beats recomputing it",
+    )
+    g.add_argument(
+        "--kv-fetch-setup-ms",
+        type=float,
+        default=d.kv_fetch_setup_s * 1e3,
+        help="fixed cost charged per peer KV fetch (its round trips), in ms",
+    )
+    g.add_argument(
         "--kv-events-zmq",
         action="append",
         default=None,
@@ -123,6 +136,10 @@ def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
         "approx_max_blocks": None if ns.router_max_blocks is None else int(ns.router_max_blocks),
         "remote_timeout_s": ns.router_remote_timeout_s,
         "seed": ns.router_seed,
+        "kv_fetch": getattr(ns, "kv_fetch", None),
+        "kv_fetch_setup_s": None
+        if getattr(ns, "kv_fetch_setup_ms", None) is None
+        else ns.kv_fetch_setup_ms / 1e3,
     }
     zmq = ns.kv_events_zmq or []
     kwargs = {k: v for k, v in values.items() if v is not None}

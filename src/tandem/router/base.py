@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.engine import KvFetchHint, PreprocessedRequest
 from tandem.router.config import RouterConfig
 from tandem.router.metrics import RouterMetrics
 
@@ -25,6 +25,9 @@ class RouteDecision:
     # for a policy that hashes nothing); they travel with the request (encode_request)
     block_hashes: list[int] | None = None
     block_size: int = 0
+    # the KV router's peer fetch for the chosen worker (router/fetch.py); it travels with
+    # the request (PreprocessedRequest.kv_fetch)
+    kv_fetch: KvFetchHint | None = None
 
 
 class RouteHistory(Protocol):

@@ -41,6 +41,12 @@ class RouterConfig:
     remote_timeout_s: float = 35.0  # --router remote: a route call (service queue included)
     zmq_endpoints: tuple[str, ...] = ()  # engine KV event publishers: "worker_id=tcp://h:p"
     seed: int | None = None
+    # peer KV fetch (router/fetch.py): between workers started with --kv-fetch only, so on by
+    # default; the fixed cost of one fetch (export + pull round trips) and the prefill speed
+    # assumed for a worker that publishes none (fast: it fetches only when clearly cheaper)
+    kv_fetch: bool = True
+    kv_fetch_setup_s: float = 0.005
+    kv_fetch_prefill_s_per_token: float = 1e-4
 
     def __post_init__(self) -> None:
         check_range("overlap_weight", self.overlap_weight, low=0.0)
@@ -63,6 +69,10 @@ class RouterConfig:
             check_range("block_size", self.block_size, low=1)
         check_range("kv_state_timeout_s", self.kv_state_timeout_s, low=0.001)
         check_range("remote_timeout_s", self.remote_timeout_s, low=0.001)
+        check_range("kv_fetch_setup_s", self.kv_fetch_setup_s, low=0.0, high=60.0)
+        check_range(
+            "kv_fetch_prefill_s_per_token", self.kv_fetch_prefill_s_per_token, low=1e-9, high=10.0
+        )
         for spec in self.zmq_endpoints:
             if "=" not in spec:
                 raise ValueError(

@@ -12,6 +12,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tandem.router.fetch import FetchPlan
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CandidateCost:
@@ -22,6 +24,7 @@ class CandidateCost:
     cost: float
     cached_blocks: int  # size of the worker's cached set (tie-break: smaller first)
     is_busy: bool = False
+    fetch: FetchPlan | None = None  # a peer KV fetch that pays (router/fetch.py), if any
 
 
 def tiered_overlap(
@@ -44,8 +47,15 @@ def candidate_cost(
     overlap_weight: float,
     cached_blocks: int = 0,
     is_busy: bool = False,
+    fetch: FetchPlan | None = None,
 ) -> CandidateCost:
-    """`num_new_blocks`: request blocks (including a partial last one) not active on w."""
+    """`num_new_blocks`: request blocks (including a partial last one) not active on w.
+    A `fetch` that pays adds its credit (fetched blocks net of the fetch's time) to the
+    overlap; one that does not is dropped."""
+    if fetch is not None and not fetch.pays:
+        fetch = None
+    if fetch is not None:
+        overlap_blocks += fetch.credit_blocks
     uncached_tokens = max(num_tokens - overlap_blocks * block_size, 0.0)
     prefill = (active_prefill_tokens + uncached_tokens) / block_size
     decode = float(active_blocks + num_new_blocks)
@@ -57,6 +67,7 @@ def candidate_cost(
         cost=overlap_weight * prefill + decode,
         cached_blocks=cached_blocks,
         is_busy=is_busy,
+        fetch=fetch,
     )
 
 

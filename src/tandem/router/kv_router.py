@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Unpack
 
 from tandem.protocols.discovery import Instance
-from tandem.protocols.engine import PreprocessedRequest, prompt_array
+from tandem.protocols.engine import KvFetchHint, PreprocessedRequest, prompt_array
 from tandem.protocols.kv_events import LoadMetrics
 from tandem.router.active_sequences import ActiveSequences
 from tandem.router.approx import ApproxCache
@@ -19,6 +19,7 @@ from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
 from tandem.router.cost import CandidateCost, candidate_cost, choose, tiered_overlap
 from tandem.router.event_applier import EventApplier
+from tandem.router.fetch import FetchPlan, FetchSource, best_holder, plan_fetch
 from tandem.router.indexer import MEDIA, KvIndexer, WorkerKey
 from tandem.router.kv_follower import KvEventFollower
 from tandem.router.policy_router import AllBusy, PolicyRouter, PolicyRouterWiring
@@ -191,6 +192,7 @@ class KvRouter(PolicyRouter):
         num_tokens = len(request.token_ids)
         partial = 1 if num_tokens % block_size else 0
         overlaps = self._overlaps(hashes)
+        fetches = self._fetch_plans(hashes, overlaps, candidates)
         cached = self._cached_counts()
         routing = request.routing
         weight = self.config.overlap_weight
@@ -211,10 +213,56 @@ class KvRouter(PolicyRouter):
                 overlap_weight=weight,
                 cached_blocks=cached.get(c.instance_id, 0),
                 is_busy=self._is_busy(c),
+                fetch=fetches.get(c.instance_id),
             )
             for c in candidates
         ]
         return Scored(hashes, num_tokens, costs, weight, temperature)
+
+    def _fetch_plans(
+        self, hashes: list[int], overlaps: dict[str, float], candidates: Sequence[Instance]
+    ) -> dict[str, FetchPlan]:
+        """Per candidate offering peer fetch, its fetch from the worker caching the longest
+        device prefix (router/fetch.py); empty when fetch is off or nobody offers it."""
+        if not self.config.kv_fetch:
+            return {}
+        sources = {c.instance_id: s for c in candidates
+                   if (s := FetchSource.from_metadata(c.metadata)) is not None}  # fmt: skip
+        if len(sources) < 2:
+            return {}
+        if self.indexer.has_tiers():  # only device blocks are exported
+            overlaps = {k.worker_id: float(d) for k, d in self.indexer.find_matches(hashes).items()}
+        holder = best_holder(overlaps, sources)
+        if holder is None:
+            return {}
+        size, src, cfg = self.block_size, sources[holder], self.config
+        usable = min(int(overlaps[holder]), len(hashes))
+        plans: dict[str, FetchPlan] = {}
+        for worker_id, mine in sources.items():
+            plan = plan_fetch(
+                source_id=holder, local_blocks=int(overlaps.get(worker_id, 0.0)),
+                holder_blocks=usable, block_size=size, bytes_per_token=src.bytes_per_token,
+                bandwidth_bytes_per_s=min(src.bandwidth_bytes_per_s, mine.bandwidth_bytes_per_s),
+                prefill_s_per_token=mine.prefill_s_per_token or cfg.kv_fetch_prefill_s_per_token,
+                setup_s=cfg.kv_fetch_setup_s,
+            )  # fmt: skip
+            if worker_id != holder and plan is not None and plan.pays:
+                plans[worker_id] = plan
+        return plans
+
+    def _fetch_hint(self, plan: FetchPlan, scored: Scored) -> KvFetchHint | None:
+        """The hint for the chosen worker's fetch (None if its holder left meanwhile)."""
+        holder = self._instances.instances.get(plan.source_id)
+        source = FetchSource.from_metadata(holder.metadata) if holder is not None else None
+        if source is None:
+            return None
+        return KvFetchHint(
+            source_instance_id=plan.source_id,
+            address=source.address,
+            agent_id=source.agent_id,
+            block_hashes=scored.block_hashes[: plan.num_blocks],
+            block_size=self.block_size,
+        )
 
     def _cached_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -253,6 +301,11 @@ class KvRouter(PolicyRouter):
         prefill_tokens = max(scored.num_tokens - overlap * self.block_size, 0)
         self.active.add(request.request_id, chosen.instance_id, scored.block_hashes, prefill_tokens)
         self._after_add(request.request_id, chosen.instance_id, scored, prefill_tokens)
+        hint = self._fetch_hint(best.fetch, scored) if best.fetch is not None else None
+        if hint is not None and best.fetch is not None:
+            self.metrics.observe_fetch(len(hint.block_hashes), best.fetch.num_bytes)
+            details["kv_fetch"] = {"source": hint.source_instance_id,
+                                   "blocks": len(hint.block_hashes)}  # fmt: skip
         return RouteDecision(
             instance_id=chosen.instance_id,
             address=chosen.address,
@@ -261,6 +314,7 @@ class KvRouter(PolicyRouter):
             details=details,
             block_hashes=scored.block_hashes,
             block_size=self.block_size,
+            kv_fetch=hint,
         )
 
     def _decision_costs(self) -> Sequence[CandidateCost] | None:
@@ -317,6 +371,8 @@ class KvRouter(PolicyRouter):
             "candidates": [asdict(c) for c in scored.costs],
             "choice": None if choice is None else choice.worker_id,
             "all_busy": choice is None,
+            # the chosen worker's peer KV fetch: holder, blocks, bytes, fetch vs recompute ms
+            "kv_fetch": None if choice is None or choice.fetch is None else asdict(choice.fetch),
         }
 
     def _load_row(self, worker_id: str) -> dict[str, float]:

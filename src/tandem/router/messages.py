@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from tandem.protocols.engine import PreprocessedRequest
+from tandem.protocols.engine import KvFetchHint, PreprocessedRequest
 from tandem.protocols.openai import ParsedTokenIds
 
 ROUTER_COMPONENT = "router"
@@ -33,6 +33,7 @@ class RouteResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     overlap_blocks: int = 0
     request_blocks: int = 0
     details: dict[str, Any] = msgspec.field(default_factory=dict)
+    kv_fetch: KvFetchHint | None = None  # the KV router's peer fetch for the chosen worker
 
 
 class RouterNoticeMsg(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -42,6 +42,8 @@ class RouterMetrics:
         self.queue_wait_sum_s: dict[tuple[str, str], float] = {}
         self.deadline_misses: Counter[tuple[str, str]] = Counter()
         self.tenants: TenantView | None = None
+        # peer KV fetch (router/fetch.py): hints sent, and the blocks and bytes they name
+        self.kv_fetches = self.kv_fetch_blocks = self.kv_fetch_bytes = 0
 
     def observe_queue_wait(
         self, request: PreprocessedRequest, wait_s: float, *, missed: bool = False
@@ -61,6 +63,11 @@ class RouterMetrics:
         self._buckets[bisect.bisect_left(OVERHEAD_BUCKETS_S, overhead_s)] += 1
         self.overhead_sum_s += overhead_s
         self._overhead_count += 1
+
+    def observe_fetch(self, num_blocks: int, num_bytes: int) -> None:
+        self.kv_fetches += 1
+        self.kv_fetch_blocks += num_blocks
+        self.kv_fetch_bytes += num_bytes
 
     @property
     def hit_rate(self) -> float:
@@ -149,6 +156,7 @@ def _families(
     overhead = HistogramMetricFamily(
         f"{p}_overhead_seconds", "time the router spent choosing a worker", labels=names
     )
+    fetch_families = _fetch_families(p, names)
     tenant_families = _tenant_families(p, names)
     for labels, metrics, num_queued in found:
         if metrics is None:
@@ -165,7 +173,30 @@ def _families(
             queued.add_metric(values, num_queued)
         overhead.add_metric(values, metrics.overhead_buckets(), sum_value=metrics.overhead_sum_s)
         _add_tenant_rows(tenant_families, metrics, values)
-    return [routed, overlap, blocks, hit_rate, events, queued, overhead, *tenant_families]
+        for family, n in zip(
+            fetch_families,
+            (metrics.kv_fetches, metrics.kv_fetch_blocks, metrics.kv_fetch_bytes),
+            strict=True,
+        ):
+            family.add_metric(values, n)  # type: ignore[attr-defined]
+    return [routed, overlap, blocks, hit_rate, events, queued, overhead, *fetch_families,
+            *tenant_families]  # fmt: skip
+
+
+def _fetch_families(p: str, names: tuple[str, ...]) -> list[Metric]:
+    return [
+        CounterMetricFamily(
+            f"{p}_kv_fetches",
+            "requests sent with a peer KV fetch hint (the worker pulls a cached prefix)",
+            labels=names,
+        ),
+        CounterMetricFamily(
+            f"{p}_kv_fetch_blocks", "KV blocks named by peer fetch hints", labels=names
+        ),
+        CounterMetricFamily(
+            f"{p}_kv_fetch_bytes", "KV bytes named by peer fetch hints (estimated)", labels=names
+        ),
+    ]
 
 
 def _tenant_families(p: str, names: tuple[str, ...]) -> list[Metric]:

@@ -100,6 +100,7 @@ class RemoteRouter:
                 overlap_blocks=msg.overlap_blocks,
                 request_blocks=msg.request_blocks,
                 details=msg.details,
+                kv_fetch=msg.kv_fetch,
             )
         raise NoWorkersAvailable(
             f"no router service answered at {self._prefix}.route "

@@ -87,6 +87,7 @@ class RouterService:
                 overlap_blocks=decision.overlap_blocks,
                 request_blocks=decision.request_blocks,
                 details=decision.details,
+                kv_fetch=decision.kv_fetch,
             )
         )
 

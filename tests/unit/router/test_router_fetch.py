@@ -1,0 +1,114 @@
+"""Peer KV fetch in the KV router: the pure plan (bytes / bandwidth against recomputing),
+its credit in the cost, and the router sending a hint only when the fetch pays."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from tests.support.instances import backend_instance
+
+from tandem.protocols.discovery import Instance, ModelCard
+from tandem.protocols.engine import PreprocessedRequest, StopConditions
+from tandem.router.config import RouterConfig
+from tandem.router.cost import candidate_cost
+from tandem.router.fetch import plan_fetch
+from tandem.router.indexer import WorkerKey
+from tandem.router.kv_router import KvRouter
+from tandem.router.registry import make_router
+from tandem.router.source import StaticInstanceSet
+from tandem.tokens.hashing import sequence_hashes
+
+pytestmark = pytest.mark.timeout(10)
+B = 16
+PROMPT = list(range(1024))  # 64 blocks
+KV_BYTES = 131072  # per token (an 8B model's fp16 KV)
+
+
+def plan(local: int, holder: int, gbps: float, prefill_us: float = 50.0):
+    return plan_fetch(
+        source_id="w0", local_blocks=local, holder_blocks=holder, block_size=B,
+        bytes_per_token=KV_BYTES, bandwidth_bytes_per_s=gbps * 1e9,
+        prefill_s_per_token=prefill_us * 1e-6, setup_s=0.002,
+    )  # fmt: skip
+
+
+def test_fetch_pays_only_when_moving_bytes_beats_recomputing() -> None:
+    fast = plan(0, 60, gbps=50.0)  # 126 MB in 2.5 ms + 2 ms vs 960 tokens x 50 us = 48 ms
+    assert fast is not None and fast.pays
+    assert fast.num_bytes == 60 * B * KV_BYTES
+    assert fast.fetch_ms == pytest.approx(2.0 + fast.num_bytes / 50e9 * 1e3)
+    assert fast.recompute_ms == pytest.approx(60 * B * 50e-3)
+    assert 0 < fast.credit_blocks < 60
+    slow = plan(0, 60, gbps=1.0)  # 126 ms of transfer > 48 ms of prefill
+    assert slow is not None and not slow.pays and slow.credit_blocks == 0
+    # the candidate already holds most of it: the whole prefix moves, only 4 blocks are saved
+    assert not plan(56, 60, gbps=50.0).pays  # type: ignore[union-attr]
+    assert plan(60, 60, gbps=50.0) is None and plan(0, 0, gbps=50.0) is None
+
+
+def test_cost_credits_a_paying_fetch_and_drops_one_that_does_not() -> None:
+    base = dict(worker_id="w1", num_tokens=1024, block_size=B, overlap_blocks=0.0,
+                active_prefill_tokens=0, active_blocks=0, num_new_blocks=64,
+                overlap_weight=4.0)  # fmt: skip
+    plain = candidate_cost(**base)  # type: ignore[arg-type]
+    fast, slow = plan(0, 60, gbps=50.0), plan(0, 60, gbps=1.0)
+    with_fetch = candidate_cost(**base, fetch=fast)  # type: ignore[arg-type]
+    assert with_fetch.fetch == fast and fast is not None
+    assert with_fetch.overlap_blocks == pytest.approx(fast.credit_blocks)
+    assert with_fetch.cost < plain.cost
+    dropped = candidate_cost(**base, fetch=slow)  # type: ignore[arg-type]
+    assert dropped.fetch is None and dropped.cost == plain.cost
+
+
+def instance(i: int, gbps: float) -> Instance:
+    card = ModelCard(name="m", context_length=8192, block_size=B, num_total_blocks=4096)
+    inst = backend_instance(i, card)
+    meta = {"kv_fetch": {"address": ["127.0.0.1", 7000 + i], "agent_id": f"agent{i}",
+                         "bytes_per_token": KV_BYTES, "bandwidth_bytes_per_s": gbps * 1e9,
+                         "prefill_s_per_token": 50e-6}}  # fmt: skip
+    return msgspec.structs.replace(inst, metadata=meta)
+
+
+def router(gbps: float, **cfg: object) -> KvRouter:
+    r = make_router(
+        "kv",
+        RouterConfig(seed=0, **cfg),  # type: ignore[arg-type]
+        instances=StaticInstanceSet([instance(0, gbps), instance(1, gbps)]),
+    )
+    assert isinstance(r, KvRouter)
+    r.indexer.store(WorkerKey("w0"), sequence_hashes(PROMPT, B))  # w0 holds the whole prompt
+    for i in range(6):  # and is busy prefilling others
+        r.active.add(f"x{i}", "w0", list(range(10_000 * (i + 1), 10_000 * (i + 1) + 64)), 1024)
+    return r
+
+
+def req(rid: str) -> PreprocessedRequest:
+    return PreprocessedRequest(
+        request_id=rid, model="m", token_ids=PROMPT, stop=StopConditions(max_tokens=4)
+    )
+
+
+async def test_router_sends_the_idle_worker_a_hint_to_fetch_from_the_busy_holder() -> None:
+    r = router(gbps=50.0)
+    explained = r.explain(req("e"))
+    assert explained["choice"] == "w1"
+    assert explained["kv_fetch"]["source_id"] == "w0"
+    assert explained["kv_fetch"]["fetch_ms"] < explained["kv_fetch"]["recompute_ms"]
+    d = await r.route(req("a"))
+    assert d.instance_id == "w1" and d.kv_fetch is not None
+    assert d.kv_fetch.source_instance_id == "w0" and d.kv_fetch.agent_id == "agent0"
+    assert d.kv_fetch.address == ("127.0.0.1", 7000)
+    # the last token is computed by the fetcher, but hashes of every cached full block go
+    assert d.kv_fetch.block_hashes == sequence_hashes(PROMPT, B)
+    assert d.details["kv_fetch"] == {"source": "w0", "blocks": 64}
+    assert r.metrics.kv_fetches == 1 and r.metrics.kv_fetch_blocks == 64
+    assert "tandem_router_kv_fetches_total 1\n" in r.metrics.render()
+
+
+async def test_no_hint_when_the_fetch_does_not_pay_or_is_off() -> None:
+    slow = router(gbps=0.5)  # 134 MB at 0.5 GB/s: 268 ms > 51 ms of prefill
+    d = await slow.route(req("a"))
+    assert d.kv_fetch is None and slow.explain(req("e"))["kv_fetch"] is None
+    off = router(gbps=50.0, kv_fetch=False)
+    d = await off.route(req("b"))
+    assert d.kv_fetch is None and off.metrics.kv_fetches == 0

@@ -100,6 +100,12 @@ async def test_tenant_identity_priority_and_bad_values(tmp_path: Path) -> None:
             assert status == 400 and reply["error"]["param"] == "x-tandem-deadline-ms", bad
         as_key(s, ADMIN, **{"x-tenant-id": "tiny", "x-tandem-priority": "high"})
         assert (await s.post(COMPLETIONS, body()))[0] == 200  # header tenant, its ceiling high
+        # a session's second turn goes back to its worker (the router counts the hit)
+        as_key(s, ADMIN, **{"x-session-id": "agent-1"})
+        assert [(await s.post(COMPLETIONS, body()))[0] for _ in range(2)] == [200, 200]
+        async with s.http.get(f"{s.base}/metrics", headers=s.headers) as resp:
+            metrics = await resp.text()
+        assert re.search(r"tandem_router_session_hits_total\{[^}]*\} 1", metrics), metrics
 
 
 async def test_limits_answer_429_with_openai_headers_and_reload(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ every `RELOAD_CHECK_S`); a file that fails to load keeps the tables in force (lo
 
     default_tenant: default          # optional; must be one of `tenants` when given
     limits_db: /dev/shm/limits.db    # optional; frontends of one host that share it share limits
+    session_from_user: false         # the body's `user` is the session id when no x-session-id
     tenants:
       acme:
         weight: 2                    # fair share within a class (> 0, default 1)
@@ -106,6 +107,7 @@ class TenantTable:
     default_tenant: str = DEFAULT_TENANT
     limits_db: Path | None = None
     by_key: Mapping[str, str] = field(default_factory=dict)  # API key -> tenant name
+    session_from_user: bool = False  # the body's `user` is the session id when no header
 
     def get(self, name: str) -> TenantConfig:
         """The named tenant; the default tenant (weight 1, no limits) when unconfigured."""
@@ -126,11 +128,14 @@ def parse_tenants(raw: Any, *, where: str) -> TenantTable:
 def _parse(raw: Any) -> TenantTable:
     if not isinstance(raw, dict):
         raise ValueError("expected a mapping with a 'tenants' key")
-    unknown = set(raw) - {"tenants", "default_tenant", "limits_db"}
+    unknown = set(raw) - {"tenants", "default_tenant", "limits_db", "session_from_user"}
     if unknown:
         raise ValueError(
-            f"unknown key(s) {sorted(unknown)}; expected tenants, default_tenant, limits_db"
+            f"unknown key(s) {sorted(unknown)}; expected tenants, default_tenant, limits_db, "
+            "session_from_user"
         )
+    if not isinstance(raw.get("session_from_user", False), bool):
+        raise ValueError("session_from_user: expected true or false")
     entries = raw.get("tenants") or {}
     if not isinstance(entries, dict):
         raise ValueError("'tenants' must map tenant names to their settings")
@@ -152,6 +157,7 @@ def _parse(raw: Any) -> TenantTable:
         default_tenant=default,
         limits_db=Path(db) if db else None,
         by_key=by_key,
+        session_from_user=bool(raw.get("session_from_user", False)),
     )
 
 
@@ -290,7 +296,7 @@ class Tenancy:
             tenant=tenant,
             priority=priority,
             deadline_s=_deadline(http.headers.get(DEADLINE_HEADER), now_s),
-            session_id=_session(http.headers.get(SESSION_HEADER)),
+            session_id=session_of(http.headers),
         )
 
     def check_ceiling(self, tenant: str, priority: int, *, param: str) -> int:
@@ -322,7 +328,9 @@ def _deadline(value: str | None, now_s: float | None) -> float | None:
     return (time.time() if now_s is None else now_s) + budget_ms / 1000
 
 
-def _session(value: str | None) -> str | None:
+def session_of(headers: Mapping[str, str]) -> str | None:
+    """The request's `x-session-id` (None when absent or blank; 400 when too long)."""
+    value = headers.get(SESSION_HEADER)
     if value is None or not value.strip():
         return None
     if len(value) > MAX_SESSION_CHARS:

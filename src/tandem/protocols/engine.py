@@ -138,6 +138,9 @@ class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     # the tenant's weight (its share of its class: the router queue's fair share), stamped by
     # the frontend from the tenants file so that every router, remote ones too, reads it
     tenant_weight: float = 1.0
+    # the conversation this request continues (x-session-id): the router sends it to the
+    # worker of the session's last turn while that one is not overloaded (router/session.py)
+    session_id: str | None = None
     # prefill/decode handoff (DESIGN.md §4); opaque to everyone but tandem.disagg
     disagg_params: dict[str, Any] | None = None
     # free-form annotations (e.g. "prefill_only"); engines ignore what they do not know

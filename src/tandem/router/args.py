@@ -58,6 +58,20 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         help="a queued request answers 503 after this long",
     )
     g.add_argument(
+        "--router-session-ttl-s",
+        type=float,
+        default=d.session_ttl_s,
+        help="a request's x-session-id binds it to the worker of its last turn for this long, "
+        "shared by router replicas (0 = no session affinity)",
+    )
+    g.add_argument(
+        "--router-session-slack",
+        type=int,
+        default=d.session_slack,
+        help="a session's bound worker is passed over (and the binding moves) when busy or "
+        "this many requests in flight above the least loaded candidate",
+    )
+    g.add_argument(
         "--no-kv-events",
         action="store_true",
         help="approximate mode: predict caches from the router's own decisions",
@@ -131,6 +145,8 @@ def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
         else int(ns.busy_prefill_tokens),
         "queue_size": ns.router_queue,
         "queue_timeout_s": ns.router_queue_timeout_s,
+        "session_ttl_s": getattr(ns, "router_session_ttl_s", None),
+        "session_slack": getattr(ns, "router_session_slack", None),
         "approx_ttl_s": ns.router_approx_ttl_s,
         "active_ttl_s": ns.router_active_ttl_s,
         "approx_max_blocks": None if ns.router_max_blocks is None else int(ns.router_max_blocks),

@@ -28,6 +28,10 @@ class RouterConfig:
     busy_prefill_tokens: int | None = None  # active prefill tokens
     queue_size: int = 0
     queue_timeout_s: float = 30.0
+    # sessions (router/session.py): a session's turns go to its last worker for this long
+    # (0 = off) unless that worker is busy or `session_slack` requests above the least loaded
+    session_ttl_s: float = 600.0
+    session_slack: int = 4
     retry_after_s: float = 1.0
     use_kv_events: bool = True
     approx_ttl_s: float = 120.0  # --no-kv-events: how long a routed prefix counts as cached
@@ -59,6 +63,8 @@ class RouterConfig:
             check_range("busy_prefill_tokens", self.busy_prefill_tokens, low=1)
         check_range("queue_size", self.queue_size, low=0)
         check_range("queue_timeout_s", self.queue_timeout_s, low=0.0)
+        check_range("session_ttl_s", self.session_ttl_s, low=0.0, high=7 * 86400.0)
+        check_range("session_slack", self.session_slack, low=0)
         check_range("retry_after_s", self.retry_after_s, low=0.0)
         check_range("approx_ttl_s", self.approx_ttl_s, low=0.001)
         check_range("approx_max_blocks", self.approx_max_blocks, low=1)

@@ -42,6 +42,7 @@ class RouterMetrics:
         self.queue_wait_sum_s: dict[tuple[str, str], float] = {}
         self.deadline_misses: Counter[tuple[str, str]] = Counter()
         self.tenants: TenantView | None = None
+        self.sessions: SessionView | None = None  # router/session.py's table
         # peer KV fetch (router/fetch.py): hints sent, and the blocks and bytes they name
         self.kv_fetches = self.kv_fetch_blocks = self.kv_fetch_bytes = 0
 
@@ -93,6 +94,15 @@ class TenantView(Protocol):
     served_tokens: dict[str, float]
 
     def depth(self) -> dict[tuple[int, str], int]: ...
+
+
+class SessionView(Protocol):
+    """What the families read of a router's session table (`router.session.SessionTable`)."""
+
+    num_rebinds: int
+    num_hits: int
+
+    def __len__(self) -> int: ...
 
 
 class MeteredRouter(Protocol):
@@ -223,11 +233,26 @@ def _tenant_families(p: str, names: tuple[str, ...]) -> list[Metric]:
             "count)",
             labels=("tenant", *names),
         ),
+        GaugeMetricFamily(f"{p}_sessions", "live session bindings (x-session-id)", labels=names),
+        CounterMetricFamily(
+            f"{p}_session_hits",
+            "session requests sent back to their bound worker",
+            labels=names,
+        ),
+        CounterMetricFamily(
+            f"{p}_session_rebinds",
+            "sessions moved off a busy or overloaded bound worker",
+            labels=names,
+        ),
     ]
 
 
 def _add_tenant_rows(fams: list[Metric], metrics: RouterMetrics, values: tuple[str, ...]) -> None:
-    queued, waits, misses, tokens = fams
+    queued, waits, misses, tokens, sessions, hits, rebinds = fams
+    if metrics.sessions is not None:
+        sessions.add_metric(values, len(metrics.sessions))  # type: ignore[attr-defined]
+        hits.add_metric(values, metrics.sessions.num_hits)  # type: ignore[attr-defined]
+        rebinds.add_metric(values, metrics.sessions.num_rebinds)  # type: ignore[attr-defined]
     if metrics.tenants is not None:
         for (klass, tenant), n in sorted(metrics.tenants.depth().items()):
             queued.add_metric((class_name(klass), tenant, *values), n)  # type: ignore[attr-defined]

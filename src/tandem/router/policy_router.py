@@ -24,6 +24,7 @@ from tandem.router.decision_log import DecisionLog
 from tandem.router.load import LoadTracker
 from tandem.router.metrics import RouterMetrics
 from tandem.router.queue import RequestQueue, Waiter
+from tandem.router.session import SessionSync, SessionTable
 from tandem.router.source import EventSource, InstanceSource
 from tandem.runtime import tracing
 from tandem.runtime.base import Subscription
@@ -98,10 +99,13 @@ class PolicyRouter:
         self._request_worker: dict[str, str] = {}
         # waiting for a worker that is not busy: by class, tenant share, deadline (queue.py)
         self.queue = RequestQueue()
+        # session id -> the worker of its last turn (session.py), shared with replicas
+        self.sessions = SessionTable(ttl_s=config.session_ttl_s)
+        self._session_sync: SessionSync | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self.metrics = RouterMetrics()
-        self.metrics.tenants = self.queue
+        self.metrics.tenants, self.metrics.sessions = self.queue, self.sessions
         self.decisions = DecisionLog()  # the last routing decisions, for /dashboard
 
     def subject(self, name: str) -> str:
@@ -117,6 +121,14 @@ class PolicyRouter:
         if self._events is not None:
             sub = await self._events.subscribe(self.subject("load_metrics"))
             self._spawn(self._follow_loads(sub), "load_metrics")
+            if self.config.session_ttl_s > 0:
+                self._session_sync = SessionSync(
+                    self.sessions,
+                    self._events,
+                    f"{self.namespace}.router.sessions",
+                    router_clock=self._clock,
+                )
+                await self._session_sync.start()
         await self._start_extra()
 
     async def _start_extra(self) -> None:
@@ -145,6 +157,8 @@ class PolicyRouter:
         """Hook: the KV router checks the worker's reported KV event id."""
 
     async def close(self) -> None:
+        if self._session_sync is not None:
+            await self._session_sync.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -169,6 +183,7 @@ class PolicyRouter:
     def _forget_worker(self, worker_id: str) -> None:
         self.loads.remove_worker(worker_id)
         self.decisions.forget(worker_id)
+        self.sessions.forget_worker(worker_id)
 
     # ------------------------------------------------------------ routing
     def candidates(
@@ -216,7 +231,7 @@ class PolicyRouter:
             decision = None
             if self.queue.outranks_all(request):  # nobody waiting comes before it
                 with contextlib.suppress(AllBusy):
-                    decision = self._book(request, *self._choose(request, cands), started)
+                    decision = self._book(request, *self._choose_for(request, cands), started)
             if decision is None:
                 if span is not None:
                     queue_span = tracing.start("queue", parent=span)
@@ -244,6 +259,11 @@ class PolicyRouter:
         self._request_worker[request.request_id] = chosen.instance_id
         self._inflight[chosen.instance_id] = self._inflight.get(chosen.instance_id, 0) + 1
         self.queue.charge(request)
+        if request.session_id and self.config.session_ttl_s > 0:
+            if self.sessions.bind(request.session_id, chosen.instance_id, self._clock()):
+                details["session"] = "rebound"
+            if self._session_sync is not None:
+                self._session_sync.publish(request.session_id, chosen.instance_id)
         decision = self._record(request, chosen, details)
         self.metrics.observe_route(
             chosen.instance_id,
@@ -319,7 +339,7 @@ class PolicyRouter:
             try:
                 self._check_deadline(request, waiter)
                 cands = self.candidates(request, waiter.exclude)
-                chosen, details = self._choose(request, cands)
+                chosen, details = self._choose_for(request, cands)
             except AllBusy:
                 pinned = request.routing is not None and request.routing.worker_id is not None
                 if pinned or waiter.exclude:
@@ -331,6 +351,24 @@ class PolicyRouter:
                 continue
             self.queue.remove(waiter)
             waiter.done.set_result(self._book(request, chosen, details, started))
+
+    def _choose_for(
+        self, request: PreprocessedRequest, candidates: Sequence[Instance]
+    ) -> tuple[Instance, dict[str, Any]]:
+        """`_choose`, but a session's request goes back to its bound worker while that one
+        is a candidate, not busy and not `session_slack` requests above the least loaded."""
+        sid = request.session_id
+        if sid and self.config.session_ttl_s > 0:
+            bound_id = self.sessions.get(sid, self._clock())
+            bound = next((c for c in candidates if c.instance_id == bound_id), None)
+            if bound is not None:
+                least = min(self.inflight(c.instance_id) for c in candidates)
+                if self.inflight(bound.instance_id) < least + self.config.session_slack:
+                    with contextlib.suppress(AllBusy):
+                        chosen, details = self._choose(request, [bound])
+                        self.sessions.num_hits += 1
+                        return chosen, {**details, "session": "bound"}
+        return self._choose(request, candidates)
 
     def _decision_costs(self) -> Sequence[CandidateCost] | None:
         """Hook: the per-candidate costs of the decision `_record` just booked (KV router)."""

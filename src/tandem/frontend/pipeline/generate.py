@@ -37,7 +37,7 @@ from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.frontend.rate_limit import RateLimiter, ratelimit_headers
-from tandem.frontend.tenancy import Tenancy, current_identity
+from tandem.frontend.tenancy import Tenancy, current_identity, session_of
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import (
@@ -211,12 +211,22 @@ class GeneratePipeline:
             prepared = await preprocess_completion(
                 req, model, request_id=request_id, worker_id=worker_id, deadline_s=deadline_s
             )
-        self._stamp(prepared, identity or current_identity(), req.priority)
+        self._stamp(prepared, identity or current_identity(), req, http)
         return prepared
 
     def _stamp(
-        self, prepared: Prepared, identity: RequestIdentity | None, body_priority: object
+        self,
+        prepared: Prepared,
+        identity: RequestIdentity | None,
+        req: ChatCompletionRequest | CompletionRequest,
+        http: HttpRequest,
     ) -> None:
+        session = identity.session_id if identity is not None else session_of(http.headers)
+        if session is None and req.user and self.tenancy and self.tenancy.table.session_from_user:
+            session = req.user
+        for request in prepared.requests:
+            request.session_id = session
+        body_priority = req.priority
         if identity is None and body_priority is None:
             return  # no tenants, no priority asked: the FIFO path
         identity = identity or RequestIdentity()

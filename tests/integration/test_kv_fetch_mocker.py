@@ -6,6 +6,10 @@ is gone, costs a recompute, never the request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import sys
 
 import pytest
 
@@ -118,3 +122,72 @@ async def _settled(engine: DisaggEngine) -> None:
     assert engine.load().num_active_blocks == 0
     assert isinstance(engine.engine, MockerEngine)
     engine.engine.scheduler.check_integrity()
+
+
+HOLDER_SCRIPT = """
+import asyncio, json, sys
+from tandem.disagg.config import DisaggWorkerConfig
+from tandem.disagg.worker_engine import DisaggEngine
+from tandem.engines.mocker.config import MockerConfig
+from tandem.engines.mocker.engine import MockerEngine
+from tandem.protocols.engine import PreprocessedRequest, SamplingParams, StopConditions
+
+async def main():
+    cfg = MockerConfig(num_blocks=256, block_size=4, speedup_ratio=0, tokenizer=None)
+    engine = DisaggEngine(MockerEngine(cfg), DisaggWorkerConfig(backends=("shm", "tcp"),
+                                                                kv_fetch=True))
+    await engine.start()
+    req = PreprocessedRequest(request_id="warm", model=cfg.model_name,
+                              token_ids=list(range(100, 130)),
+                              sampling=SamplingParams(temperature=0.0),
+                              stop=StopConditions(max_tokens=6, ignore_eos=True))
+    async for _ in engine.generate(req):
+        pass
+    print(json.dumps([list(engine.agent.address), engine.agent.agent_id]), flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_fetch_falls_back_when_the_holder_is_killed_mid_fetch() -> None:
+    """The holder (its own process) exported the blocks, then dies (SIGKILL) before the
+    fetcher's pull: the fetcher computes the prompt itself and answers the same tokens."""
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HOLDER_SCRIPT, stdout=asyncio.subprocess.PIPE
+    )
+    (fetcher,) = await started(1)
+    try:
+        assert holder.stdout is not None
+        line = await asyncio.wait_for(holder.stdout.readline(), 20.0)
+        address, agent_id = json.loads(line)
+        hint = KvFetchHint(source_instance_id="holder", address=tuple(address),
+                           agent_id=agent_id, block_size=MOCKER.block_size,
+                           block_hashes=sequence_hashes(request("x").token_ids, 4))  # fmt: skip
+        assert fetcher.agent is not None
+        real_pull = fetcher.agent.pull
+
+        def pull_after_kill(*args: object, **kwargs: object) -> object:
+            holder.kill()  # the export went through: its op and pins die with it
+            os.waitpid(holder.pid, 0)
+            return real_pull(*args, **kwargs)  # type: ignore[arg-type]
+
+        fetcher.agent.pull = pull_after_kill  # type: ignore[method-assign]
+        tokens, cached = await run(fetcher, request("r", hint=hint))
+        assert cached == 0 and tokens == await aggregated(request("ref"))
+        assert fetcher.fetch is not None
+        assert (fetcher.fetch.stats.num_started, fetcher.fetch.stats.num_fell_back) == (1, 1)
+        await _settled(fetcher)
+    finally:
+        if holder.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                holder.kill()
+        await fetcher.stop()
+
+
+async def aggregated(req: PreprocessedRequest) -> list[int]:
+    engine = MockerEngine(MOCKER)
+    await engine.start()
+    tokens = [t async for out in engine.generate(req) for t in out.token_ids]
+    await engine.stop()
+    return tokens

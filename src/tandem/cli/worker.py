@@ -186,6 +186,13 @@ def build_engine(
 
         assert isinstance(engine, EncoderEngine)
         engine.cluster_secret, engine.tls = cluster_secret, tls
+    if disagg.kv_fetch and args.engine not in ("mocker", "native"):
+        raise ValueError(
+            f"--kv-fetch needs --engine mocker or native, not '{args.engine}': vLLM's KV "
+            "connector API loads external KV into a new request, but offers no way to export a "
+            "running engine's cached blocks on demand, so a vLLM worker can neither serve nor "
+            "take a peer fetch (the router sends it no hint)"
+        )
     if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector
         return engine
     from tandem.disagg.worker_engine import DisaggEngine

@@ -45,6 +45,14 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         help="skip workers with more active prefill tokens than this",
     )
     g.add_argument(
+        "--busy-inflight-requests",
+        type=int,
+        default=None,
+        help="any policy: a worker with this many requests in flight from this router takes "
+        "no more; the rest wait in the router queue (--router-queue), by priority class, "
+        "tenant share and deadline",
+    )
+    g.add_argument(
         "--router-queue",
         type=int,
         default=d.queue_size,
@@ -143,6 +151,7 @@ def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
         "busy_prefill_tokens": None
         if ns.busy_prefill_tokens is None
         else int(ns.busy_prefill_tokens),
+        "busy_inflight_requests": getattr(ns, "busy_inflight_requests", None),
         "queue_size": ns.router_queue,
         "queue_timeout_s": ns.router_queue_timeout_s,
         "session_ttl_s": getattr(ns, "router_session_ttl_s", None),

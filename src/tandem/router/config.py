@@ -26,6 +26,9 @@ class RouterConfig:
     temperature: float = 0.0
     busy_active_blocks_fraction: float | None = None  # active KV blocks / total blocks
     busy_prefill_tokens: int | None = None  # active prefill tokens
+    # requests in flight from this router (every policy): at it, a worker takes no more and
+    # requests wait in the router queue, where classes, deadlines and fair shares apply
+    busy_inflight_requests: int | None = None
     queue_size: int = 0
     queue_timeout_s: float = 30.0
     # sessions (router/session.py): a session's turns go to its last worker for this long
@@ -61,6 +64,8 @@ class RouterConfig:
             )
         if self.busy_prefill_tokens is not None:
             check_range("busy_prefill_tokens", self.busy_prefill_tokens, low=1)
+        if self.busy_inflight_requests is not None:
+            check_range("busy_inflight_requests", self.busy_inflight_requests, low=1)
         check_range("queue_size", self.queue_size, low=0)
         check_range("queue_timeout_s", self.queue_timeout_s, low=0.0)
         check_range("session_ttl_s", self.session_ttl_s, low=0.0, high=7 * 86400.0)

@@ -355,8 +355,15 @@ class PolicyRouter:
     def _choose_for(
         self, request: PreprocessedRequest, candidates: Sequence[Instance]
     ) -> tuple[Instance, dict[str, Any]]:
-        """`_choose`, but a session's request goes back to its bound worker while that one
-        is a candidate, not busy and not `session_slack` requests above the least loaded."""
+        """`_choose` among the candidates under `busy_inflight_requests` (AllBusy when none),
+        but a session's request goes back to its bound worker while that one is a candidate,
+        not busy and not `session_slack` requests above the least loaded."""
+        cap = self.config.busy_inflight_requests
+        pinned = request.routing is not None and request.routing.worker_id is not None
+        if cap is not None and not pinned:
+            candidates = [c for c in candidates if self.inflight(c.instance_id) < cap]
+            if not candidates:
+                raise AllBusy
         sid = request.session_id
         if sid and self.config.session_ttl_s > 0:
             bound_id = self.sessions.get(sid, self._clock())

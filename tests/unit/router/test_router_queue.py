@@ -189,3 +189,19 @@ async def test_queue_metrics_by_class_and_tenant() -> None:
     )
     assert 'tandem_router_tenant_routed_tokens_total{tenant="a"}' in text
     await router.close()
+
+
+async def test_busy_inflight_requests_queues_any_policy() -> None:
+    router = RoundRobinRouter(
+        RouterConfig(queue_size=4, busy_inflight_requests=1),
+        instances=StaticInstanceSet([backend_instance(0), backend_instance(1)]),
+    )
+    await router.start()
+    a, b = await router.route(req("a")), await router.route(req("b"))
+    assert {a.instance_id, b.instance_id} == {"w0", "w1"}
+    third = asyncio.create_task(router.route(req("c", priority=-1)))
+    await asyncio.sleep(0.01)
+    assert router.num_queued == 1 and not third.done()
+    router.on_finish("b")
+    assert (await asyncio.wait_for(third, 5)).instance_id == b.instance_id
+    await router.close()

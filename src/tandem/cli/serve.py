@@ -182,6 +182,8 @@ def _frontend_processes(value: str) -> int:
 def worker_specs(args: argparse.Namespace, passthrough: list[str]) -> list[WorkerSpec]:
     """One spec per worker process; the supervisor adds the shared runtime flags."""
     common = ["--engine", args.engine, *_observability_argv(args), *passthrough]
+    if getattr(args, "kv_fetch", None) and args.router == "kv":
+        common.append("--kv-fetch")  # the workers export and pull cached prefixes (peer fetch)
     encoders = _encoder_specs(args)
     if encoders:
         common.append("--mm-remote-encode")

@@ -180,12 +180,6 @@ def build_engine(
         args.transfer_host or transfer_host or getattr(args, "runtime_host", None) or "127.0.0.1"
     )
     disagg = disagg_worker_config_from_args(args)
-    engine = make_engine(args.engine, engine_config_from_args(args.engine, args))
-    if args.engine == "encoder":  # its embedding transfer agent authenticates its peers
-        from tandem.multimodal.encode_engine import EncoderEngine
-
-        assert isinstance(engine, EncoderEngine)
-        engine.cluster_secret, engine.tls = cluster_secret, tls
     if disagg.kv_fetch and args.engine not in ("mocker", "native"):
         raise ValueError(
             f"--kv-fetch needs --engine mocker or native, not '{args.engine}': vLLM's KV "
@@ -193,6 +187,12 @@ def build_engine(
             "running engine's cached blocks on demand, so a vLLM worker can neither serve nor "
             "take a peer fetch (the router sends it no hint)"
         )
+    engine = make_engine(args.engine, engine_config_from_args(args.engine, args))
+    if args.engine == "encoder":  # its embedding transfer agent authenticates its peers
+        from tandem.multimodal.encode_engine import EncoderEngine
+
+        assert isinstance(engine, EncoderEngine)
+        engine.cluster_secret, engine.tls = cluster_secret, tls
     if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector
         return engine
     from tandem.disagg.worker_engine import DisaggEngine

@@ -112,3 +112,36 @@ async def test_no_hint_when_the_fetch_does_not_pay_or_is_off() -> None:
     off = router(gbps=50.0, kv_fetch=False)
     d = await off.route(req("b"))
     assert d.kv_fetch is None and off.metrics.kv_fetches == 0
+
+
+def test_flags_router_default_on_and_serve_starts_fetching_workers_only_when_asked() -> None:
+    from tandem.cli.serve import _validate, build_parser, worker_specs
+    from tandem.router.args import router_config_from_args
+
+    def parsed(*argv: str):
+        args, rest = build_parser().parse_known_args(["--engine", "mocker", *argv])
+        _validate(args)
+        return args, worker_specs(args, rest)
+
+    args, specs = parsed("--router", "kv", "--workers", "2")
+    assert router_config_from_args(args).kv_fetch  # on: it acts only between --kv-fetch workers
+    assert all("--kv-fetch" not in s.argv for s in specs)
+    args, specs = parsed("--router", "kv", "--workers", "2", "--kv-fetch")
+    assert len(specs) == 2 and all("--kv-fetch" in s.argv for s in specs)
+    args, _ = parsed("--router", "kv", "--no-kv-fetch", "--kv-fetch-setup-ms", "3")
+    config = router_config_from_args(args)
+    assert not config.kv_fetch and config.kv_fetch_setup_s == pytest.approx(0.003)
+
+
+def test_worker_kv_fetch_refuses_an_engine_that_cannot_export() -> None:
+    import argparse
+
+    from tandem.cli.worker import add_arguments, build_engine
+
+    argv = ["--engine", "mocker", "--kv-fetch"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, argv)
+    args = parser.parse_known_args(argv)[0]
+    args.engine = "vllm"  # vLLM's flags parse only in its own venv; refused before it loads
+    with pytest.raises(ValueError, match="--kv-fetch needs --engine mocker or native"):
+        build_engine(args)

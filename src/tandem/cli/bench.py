@@ -5,9 +5,10 @@
     tandem bench indexer|engine|transfer|disagg|kvbm|multimodal|tracing|structured|
                  frontend-stages|mocker-path [options]
                                               component benchmarks (tandem.bench.component)
-    tandem bench routers [options]            one tandem stack per router mode, same trace
+    tandem bench routers [options]            tandem's routers and the peers', same trace
     tandem bench planner [options]            planner vs static fleets on a time-varying load
     tandem bench soak [options]               RSS slope of every process under mixed load
+    tandem bench churn [options]              KV router memory under ever-new prefixes
 
 A named benchmark is the module `tandem.bench.<SUBCOMMANDS[name]>` exposing
 `main(argv) -> int`, imported only when asked for.
@@ -25,6 +26,7 @@ SUBCOMMANDS = {
     "mocker-path": "component.mocker_path",
     "routers": "component.routers",
     "indexer": "component.indexer",
+    "churn": "component.churn",
     "engine": "component.engine",
     "transfer": "component.transfer",
     "disagg": "component.disagg",

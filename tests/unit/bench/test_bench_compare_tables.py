@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from tandem.bench.compare import frontend as frontend_compare
-from tandem.bench.component import routers as router_compare
 
 
 def _cell(system, conc, conn, req_per_s, cpu, isl=64):
@@ -51,38 +50,6 @@ def test_frontend_table_shows_the_engines_and_the_clients_cpu():
     lines = frontend_compare.format_table([tandem, dynamo]).splitlines()
     assert "engine_cpu_ms_per_req" in lines[0] and "client_cpu_ms_per_req" in lines[0]
     assert "0.20 /      0.10 (2.00x)" in lines[2] and "0.15 /      0.15 (1.00x)" in lines[2]
-
-
-def test_router_table_gain_is_baseline_over_mode():
-    rows = [
-        {
-            "mode": "round_robin",
-            "num_ok": 10,
-            "num_errors": 0,
-            "ttft_p50_ms": 300.0,
-            "ttft_p99_ms": 900.0,
-            "e2e_p50_ms": 1.0,
-            "e2e_p99_ms": 2.0,
-            "req_per_s": 5.0,
-            "output_tok_per_s": 50.0,
-            "cached_fraction": 0.1,
-        },
-        {
-            "mode": "kv",
-            "num_ok": 10,
-            "num_errors": 0,
-            "ttft_p50_ms": 75.0,
-            "ttft_p99_ms": 200.0,
-            "e2e_p50_ms": 1.0,
-            "e2e_p99_ms": 2.0,
-            "req_per_s": 5.0,
-            "output_tok_per_s": 50.0,
-            "cached_fraction": 0.62,
-        },
-    ]
-    lines = router_compare.format_table(rows).splitlines()
-    assert lines[1].startswith("round_robin") and lines[1].endswith("1.00x")
-    assert lines[2].startswith("kv") and lines[2].endswith("4.00x") and "62.0%" in lines[2]
 
 
 def test_every_cell_gets_fresh_prompts_and_both_systems_the_same(monkeypatch, tmp_path):

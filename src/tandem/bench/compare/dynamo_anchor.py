@@ -44,6 +44,7 @@ class AnchorConfig:
     router_mode: str = "round-robin"
     # "SmolLM2-135M-Instruct" (8192-token context) or "smol-long" (same tokenizer, 131072)
     model_name: str = "SmolLM2-135M-Instruct"
+    mocker_args: str = ""  # extra `dynamo.mocker` flags (e.g. --block-size 64)
     setup_timeout_s: float = 900.0
     start_timeout_s: float = 120.0
 
@@ -76,6 +77,7 @@ class DynamoAnchor:
             "NUM_WORKERS": str(self.config.num_workers),
             "SPEEDUP": f"{self.config.speedup:g}",
             "ROUTER_MODE": self.config.router_mode,
+            "MOCKER_ARGS": self.config.mocker_args,
             "SYS_PORT_BASE": str(_free_port_block(self.config.num_workers + 1)),
             "BROKER_XSUB": str(free_port()),
             "BROKER_XPUB": str(free_port()),

@@ -1,107 +1,358 @@
-"""`tandem bench routers`: the same trace replayed against one stack per router mode.
+"""`tandem bench routers`: the same workload replayed against tandem's routers and the routers a
+user would pick instead, over identical mocker backends, in one run.
 
-For each mode it starts `tandem serve --engine mocker --workers N --router MODE`, replays the
-same requests at the same times, and stops the stack; then prints TTFT p50/p99, e2e p50/p99,
-throughput, KV hit rate (cached prompt tokens / prompt tokens, as the engines report in usage)
-and each mode's TTFT p50 improvement over the first (baseline) mode: baseline p50 / mode p50.
+Systems (`--systems`, in order):
+- `kv`, `round_robin`, ... (or `tandem:kv`): `tandem serve --engine mocker --workers N
+  --router MODE`;
+- `dynamo:kv`: Dynamo 1.6.1's frontend and KV router over N of its own mockers (anchors/dynamo;
+  same block size, pool and batch limits as tandem's mocker);
+- `smg:cache_aware`, `vllm-router:cache_aware` (any policy after the colon): SMG 1.13.0 / vLLM
+  router 0.1.17 over N one-worker `tandem serve --engine mocker` stacks (anchors/smg,
+  anchors/vllm-router).
+A peer whose venv is not set up is a row "not set up (run ...)"; one that fails is a row with its
+error; neither is dropped. Every system gets each prompt variant (`--prompts`): `tokens` (token-id
+prompts) and `text` (one-token words, `router_workloads.TextPrompts`: the same engine work), and
+each worker count of `--workers` (e.g. `4,8`).
+
+Per row: TTFT p50/p90/p99, the cached share of prompt tokens (usage's cached tokens / prompt
+tokens), that share over the infinite-cache oracle computed from the prompts sent
+(`router_workloads.oracle_cached_fraction`), and CPU ms per answered request of the process
+that routes (tandem's and Dynamo's frontend, the SMG / vLLM router process) and of every process
+that routes, tokenizes or streams (for SMG and the vLLM router: the router plus the backends'
+frontends), from /proc over the load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tandem.bench.args import add_workload_arguments, workload
-from tandem.bench.cell import cell_metrics, format_number, measure_each, run_cell
+from tandem.bench.cell import cell_metrics, format_number, run_cell
+from tandem.bench.compare.dynamo_anchor import AnchorConfig, dynamo_mocker_stack
+from tandem.bench.compare.http_routers import HTTP_ROUTERS, http_router_stack, missing_setup
+from tandem.bench.component.router_workloads import (
+    AgentSessionsConfig,
+    TextPrompts,
+    agent_sessions,
+    oracle_cached_fraction,
+)
 from tandem.bench.loadgen import LoadConfig
 from tandem.bench.report import write_json
+from tandem.bench.shared_dir import MOONCAKE_TRACE
 from tandem.bench.tandem_stack import LAYOUTS, tandem_mocker_stack
 from tandem.bench.workload import RequestSpec
+from tandem.config_check import check_range
+from tandem.engines.mocker.config import MockerConfig
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_SYSTEMS = "round_robin,kv,dynamo:kv,smg:cache_aware,vllm-router:cache_aware"
+PROMPT_VARIANTS = ("tokens", "text")
+WORKLOADS = ("mooncake", "agents", "flags")
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    kind: str  # "tandem" | "dynamo" | "smg" | "vllm-router"
+    policy: str
+
+    @property
+    def name(self) -> str:
+        return self.policy if self.kind == "tandem" else f"{self.kind}:{self.policy}"
+
+
+def parse_systems(text: str) -> list[System]:
+    """`kv,round_robin,dynamo:kv,smg:cache_aware,...` → systems; a clear error on unknown kinds."""
+    systems = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        kind, _, policy = item.rpartition(":")
+        kind = kind or "tandem"
+        if kind not in ("tandem", "dynamo", *HTTP_ROUTERS):
+            raise ValueError(
+                f"unknown system {item!r}; expected MODE, tandem:MODE, dynamo:MODE, "
+                "smg:POLICY or vllm-router:POLICY"
+            )
+        if not policy:
+            raise ValueError(f"system {item!r} names no policy")
+        systems.append(System(kind, policy))
+    if not systems:
+        raise ValueError("--systems names no system")
+    return systems
+
+
+def parse_workers(text: str) -> list[int]:
+    counts = [int(w) for w in text.split(",") if w.strip()]
+    if not counts:
+        raise ValueError("--workers names no worker count")
+    for count in counts:
+        check_range("workers", count, low=1)
+    return counts
+
+
+def parse_prompts(text: str) -> list[str]:
+    variants = [v.strip() for v in text.split(",") if v.strip()]
+    for variant in variants:
+        if variant not in PROMPT_VARIANTS:
+            raise ValueError(f"unknown prompt variant {variant!r}; expected tokens or text")
+    if not variants:
+        raise ValueError("--prompts names no variant")
+    return variants
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
-    parser.add_argument("--modes", default="round_robin,kv", help="first one is the baseline")
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--speedup-ratio", type=float, default=1.0, help="mocker speed")
-    parser.add_argument(
-        "--context-length", type=int, default=262144, help="mocker context (trace prompts are long)"
-    )
-    parser.add_argument("--concurrency", type=int, default=None, help="cap in flight")
-    parser.add_argument("--num-requests", type=int, default=None)
-    parser.add_argument("--duration-s", type=float, default=300.0, help="send cap per mode")
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="per request")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tandem-layout", choices=LAYOUTS, default="serve")
-    parser.add_argument("--tandem-args", default="", help="extra flags for tandem serve")
-    parser.add_argument("--work-dir", default=None)
-    parser.add_argument("--json", default="bench_routers.json")
+    g = parser.add_argument_group("routers")
+    g.add_argument("--systems", "--modes", dest="systems", default=DEFAULT_SYSTEMS,
+                   help="comma list: MODE (tandem), dynamo:MODE, smg:POLICY, vllm-router:POLICY; "
+                   "the first is the baseline")  # fmt: skip
+    g.add_argument("--workload", choices=WORKLOADS, default="mooncake",
+                   help="mooncake: the public trace (--trace overrides the file); agents: "
+                   "multi-turn sessions over shared system prompts; flags: the workload "
+                   "flags")  # fmt: skip
+    g.add_argument("--prompts", default="tokens,text", help="prompt variants: tokens,text")
+    g.add_argument("--workers", default="4", help="worker counts, e.g. 4,8")
+    g.add_argument("--speedup-ratio", type=float, default=1.0, help="mocker speed")
+    g.add_argument("--context-length", type=int, default=131072,
+                   help="mocker context; trace prompts are clipped to fit")  # fmt: skip
+    g.add_argument("--concurrency", type=int, default=None, help="cap in flight")
+    g.add_argument("--num-requests", type=int, default=None)
+    g.add_argument("--duration-s", type=float, default=300.0, help="send cap per row")
+    g.add_argument("--timeout-s", type=float, default=120.0, help="per request")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--tandem-layout", choices=LAYOUTS, default="serve")
+    g.add_argument("--tandem-args", default="", help="extra flags for tandem serve")
+    g.add_argument("--agent-sessions", type=int, default=160)
+    g.add_argument("--agent-turns", type=int, default=4)
+    g.add_argument("--agent-system-prompts", type=int, default=8)
+    g.add_argument("--agent-system-len", type=int, default=4096)
+    g.add_argument("--agent-session-rate", type=float, default=2.0, help="sessions per s")
+    g.add_argument("--work-dir", default=None)
+    g.add_argument("--json", default="bench_routers.json")
 
 
-def measure_mode(
-    mode: str, args: argparse.Namespace, specs: list[RequestSpec], work_dir: Path
-) -> dict[str, Any]:
-    with tandem_mocker_stack(
-        work_dir / mode,
-        layout=args.tandem_layout,
-        num_workers=args.workers,
-        router=mode,
-        speedup_ratio=args.speedup_ratio,
-        extra_args=args.tandem_args,
-        engine_args=f"--context-length {args.context_length}",
-    ) as stack:
-        config = LoadConfig(
-            url=stack.url,
-            model=stack.model,
-            endpoint="completions",
-            concurrency=args.concurrency,
-            request_rate=None,
-            num_requests=args.num_requests,
-            duration_s=args.duration_s,
-            timeout_s=args.timeout_s,
-            seed=args.seed,
+def build_workload(args: argparse.Namespace) -> list[RequestSpec]:
+    if args.workload == "agents":
+        return agent_sessions(
+            AgentSessionsConfig(
+                num_sessions=args.agent_sessions,
+                turns=args.agent_turns,
+                num_system_prompts=args.agent_system_prompts,
+                system_len=args.agent_system_len,
+                session_rate_per_s=args.agent_session_rate,
+                vocab_size=args.vocab_size,
+                seed=args.seed,
+            )
         )
-        summary = run_cell(config, specs)
-    return {"mode": mode, **cell_metrics(summary)}
+    if args.workload == "mooncake" and not args.trace:
+        args.trace = MOONCAKE_TRACE
+    if args.trace and args.max_input_length is None:  # room for the answer in the context
+        args.max_input_length = args.context_length - 4096
+    specs = workload(args)
+    if args.num_requests is not None:
+        specs = specs[: args.num_requests]
+    return specs
+
+
+def mocker_engine_args(args: argparse.Namespace) -> str:
+    return f"--context-length {args.context_length}"
+
+
+def dynamo_mocker_args() -> str:
+    """Dynamo's mocker shaped like tandem's (block size, pool, batch limits)."""
+    m = MockerConfig()
+    return (
+        f"--block-size {m.block_size} --num-gpu-blocks-override {m.num_blocks} "
+        f"--max-num-seqs {m.max_num_seqs} --max-num-batched-tokens {m.max_num_batched_tokens}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    url: str
+    model: str | None
+    router_pid: int
+    front_pids: tuple[int, ...]  # the router's and every frontend's that tokenizes or streams
+
+
+@contextlib.contextmanager
+def start_system(
+    system: System, workers: int, args: argparse.Namespace, work_dir: Path
+) -> Iterator[Target]:
+    if system.kind == "tandem":
+        with tandem_mocker_stack(
+            work_dir,
+            layout=args.tandem_layout,
+            num_workers=workers,
+            router=system.policy,
+            speedup_ratio=args.speedup_ratio,
+            extra_args=args.tandem_args,
+            engine_args=mocker_engine_args(args),
+        ) as stack:
+            pids = (stack.frontend_pid, *stack.replica_pids)
+            yield Target(stack.url, stack.model, stack.frontend_pid, pids)
+    elif system.kind == "dynamo":
+        config = AnchorConfig(
+            num_workers=workers,
+            speedup=args.speedup_ratio,
+            router_mode=system.policy,
+            model_name="smol-long" if args.context_length > 8192 else "SmolLM2-135M-Instruct",
+            mocker_args=dynamo_mocker_args(),
+        )
+        with dynamo_mocker_stack(work_dir, config) as stack:
+            yield Target(stack.url, stack.model, stack.frontend_pid, (stack.frontend_pid,))
+    else:
+        backend = f"--engine mocker --speedup-ratio {args.speedup_ratio:g} "
+        with http_router_stack(
+            HTTP_ROUTERS[system.kind],
+            work_dir,
+            policy=system.policy,
+            num_workers=workers,
+            backend_args=backend + mocker_engine_args(args),
+        ) as stack:
+            pids = (stack.router_pid, *stack.backend_pids)
+            yield Target(stack.url, None, stack.router_pid, pids)
+
+
+def not_set_up(system: System) -> str | None:
+    """The command that sets the peer up, when it is not."""
+    if system.kind in HTTP_ROUTERS:
+        return missing_setup(HTTP_ROUTERS[system.kind])
+    if system.kind == "dynamo":
+        config = AnchorConfig()
+        install = Path(config.install_dir)
+        if not ((install / "venv" / "bin" / "python").exists() and (install / "model").exists()):
+            return f"bash {Path(config.anchor_dir) / 'setup.sh'}"
+    return None
+
+
+def measure_row(
+    system: System,
+    variant: str,
+    workers: int,
+    specs: list[RequestSpec],
+    oracle: float | None,
+    args: argparse.Namespace,
+    work_dir: Path,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"system": system.name, "prompts": variant, "workers": workers}
+    row["oracle"] = oracle
+    setup = not_set_up(system)
+    if setup is not None:
+        return {**row, "error": f"not set up (run {setup})"}
+    cell_dir = work_dir / f"{system.name.replace(':', '-')}-{variant}-{workers}"
+    try:
+        with start_system(system, workers, args, cell_dir) as target:
+            config = LoadConfig(
+                url=target.url,
+                model=target.model,
+                endpoint="completions",
+                concurrency=args.concurrency,
+                num_requests=None,
+                duration_s=args.duration_s,
+                timeout_s=args.timeout_s,
+                seed=args.seed,
+                server_pids=target.front_pids,
+            )
+            summary = run_cell(config, specs)
+    except Exception as exc:  # one system failing must not lose the others' rows
+        logger.exception("%s (%s, %d workers) failed", system.name, variant, workers)
+        return {**row, "error": str(exc).splitlines()[0] if str(exc) else repr(exc)}
+    metrics = cell_metrics(summary, target.router_pid)
+    per_pid = summary.get("server_cpu_ms_per_request") or {}
+    front = [per_pid.get(str(pid)) for pid in target.front_pids]
+    row.update(metrics)
+    row["ttft_p90_ms"] = summary["ttft_ms"]["p90"]
+    row["router_cpu_ms_per_req"] = metrics["cpu_ms_per_req"]
+    row["front_cpu_ms_per_req"] = None if None in front else sum(f for f in front if f)
+    share = metrics["cached_fraction"]
+    row["share_of_oracle"] = share / oracle if share is not None and oracle else None
+    return row
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    base = rows[0]["ttft_p50_ms"] if rows else None
     head = (
-        f"{'mode':<14}{'ok':>7}{'err':>5}{'TTFT p50':>10}{'TTFT p99':>10}{'e2e p50':>10}"
-        f"{'e2e p99':>10}{'req/s':>8}{'out tok/s':>11}{'KV hit':>8}{'TTFT p50 gain':>15}"
+        f"{'router':<26}{'prompts':<8}{'wk':>3}{'ok':>6}{'err':>5}{'TTFT p50':>10}{'p90':>9}"
+        f"{'p99':>9}{'cached':>8}{'oracle':>8}{'/oracle':>8}{'router CPU':>11}{'front CPU':>10}"
     )
-    lines = [head]
+    lines = [head, f"{'':<43}(ms){'':<26}(share of prompt tokens){'':<3}(ms/req)"]
     for r in rows:
-        gain = f"{base / r['ttft_p50_ms']:.2f}x" if base and r["ttft_p50_ms"] else "-"
-        hit = r["cached_fraction"]
+        lead = f"{r['system']:<26}{r['prompts']:<8}{r['workers']:>3}"
+        if "error" in r:
+            lines.append(f"{lead}  {r['error']}")
+            continue
+        if not r["num_ok"]:  # e.g. SMG refuses token-id prompts
+            lines.append(f"{lead}  every request failed, by HTTP status: {r['errors_by_status']}")
+            continue
         lines.append(
-            f"{r['mode']:<14}{r['num_ok']:>7}{r['num_errors']:>5}"
-            + "".join(
-                f"{format_number(r[k], '.1f'):>10}"
-                for k in ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms")
-            )
-            + f"{format_number(r['req_per_s'], '.1f'):>8}"
-            + f"{format_number(r['output_tok_per_s'], '.1f'):>11}"
-            + f"{'-' if hit is None else f'{hit * 100:.1f}%':>8}{gain:>15}"
+            lead
+            + f"{r['num_ok']:>6}{r['num_errors']:>5}"
+            + f"{format_number(r['ttft_p50_ms'], '.0f'):>10}"
+            + f"{format_number(r['ttft_p90_ms'], '.0f'):>9}"
+            + f"{format_number(r['ttft_p99_ms'], '.0f'):>9}"
+            + f"{_pct(r['cached_fraction']):>8}{_pct(r['oracle']):>8}"
+            + f"{_pct(r['share_of_oracle']):>8}"
+            + f"{format_number(r['router_cpu_ms_per_req'], '.2f'):>11}"
+            + f"{format_number(r['front_cpu_ms_per_req'], '.2f'):>10}"
         )
     return "\n".join(lines)
+
+
+def variant_specs(
+    specs: list[RequestSpec], variants: list[str], block_size: int
+) -> dict[str, tuple[list[RequestSpec], float | None]]:
+    """Each prompt variant's requests and its oracle (on the token structure it sends)."""
+    out: dict[str, tuple[list[RequestSpec], float | None]] = {}
+    text = TextPrompts.for_mocker() if "text" in variants else None
+    for variant in variants:
+        if variant == "text":
+            assert text is not None
+            sent = [text.spec(s) for s in specs]
+            oracle = oracle_cached_fraction(
+                (text.word_ids(s.prompt_token_ids()) for s in specs), block_size
+            )
+        else:
+            sent = specs
+            oracle = oracle_cached_fraction((s.prompt_token_ids() for s in specs), block_size)
+        out[variant] = (sent, oracle)
+    return out
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tandem bench routers", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    specs = workload(args)
+    try:
+        systems = parse_systems(args.systems)
+        worker_counts = parse_workers(args.workers)
+        variants = parse_prompts(args.prompts)
+        check_range("context_length", args.context_length, low=8192)
+    except ValueError as exc:
+        parser.error(str(exc))
+    specs = build_workload(args)
+    block_size = MockerConfig().block_size
+    prepared = variant_specs(specs, variants, block_size)
     work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="tandem-bench-routers-"))
-    rows, failures = measure_each(modes, lambda mode: measure_mode(mode, args, specs, work_dir))
+    rows = []
+    for workers in worker_counts:
+        for variant in variants:
+            sent, oracle = prepared[variant]
+            for system in systems:
+                rows.append(measure_row(system, variant, workers, sent, oracle, args, work_dir))
+                print(format_table(rows[-1:]), flush=True)
     print(format_table(rows))
-    write_json(args.json, {"args": vars(args), "modes": rows, "failures": failures})
+    write_json(args.json, {"args": vars(args), "rows": rows})
     print(f"wrote {args.json}; logs under {work_dir}")
-    return 1 if failures or not rows else 0
+    return 1 if any("error" in r for r in rows) else 0

@@ -93,11 +93,20 @@ class DecisionLog:
                 "overlap_blocks": d.decision.overlap_blocks,
                 "request_blocks": d.decision.request_blocks,
                 "candidates": None,
+                "kv_fetch": _fetch(d.decision),
             }
             if d.candidates is not None:
                 row["candidates"] = [_candidate(c) for c in d.candidates]
             out.append(row)
         return out
+
+
+def _fetch(decision: RouteDecision) -> dict[str, Any] | None:
+    """The peer KV fetch the chosen worker was told to make, if any."""
+    hint = decision.kv_fetch
+    if hint is None:
+        return None
+    return {"source": hint.source_instance_id, "blocks": len(hint.block_hashes)}
 
 
 def _candidate(cost: CandidateCost) -> dict[str, Any]:

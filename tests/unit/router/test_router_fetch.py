@@ -103,6 +103,10 @@ async def test_router_sends_the_idle_worker_a_hint_to_fetch_from_the_busy_holder
     assert d.details["kv_fetch"] == {"source": "w0", "blocks": 64}
     assert r.metrics.kv_fetches == 1 and r.metrics.kv_fetch_blocks == 64
     assert "tandem_router_kv_fetches_total 1\n" in r.metrics.render()
+    row = r.decisions.snapshot(1)[0]  # what /dashboard shows
+    assert row["kv_fetch"] == {"source": "w0", "blocks": 64}
+    chosen = next(c for c in row["candidates"] if c["worker_id"] == "w1")
+    assert chosen["fetch"]["source_id"] == "w0" and chosen["fetch"]["num_blocks"] == 64
 
 
 async def test_no_hint_when_the_fetch_does_not_pay_or_is_off() -> None:

@@ -114,6 +114,7 @@ class Dashboard:
             "queued": sum(r["queued"] for r in routers),
             "hit_rate": _combined_hit_rate(routers),
             "num_decisions": sum(r["num_decisions"] for r in routers),
+            "kv_fetches": sum(r["kv_fetches"] or 0 for r in routers),
             "pools": routers,
         }
         return {"name": name, "router": router, "workers": workers,
@@ -182,6 +183,8 @@ def _router_summary(router: Router, pool: str) -> dict[str, Any]:
         "num_decisions": log.num_decisions,
         "hit_rate": _round(log.hit_rate()),
         "_blocks": log.blocks(),
+        # peer KV fetch hints sent (router/fetch.py); None for a router without counters here
+        "kv_fetches": router.metrics.kv_fetches if router.metrics is not None else None,
     }
 
 

@@ -134,6 +134,21 @@ class ActiveSequences:
         refs = worker.block_refs
         return sum(1 for h in block_hashes if h not in refs)
 
+    def prefix_depth(self, worker_id: str, block_hashes: Sequence[int]) -> int:
+        """How many leading `block_hashes` requests in flight on the worker hold: blocks it
+        is computing now, cached there once their prefill reaches them (chained hashes, so a
+        leading run is a shared prefix)."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return 0
+        refs = worker.block_refs
+        depth = 0
+        for h in block_hashes:
+            if h not in refs:
+                break
+            depth += 1
+        return depth
+
     def num_requests(self, worker_id: str) -> int:
         worker = self._workers.get(worker_id)
         return 0 if worker is None else worker.num_requests

@@ -2,7 +2,10 @@
 
 prefill_blocks(w) = (active_prefill_tokens(w) + max(ISL − overlap_blocks(w)·B, 0)) / B
 decode_blocks(w)  = active_blocks(w) + request blocks not already active on w
-cost(w)           = overlap_weight · prefill_blocks(w) + decode_blocks(w)
+cost(w)           = overlap_weight · slowness(w) · prefill_blocks(w) + decode_blocks(w)
+
+slowness(w): w's measured prefill ms per token over the fastest candidate's (router/step_speed.py;
+1 for equal or unmeasured workers), so prefill blocks weigh what they take on w.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class CandidateCost:
     cost: float
     cached_blocks: int  # size of the worker's cached set (tie-break: smaller first)
     is_busy: bool = False
+    prefill_slowness: float = 1.0  # measured prefill ms/token over the fastest candidate's
     fetch: FetchPlan | None = None  # a peer KV fetch that pays (router/fetch.py), if any
 
 
@@ -45,6 +49,7 @@ def candidate_cost(
     active_blocks: int,
     num_new_blocks: int,
     overlap_weight: float,
+    prefill_slowness: float = 1.0,
     cached_blocks: int = 0,
     is_busy: bool = False,
     fetch: FetchPlan | None = None,
@@ -64,15 +69,17 @@ def candidate_cost(
         overlap_blocks=overlap_blocks,
         prefill_blocks=prefill,
         decode_blocks=decode,
-        cost=overlap_weight * prefill + decode,
+        cost=overlap_weight * prefill_slowness * prefill + decode,
         cached_blocks=cached_blocks,
         is_busy=is_busy,
+        prefill_slowness=prefill_slowness,
         fetch=fetch,
     )
 
 
 def choose(costs: Sequence[CandidateCost], temperature: float, rng: random.Random) -> CandidateCost:
-    """Temperature 0: the minimum cost; ties by smaller cached set, then at random.
+    """Temperature 0: the minimum cost; ties by the longer overlap (the prompt's prefix stays
+    where it is, or is being, computed), then the smaller cached set, then at random.
     Temperature T > 0: sample softmax(−normalised_cost / T), costs min-max normalised to [0, 1].
     `costs` must be non-empty."""
     if not costs:
@@ -80,6 +87,8 @@ def choose(costs: Sequence[CandidateCost], temperature: float, rng: random.Rando
     if temperature <= 0.0:
         best = min(c.cost for c in costs)
         tied = [c for c in costs if math.isclose(c.cost, best, rel_tol=1e-12, abs_tol=1e-12)]
+        deepest = max(c.overlap_blocks for c in tied)
+        tied = [c for c in tied if c.overlap_blocks == deepest]
         smallest = min(c.cached_blocks for c in tied)
         tied = [c for c in tied if c.cached_blocks == smallest]
         return tied[0] if len(tied) == 1 else rng.choice(tied)

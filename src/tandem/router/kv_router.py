@@ -10,9 +10,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Unpack
 
+import msgspec
+
 from tandem.protocols.discovery import Instance
 from tandem.protocols.engine import KvFetchHint, PreprocessedRequest, prompt_array
 from tandem.protocols.kv_events import LoadMetrics
+from tandem.protocols.scaling import decode_worker_stats
 from tandem.router.active_sequences import ActiveSequences
 from tandem.router.approx import ApproxCache
 from tandem.router.base import RouteDecision
@@ -23,9 +26,10 @@ from tandem.router.fetch import FetchPlan, FetchSource, best_holder, plan_fetch
 from tandem.router.indexer import MEDIA, KvIndexer, WorkerKey
 from tandem.router.kv_follower import KvEventFollower
 from tandem.router.policy_router import AllBusy, PolicyRouter, PolicyRouterWiring
+from tandem.router.step_speed import PrefillSpeed
 from tandem.router.sync import ReplicaSync
 from tandem.router.zmq_source import ZmqEndpoint, ZmqEngineSource
-from tandem.runtime.base import RequestClient
+from tandem.runtime.base import RequestClient, Subscription
 from tandem.tokens.hashing import sequence_hashes
 
 logger = logging.getLogger(__name__)
@@ -62,6 +66,7 @@ class KvRouter(PolicyRouter):
         self._pending: Scored | None = None
         self._recorded_costs: Sequence[CandidateCost] | None = None
         self.applier = EventApplier(self.indexer, self.metrics)
+        self.speed = PrefillSpeed()  # workers' measured prefill ms per token (WorkerStats)
         self.follower: KvEventFollower | None = None
         self.approx: ApproxCache | None = None
         if not config.use_kv_events:
@@ -77,6 +82,9 @@ class KvRouter(PolicyRouter):
         ]
 
     async def _start_extra(self) -> None:
+        if self._events is not None:
+            stats = await self._events.subscribe(self.subject("worker_stats"))
+            self._spawn(self._follow_stats(stats), "worker_stats")
         if self.config.replica_sync and self._events is not None:
             subject = f"{self.namespace}.router.sync"
             self.sync = ReplicaSync(self.active, self._events, subject, on_change=self._wake.set)
@@ -96,6 +104,19 @@ class KvRouter(PolicyRouter):
             await self.follower.start()
         for source in self.engine_sources:
             await source.start()
+
+    async def _follow_stats(self, sub: Subscription) -> None:
+        try:
+            async for _subject, payload in sub:
+                try:
+                    msg = decode_worker_stats(payload)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    logger.warning("dropping malformed worker stats: %s", exc)
+                    continue
+                if msg.worker_id in self._instances.instances:
+                    self.speed.observe(msg.worker_id, msg.steps)
+        finally:
+            await sub.close()
 
     def _on_worker_added(self, worker_id: str) -> None:
         if any(s.spec.worker_id == worker_id for s in self.engine_sources):
@@ -130,6 +151,7 @@ class KvRouter(PolicyRouter):
         if self.follower is not None:
             self.follower.forget_worker(worker_id)
         self.applier.forget_worker(worker_id)
+        self.speed.forget(worker_id)
         if self.approx is not None:
             self.approx.forget_worker(worker_id)
         self.active.remove_worker(worker_id)
@@ -194,6 +216,7 @@ class KvRouter(PolicyRouter):
         overlaps = self._overlaps(hashes)
         fetches = self._fetch_plans(hashes, overlaps, candidates)
         cached = self._cached_counts()
+        slowness = self.speed.slowness([c.instance_id for c in candidates])
         routing = request.routing
         weight = self.config.overlap_weight
         temperature = self.config.temperature
@@ -206,11 +229,17 @@ class KvRouter(PolicyRouter):
                 worker_id=c.instance_id,
                 num_tokens=num_tokens,
                 block_size=block_size,
-                overlap_blocks=overlaps.get(c.instance_id, 0.0),
+                # blocks in flight there count as cached-to-be: a request queued behind the
+                # prefill computing them finds them cached (same-prefix bursts stay together)
+                overlap_blocks=max(
+                    overlaps.get(c.instance_id, 0.0),
+                    float(self.active.prefix_depth(c.instance_id, hashes)),
+                ),
                 active_prefill_tokens=self.active.num_prefill_tokens(c.instance_id),
                 active_blocks=self.active.num_active_blocks(c.instance_id),
                 num_new_blocks=self.active.num_new_blocks(c.instance_id, hashes) + partial,
                 overlap_weight=weight,
+                prefill_slowness=slowness[c.instance_id],
                 cached_blocks=cached.get(c.instance_id, 0),
                 is_busy=self._is_busy(c),
                 fetch=fetches.get(c.instance_id),

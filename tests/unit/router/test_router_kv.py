@@ -54,7 +54,8 @@ async def test_routes_to_worker_holding_prefix_and_reports_overlap() -> None:
     assert (d.instance_id, d.overlap_blocks, d.request_blocks) == ("w2", 10, 16)
     ex = r.explain(req("b", PROMPT))
     rows = {c["worker_id"]: c for c in ex["candidates"]}
-    assert rows["w2"]["overlap_blocks"] == 10 and rows["w0"]["overlap_blocks"] == 0
+    # 10 blocks cached, all 16 in flight there (request a): cached-to-be
+    assert rows["w2"]["overlap_blocks"] == 16 and rows["w0"]["overlap_blocks"] == 0
     assert ex["choice"] == min(rows, key=lambda w: rows[w]["cost"])
     assert "w2" not in (await r.route(req("c", PROMPT), exclude=frozenset({"w2"}))).instance_id
 

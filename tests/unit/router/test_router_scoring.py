@@ -1,0 +1,119 @@
+"""Issue 31 scoring: in-flight prefills count as cached-to-be, measured prefill speed weighs
+a worker's prefill blocks, ties keep a shared prefix where it already is."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from tests.support.instances import backend_instance
+
+from tandem.protocols.discovery import Instance, ModelCard
+from tandem.protocols.engine import PreprocessedRequest, StopConditions
+from tandem.protocols.scaling import StepSample
+from tandem.router.active_sequences import ActiveSequences
+from tandem.router.config import RouterConfig
+from tandem.router.cost import candidate_cost, choose
+from tandem.router.kv_router import KvRouter
+from tandem.router.registry import make_router
+from tandem.router.source import StaticInstanceSet
+from tandem.router.step_speed import PrefillSpeed
+
+pytestmark = pytest.mark.timeout(10)
+B = 4
+
+
+def inst(i: int) -> Instance:
+    card = ModelCard(name="m", context_length=4096, block_size=B, num_total_blocks=1000)
+    return backend_instance(i, card)
+
+
+def req(rid: str, tokens: list[int]) -> PreprocessedRequest:
+    return PreprocessedRequest(
+        request_id=rid, model="m", token_ids=tokens, stop=StopConditions(max_tokens=4)
+    )
+
+
+def kv(n: int) -> KvRouter:
+    r = make_router(
+        "kv", RouterConfig(seed=0), instances=StaticInstanceSet([inst(i) for i in range(n)])
+    )
+    assert isinstance(r, KvRouter)
+    return r
+
+
+def test_prefix_depth_is_the_leading_run_in_flight_on_the_worker() -> None:
+    active = ActiveSequences(ttl_s=60, clock=lambda: 0.0)
+    active.add("a", "w0", [1, 2, 3, 4], 16)
+    assert active.prefix_depth("w0", [1, 2, 3, 9, 4]) == 3
+    assert active.prefix_depth("w1", [1, 2]) == 0
+    active.free("a")
+    assert active.prefix_depth("w0", [1, 2]) == 0
+
+
+async def test_a_request_behind_its_prefix_in_flight_stays_with_it() -> None:
+    """Before any KV event, a request extending a prompt still being prefilled costs the same
+    on that worker (waiting for the prefill there) as on an idle one (computing it again): the
+    in-flight blocks count as cached-to-be, and the tie keeps the prefix in one cache."""
+    r = kv(4)
+    prefix = list(range(400))  # 100 blocks
+    first = await r.route(req("a", prefix))
+    d = await r.route(req("b", [*prefix, 9001, 9002, 9003, 9004]))
+    assert (d.instance_id, d.overlap_blocks) == (first.instance_id, 100)
+    r.active.check_integrity()
+
+
+async def test_unrelated_requests_still_spread() -> None:
+    r = kv(4)
+    picks = {(await r.route(req(str(i), [1000 * (i + 1) + t for t in range(32)]))).instance_id
+             for i in range(4)}  # fmt: skip
+    assert picks == {"w0", "w1", "w2", "w3"}
+
+
+def test_slowness_multiplies_prefill_blocks_only() -> None:
+    common = dict(num_tokens=64, block_size=B, overlap_blocks=4.0, active_prefill_tokens=16,
+                  active_blocks=10, num_new_blocks=12, overlap_weight=4.0)  # fmt: skip
+    fast = candidate_cost(worker_id="f", **common)  # type: ignore[arg-type]
+    slow = candidate_cost(worker_id="s", prefill_slowness=4.0, **common)  # type: ignore[arg-type]
+    assert fast.prefill_blocks == slow.prefill_blocks == (16 + 48) / B
+    assert fast.cost == 4.0 * 16 + 22 and slow.cost == 4.0 * 4.0 * 16 + 22
+
+
+def test_ties_prefer_the_candidate_already_holding_more_of_the_prompt() -> None:
+    common = dict(num_tokens=64, block_size=B, active_prefill_tokens=0, active_blocks=0,
+                  num_new_blocks=0, overlap_weight=1.0)  # fmt: skip
+    holder = candidate_cost(worker_id="h", overlap_blocks=8.0, **common)  # type: ignore[arg-type]
+    other = candidate_cost(worker_id="o", overlap_blocks=0.0, **common)  # type: ignore[arg-type]
+    other = dataclasses.replace(other, cost=holder.cost)  # a tie
+    for seed in range(8):
+        assert choose([other, holder], 0.0, random.Random(seed)).worker_id == "h"
+
+
+def _steps(ms_per_token: float, fixed_ms: float, sizes: list[int]) -> list[StepSample]:
+    return [StepSample(fixed_ms + ms_per_token * t, t, 0, 1, 0) for t in sizes]
+
+
+def test_prefill_speed_is_the_fitted_slope_not_the_ratio() -> None:
+    """A worker whose prompts hit its cache prefills in small steps; the fixed part of a
+    step must not make it look slower than an equal worker prefilling big steps."""
+    speed = PrefillSpeed()
+    speed.observe("big", _steps(0.015, 20.0, [8192, 4096, 6000, 2048] * 4))
+    speed.observe("small", _steps(0.015, 20.0, [64, 128, 512, 256] * 4))
+    speed.observe("slow", _steps(0.060, 80.0, [8192, 4096, 6000, 2048] * 4))
+    s = speed.slowness(["big", "small", "slow", "unknown"])
+    assert s["big"] == 1.0 and s["unknown"] == 1.0
+    assert s["small"] == pytest.approx(1.0, abs=0.01)
+    assert s["slow"] == pytest.approx(4.0, rel=0.01)
+    speed.forget("slow")
+    assert speed.ms_per_token("slow") is None
+
+
+async def test_router_sends_prefill_to_the_measured_faster_worker() -> None:
+    r = kv(2)
+    r.speed.observe("w0", _steps(0.060, 80.0, [8192, 2048, 4096, 1024] * 4))
+    r.speed.observe("w1", _steps(0.015, 20.0, [8192, 2048, 4096, 1024] * 4))
+    d = await r.route(req("a", list(range(400))))
+    assert d.instance_id == "w1"
+    rows = {c["worker_id"]: c for c in r.explain(req("b", list(range(500, 900))))["candidates"]}
+    assert rows["w0"]["prefill_slowness"] == pytest.approx(4.0, rel=0.01)

@@ -107,9 +107,8 @@ class RequestQueue:
             request.priority,
             self.counters[tenant],
             math.inf if deadline is None else deadline,
-            -1,
         )
-        return own < self.key(head)
+        return own < self.key(head)[:3]  # a tie goes to the one already waiting
 
     def charge(self, request: PreprocessedRequest) -> None:
         """Count a dispatched `request` against its tenant's share."""

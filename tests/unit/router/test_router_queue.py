@@ -205,3 +205,23 @@ async def test_busy_inflight_requests_queues_any_policy() -> None:
     router.on_finish("b")
     assert (await asyncio.wait_for(third, 5)).instance_id == b.instance_id
     await router.close()
+
+
+async def test_a_new_arrival_does_not_overtake_an_equal_waiter() -> None:
+    """A worker frees and, before the queue's dispatch runs, a new request of the same class
+    and tenant arrives: the one that waited gets the worker."""
+    router = await start_router()
+    await router.route(req("blocker"))
+    waiting = asyncio.create_task(router.route(req("waited")))
+    await asyncio.sleep(0.01)
+
+    async def finish_then_arrive() -> RouteDecision:
+        router.on_finish("blocker")  # the dispatch is scheduled, not yet run
+        return await router.route(req("late"))
+
+    late = asyncio.create_task(finish_then_arrive())
+    await asyncio.wait_for(waiting, 5)
+    assert _rid(router) == "waited" and not late.done()
+    router.on_finish("waited")
+    await asyncio.wait_for(late, 5)
+    await router.close()

@@ -1,5 +1,6 @@
 """Backends chosen by name: `make_discovery(config)`, `make_event_bus(config, discovery)`;
-the blob store goes where the discovery is: `make_blob_store(config, discovery)`.
+the blob store and the catalog go where the discovery is: `make_blob_store(config,
+discovery)`, `make_catalog(config, discovery)`.
 
 Real backends are imported only when chosen, so `memory` needs nothing else installed.
 """
@@ -10,6 +11,7 @@ from tandem.errors import StartupError
 from tandem.runtime.address import resolve_addresses
 from tandem.runtime.base import Discovery, EventBus
 from tandem.runtime.blobs.base import BlobStore
+from tandem.runtime.catalog.base import RecordStore
 from tandem.runtime.config import DISCOVERY_BACKENDS, EVENT_BACKENDS, RuntimeConfig
 
 
@@ -69,6 +71,27 @@ def make_blob_store(config: RuntimeConfig, discovery: Discovery) -> BlobStore:
     from tandem.runtime.blobs.memory import MemoryBlobStore, space_of
 
     return MemoryBlobStore(space_of(discovery))
+
+
+def make_catalog(config: RuntimeConfig, discovery: Discovery) -> RecordStore:
+    """The catalog's record store, kept where `discovery` keeps its records: etcd keys (no
+    lease), files in the discovery directory, or memory shared by every store on the same
+    in-process discovery."""
+    from tandem.runtime.discovery.etcd import EtcdDiscovery
+    from tandem.runtime.discovery.file import FileDiscovery
+
+    secret = config.cluster_secret
+    if isinstance(discovery, EtcdDiscovery):
+        from tandem.runtime.catalog.etcd import EtcdRecordStore
+
+        return EtcdRecordStore(discovery.call, where=f"etcd at {discovery.url}", secret=secret)
+    if isinstance(discovery, FileDiscovery):
+        from tandem.runtime.catalog.file import FileRecordStore
+
+        return FileRecordStore(discovery.directory, secret=secret)
+    from tandem.runtime.catalog.memory import MemoryRecordStore, records_of
+
+    return MemoryRecordStore(records_of(discovery))
 
 
 async def check_discovery(discovery: Discovery) -> None:

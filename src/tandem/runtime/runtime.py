@@ -12,11 +12,15 @@ from tandem.protocols.discovery import Instance, ModelCard, endpoint_path
 from tandem.runtime.address import resolve_addresses
 from tandem.runtime.base import Discovery, EventBus, Handler
 from tandem.runtime.blobs.base import BlobStore
+from tandem.runtime.catalog.base import RecordStore
+from tandem.runtime.catalog.lora import LoraCatalog
+from tandem.runtime.catalog.memory import MemoryRecordStore, records_of
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.instances import InstanceSet
 from tandem.runtime.registry import (
     check_discovery,
     make_blob_store,
+    make_catalog,
     make_discovery,
     make_event_bus,
 )
@@ -28,7 +32,8 @@ logger = logging.getLogger(__name__)
 class Runtime:
     """The planes of one process. `server` is started; endpoints served with `serve_endpoint`
     are unregistered from discovery by `shutdown` (SIGTERM path) or when the runtime closes.
-    `blobs` keeps files (a model's tokenizer) where the discovery is, for other hosts."""
+    `blobs` keeps files (a model's tokenizer) where the discovery is, for other hosts;
+    `loras` is the catalog of LoRA adapters, kept there too (no lease: they outlive us)."""
 
     def __init__(
         self,
@@ -38,9 +43,12 @@ class Runtime:
         server: TcpRequestServer,
         client: TcpRequestClient,
         blobs: BlobStore,
+        catalog: RecordStore | None = None,
     ) -> None:
         self.config, self.discovery, self.events = config, discovery, events
         self.server, self.client, self.blobs = server, client, blobs
+        store = catalog if catalog is not None else MemoryRecordStore(records_of(discovery))
+        self.loras = LoraCatalog(store, config.namespace)
         self.instance_ids: list[str] = []
 
     @property
@@ -146,7 +154,8 @@ async def open_runtime(
         stream_window=config.stream_window,
         ssl_context=tls.client_context() if tls is not None else None,
     )
-    runtime = Runtime(config, disc, bus, server, client, make_blob_store(config, disc))
+    blobs, catalog = make_blob_store(config, disc), make_catalog(config, disc)
+    runtime = Runtime(config, disc, bus, server, client, blobs, catalog)
     try:
         await server.start()
         yield runtime

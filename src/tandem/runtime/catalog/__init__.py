@@ -1,0 +1,1 @@
+"""The catalog: small persistent records kept where discovery is (memory, file, etcd)."""

@@ -32,6 +32,7 @@ from tandem.config_check import check_range
 from tandem.engines.base import Engine, EngineInfo, EngineLoad
 from tandem.engines.output_stream import DirectSink
 from tandem.engines.worker_events import KvEventPublisher
+from tandem.engines.worker_lora import WorkerLoras, refuse_lora
 from tandem.engines.worker_metrics import WorkerMetrics
 from tandem.engines.worker_trace import WorkerSpans
 from tandem.errors import DeadlineExceeded, InvalidRequest, PeerGone
@@ -181,6 +182,8 @@ class Worker:
         # set by the caller before `start` when it serves /metrics, /health and /live over HTTP
         # (`--system-port`); the discovery record then carries it
         self.system_port: int | None = None
+        # its LoRA adapters: endpoints, on-demand loads, events (an engine with LoRA only)
+        self.loras: WorkerLoras | None = None
 
     async def _with_model_files(self, card: ModelCard) -> ModelCard:
         """`card` naming the tokenizer's files put in the cluster's blob store, so a frontend
@@ -234,6 +237,16 @@ class Worker:
             "metrics_endpoint": "metrics",
             **system,
         }
+        if self.capabilities.lora:
+            self.loras = WorkerLoras(
+                self.engine,
+                self.runtime,
+                worker_id=self.instance_id,
+                component=comp,
+                max_loras=int(getattr(self.info, "max_loras", 0)),
+            )
+            self.loras.register()
+            metadata.update(self.loras.metadata())
         if "embed" in tasks:
             path = self.runtime.endpoint_path(comp, EMBED_ENDPOINT)
             self.runtime.server.register(path, self._embed)
@@ -338,6 +351,10 @@ class Worker:
         deadline = request.deadline_s  # the request plane enforces its own deadline too
         if deadline is not None and time.time() >= deadline:
             raise DeadlineExceeded(f"request_id={request.request_id} arrived after its deadline")
+        if request.lora_name:
+            if self.loras is None:
+                raise refuse_lora(self.info.engine if self.info else "?", request.lora_name)
+            await self.loras.ensure(request.lora_name)  # a cataloged adapter loads on demand
         self._request_started()
         log_scope = request_scope(request.request_id)
         log_scope.__enter__()  # this request's own task (the request plane's) until it ends

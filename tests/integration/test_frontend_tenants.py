@@ -127,6 +127,18 @@ async def test_limits_answer_429_with_openai_headers_and_reload(tmp_path: Path) 
         as_key(s, "sk-tiny-key-1")
         codes = [(await s.post(COMPLETIONS, body()))[0] for _ in range(3)]
         assert codes == [200, 200, 429]
+        assert s.http is not None
+        async with s.http.get(
+            f"{s.base}/metrics", headers={"authorization": f"Bearer {ADMIN}"}
+        ) as resp:
+            metrics = await resp.text()
+        assert (
+            'tandem_frontend_tenant_rate_limited_total{tenant="acme",limit="requests"} 1' in metrics
+        )
+        assert (
+            'tandem_frontend_tenant_rate_limited_total{tenant="tiny",limit="tokens"} 1' in metrics
+        )
+        assert 'tandem_frontend_tenant_tokens_total{tenant="tiny",kind="prompt"} 80' in metrics
 
         # a reload raises acme's limit without a restart; a broken file keeps it in force
         path.write_text(tenants_yaml(tmp_path, acme_rpm=100000))

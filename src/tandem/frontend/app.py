@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from tandem import __version__
-from tandem.errors import InvalidRequest, ServingError
+from tandem.errors import InvalidRequest, RateLimited, ServingError
 from tandem.frontend import errors as http_errors
 from tandem.frontend.api import model_routes
 from tandem.frontend.api.chat import ChatEndpoints
@@ -102,6 +102,8 @@ class FrontendApp:
         self.images = images or ImageLoader(ImageConfig())
         self.health_monitor = health
         self.tenancy, self.limiter = tenancy, limiter
+        if tenancy is not None:  # tokens and limit hits per tenant in /metrics
+            metrics.registry.register(tenancy.stats)
         self._auth = ApiKeys(
             api_keys, admin_api_keys, is_tenant_key=tenancy.has_key if tenancy else None
         )
@@ -215,7 +217,11 @@ class FrontendApp:
         limit = self.tenancy.table.get(tenant).requests_per_minute
         if self.limiter is None or limit is None:
             return
-        states = self.limiter.take(tenant, {"requests": (limit, 1.0)})
+        try:
+            states = self.limiter.take(tenant, {"requests": (limit, 1.0)})
+        except RateLimited:
+            self.tenancy.stats.limited[(tenant, "requests")] += 1
+            raise
         response.extra_headers.extend(ratelimit_headers(states))
 
     async def _send_error(

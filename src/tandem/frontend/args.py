@@ -13,6 +13,7 @@ from tandem.frontend.api.responses.store import (
 )
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.http.config import HttpConfig
+from tandem.frontend.lora_config import add_lora_args, lora_config_from_args
 from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.args import add_image_args, image_config_from_args
 from tandem.router.args import add_router_args, router_config_from_args
@@ -79,6 +80,7 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
     _add_auth_args(parser)
     add_image_args(parser)
     add_response_store_args(parser)
+    add_lora_args(parser)
     add_router_args(parser)
     add_disagg_route_args(parser)
     if with_runtime:
@@ -216,6 +218,7 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         disagg=disagg_route_config_from_args(ns),
         images=image_config_from_args(ns),
         responses_store=response_store_config_from_args(ns),
+        lora=lora_config_from_args(ns),
         stall=StallConfig(
             first_token_timeout_s=ns.first_token_timeout_s, stall_timeout_s=ns.stall_timeout_s
         ),

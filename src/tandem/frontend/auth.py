@@ -9,7 +9,7 @@ need an admin key, and are off (403) when no admin key is configured. An admin k
 accepted on every route. `/dashboard` (a static page) is open; the data it polls,
 `/dashboard/state` (workers, queues, recent routing decisions of every client), is open
 while no key at all is configured and otherwise needs an admin key (403 with API keys but
-no admin key).
+no admin key); so do `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from tandem.frontend.http.server import HttpRequest
 
 OPEN_PATHS = frozenset({"/health", "/live", "/dashboard"})  # /dashboard: the page, no data
 ADMIN_PATHS = frozenset({"/v1/route/explain"})
-# operator views: open while no key is configured at all, else an admin key
-OPERATOR_PATHS = frozenset({"/dashboard/state"})
+# operator views and actions: open while no key is configured at all, else an admin key
+# (loading a LoRA adapter reads a directory on the workers' hosts)
+OPERATOR_PATHS = frozenset({"/dashboard/state", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
 
 class ApiKeys:
@@ -49,7 +50,7 @@ class ApiKeys:
         if path in OPERATOR_PATHS and (self._admin or self._user):
             if not self._admin:
                 raise Forbidden(
-                    f"{request.method} {path} shows every client's requests and needs an admin "
+                    f"{request.method} {path} is an operator route and needs an admin "
                     "API key; start the frontend with --admin-api-key (or "
                     "TANDEM_ADMIN_API_KEY) to enable it"
                 )

@@ -9,6 +9,7 @@ from tandem.config_check import check_range
 from tandem.disagg.config import DisaggRouteConfig
 from tandem.frontend.api.responses.store import ResponseStoreConfig
 from tandem.frontend.http.config import HttpConfig
+from tandem.frontend.lora_config import LoraApiConfig
 from tandem.frontend.watchdog import StallConfig
 from tandem.multimodal.config import ImageConfig
 from tandem.router.config import RouterConfig
@@ -56,6 +57,8 @@ class FrontendConfig:
     stall: StallConfig = field(default_factory=StallConfig)
     # the bounded store behind /v1/responses' previous_response_id (frontend/api/responses/store.py)
     responses_store: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
+    # LoRA adapters: `--lora` at start, `--lora-dir` for runtime loads (frontend/adapters.py)
+    lora: LoraApiConfig = field(default_factory=LoraApiConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

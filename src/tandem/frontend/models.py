@@ -17,6 +17,7 @@ from tandem.frontend.pipeline.parsers.registry import (
     detect_tool_parser,
 )
 from tandem.protocols.discovery import InstanceEvent, ModelCard
+from tandem.protocols.lora import LoraCard
 from tandem.router.base import Router
 from tandem.router.registry import make_router
 from tandem.router.source import InstancesByModel, StaticInstanceSet
@@ -54,6 +55,9 @@ def freeze_long_lived() -> None:
 
 class ServedModel:
     """One model name: its card, instances, router and (lazily loaded) tokenizer."""
+
+    # the LoRA adapter a request for this name applies (AdapterModel); None: the base model
+    lora_name: str | None = None
 
     def __init__(
         self,
@@ -216,6 +220,30 @@ class ServedModel:
         await self.router.close()
 
 
+class AdapterModel(ServedModel):
+    """A LoRA adapter served on top of a base model (issue 32): the base model's router,
+    instances, tokenizer and template under the adapter's name, so every endpoint serves it as
+    it serves the base, and its requests carry `lora_name`. A view: what the base model loads
+    later (its tokenizer) is seen here at once."""
+
+    def __init__(self, base: ServedModel, card: LoraCard) -> None:  # no super(): a view
+        self.base, self.adapter = base, card
+        self.name = self.lora_name = card.name
+
+    def __getattr__(self, attr: str) -> object:
+        return getattr(self.base, attr)
+
+    def require_task(self, task: str, endpoint: str) -> ModelCard:
+        if task != "generate":
+            raise InvalidRequest(
+                f"model '{self.name}' is a LoRA adapter of '{self.base.name}'; {endpoint} with "
+                f"an adapter is not served (engines apply adapters when generating); ask the "
+                f"base model '{self.base.name}' instead",
+                param="model",
+            )
+        return self.base.require_task(task, endpoint)
+
+
 class ModelRegistry:
     """Follows `instances` (an InstanceSet of `ns.backend.generate`); not thread-safe."""
 
@@ -233,6 +261,8 @@ class ModelRegistry:
         self._events, self._client, self._namespace = events, client, namespace
         self._by_model = InstancesByModel(instance_set, self._add)
         self.models: dict[str, ServedModel] = {}
+        # LoRA adapters by name, as the catalog last read held them (frontend/adapters.py)
+        self.adapters: dict[str, LoraCard] = {}
         # set once some model's preparation ended (loaded, or failed: its requests then get
         # the load error rather than a 404 from a frontend that has not seen the model)
         self.any_prepared = asyncio.Event()
@@ -262,14 +292,24 @@ class ModelRegistry:
         return [m for m in self.models.values() if m.instances.instances]
 
     def get(self, name: str) -> ServedModel:
-        """The served model `name`; raises ModelNotFound listing the served names."""
+        """The served model `name`, or the LoRA adapter `name` on its base model; raises
+        ModelNotFound listing the served names."""
         model = self.models.get(name)
         if model is None:
-            served = ", ".join(sorted(self.models)) or "none"
+            card = self.adapters.get(name)
+            base = self.models.get(card.base_model) if card is not None else None
+            if card is not None and base is not None:
+                return AdapterModel(base, card)
+            served = ", ".join(sorted([*self.models, *self.adapters])) or "none"
             raise ModelNotFound(
                 f"model '{name}' does not exist; served models: {served}", param="model"
             )
         return model
+
+    def live_adapters(self) -> list[LoraCard]:
+        """The adapters whose base model has live workers (what /v1/models lists)."""
+        live = {m.name for m in self.live()}
+        return [c for _, c in sorted(self.adapters.items()) if c.base_model in live]
 
     def worker_loads(self) -> dict[str, dict[str, dict[str, float]]]:
         return {name: m.router.worker_loads() for name, m in self.models.items()}

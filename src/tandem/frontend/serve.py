@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tandem.errors import ConfigError, StartupError
+from tandem.frontend.adapters import LoraAdapters
 from tandem.frontend.api.responses.store import ResponseStore
 from tandem.frontend.app import FrontendApp
 from tandem.frontend.config import FrontendConfig
@@ -91,6 +92,7 @@ class _Frontend:
     """The frontend's parts that start and close: built by `_build`, in wiring order."""
 
     registry: ModelRegistry
+    adapters: LoraAdapters
     collector: RequestStatsCollector
     aggregated: EngineStreamer
     pool: PrefillPool | None
@@ -101,6 +103,7 @@ class _Frontend:
 
     async def start(self) -> None:
         await self.registry.start()
+        await self.adapters.start()
         if self.pool is not None:
             await self.pool.start()
         await self.encoders.start()
@@ -111,6 +114,7 @@ class _Frontend:
         await self.app.images.close()
         await self.health.close()
         await self.encoders.close()
+        await self.adapters.close()
         await self.registry.close()
         await self.aggregated.close()
         if self.pool is not None:
@@ -141,6 +145,7 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
         namespace=runtime.namespace,
         blobs=runtime.blobs,
     )
+    adapters = LoraAdapters(config.lora, runtime.loras, registry, runtime.client)
     collector = RequestStatsCollector(config.worker_component)
     metrics = FrontendMetrics(interval=collector if config.request_stats_interval_s else None)
     _count_rejected_records(metrics, runtime)
@@ -178,6 +183,7 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
         workers=WorkerScraper(runtime.discovery, runtime.client, runtime.namespace),
         client=runtime.client,  # /v1/embeddings calls workers' `embed` endpoints
         **_tenancy(config),
+        adapters=adapters,
     )
     _add_dashboard(app, config, runtime, health, pool)
     app.responses.store = ResponseStore(config.responses_store)
@@ -185,6 +191,7 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
     server = HttpServer(app, config=config.http)
     return _Frontend(
         registry=registry,
+        adapters=adapters,
         collector=collector,
         aggregated=aggregated,
         pool=pool,

@@ -29,12 +29,15 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from tandem.config_check import check_range
 from tandem.errors import ConfigError, InvalidRequest
@@ -215,6 +218,35 @@ def load_tenants(path: Path) -> TenantTable:
     return parse_tenants(raw, where=str(path))
 
 
+class TenantStats:
+    """Per-tenant counters of one frontend: tokens served (prompt, output) and limit hits
+    (requests, tokens); `collect` makes them Prometheus families. One event loop."""
+
+    def __init__(self) -> None:
+        self.tokens: Counter[tuple[str, str]] = Counter()  # (tenant, prompt|output)
+        self.limited: Counter[tuple[str, str]] = Counter()  # (tenant, requests|tokens)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        p = "tandem_frontend_tenant"
+        tokens = CounterMetricFamily(
+            f"{p}_tokens", "tokens served per tenant (prompt, output)", labels=("tenant", "kind")
+        )
+        limited = CounterMetricFamily(
+            f"{p}_rate_limited",
+            "requests answered 429 by a tenant's requests/min or tokens/min limit",
+            labels=("tenant", "limit"),
+        )
+        for (tenant, kind), n in sorted(self.tokens.items()):
+            tokens.add_metric((tenant, kind), n)
+        for (tenant, kind), n in sorted(self.limited.items()):
+            limited.add_metric((tenant, kind), n)
+        yield tokens
+        yield limited
+
+
 class Tenancy:
     """The tenant table in force and request identity. One event loop; `on_change` (the
     router queues' weights, the limiter) is called with each table loaded."""
@@ -232,6 +264,7 @@ class Tenancy:
         self._mtime_ns = -1
         self._checked = clock()
         self.num_reload_failures = 0
+        self.stats = TenantStats()
         if path is not None:
             self._mtime_ns = _mtime_ns(path)
             self.table = load_tenants(path)  # at start a bad file is fatal

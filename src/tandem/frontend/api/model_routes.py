@@ -4,6 +4,7 @@ shapes)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 
@@ -11,6 +12,7 @@ from tandem.errors import InvalidRequest, ModelNotFound
 from tandem.frontend.api.request_input import decode_body
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.multimodal.prompt import image_parts
+from tandem.protocols.lora import LoraCard
 from tandem.protocols.openai_types import (
     MAX_TOKENIZE_IDS,
     DetokenizeRequest,
@@ -26,11 +28,20 @@ _json = msgspec.json.Encoder()
 _THREAD_TOKENIZE_CHARS = 16_384
 
 
+def adapter_entry(card: LoraCard) -> dict[str, Any]:
+    """A LoRA adapter in /v1/models (vLLM's ModelCard of an adapter)."""
+    return {"id": card.name, "object": "model", "created": int(card.created_s),
+            "owned_by": "tandem", "root": card.path, "parent": card.base_model}  # fmt: skip
+
+
 def served_model(registry: ModelRegistry, name: str) -> bytes:
     """GET /v1/models/{model}'s body; ModelNotFound (404) unless `name` has live workers
-    (the models /v1/models lists)."""
+    (the models /v1/models lists) or is an adapter of such a model."""
     live = {m.name: m for m in registry.live()}
     if name not in live:
+        for card in registry.live_adapters():
+            if card.name == name:
+                return _json.encode(adapter_entry(card))
         served = ", ".join(sorted(live)) or "none"
         raise ModelNotFound(
             f"model '{name}' does not exist; served models: {served}", param="model"

@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Iterator
 from contextlib import AbstractContextManager, aclosing, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from tandem.errors import InvalidRequest, Overloaded, ServingError
+from tandem.errors import InvalidRequest, Overloaded, RateLimited, ServingError
 from tandem.frontend.http.message import ClientDisconnected, HttpRequest, HttpResponse
 from tandem.frontend.models import ServedModel
 from tandem.frontend.observability.metrics import FrontendMetrics, TokenTimer, count_as
@@ -255,9 +255,13 @@ class GeneratePipeline:
         limit = self.tenancy.table.get(identity.tenant).tokens_per_minute
         if limit is None or (done and num_tokens <= 0):
             return
-        states = self.limiter.take(
-            identity.tenant, {"tokens": (limit, float(num_tokens))}, allow_debt=done
-        )
+        try:
+            states = self.limiter.take(
+                identity.tenant, {"tokens": (limit, float(num_tokens))}, allow_debt=done
+            )
+        except RateLimited:
+            self.tenancy.stats.limited[(identity.tenant, "tokens")] += 1
+            raise
         if response is not None and not response.started:
             response.extra_headers.extend(ratelimit_headers(states))
 
@@ -274,6 +278,7 @@ class GeneratePipeline:
         `output` (streamed or collected) and account the request in the metrics."""
         name = prepared.model.name
         self.charge_tokens(response, prepared, sum(prepared.prompt_lens), done=False)
+        self._count_tokens(prepared, "prompt", sum(prepared.prompt_lens))
         self.metrics.arrived(name)
         timer = TokenTimer(self.metrics, name)
         failed = True
@@ -304,6 +309,11 @@ class GeneratePipeline:
                 failed=failed,
             )
             self.charge_tokens(None, prepared, sum(s.num_tokens for s in states), done=True)
+            self._count_tokens(prepared, "output", sum(s.num_tokens for s in states))
+
+    def _count_tokens(self, prepared: Prepared, kind: str, num_tokens: int) -> None:
+        if self.tenancy is not None and prepared.identity is not None:
+            self.tenancy.stats.tokens[(prepared.identity.tenant, kind)] += num_tokens
 
 
 async def stream_events(

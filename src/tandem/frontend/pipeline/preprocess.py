@@ -391,7 +391,8 @@ def _base_request(req, model, request_id, worker_id, deadline_s, top) -> Preproc
     )
     base = PreprocessedRequest(
         request_id=request_id,
-        model=model.name,
+        model=model.card.name,  # the base model (an adapter's requests go to its workers)
+        lora_name=model.lora_name,
         token_ids=[],
         sampling=sampling,
         stop=stop,

@@ -18,7 +18,8 @@ import msgspec
 from tandem import __version__
 from tandem.errors import InvalidRequest, RateLimited, ServingError
 from tandem.frontend import errors as http_errors
-from tandem.frontend.api import model_routes
+from tandem.frontend.adapters import LoraAdapters
+from tandem.frontend.api import lora_routes, model_routes
 from tandem.frontend.api.chat import ChatEndpoints
 from tandem.frontend.api.embedder import Embedder
 from tandem.frontend.api.embeddings import EmbeddingsEndpoint
@@ -62,6 +63,8 @@ API_ENDPOINTS = {
     "/v1/responses": "responses",
     "/v1/messages": "messages",
     "/v1/messages/count_tokens": "count_tokens",
+    lora_routes.LOAD_PATH: "load_lora_adapter",
+    lora_routes.UNLOAD_PATH: "unload_lora_adapter",
     **dict.fromkeys(RERANK_PATHS, "rerank"),
     **dict.fromkeys(SCORE_PATHS, "score"),
 }
@@ -95,6 +98,7 @@ class FrontendApp:
         client: RequestClient | None = None,
         tenancy: Tenancy | None = None,
         limiter: RateLimiter | None = None,
+        adapters: LoraAdapters | None = None,
     ) -> None:
         self.registry, self.metrics = registry, metrics
         self.workers = workers
@@ -153,6 +157,10 @@ class FrontendApp:
         }
         if workers is not None:
             self._routes[("GET", "/metrics/workers")] = self.worker_metrics
+        if adapters is not None:  # LoRA adapters at run time (frontend/adapters.py)
+            loras = lora_routes.LoraRoutes(adapters)
+            self._routes[("POST", lora_routes.LOAD_PATH)] = loras.load
+            self._routes[("POST", lora_routes.UNLOAD_PATH)] = loras.unload
         self._openapi: bytes | None = None
 
     def add_route(
@@ -239,10 +247,13 @@ class FrontendApp:
 
     # ------------------------------------------------------------------ simple endpoints
     async def list_models(self, request: HttpRequest, response: HttpResponse) -> None:
+        """The served models, then their LoRA adapters (vLLM's shape: `parent` the base
+        model, `root` the adapter's directory)."""
         data = [
             {"id": m.name, "object": "model", "created": m.created, "owned_by": "tandem"}
             for m in self.registry.live()
         ]
+        data += [model_routes.adapter_entry(card) for card in self.registry.live_adapters()]
         await response.send(200, _json.encode({"object": "list", "data": data}))
 
     async def get_model(self, request: HttpRequest, response: HttpResponse) -> None:

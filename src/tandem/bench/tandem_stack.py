@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import importlib.util
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,17 +51,21 @@ def tandem_mocker_stack(
     num_workers: int = 1,
     router: str = "round_robin",
     speedup_ratio: float = 0.0,
+    speedup_ratios: Sequence[float] | None = None,
     extra_args: str = "",
     engine_args: str = "",
     ready_timeout_s: float = 120.0,
 ) -> Iterator[RunningStack]:
     """tandem over mocker workers. `split`: `tandem frontend` + N `tandem worker` processes on
     file discovery (so the frontend PID is the frontend alone); `serve`: `tandem serve`.
-    `engine_args` go to the mocker (workers, or serve), `extra_args` to the frontend / serve."""
+    `engine_args` go to the mocker (workers, or serve), `extra_args` to the frontend / serve.
+    `speedup_ratios`: one mocker speed per worker (heterogeneous workers; split layout only)."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout '{layout}'; expected one of: {', '.join(LAYOUTS)}")
     if layout == "auto":
         layout = "split" if has_split_commands() else "serve"
+    if speedup_ratios is not None and (layout != "split" or len(speedup_ratios) != num_workers):
+        raise ValueError("speedup_ratios needs the split layout and one ratio per worker")
     port = free_port()
     mocker = ["--engine", "mocker", "--speedup-ratio", f"{speedup_ratio:g}"]
     mocker += shlex.split(engine_args)
@@ -72,7 +76,10 @@ def tandem_mocker_stack(
         if layout == "split":
             env = {"TANDEM_DISCOVERY": "file", "TANDEM_DISCOVERY_DIR": str(work_dir / "discovery")}
             for i in range(num_workers):
-                engines.append(stack.spawn(f"worker{i}", tandem_argv("worker", *mocker), env=env))
+                argv = list(mocker)
+                if speedup_ratios is not None:
+                    argv[3] = f"{speedup_ratios[i]:g}"  # --speedup-ratio's value
+                engines.append(stack.spawn(f"worker{i}", tandem_argv("worker", *argv), env=env))
             pid = stack.spawn(
                 "frontend", tandem_argv("frontend", *http, "--router", router, *extra), env=env
             )

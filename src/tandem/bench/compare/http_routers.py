@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +71,12 @@ def http_router_stack(
     num_workers: int,
     backend_args: str,
     router_args: str = "",
+    worker_urls: Sequence[str] = (),
     ready_timeout_s: float = 240.0,
 ) -> Iterator[RunningHttpRouter]:
     """`anchor.sh start` with private dirs and ports; `anchor.sh stop` (then SIGKILL by PID of
-    whatever is still ours) on exit, errors included."""
+    whatever is still ours) on exit, errors included. With `worker_urls` the router fronts
+    those servers (started by the caller) and the anchor starts no backend."""
     run_dir = work_dir / kind.name
     run_dir.mkdir(parents=True, exist_ok=True)
     tandem = run_dir / "tandem"  # the anchor runs "$TANDEM serve ...": this interpreter's CLI
@@ -93,6 +95,7 @@ def http_router_stack(
         "TANDEM": str(tandem),
         "BACKEND_PORT_BASE": str(_free_port_block(num_workers + 1)),
         "BACKEND_ARGS": backend_args,
+        "WORKER_URLS": " ".join(worker_urls),
         "READY_S": str(int(ready_timeout_s)),
     }
     script = str(Path(kind.anchor_dir) / "anchor.sh")

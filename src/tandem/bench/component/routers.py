@@ -98,6 +98,15 @@ def parse_workers(text: str) -> list[int]:
     return counts
 
 
+def parse_ratios(text: str) -> list[float]:
+    ratios = [float(r) for r in text.split(",") if r.strip()]
+    if not ratios:
+        raise ValueError("--speedup-ratios names no ratio")
+    for ratio in ratios:
+        check_range("speedup_ratios", ratio, low=0.0, low_open=True)
+    return ratios
+
+
 def parse_prompts(text: str) -> list[str]:
     variants = [v.strip() for v in text.split(",") if v.strip()]
     for variant in variants:
@@ -121,6 +130,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prompts", default="tokens,text", help="prompt variants: tokens,text")
     g.add_argument("--workers", default="4", help="worker counts, e.g. 4,8")
     g.add_argument("--speedup-ratio", type=float, default=1.0, help="mocker speed")
+    g.add_argument("--speedup-ratios", default=None,
+                   help="heterogeneous workers: one mocker speed per worker, e.g. "
+                   "1,1,0.5,0.25 (sets the worker count; tandem runs split, a process per "
+                   "worker)")  # fmt: skip
     g.add_argument("--context-length", type=int, default=131072,
                    help="mocker context; trace prompts are clipped to fit")  # fmt: skip
     g.add_argument("--concurrency", type=int, default=None, help="cap in flight")
@@ -187,19 +200,23 @@ class Target:
 def start_system(
     system: System, workers: int, args: argparse.Namespace, work_dir: Path
 ) -> Iterator[Target]:
+    ratios = args.speedup_ratios
     if system.kind == "tandem":
         with tandem_mocker_stack(
             work_dir,
-            layout=args.tandem_layout,
+            layout="split" if ratios else args.tandem_layout,
             num_workers=workers,
             router=system.policy,
             speedup_ratio=args.speedup_ratio,
+            speedup_ratios=ratios,
             extra_args=args.tandem_args,
             engine_args=mocker_engine_args(args),
         ) as stack:
             pids = (stack.frontend_pid, *stack.replica_pids)
             yield Target(stack.url, stack.model, stack.frontend_pid, pids)
     elif system.kind == "dynamo":
+        if ratios:
+            raise ValueError("the Dynamo anchor runs every mocker at one SPEEDUP")
         config = AnchorConfig(
             num_workers=workers,
             speedup=args.speedup_ratio,
@@ -211,15 +228,27 @@ def start_system(
             yield Target(stack.url, stack.model, stack.frontend_pid, (stack.frontend_pid,))
     else:
         backend = f"--engine mocker --speedup-ratio {args.speedup_ratio:g} "
-        with http_router_stack(
-            HTTP_ROUTERS[system.kind],
-            work_dir,
-            policy=system.policy,
-            num_workers=workers,
-            backend_args=backend + mocker_engine_args(args),
-        ) as stack:
-            pids = (stack.router_pid, *stack.backend_pids)
-            yield Target(stack.url, None, stack.router_pid, pids)
+        with contextlib.ExitStack() as backends:
+            own = [  # heterogeneous: one-worker stacks started here, one speed each
+                backends.enter_context(
+                    tandem_mocker_stack(work_dir / f"backend{i}", layout="serve", num_workers=1,
+                                        speedup_ratio=r, engine_args=mocker_engine_args(args))
+                )
+                for i, r in enumerate(ratios or ())
+            ]  # fmt: skip
+            peer = backends.enter_context(
+                http_router_stack(
+                    HTTP_ROUTERS[system.kind],
+                    work_dir,
+                    policy=system.policy,
+                    num_workers=workers,
+                    backend_args=backend + mocker_engine_args(args),
+                    worker_urls=[b.url for b in own],
+                )
+            )
+            backend_pids = peer.backend_pids or tuple(b.frontend_pid for b in own)
+            pids = (peer.router_pid, *backend_pids)
+            yield Target(peer.url, None, peer.router_pid, pids)
 
 
 def not_set_up(system: System) -> str | None:
@@ -337,6 +366,9 @@ def main(argv: list[str]) -> int:
     try:
         systems = parse_systems(args.systems)
         worker_counts = parse_workers(args.workers)
+        if args.speedup_ratios:
+            args.speedup_ratios = parse_ratios(args.speedup_ratios)
+            worker_counts = [len(args.speedup_ratios)]
         variants = parse_prompts(args.prompts)
         check_range("context_length", args.context_length, low=8192)
     except ValueError as exc:

@@ -70,6 +70,9 @@ def test_systems_workers_and_prompts_parse_or_fail_clearly() -> None:
         routers.parse_workers("0")
     with pytest.raises(ValueError, match="prompt variant"):
         routers.parse_prompts("ids")
+    assert routers.parse_ratios("1,1,0.5,0.25") == [1.0, 1.0, 0.5, 0.25]
+    with pytest.raises(ValueError, match="speedup_ratios"):
+        routers.parse_ratios("1,0")
 
 
 def test_a_peer_not_set_up_is_a_row_that_says_how(

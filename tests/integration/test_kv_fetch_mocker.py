@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
+import socket
 import sys
+import time
 
 import pytest
 
@@ -79,6 +80,8 @@ async def test_fetch_pulls_the_prefix_and_matches_recompute() -> None:
         assert cached == 28  # 7 full blocks of 4 fetched; (30 - 1) // 4 = 7
         assert fetcher.fetch is not None and fetcher.fetch.stats.num_succeeded == 1
         assert holder.fetch is not None and holder.fetch.stats.num_exported == 1
+        assert plain.load().kv_fetch_bytes_per_s is None  # published once it measured one
+        assert (fetcher.load().kv_fetch_bytes_per_s or 0) > 0
         # the fetched blocks joined the fetcher's own cache
         again, cached = await run(fetcher, request("r2"))
         assert again == ref and cached == 28
@@ -169,7 +172,7 @@ async def test_fetch_falls_back_when_the_holder_is_killed_mid_fetch() -> None:
 
         def pull_after_kill(*args: object, **kwargs: object) -> object:
             holder.kill()  # the export went through: its op and pins die with it
-            os.waitpid(holder.pid, 0)
+            _wait_refused(tuple(address))
             return real_pull(*args, **kwargs)  # type: ignore[arg-type]
 
         fetcher.agent.pull = pull_after_kill  # type: ignore[method-assign]
@@ -183,6 +186,18 @@ async def test_fetch_falls_back_when_the_holder_is_killed_mid_fetch() -> None:
             with contextlib.suppress(ProcessLookupError):
                 holder.kill()
         await fetcher.stop()
+
+
+def _wait_refused(address: tuple[str, int], timeout_s: float = 10.0) -> None:
+    """Until the killed holder's transfer port refuses connections (its process is gone)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(address, timeout=1.0).close()
+        except OSError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the killed holder still accepts on {address}")
 
 
 async def aggregated(req: PreprocessedRequest) -> list[int]:

@@ -144,6 +144,7 @@ class PeerFetch:
                 raise TransferError(f"holder {hint.source_instance_id} no longer caches them")
             num_tokens = num_blocks * size
             blocks = await self.handoff.allocate(request, num_tokens, prefix_only=True)
+            pull_started = time.monotonic()
             result = await guard.run(
                 lambda: self.agent.pull(target, REGION, blocks, timeout_s=_left(deadline)),
                 self.executor,
@@ -160,18 +161,22 @@ class PeerFetch:
                 self.agent.cancel_remote_soon(target, "fetch given up")
                 guard.give_up()
         guard.keep()
-        self._count(num_tokens, result.num_bytes, time.monotonic() - started)
+        now = time.monotonic()
+        self._count(num_tokens, result.num_bytes, now - started, now - pull_started)
         return num_tokens
 
-    def _count(self, num_tokens: int, moved_bytes: int, seconds: float) -> None:
+    def _count(self, num_tokens: int, moved_bytes: int, seconds: float, pull_s: float) -> None:
+        """Count a fetch of ``seconds`` in all; the bandwidth is measured over its pull
+        (``pull_s``: the bytes moving, and the mocker's simulated time), not its round trips
+        (the router charges those as the fetch's setup)."""
         stats = self.stats
         stats.num_succeeded += 1
         stats.num_blocks += num_tokens // self.block_size
         num_bytes = max(moved_bytes, num_tokens * self.bytes_per_token)  # mocker: 1 B/block
         stats.num_bytes += num_bytes
         stats.seconds += seconds
-        if seconds > 0:
-            measured = num_bytes / seconds
+        if pull_s > 0:
+            measured = num_bytes / pull_s
             stats.bandwidth_bytes_per_s += BANDWIDTH_EWMA * (measured - stats.bandwidth_bytes_per_s)
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:

@@ -196,7 +196,13 @@ class DisaggEngine(EngineDefaults):
         return self.engine.kv_snapshot()
 
     def load(self) -> EngineLoad:
-        return self.engine.load()
+        """The engine's, with the bandwidth its peer fetches measured (once there are some)."""
+        load = self.engine.load()
+        if self.fetch is None or not self.fetch.stats.num_succeeded:
+            return load
+        return dataclasses.replace(
+            load, kv_fetch_bytes_per_s=self.fetch.stats.bandwidth_bytes_per_s
+        )
 
     def take_step_samples(self) -> list[StepSample]:
         return self.engine.take_step_samples()

@@ -63,6 +63,7 @@ class EngineLoad:
     num_waiting: int
     num_running: int
     num_cached_blocks: int = 0  # prefix-cache blocks held (what a scale-down victim loses)
+    kv_fetch_bytes_per_s: float | None = None  # measured peer KV fetch bandwidth, if any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

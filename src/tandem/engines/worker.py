@@ -569,6 +569,7 @@ class Worker:
             num_running=load.num_running,
             timestamp_s=time.time(),
             kv_event_id=self.kv_events.event_id,
+            kv_fetch_bytes_per_s=load.kv_fetch_bytes_per_s,
         )
         try:
             await self.runtime.events.publish(self.load_subject, kv.encode(msg))

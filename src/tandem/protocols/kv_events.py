@@ -60,6 +60,9 @@ class LoadMetrics(msgspec.Struct, kw_only=True, omit_defaults=True):
     # id of the last KV event batch the worker published before this message (None: not
     # reported); lets a router notice a lost *last* batch, which no later gap would reveal
     kv_event_id: int | None = None
+    # peer KV fetch (issue 31): the transfer bandwidth the worker's fetches measured (bytes/s;
+    # None: it made none, or offers no fetch); the router prices fetches with it
+    kv_fetch_bytes_per_s: float | None = None
 
 
 class KvStateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -67,6 +67,7 @@ class KvRouter(PolicyRouter):
         self._recorded_costs: Sequence[CandidateCost] | None = None
         self.applier = EventApplier(self.indexer, self.metrics)
         self.speed = PrefillSpeed()  # workers' measured prefill ms per token (WorkerStats)
+        self._fetch_bandwidth: dict[str, float] = {}  # measured by the workers' peer fetches
         self.follower: KvEventFollower | None = None
         self.approx: ApproxCache | None = None
         if not config.use_kv_events:
@@ -125,6 +126,8 @@ class KvRouter(PolicyRouter):
             self.follower.request_sync(worker_id, None)
 
     def _on_load(self, metrics: LoadMetrics) -> None:
+        if metrics.kv_fetch_bytes_per_s is not None:
+            self._fetch_bandwidth[metrics.worker_id] = metrics.kv_fetch_bytes_per_s
         if self.follower is not None and metrics.kv_event_id is not None:
             self.follower.check_event_id(metrics.worker_id, metrics.dp_rank, metrics.kv_event_id)
 
@@ -152,6 +155,7 @@ class KvRouter(PolicyRouter):
             self.follower.forget_worker(worker_id)
         self.applier.forget_worker(worker_id)
         self.speed.forget(worker_id)
+        self._fetch_bandwidth.pop(worker_id, None)
         if self.approx is not None:
             self.approx.forget_worker(worker_id)
         self.active.remove_worker(worker_id)
@@ -268,11 +272,21 @@ class KvRouter(PolicyRouter):
         usable = min(int(overlaps[holder]), len(hashes))
         plans: dict[str, FetchPlan] = {}
         for worker_id, mine in sources.items():
+            # the fetcher's measured bandwidth (published with its load) else the declared
+            # ones; its measured prefill speed (WorkerStats) else its declared, else the default
+            bandwidth = self._fetch_bandwidth.get(worker_id) or min(
+                src.bandwidth_bytes_per_s, mine.bandwidth_bytes_per_s
+            )
+            measured_ms = self.speed.ms_per_token(worker_id)
+            prefill_s = (
+                (measured_ms / 1e3 if measured_ms else None)
+                or mine.prefill_s_per_token
+                or cfg.kv_fetch_prefill_s_per_token
+            )
             plan = plan_fetch(
                 source_id=holder, local_blocks=int(overlaps.get(worker_id, 0.0)),
                 holder_blocks=usable, block_size=size, bytes_per_token=src.bytes_per_token,
-                bandwidth_bytes_per_s=min(src.bandwidth_bytes_per_s, mine.bandwidth_bytes_per_s),
-                prefill_s_per_token=mine.prefill_s_per_token or cfg.kv_fetch_prefill_s_per_token,
+                bandwidth_bytes_per_s=bandwidth, prefill_s_per_token=prefill_s,
                 setup_s=cfg.kv_fetch_setup_s,
             )  # fmt: skip
             if worker_id != holder and plan is not None and plan.pays:
@@ -387,12 +401,10 @@ class KvRouter(PolicyRouter):
         """Every candidate's overlap, prefill/decode blocks, cost, busy flag, and the worker
         `route` would pick now (sampled with a copy of the RNG, so nothing changes)."""
         candidates = self.candidates(request)
-        lora = self.explain_lora(request)  # its adapter's holders and why (router/lora.py)
         scored = self.score(request, candidates)
         eligible = self._eligible(request, scored)
         choice = choose(eligible, scored.temperature, copy.copy(self._rng)) if eligible else None
         return {
-            **lora,
             "policy": self.policy,
             "block_size": self.block_size,
             "request_tokens": scored.num_tokens,
@@ -411,7 +423,4 @@ class KvRouter(PolicyRouter):
         row["router_active_blocks"] = float(self.active.num_active_blocks(worker_id))
         row["router_prefill_tokens"] = float(self.active.num_prefill_tokens(worker_id))
         row["cached_blocks"] = float(self._cached_counts().get(worker_id, 0))
-        speed = self.speed.ms_per_token(worker_id)
-        if speed is not None:  # measured prefill speed: what the cost's slowness reads
-            row["prefill_ms_per_token"] = speed
         return row

@@ -9,6 +9,7 @@ from tests.support.instances import backend_instance
 
 from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
+from tandem.protocols.kv_events import LoadMetrics
 from tandem.router.config import RouterConfig
 from tandem.router.cost import candidate_cost
 from tandem.router.fetch import plan_fetch
@@ -107,6 +108,18 @@ async def test_router_sends_the_idle_worker_a_hint_to_fetch_from_the_busy_holder
     assert row["kv_fetch"] == {"source": "w0", "blocks": 64}
     chosen = next(c for c in row["candidates"] if c["worker_id"] == "w1")
     assert chosen["fetch"]["source_id"] == "w0" and chosen["fetch"]["num_blocks"] == 64
+
+
+async def test_measured_bandwidth_overrides_the_declared_one() -> None:
+    """w1's fetches measured 50 GB/s (published with its load): that, not the declared
+    0.5 GB/s, prices its fetch."""
+    r = router(gbps=0.5)
+    assert r.explain(req("e"))["kv_fetch"] is None
+    load = LoadMetrics(worker_id="w1", num_active_blocks=0, num_total_blocks=4096,
+                       num_waiting=0, num_running=0, kv_fetch_bytes_per_s=50e9)  # fmt: skip
+    r._on_load(load)  # what the router does with each load message it follows
+    d = await r.route(req("a"))
+    assert d.instance_id == "w1" and d.kv_fetch is not None
 
 
 async def test_no_hint_when_the_fetch_does_not_pay_or_is_off() -> None:

@@ -59,7 +59,13 @@ async def start(stack: AsyncExitStack, tmp_path: Path, text: str) -> tuple[Front
             )
         )
     )
-    await s.start_frontend(body(), ready_path=COMPLETIONS, api_keys=(ADMIN,), tenants_file=path)
+    await s.start_frontend(
+        body(),
+        ready_path=COMPLETIONS,
+        api_keys=("sk-user-key",),
+        admin_api_keys=(ADMIN,),
+        tenants_file=path,
+    )
     return s, path
 
 
@@ -106,6 +112,9 @@ async def test_tenant_identity_priority_and_bad_values(tmp_path: Path) -> None:
         async with s.http.get(f"{s.base}/metrics", headers=s.headers) as resp:
             metrics = await resp.text()
         assert re.search(r"tandem_router_session_hits_total\{[^}]*\} 1", metrics), metrics
+        async with s.http.get(f"{s.base}/dashboard/state", headers=s.headers) as resp:
+            (pool,) = (await resp.json())["models"][0]["router"]["pools"]
+        assert pool["tenant_tokens"]["acme"] > 0 and pool["sessions"]["hits"] == 1
 
 
 async def test_limits_answer_429_with_openai_headers_and_reload(tmp_path: Path) -> None:

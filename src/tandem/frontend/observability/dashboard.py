@@ -23,7 +23,9 @@ from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.health import HealthMonitor
 from tandem.protocols.discovery import Instance
+from tandem.protocols.tenancy import class_name
 from tandem.router.base import Router
+from tandem.router.metrics import RouterMetrics
 from tandem.runtime.base import Discovery
 
 if TYPE_CHECKING:
@@ -144,6 +146,7 @@ class Dashboard:
                 "cached_blocks": _int_or_none(load.get("cached_blocks")),
                 "routed": log.num_routed(worker_id) if log is not None else 0,
                 "hit_rate": _round(log.hit_rate(worker_id)) if log is not None else None,
+                "loras": _loras(router, worker_id),
             })  # fmt: skip
         return rows
 
@@ -174,6 +177,16 @@ class Dashboard:
         ]  # fmt: skip
 
 
+def _loras(router: Router | None, worker_id: str) -> dict[str, Any] | None:
+    """The LoRA adapters resident on a worker and its slots, as its router knows them
+    (router/lora.py); None for a worker that announces no slots."""
+    metrics = router.metrics if router is not None else None
+    if metrics is None or worker_id not in metrics.lora.max_loras:
+        return None
+    lora = metrics.lora
+    return {"resident": lora.names.get(worker_id, []), "slots": lora.max_loras[worker_id]}
+
+
 def _router_summary(router: Router, pool: str) -> dict[str, Any]:
     log = router.decisions
     return {
@@ -185,6 +198,36 @@ def _router_summary(router: Router, pool: str) -> dict[str, Any]:
         "_blocks": log.blocks(),
         # peer KV fetch hints sent (router/fetch.py); None for a router without counters here
         "kv_fetches": router.metrics.kv_fetches if router.metrics is not None else None,
+        **_tenancy(router.metrics),
+    }
+
+
+def _tenancy(metrics: RouterMetrics | None) -> dict[str, Any]:
+    """Issue 33: per (class, tenant) what waits in the router queue, how many waited and how
+    long on average, deadline misses; tokens routed per tenant; session bindings."""
+    if metrics is None:
+        return {"tenants": [], "tenant_tokens": {}, "sessions": None}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def row(key: tuple[str, str]) -> dict[str, Any]:
+        blank = {"queued": 0, "waited": 0, "mean_wait_s": None, "deadline_misses": 0}
+        return rows.setdefault(key, {"priority_class": key[0], "tenant": key[1], **blank})
+
+    if metrics.tenants is not None:
+        for (klass, tenant), n in metrics.tenants.depth().items():
+            row((class_name(klass), tenant))["queued"] = n
+    for key, n in metrics.queue_waits.items():
+        row(key).update(waited=n, mean_wait_s=_round(metrics.queue_wait_sum_s[key] / n))
+    for key, n in metrics.deadline_misses.items():
+        row(key)["deadline_misses"] = n
+    served = metrics.tenants.served_tokens if metrics.tenants is not None else {}
+    sessions = metrics.sessions
+    return {
+        "tenants": [rows[k] for k in sorted(rows)],
+        "tenant_tokens": {t: round(v) for t, v in sorted(served.items())},
+        "sessions": None
+        if sessions is None
+        else {"bound": len(sessions), "hits": sessions.num_hits, "rebinds": sessions.num_rebinds},
     }
 
 

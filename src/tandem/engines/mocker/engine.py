@@ -103,7 +103,7 @@ class MockerEngine(EngineDefaults):
         self._stalls: list[tuple[float, asyncio.Future[None]]] = []
         speedup = config.speedup_ratio
         load_s = config.lora_load_ms / 1000.0 / speedup if speedup > 0 else 0.0
-        self.adapters = MockerLoras(config.max_loras, load_s, self._stall)
+        self.adapters = MockerLoras(config.max_loras, load_s, self._stall, clock)
 
     @property
     def info(self) -> EngineInfo:

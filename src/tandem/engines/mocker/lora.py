@@ -31,9 +31,16 @@ SLOT_WAIT_S = 30.0  # how long a load waits for a slot whose adapter's requests 
 
 class MockerLoras:
     """One mocker's adapters. `stall(seconds)` is the engine's: it resolves once the step loop
-    has spent that long on the load. One event loop; not thread-safe."""
+    has spent that long on the load; `clock` the engine's. One event loop; not thread-safe."""
 
-    def __init__(self, max_loras: int, load_s: float, stall: Callable[[float], Awaitable[None]]):
+    def __init__(
+        self,
+        max_loras: int,
+        load_s: float,
+        stall: Callable[[float], Awaitable[None]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
         self.slots: LoraSlots[tuple[str, int]] = LoraSlots(max_loras)  # name -> (path, rank)
         self.load_s = load_s
         self._stall = stall
@@ -62,7 +69,7 @@ class MockerLoras:
             self.slots.use(name)
             return LoraLoaded(name=name, rank=held[1], load_s=0.0)
         rank = _read_rank(Path(path), name)
-        started = time.monotonic()
+        started = self._clock()
         await self._take_slot(name, (path, rank))
         done = self._loading[name] = asyncio.get_running_loop().create_future()
         try:
@@ -74,17 +81,17 @@ class MockerLoras:
             del self._loading[name]
             done.set_result(None)
         self.num_loads += 1
-        return LoraLoaded(name=name, rank=rank, load_s=time.monotonic() - started)
+        return LoraLoaded(name=name, rank=rank, load_s=self._clock() - started)
 
     async def _take_slot(self, name: str, item: tuple[str, int]) -> None:
-        deadline = time.monotonic() + SLOT_WAIT_S
+        deadline = self._clock() + SLOT_WAIT_S
         while True:
             busy = {n for n, k in self._in_use.items() if k > 0} | set(self._loading)
             try:
                 self.num_evictions += len(self.slots.add(name, item, busy))
                 return
             except Overloaded:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self._clock()
                 if remaining <= 0:
                     raise
                 self._idle.clear()

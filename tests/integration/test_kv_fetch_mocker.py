@@ -28,7 +28,8 @@ from tandem.tokens.hashing import sequence_hashes
 
 pytestmark = pytest.mark.timeout(30)
 FAST = ("shm", "tcp")
-WORKER = DisaggWorkerConfig(backends=FAST, kv_fetch=True, kv_fetch_timeout_s=2.0)
+WORKER = DisaggWorkerConfig(backends=FAST, kv_fetch=True, kv_fetch_timeout_s=5.0)
+HASTY = DisaggWorkerConfig(backends=FAST, kv_fetch=True, kv_fetch_timeout_s=0.5)
 MOCKER = MockerConfig(num_blocks=256, block_size=4, speedup_ratio=0, tokenizer=None)
 
 
@@ -63,8 +64,8 @@ async def run(engine: DisaggEngine, req: PreprocessedRequest) -> tuple[list[int]
     return tokens, cached
 
 
-async def started(n: int) -> list[DisaggEngine]:
-    engines = [DisaggEngine(MockerEngine(MOCKER), WORKER) for _ in range(n)]
+async def started(n: int, config: DisaggWorkerConfig = WORKER) -> list[DisaggEngine]:
+    engines = [DisaggEngine(MockerEngine(MOCKER), config) for _ in range(n)]
     for e in engines:
         await e.start()
     return engines
@@ -93,7 +94,7 @@ async def test_fetch_pulls_the_prefix_and_matches_recompute() -> None:
 
 
 async def test_fetch_falls_back_when_the_holder_lacks_or_is_gone() -> None:
-    holder, fetcher = await started(2)
+    holder, fetcher = await started(2, HASTY)
     try:
         ref, _ = await run(holder, request("ref"))
         ref2, _ = await run(holder, request("ref2", first=500))
@@ -108,6 +109,12 @@ async def test_fetch_falls_back_when_the_holder_lacks_or_is_gone() -> None:
         tokens, cached = await run(fetcher, request("r2", hint=gone, first=500))
         assert tokens == ref2 and cached == 0
         assert fetcher.fetch is not None and fetcher.fetch.stats.num_fell_back == 2
+        with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+            slow = KvFetchHint(**{**_fields(gone), "address": silent.getsockname()})
+            began = time.monotonic()
+            tokens, cached = await run(fetcher, request("r3", hint=slow, first=900))
+            assert cached == 0 and fetcher.fetch.stats.num_fell_back == 3
+            assert time.monotonic() - began < HASTY.kv_fetch_timeout_s + 2.0
         await _settled(fetcher)
     finally:
         await fetcher.stop()

@@ -167,6 +167,32 @@ async def test_store_false_get_delete_and_unknown_ids() -> None:
             await client.responses.delete(kept.id)
 
 
+async def test_a_stored_response_is_invisible_to_another_api_key() -> None:
+    """Ownership (issue 33): GET, DELETE and previous_response_id by a second key find
+    nothing (404 / previous_response_not_found), while the owner still reads it."""
+    async with _stack(api_keys=("sk-alice", "sk-bob")) as (s, _seen, _):
+        alice, bob = (
+            openai.AsyncOpenAI(base_url=f"{s.base}/v1", api_key=key, max_retries=0)
+            for key in ("sk-alice", "sk-bob")
+        )
+        try:
+            kept = await alice.responses.create(model=MODEL, input="secret", max_output_tokens=2)
+            with pytest.raises(openai.NotFoundError):
+                await bob.responses.retrieve(kept.id)
+            with pytest.raises(openai.NotFoundError):
+                await bob.responses.delete(kept.id)
+            with pytest.raises(openai.BadRequestError) as err:
+                await bob.responses.create(
+                    model=MODEL, input="more", previous_response_id=kept.id, max_output_tokens=2
+                )
+            assert err.value.code == "previous_response_not_found"
+            assert (await alice.responses.retrieve(kept.id)).output_text == kept.output_text
+            await alice.responses.delete(kept.id)
+        finally:
+            await alice.close()
+            await bob.close()
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

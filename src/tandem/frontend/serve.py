@@ -29,6 +29,7 @@ from tandem.frontend.observability.request_stats import (
     publish_request_stats,
 )
 from tandem.frontend.observability.worker_scrape import WorkerScraper
+from tandem.frontend.ownership import Ownership
 from tandem.frontend.pipeline import prompt_ids
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.frontend.rate_limit import RateLimiter, default_db_path
@@ -187,6 +188,9 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
     )
     _add_dashboard(app, config, runtime, health, pool)
     app.responses.store = ResponseStore(config.responses_store)
+    app.responses.owners = Ownership(
+        has_api_keys=bool(config.api_keys or config.admin_api_keys), tenancy=app.tenancy
+    )
     app.responses.shared_port = config.http.reuse_port
     server = HttpServer(app, config=config.http)
     return _Frontend(

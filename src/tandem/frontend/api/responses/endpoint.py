@@ -13,6 +13,8 @@ POST, per request:
 5. With `store` (OpenAI's default: true) keep the object and the conversation in the
    frontend's `ResponseStore` (bounded; see `store.py`) for `previous_response_id`,
    `GET /v1/responses/{id}` and `DELETE /v1/responses/{id}`; `store: false` keeps nothing.
+   A stored response belongs to the tenant or API key that made it (`frontend/ownership.py`):
+   to anyone else its id is unknown (404; `previous_response_not_found`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tandem.frontend.api.responses.store import ResponseStore
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
+from tandem.frontend.ownership import Ownership
 from tandem.frontend.pipeline.generate import GeneratePipeline, choice_state, server_span
 from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
@@ -63,6 +66,7 @@ class ResponsesEndpoint:
     ) -> None:
         self.registry, self.pipeline = registry, pipeline
         self.store = store or ResponseStore()
+        self.owners = Ownership()  # who may read what is stored (set by the wiring)
         # several frontend processes share the port (SO_REUSEPORT): each has its own store
         self.shared_port = False
 
@@ -80,21 +84,22 @@ class ResponsesEndpoint:
                     "GET /v1/responses/{id}; the stored response is returned whole, unstreamed",
                     param=name,
                 )
-        entry = self.store.get(http.path[len(PREFIX) :])
+        entry = self.store.get(http.path[len(PREFIX) :], self.owners.owner_of(http))
         if entry is None:
             raise _not_found(http.path[len(PREFIX) :])
         await response.send(200, entry.body)
 
     async def delete(self, http: HttpRequest, response: HttpResponse) -> None:
         response_id = http.path[len(PREFIX) :]
-        if not self.store.delete(response_id):
+        if not self.store.delete(response_id, self.owners.owner_of(http)):
             raise _not_found(response_id)
         body = {"id": response_id, "object": "response", "deleted": True}
         await response.send(200, _json.encode(body))
 
     async def create(self, http: HttpRequest, response: HttpResponse) -> None:
         req = _decode(http.body)
-        history = self._history(req)
+        owner = self.owners.owner_of(http)
+        history = self._history(req, owner)
         messages = [*history, *input_messages(req.input)]
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         chat = ChatCompletionRequest(
@@ -116,7 +121,7 @@ class ResponsesEndpoint:
             naming it never races the store."""
             if req.store:
                 turn = {"role": "assistant", "content": b.text}
-                self.store.put(b.id, b.body(), [*messages, turn])
+                self.store.put(b.id, b.body(), [*messages, turn], owner)
 
         pipeline = self.pipeline
         with pipeline.admission.slots(pipeline.admission.fan_out(chat)):
@@ -133,16 +138,17 @@ class ResponsesEndpoint:
                 output = ResponsesOutput(prepared, state, builder, save)
                 await pipeline.run(response, prepared, [state], output, stream=req.stream)
 
-    def _history(self, req: ResponsesRequest) -> list[dict[str, Any]]:
-        """The stored conversation `previous_response_id` names ([] without one)."""
+    def _history(self, req: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
+        """The stored conversation `previous_response_id` names ([] without one), if `owner`'s."""
         if req.previous_response_id is None:
             return []
-        entry = self.store.get(req.previous_response_id)
+        entry = self.store.get(req.previous_response_id, owner)
         if entry is None:
             err = InvalidRequest(
                 f"Previous response with id '{req.previous_response_id}' not found "
-                "(never stored, stored with store=false, deleted, expired or evicted from this "
-                "frontend's bounded store); resend the conversation in input"
+                "(never stored, stored by another API key or tenant, stored with store=false, "
+                "deleted, expired or evicted from this frontend's bounded store); resend the "
+                "conversation in input"
                 + (
                     "; this frontend is one of several processes on its port "
                     "(tandem serve --frontend-processes N) and each keeps its own store: run "

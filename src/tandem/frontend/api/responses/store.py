@@ -6,7 +6,8 @@ least recently used entries go first when either is exceeded; an entry larger th
 limit on its own is not stored), and a time to live from the last store or read. One per
 frontend and per process: a response stored on one frontend is unknown to the others and is
 lost when the frontend restarts (as OpenAI documents for `store`, retrieval may fail; then
-the client resends the conversation). Not thread-safe; one event loop.
+the client resends the conversation). Each entry belongs to its owner (`frontend/ownership.py`):
+a read or delete by anyone else finds nothing. Not thread-safe; one event loop.
 """
 
 from __future__ import annotations
@@ -76,11 +77,13 @@ def response_store_config_from_args(ns: argparse.Namespace) -> ResponseStoreConf
 class StoredResponse(NamedTuple):
     """`body`: the Response object as sent (JSON); `messages`: the conversation up to and
     including this response's output, as chat messages, without the request's
-    `instructions` (OpenAI does not carry them over to the next turn)."""
+    `instructions` (OpenAI does not carry them over to the next turn); `owner`: the tenant or
+    key that stored it."""
 
     body: bytes
     messages: list[dict[str, Any]]
     num_bytes: int
+    owner: str = ""
 
 
 class ResponseStore:
@@ -98,10 +101,12 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, response_id: str, body: bytes, messages: list[dict[str, Any]]) -> bool:
-        """Store (or replace) an entry; evicts expired, then least recently used entries
-        until the limits hold. Returns False (and stores nothing) when the entry alone is
-        over the byte limit."""
+    def put(
+        self, response_id: str, body: bytes, messages: list[dict[str, Any]], owner: str = ""
+    ) -> bool:
+        """Store (or replace) `owner`'s entry; evicts expired, then least recently used
+        entries until the limits hold. Returns False (and stores nothing) when the entry alone
+        is over the byte limit."""
         size = len(body) + sum(len(str(m.get("content", ""))) + 16 for m in messages)
         self.delete(response_id)
         if size > self.config.max_bytes:
@@ -119,25 +124,28 @@ class ResponseStore:
         ):
             _, (oldest, _) = self._entries.popitem(last=False)
             self.num_bytes -= oldest.num_bytes
-        self._entries[response_id] = (StoredResponse(body, messages, size), self._clock())
+        entry = StoredResponse(body, messages, size, owner)
+        self._entries[response_id] = (entry, self._clock())
         self.num_bytes += size
         return True
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        """The entry, refreshed (most recently used, TTL restarted); None if unknown or
-        expired."""
+    def get(self, response_id: str, owner: str | None = None) -> StoredResponse | None:
+        """The entry, refreshed (most recently used, TTL restarted); None if unknown, expired
+        or (with `owner`) someone else's."""
         self._expire()
         item = self._entries.get(response_id)
-        if item is None:
+        if item is None or (owner is not None and item[0].owner != owner):
             return None
         self._entries[response_id] = (item[0], self._clock())
         self._entries.move_to_end(response_id)
         return item[0]
 
-    def delete(self, response_id: str) -> bool:
-        item = self._entries.pop(response_id, None)
-        if item is None:
+    def delete(self, response_id: str, owner: str | None = None) -> bool:
+        """Drop the entry; False if unknown or (with `owner`) someone else's."""
+        item = self._entries.get(response_id)
+        if item is None or (owner is not None and item[0].owner != owner):
             return False
+        del self._entries[response_id]
         self.num_bytes -= item[0].num_bytes
         return True
 

@@ -179,6 +179,19 @@ def test_waiting_requests_join_by_priority_class() -> None:
     assert list(outs) == ["high", "normal-1", "normal-2", "low"]
 
 
+def test_running_requests_take_the_step_budget_by_class() -> None:
+    """A high request admitted after a normal one still gets its prefill tokens first."""
+    sched = Scheduler(_config(max_num_batched_tokens=32))
+    sched.add_request(_req("normal", [1] * 40, max_tokens=4))
+    sched.step()  # normal: 32 of its 40
+    sched.add_request(_req("high", [2] * 40, max_tokens=4, priority=-1))
+    sched.step()  # normal: the last 8; high admitted with 24
+    assert [s.request_id for s in sched._running] == ["high", "normal"]
+    sched.step()
+    high = next(s for s in sched._running if s.request_id == "high")
+    assert high.num_computed_tokens == 40  # its 16 came before normal's decode token
+
+
 def test_sequence_too_long_for_the_whole_pool_ends_with_length() -> None:
     sched = Scheduler(_config(num_blocks=3))
     sched.add_request(_req("a", [1] * 10, max_tokens=50))

@@ -188,6 +188,15 @@ class Scheduler:
             idx += 1
         return scheduled, budget, preempted
 
+    def _join_running(self, seq: Sequence) -> None:
+        """Running sequences are kept by class (admission order within one): each step gives
+        the more urgent ones their tokens first, and the youngest of the least urgent class
+        is last (issue 33)."""
+        i = len(self._running)
+        while i > 0 and self._running[i - 1].priority > seq.priority:
+            i -= 1
+        self._running.insert(i, seq)
+
     def _victim(self, idx: int, seq: Sequence) -> Sequence:
         """The youngest running sequence of the least urgent class after position `idx`
         (not yet given tokens this step); `seq` itself when that one is more urgent than it
@@ -220,7 +229,7 @@ class Scheduler:
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_cached
             self._waiting.popleft()
-            self._running.append(seq)
+            self._join_running(seq)
             scheduled.append((seq, num_new))
             budget -= num_new
 

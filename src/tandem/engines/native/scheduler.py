@@ -150,7 +150,10 @@ class Scheduler:
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = cached
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            i = len(self.running)  # by class, admission order within one: the urgent first
+            while i > 0 and self.running[i - 1].priority > seq.priority:
+                i -= 1
+            self.running.insert(i, seq)
             scheduled.append((seq, num_new))
             budget -= num_new
         return budget

@@ -272,6 +272,12 @@ class KvRouter(PolicyRouter):
         usable = min(int(overlaps[holder]), len(hashes))
         plans: dict[str, FetchPlan] = {}
         for worker_id, mine in sources.items():
+            if worker_id == holder:
+                continue
+            # blocks it holds or is computing now (in flight) need no fetch
+            local = max(
+                int(overlaps.get(worker_id, 0.0)), self.active.prefix_depth(worker_id, hashes)
+            )
             # the fetcher's measured bandwidth (published with its load) else the declared
             # ones; its measured prefill speed (WorkerStats) else its declared, else the default
             bandwidth = self._fetch_bandwidth.get(worker_id) or min(
@@ -284,12 +290,12 @@ class KvRouter(PolicyRouter):
                 or cfg.kv_fetch_prefill_s_per_token
             )
             plan = plan_fetch(
-                source_id=holder, local_blocks=int(overlaps.get(worker_id, 0.0)),
+                source_id=holder, local_blocks=local,
                 holder_blocks=usable, block_size=size, bytes_per_token=src.bytes_per_token,
                 bandwidth_bytes_per_s=bandwidth, prefill_s_per_token=prefill_s,
                 setup_s=cfg.kv_fetch_setup_s,
             )  # fmt: skip
-            if worker_id != holder and plan is not None and plan.pays:
+            if plan is not None and plan.pays:
                 plans[worker_id] = plan
         return plans
 

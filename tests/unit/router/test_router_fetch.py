@@ -162,3 +162,11 @@ def test_worker_kv_fetch_refuses_an_engine_that_cannot_export() -> None:
     args.engine = "vllm"  # vLLM's flags parse only in its own venv; refused before it loads
     with pytest.raises(ValueError, match="--kv-fetch needs --engine mocker or native"):
         build_engine(args)
+
+
+async def test_no_fetch_for_a_worker_already_computing_that_prefix() -> None:
+    """w1 is prefilling the same prompt (in flight): its blocks come without a fetch."""
+    r = router(gbps=50.0)
+    r.active.add("same", "w1", sequence_hashes(PROMPT, B), 1024)
+    scored = r.score(req("a"), list(r._instances.instances.values()))
+    assert all(c.fetch is None for c in scored.costs)

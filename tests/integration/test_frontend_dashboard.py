@@ -58,6 +58,8 @@ async def test_state_shows_workers_decisions_and_hit_rates() -> None:
         assert {r["instance_id"] for r in rows} == ids
         assert {r["role"] for r in rows} == {"aggregated"}
         assert all(r["total_blocks"] == 256 and r["routed"] == 0 for r in rows)
+        # issue 32: each mocker worker's LoRA slots (--max-loras 4) and resident adapters
+        assert all(r["loras"] == {"resident": [], "slots": 4} for r in rows)
 
         first = await _complete(c, " a")
         await eventually(lambda: any(w.engine.load().num_cached_blocks for w in workers))

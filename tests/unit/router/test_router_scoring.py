@@ -117,3 +117,7 @@ async def test_router_sends_prefill_to_the_measured_faster_worker() -> None:
     assert d.instance_id == "w1"
     rows = {c["worker_id"]: c for c in r.explain(req("b", list(range(500, 900))))["candidates"]}
     assert rows["w0"]["prefill_slowness"] == pytest.approx(4.0, rel=0.01)
+    loads = r.worker_loads()  # /metrics and /dashboard show the measured speed
+    assert loads["w0"]["prefill_ms_per_token"] == pytest.approx(
+        4 * loads["w1"]["prefill_ms_per_token"]
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from tandem.router.config import RouterConfig
+from tandem.router.lora import add_lora_args, lora_config_from_args
 
 
 def add_router_args(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +142,7 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         help="read vLLM/SGLang ZMQ KV events directly: worker_id=tcp://host:port; repeat for "
         "several (env: comma-separated)",
     )
+    add_lora_args(g)
 
 
 def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
@@ -173,5 +175,6 @@ def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
         use_kv_events=not ns.no_kv_events,
         replica_sync=bool(ns.router_replica_sync),
         zmq_endpoints=tuple(zmq),
+        lora=lora_config_from_args(ns),
         **kwargs,  # type: ignore[arg-type]
     )

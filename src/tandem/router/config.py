@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.config_check import check_range
+from tandem.router.lora import LoraPlacementConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +45,8 @@ class RouterConfig:
     disk_overlap_credit: float = 0.25
     block_size: int | None = None  # None = from the workers' model card (else 16)
     replica_sync: bool = False
+    # LoRA adapters (router/lora.py): to holders, misses placed by rendezvous hashing, replicas
+    lora: LoraPlacementConfig = field(default_factory=LoraPlacementConfig)
     kv_state_timeout_s: float = 5.0
     remote_timeout_s: float = 35.0  # --router remote: a route call (service queue included)
     zmq_endpoints: tuple[str, ...] = ()  # engine KV event publishers: "worker_id=tcp://h:p"

@@ -20,6 +20,7 @@ from prometheus_client.metrics_core import Metric
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.tenancy import DEFAULT_TENANT, class_name
 from tandem.router.config import RouterConfig
+from tandem.router.lora import LoraCounters, lora_families
 from tandem.runtime.metrics import Families, render
 
 OVERHEAD_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
@@ -36,6 +37,7 @@ class RouterMetrics:
         self._buckets = [0] * (len(OVERHEAD_BUCKETS_S) + 1)
         self.overhead_sum_s = 0.0
         self._overhead_count = 0
+        self.lora = LoraCounters()  # per adapter, and residency per worker (router/lora.py)
         # issue 33, per (priority class name, tenant): time queued, deadline misses; the
         # queue's own depth and served tokens (`tenants`, set by the router that has a queue)
         self.queue_waits: Counter[tuple[str, str]] = Counter()
@@ -85,7 +87,8 @@ class RouterMetrics:
         return out
 
     def render(self) -> str:
-        return render(Families(_families([({}, self, None)]))).decode()
+        rows: list[tuple[Mapping[str, str], RouterMetrics | None, int | None]] = [({}, self, None)]
+        return render(Families(_families(rows) + _lora_families(rows))).decode()
 
 
 class TenantView(Protocol):
@@ -124,7 +127,14 @@ def router_families(
     """Families over `(labels, router)` rows (every row with the same label names, e.g. model
     and component); a row's router contributes when it has its `RouterMetrics` here (a bare
     `RouterMetrics` is a router's counters without a queue)."""
-    return _families([_row(labels, router) for labels, router in rows])
+    found = [_row(labels, router) for labels, router in rows]
+    return _families(found) + _lora_families(found)
+
+
+def _lora_families(
+    found: list[tuple[Mapping[str, str], RouterMetrics | None, int | None]],
+) -> list[Metric]:
+    return lora_families("tandem_router", [(lb, m.lora) for lb, m, _ in found if m is not None])
 
 
 def _row(

@@ -13,15 +13,19 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Required, TypedDict
 
+import msgspec
+
 from tandem.errors import DeadlineExceeded, InvalidRequest, NoWorkersAvailable, Overloaded
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.kv_events import LoadMetrics
+from tandem.protocols.lora import LoraEvent, lora_events_subject
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
 from tandem.router.cost import CandidateCost
 from tandem.router.decision_log import DecisionLog
 from tandem.router.load import LoadTracker
+from tandem.router.lora import LoraPlacement, Plan
 from tandem.router.metrics import RouterMetrics
 from tandem.router.queue import RequestQueue, Waiter
 from tandem.router.session import SessionSync, SessionTable
@@ -30,6 +34,7 @@ from tandem.runtime import tracing
 from tandem.runtime.base import Subscription
 
 logger = logging.getLogger(__name__)
+_lora_event = msgspec.msgpack.Decoder(LoraEvent)
 
 
 class PolicyRouterWiring(TypedDict, total=False):
@@ -107,6 +112,12 @@ class PolicyRouter:
         self.metrics = RouterMetrics()
         self.metrics.tenants, self.metrics.sessions = self.queue, self.sessions
         self.decisions = DecisionLog()  # the last routing decisions, for /dashboard
+        # LoRA adapters: residency, placement, replicas (router/lora.py); None when off. The
+        # plan `candidates` made last, which `_book` reads in the same synchronous turn
+        self.lora: LoraPlacement | None = None
+        if config.lora.enabled:
+            self.lora = LoraPlacement(config.lora, self._clock, self.metrics.lora)
+        self._lora_plan: tuple[str, Plan] | None = None
 
     def subject(self, name: str) -> str:
         return f"{self.namespace}.{self.config.worker_component}.{name}"
@@ -118,6 +129,13 @@ class PolicyRouter:
         self._started = True
         await self._instances.start()
         self._instances.add_listener(self._on_instance_event)
+        if self.lora is not None:
+            for instance in list(self._instances.instances.values()):
+                self.lora.apply_instance(instance)
+            if self._events is not None:
+                subject = lora_events_subject(self.namespace, self.config.worker_component)
+                lora_sub = await self._events.subscribe(subject)
+                self._spawn(self._follow_loras(lora_sub), "lora_events")
         if self._events is not None:
             sub = await self._events.subscribe(self.subject("load_metrics"))
             self._spawn(self._follow_loads(sub), "load_metrics")
@@ -153,6 +171,20 @@ class PolicyRouter:
         finally:
             await sub.close()
 
+    async def _follow_loras(self, sub: Subscription) -> None:
+        """Apply the workers' LoraEvents (a malformed one is dropped, logged)."""
+        try:
+            async for subject, payload in sub:
+                try:
+                    event = _lora_event.decode(payload)
+                except msgspec.MsgspecError:
+                    logger.warning("malformed LoRA event on %s dropped", subject)
+                    continue
+                if self.lora is not None and event.worker_id in self._instances.instances:
+                    self.lora.apply_event(event)
+        finally:
+            await sub.close()
+
     def _on_load(self, metrics: LoadMetrics) -> None:
         """Hook: the KV router checks the worker's reported KV event id."""
 
@@ -171,6 +203,11 @@ class PolicyRouter:
         self._tasks.clear()
 
     def _on_instance_event(self, event: InstanceEvent) -> None:
+        if self.lora is not None:
+            if event.kind == "removed":
+                self.lora.forget(event.instance.instance_id)
+            else:
+                self.lora.apply_instance(event.instance)
         if event.kind == "removed":
             self._forget_worker(event.instance.instance_id)
         else:
@@ -212,6 +249,10 @@ class PolicyRouter:
                 f"({len(live)} live, {len(exclude)} excluded)",
                 retry_after_s=self.config.retry_after_s,
             )
+        if self.lora is not None and request.lora_name:
+            plan = self.lora.plan(request.lora_name, out)  # holders, or where it is placed
+            self._lora_plan = (request.request_id, plan)
+            return plan.allowed
         return out
 
     def _choose(
@@ -256,6 +297,7 @@ class PolicyRouter:
     ) -> RouteDecision:
         """Record `request` as routed to `chosen` (synchronously: the next choice sees it)."""
         self.on_finish(request.request_id)  # a re-route (migration) replaces the old entry
+        self._book_lora(request, chosen, details)
         self._request_worker[request.request_id] = chosen.instance_id
         self._inflight[chosen.instance_id] = self._inflight.get(chosen.instance_id, 0) + 1
         self.queue.charge(request)
@@ -392,7 +434,20 @@ class PolicyRouter:
     def on_first_token(self, request_id: str) -> None:
         """Nothing to do for load-only policies."""
 
+    def _book_lora(
+        self, request: PreprocessedRequest, chosen: Instance, details: dict[str, Any]
+    ) -> None:
+        """Count a request with an adapter and hold the adapter on `chosen` (router/lora.py)."""
+        last, self._lora_plan = self._lora_plan, None
+        if self.lora is None or last is None or last[0] != request.request_id:
+            return
+        details["lora"] = last[1].summary()
+        self.lora.routed(request.request_id, chosen.instance_id, last[1],
+                         request.num_prompt_tokens)  # fmt: skip
+
     def on_finish(self, request_id: str) -> None:
+        if self.lora is not None:
+            self.lora.finished(request_id)
         worker = self._request_worker.pop(request_id, None)
         if worker is None:
             return
@@ -414,7 +469,16 @@ class PolicyRouter:
     def explain(self, request: PreprocessedRequest) -> dict[str, Any]:
         cands = self.candidates(request)
         rows = [{"worker_id": c.instance_id, **self._load_row(c.instance_id)} for c in cands]
-        return {"policy": self.policy, "candidates": rows, "choice": None}
+        return {"policy": self.policy, "candidates": rows, "choice": None,
+                **self.explain_lora(request)}  # fmt: skip
+
+    def explain_lora(self, request: PreprocessedRequest) -> dict[str, Any]:
+        """The `lora` part of explain (after `candidates`): the plan for the request's adapter
+        (holders, wanted replicas, where it goes and why) and every worker's residency."""
+        last, self._lora_plan = self._lora_plan, None
+        if self.lora is None or last is None or last[0] != request.request_id:
+            return {}
+        return {"lora": {**last[1].summary(), "residency": self.lora.residency()}}
 
     async def explain_choice(self, request: PreprocessedRequest) -> dict[str, Any]:
         """`explain`: this router makes the choice itself."""

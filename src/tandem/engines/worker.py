@@ -243,7 +243,7 @@ class Worker:
                 self.runtime,
                 worker_id=self.instance_id,
                 component=comp,
-                max_loras=int(getattr(self.info, "max_loras", 0)),
+                max_loras=self.info.max_loras,
             )
             self.loras.register()
             metadata.update(self.loras.metadata())

@@ -9,6 +9,7 @@
     tandem bench planner [options]            planner vs static fleets on a time-varying load
     tandem bench soak [options]               RSS slope of every process under mixed load
     tandem bench churn [options]              KV router memory under ever-new prefixes
+    tandem bench lora-placement [options]     LoRA adapter placement vs random, least-loaded
 
 A named benchmark is the module `tandem.bench.<SUBCOMMANDS[name]>` exposing
 `main(argv) -> int`, imported only when asked for.
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
     "routers": "component.routers",
     "indexer": "component.indexer",
     "churn": "component.churn",
+    "lora-placement": "component.lora_placement",
     "engine": "component.engine",
     "transfer": "component.transfer",
     "disagg": "component.disagg",

@@ -76,8 +76,9 @@ $(VLLM_STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tandem serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
+# --durations=40: every CI log shows where the time went
 test: $(STAMP) prometheus kubectl libibverbs
-	$(BIN)/python -m pytest -q -m "not image" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not image" --durations=40 $(PYTEST_ARGS)
 
 # the CPU container image, localhost/tandem:VERSION (the name deploy/k8s runs), built with podman
 # from a Debian base made by mmdebstrap (deploy/image/build.sh: it installs podman, runc and

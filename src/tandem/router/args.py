@@ -54,6 +54,13 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         "tenant share and deadline",
     )
     g.add_argument(
+        "--batch-headroom-requests",
+        type=int,
+        default=d.batch_headroom_requests,
+        help="with --busy-inflight-requests N: the batch class may use only N minus this many "
+        "slots per worker, so the batch lane runs in idle capacity (0 = all N)",
+    )
+    g.add_argument(
         "--router-queue",
         type=int,
         default=d.queue_size,
@@ -155,6 +162,7 @@ def router_config_from_args(ns: argparse.Namespace) -> RouterConfig:
         if ns.busy_prefill_tokens is None
         else int(ns.busy_prefill_tokens),
         "busy_inflight_requests": getattr(ns, "busy_inflight_requests", None),
+        "batch_headroom_requests": getattr(ns, "batch_headroom_requests", None),
         "queue_size": ns.router_queue,
         "queue_timeout_s": ns.router_queue_timeout_s,
         "session_ttl_s": getattr(ns, "router_session_ttl_s", None),

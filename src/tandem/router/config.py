@@ -30,6 +30,10 @@ class RouterConfig:
     # requests in flight from this router (every policy): at it, a worker takes no more and
     # requests wait in the router queue, where classes, deadlines and fair shares apply
     busy_inflight_requests: int | None = None
+    # of those, the slots per worker the batch class (protocols/tenancy.BATCH_PRIORITY) may
+    # not take (one always stays theirs): the batch lane runs in idle capacity, interactive
+    # requests find a free slot
+    batch_headroom_requests: int = 1
     queue_size: int = 0
     queue_timeout_s: float = 30.0
     # sessions (router/session.py): a session's turns go to its last worker for this long
@@ -69,6 +73,7 @@ class RouterConfig:
             check_range("busy_prefill_tokens", self.busy_prefill_tokens, low=1)
         if self.busy_inflight_requests is not None:
             check_range("busy_inflight_requests", self.busy_inflight_requests, low=1)
+        check_range("batch_headroom_requests", self.batch_headroom_requests, low=0)
         check_range("queue_size", self.queue_size, low=0)
         check_range("queue_timeout_s", self.queue_timeout_s, low=0.0)
         check_range("session_ttl_s", self.session_ttl_s, low=0.0, high=7 * 86400.0)

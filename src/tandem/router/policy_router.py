@@ -19,6 +19,7 @@ from tandem.errors import DeadlineExceeded, InvalidRequest, NoWorkersAvailable, 
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.kv_events import LoadMetrics
+from tandem.protocols.tenancy import BATCH_PRIORITY
 from tandem.protocols.lora import LoraEvent, lora_events_subject
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
@@ -401,6 +402,8 @@ class PolicyRouter:
         but a session's request goes back to its bound worker while that one is a candidate,
         not busy and not `session_slack` requests above the least loaded."""
         cap = self.config.busy_inflight_requests
+        if cap is not None and request.priority >= BATCH_PRIORITY:
+            cap = max(cap - self.config.batch_headroom_requests, 1)
         pinned = request.routing is not None and request.routing.worker_id is not None
         if cap is not None and not pinned:
             candidates = [c for c in candidates if self.inflight(c.instance_id) < cap]

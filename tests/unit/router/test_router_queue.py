@@ -225,3 +225,21 @@ async def test_a_new_arrival_does_not_overtake_an_equal_waiter() -> None:
     router.on_finish("waited")
     await asyncio.wait_for(late, 5)
     await router.close()
+
+
+async def test_the_batch_class_leaves_headroom_for_interactive_requests() -> None:
+    """With 2 slots per worker and 1 of headroom, batch lines take one slot a worker; an
+    interactive request then still starts at once."""
+    router = RoundRobinRouter(
+        RouterConfig(queue_size=8, busy_inflight_requests=2, batch_headroom_requests=1),
+        instances=StaticInstanceSet([backend_instance(0), backend_instance(1)]),
+    )
+    await router.start()
+    lines = [asyncio.create_task(router.route(req(f"line{i}", priority=2))) for i in range(4)]
+    await asyncio.sleep(0.01)
+    assert sum(t.done() for t in lines) == 2 and router.num_queued == 2
+    chat = await asyncio.wait_for(router.route(req("chat")), 1)  # no wait for a batch line
+    assert chat.instance_id in ("w0", "w1")
+    for task in lines:
+        task.cancel()
+    await router.close()

@@ -19,8 +19,8 @@ from tandem.errors import DeadlineExceeded, InvalidRequest, NoWorkersAvailable, 
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.kv_events import LoadMetrics
-from tandem.protocols.tenancy import BATCH_PRIORITY
 from tandem.protocols.lora import LoraEvent, lora_events_subject
+from tandem.protocols.tenancy import BATCH_PRIORITY
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
 from tandem.router.cost import CandidateCost

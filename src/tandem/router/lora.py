@@ -69,7 +69,8 @@ class LoraPlacementConfig:
 def rendezvous(name: str, worker_id: str) -> int:
     """The highest-random-weight score of `worker_id` for adapter `name` (stable everywhere)."""
     digest = hashlib.blake2b(f"{name}\0{worker_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+    # big-endian: the digests' order as bytes, as the frontend's load picks (frontend/adapters.py)
+    return int.from_bytes(digest, "big")
 
 
 @dataclass(slots=True)

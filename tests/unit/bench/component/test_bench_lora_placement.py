@@ -12,7 +12,7 @@ from tandem.bench.component.virtual_time import run_virtual
 
 pytestmark = pytest.mark.timeout(120)
 
-SMALL = ["--workers", "3", "--adapters", "12", "--max-loras", "2", "--requests", "240",
+SMALL = ["--workers", "3", "--adapters", "12", "--max-loras", "2", "--requests", "150",
          "--rate", "20", "--isl", "64", "--system-tokens", "32", "--osl", "4"]  # fmt: skip
 
 
@@ -29,7 +29,7 @@ def test_virtual_time_jumps_to_the_next_timer() -> None:
 
 def test_placement_loads_fewer_adapters_than_random_and_is_deterministic() -> None:
     args = parse_args(SMALL)
-    assert len(workload(args)) == 240
+    assert len(workload(args)) == 150
     result = run(args)
     rows = {r["policy"]: r for r in result["rows"]}
     assert all(r["failed"] == 0 for r in rows.values())

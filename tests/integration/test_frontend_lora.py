@@ -303,3 +303,27 @@ async def test_unload_lets_running_requests_finish(stack: AsyncExitStack, tmp_pa
     assert status == 200 and text.rstrip().endswith("data: [DONE]")
     assert '"finish_reason":"length"' in text.replace(" ", "")
     assert (path / "adapter_config.json").exists()  # an unload deletes no files
+
+
+def readme_example() -> tuple[dict[str, Any], str]:
+    """The README's LoRA example: the load request's JSON body and the OpenAI SDK code."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("### LoRA adapters", 1)[1]
+    body = json.loads(section.split("-d '", 1)[1].split("'", 1)[0])
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    return body, code
+
+
+async def test_readme_example(stack: AsyncExitStack, tmp_path: Path) -> None:
+    """The README's load request and its OpenAI SDK code, as written, against a live stack."""
+    body, code = readme_example()
+    adapter_dir(tmp_path, body["lora_path"])
+    fs, (worker,) = await started(stack, lora=LoraApiConfig(lora_dir=str(tmp_path)))
+    assert (await fs.post(LOAD, body))[0] == 200
+    printed: list[tuple[Any, ...]] = []
+    code = code.replace("http://127.0.0.1:8000", fs.base)
+    env = {"print": lambda *args: printed.append(args)}
+    await asyncio.to_thread(exec, code, env)  # the SDK is synchronous here
+    assert printed[0] == ([MODEL, body["lora_name"]],)
+    assert printed[1][0] == body["lora_name"]
+    assert engine_of(worker).lora_names[-1] == body["lora_name"]

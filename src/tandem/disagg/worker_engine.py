@@ -213,6 +213,12 @@ class DisaggEngine(EngineDefaults):
         return await self.engine.embed(inputs)
 
     async def stop(self) -> None:
+        if self.fetch is not None:  # once per process: what peer fetch did over its life
+            s = self.fetch.stats
+            logger.info("peer KV fetch: %d started, %d succeeded (%d blocks, %.3f s), %d fell "
+                        "back; %d exported (%d blocks)", s.num_started, s.num_succeeded,
+                        s.num_blocks, s.seconds, s.num_fell_back, s.num_exported,
+                        s.num_export_blocks)  # fmt: skip
         await self.engine.stop()
         if self.agent is not None:
             await asyncio.to_thread(self.agent.close)

@@ -74,7 +74,11 @@ def tandem_mocker_stack(
     with ProcessStack(work_dir / "logs") as stack:
         engines: list[int] = []
         if layout == "split":
-            env = {"TANDEM_DISCOVERY": "file", "TANDEM_DISCOVERY_DIR": str(work_dir / "discovery")}
+            env = {  # processes of their own: file discovery, ZMQ events between them
+                "TANDEM_DISCOVERY": "file",
+                "TANDEM_DISCOVERY_DIR": str(work_dir / "discovery"),
+                "TANDEM_EVENTS": "zmq",
+            }
             for i in range(num_workers):
                 argv = list(mocker)
                 if speedup_ratios is not None:

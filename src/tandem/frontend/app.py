@@ -73,6 +73,7 @@ LIMITED_ENDPOINTS = frozenset(
     {"chat_completions", "completions", "generate_tokens", "embeddings", "responses",
      "messages", "rerank", "score"}
 )  # fmt: skip
+Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 WORKER_METRICS = "/metrics/workers/"  # + a worker id: that worker's metrics alone
 CLIENT_CLOSED = 499  # the status_code label of a request whose client went away (nginx's)
 
@@ -162,6 +163,8 @@ class FrontendApp:
             self._routes[("POST", lora_routes.LOAD_PATH)] = loras.load
             self._routes[("POST", lora_routes.UNLOAD_PATH)] = loras.unload
         self._openapi: bytes | None = None
+        # routes with an id in the path (`method, path -> handler or None`), after the table
+        self.prefix_routes: list[Callable[[str, str], Handler | None]] = [self.responses.route]
 
     def add_route(
         self,
@@ -173,9 +176,20 @@ class FrontendApp:
         self._routes[(method, path)] = handler
         self._openapi = None  # /openapi.json lists it from now on
 
+    def handler_for(self, method: str, path: str) -> Handler | None:
+        """The handler the route table has for `method path` (an in-process caller, such as
+        the batch runner, runs it without the HTTP edge's key check)."""
+        return self._routes.get((method, path))
+
+    def _prefix_route(self, method: str, path: str) -> Handler | None:
+        for route in self.prefix_routes:
+            if (handler := route(method, path)) is not None:
+                return handler
+        return None
+
     async def __call__(self, request: HttpRequest, response: HttpResponse) -> None:
         method = "GET" if request.method == "HEAD" else request.method  # HEAD works like GET
-        handler = self._routes.get((method, _route_path(request.path))) or self.responses.route(
+        handler = self._routes.get((method, _route_path(request.path))) or self._prefix_route(
             method, request.path
         )
         if handler is None and method == "GET" and request.path.startswith(WORKER_METRICS):

@@ -11,6 +11,7 @@ from tandem.frontend.api.responses.store import (
     add_response_store_args,
     response_store_config_from_args,
 )
+from tandem.frontend.batch.config import add_batch_args, batch_config_from_args
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.http.config import HttpConfig
 from tandem.frontend.lora_config import add_lora_args, lora_config_from_args
@@ -81,6 +82,7 @@ def add_frontend_args(parser: argparse.ArgumentParser, *, with_runtime: bool = T
     add_image_args(parser)
     add_response_store_args(parser)
     add_lora_args(parser)
+    add_batch_args(parser)
     add_router_args(parser)
     add_disagg_route_args(parser)
     if with_runtime:
@@ -219,6 +221,7 @@ def frontend_config_from_args(ns: argparse.Namespace) -> FrontendConfig:
         images=image_config_from_args(ns),
         responses_store=response_store_config_from_args(ns),
         lora=lora_config_from_args(ns),
+        batch=batch_config_from_args(ns),
         stall=StallConfig(
             first_token_timeout_s=ns.first_token_timeout_s, stall_timeout_s=ns.stall_timeout_s
         ),

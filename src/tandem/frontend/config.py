@@ -8,6 +8,7 @@ from pathlib import Path
 from tandem.config_check import check_range
 from tandem.disagg.config import DisaggRouteConfig
 from tandem.frontend.api.responses.store import ResponseStoreConfig
+from tandem.frontend.batch.config import BatchConfig
 from tandem.frontend.http.config import HttpConfig
 from tandem.frontend.lora_config import LoraApiConfig
 from tandem.frontend.watchdog import StallConfig
@@ -59,6 +60,8 @@ class FrontendConfig:
     responses_store: ResponseStoreConfig = field(default_factory=ResponseStoreConfig)
     # LoRA adapters: `--lora` at start, `--lora-dir` for runtime loads (frontend/adapters.py)
     lora: LoraApiConfig = field(default_factory=LoraApiConfig)
+    # the batch lane: /v1/files, /v1/batches, its database and runner (frontend/batch/)
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

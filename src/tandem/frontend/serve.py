@@ -16,6 +16,7 @@ from tandem.errors import ConfigError, StartupError
 from tandem.frontend.adapters import LoraAdapters
 from tandem.frontend.api.responses.store import ResponseStore
 from tandem.frontend.app import FrontendApp
+from tandem.frontend.batch.lane import BatchLane
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.disagg_wiring import disagg_streamer
 from tandem.frontend.http.server import HttpServer
@@ -101,6 +102,7 @@ class _Frontend:
     health: HealthMonitor
     app: FrontendApp
     server: HttpServer
+    batch: BatchLane
 
     async def start(self) -> None:
         await self.registry.start()
@@ -109,9 +111,11 @@ class _Frontend:
             await self.pool.start()
         await self.encoders.start()
         await self.health.start()
+        self.batch.start()
 
     async def close(self, drain_grace_s: float) -> None:
         await self.server.stop(drain_grace_s)
+        await self.batch.close()  # its lines in flight stay pending: the next runner resumes
         await self.app.images.close()
         await self.health.close()
         await self.encoders.close()
@@ -188,9 +192,11 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
     )
     _add_dashboard(app, config, runtime, health, pool)
     app.responses.store = ResponseStore(config.responses_store)
-    app.responses.owners = Ownership(
+    owners = Ownership(
         has_api_keys=bool(config.api_keys or config.admin_api_keys), tenancy=app.tenancy
     )
+    app.responses.owners = owners
+    batch = _batch_lane(config, app, registry, metrics, owners)
     app.responses.shared_port = config.http.reuse_port
     server = HttpServer(app, config=config.http)
     return _Frontend(
@@ -203,7 +209,27 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
         health=health,
         app=app,
         server=server,
+        batch=batch,
     )
+
+
+def _batch_lane(
+    config: FrontendConfig,
+    app: FrontendApp,
+    registry: ModelRegistry,
+    metrics: FrontendMetrics,
+    owners: Ownership,
+) -> BatchLane:
+    """/v1/files and /v1/batches, and the runner that sends batch lines through the app's
+    own handlers (frontend/batch/)."""
+    batch = BatchLane(
+        config.batch, registry, owners, lambda path: app.handler_for("POST", path), app.tenancy
+    )
+    for (method, path), handler in batch.routes().items():
+        app.add_route(method, path, handler)
+    app.prefix_routes.append(batch.route)
+    metrics.registry.register(batch)
+    return batch
 
 
 def _on_worker_event(streamer: EngineStreamer, event: InstanceEvent) -> None:

@@ -125,11 +125,36 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
         "Live page of the frontend's view of its workers", content_type="text/html"
     ),
     ("GET", "/dashboard/state"): RouteDoc("The dashboard's JSON source, polled by the page"),
+    # the batch lane (frontend/batch/): OpenAI's Files and Batch objects (generic here)
+    ("POST", "/v1/files"): RouteDoc(
+        "Upload a file (OpenAI Files: multipart/form-data with file and purpose=batch)"
+    ),
+    ("GET", "/v1/files"): RouteDoc("List your files (?purpose=, limit, after)"),
+    ("GET", "/v1/files/{file_id}"): RouteDoc("A file object"),
+    ("DELETE", "/v1/files/{file_id}"): RouteDoc("Delete a file"),
+    ("GET", "/v1/files/{file_id}/content"): RouteDoc(
+        "A file's content (JSONL)", content_type="application/jsonl"
+    ),
+    ("POST", "/v1/batches"): RouteDoc(
+        "Create a batch (OpenAI Batch API: input_file_id, endpoint, completion_window 24h)"
+    ),
+    ("GET", "/v1/batches"): RouteDoc("List your batches (limit, after)"),
+    ("GET", "/v1/batches/{batch_id}"): RouteDoc("A batch object with its request_counts"),
+    ("POST", "/v1/batches/{batch_id}/cancel"): RouteDoc("Cancel a batch"),
 }
 
 
-# routes the app serves outside its table (api/responses/endpoint.py: ResponsesEndpoint.route)
-PATTERN_ROUTES = (("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"))
+# routes the app serves outside its table (api/responses/endpoint.py: ResponsesEndpoint.route,
+# and frontend/batch/lane.py: BatchLane.route)
+PATTERN_ROUTES = (
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
+    ("GET", "/v1/files/{file_id}"),
+    ("DELETE", "/v1/files/{file_id}"),
+    ("GET", "/v1/files/{file_id}/content"),
+    ("GET", "/v1/batches/{batch_id}"),
+    ("POST", "/v1/batches/{batch_id}/cancel"),
+)
 
 
 def build_openapi(routes: Iterable[tuple[str, str]], version: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@
     tandem bench routers [options]            tandem's routers and the peers', same trace
     tandem bench planner [options]            planner vs static fleets on a time-varying load
     tandem bench soak [options]               RSS slope of every process under mixed load
+    tandem bench tenants [options]            tenants, classes, batch, sessions vs FIFO (issue 33)
     tandem bench churn [options]              KV router memory under ever-new prefixes
     tandem bench lora-placement [options]     LoRA adapter placement vs random, least-loaded
 
@@ -39,6 +40,7 @@ SUBCOMMANDS = {
     "vllm": "compare.vllm",
     "tracing": "component.tracing",
     "structured": "component.structured",
+    "tenants": "component.tenants",
 }
 
 

@@ -71,6 +71,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    # vLLM extension: salts the prefix cache's block hashes (DESIGN §5): requests with
+    # different salts never share KV blocks (not in the router's index, an engine's prefix
+    # cache, or the KV tiers); printable text, 1 to MAX_IDENTIFIER_CHARS characters
+    cache_salt: str | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # vLLM extension
@@ -214,9 +218,22 @@ def _check_int(param: str, value: int, lo: int, hi: int, expected: str = "") -> 
     _check(lo <= value <= hi, param, value, expected or f"an integer in [{lo}, {hi}]")
 
 
+def check_cache_salt(salt: str, param: str = "cache_salt") -> None:
+    """1 to MAX_IDENTIFIER_CHARS printable characters (a salt the frontend derives for an
+    isolated tenant starts with a control character, so no client salt can equal one)."""
+    if not 0 < len(salt) <= MAX_IDENTIFIER_CHARS or not salt.isprintable():
+        raise InvalidRequest(
+            f"{param}={show_value(salt)} is invalid; expected 1 to {MAX_IDENTIFIER_CHARS} "
+            "printable characters",
+            param=param,
+        )
+
+
 def validate_sampling(req: _SamplingFields) -> None:
     """Range checks shared by chat and completions. Raises InvalidRequest naming the field."""
     _check(bool(req.model), "model", req.model, "a non-empty model name")
+    if req.cache_salt is not None:
+        check_cache_salt(req.cache_salt)
     _check_int("n", req.n, 1, MAX_N)
     if req.best_of is not None:
         _check_int("best_of", req.best_of, req.n, MAX_N, f"an integer in [n={req.n}, {MAX_N}]")

@@ -38,6 +38,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] | None = None
     user: str | None = None
     safety_identifier: str | None = None
+    cache_salt: str | None = None  # vLLM's: as chat's (protocols/openai.py)
     parallel_tool_calls: bool | None = None
     tool_choice: Any = None
     tools: list[Any] | None = None

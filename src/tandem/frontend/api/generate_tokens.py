@@ -37,8 +37,8 @@ from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.engine import EngineOutput
 from tandem.protocols.openai import (
-    MAX_IDENTIFIER_CHARS,
     CompletionIdsRequest,
+    check_cache_salt,
     check_unsupported,
     show_value,
 )
@@ -108,12 +108,8 @@ def completion_request(req: GenerateRequest, model: str) -> CompletionIdsRequest
             "RequestOutputKind: 0 (cumulative), 1 (delta) or 2 (final only)",
             param="sampling_params.output_kind",
         )
-    if req.cache_salt is not None and not 0 < len(req.cache_salt) <= MAX_IDENTIFIER_CHARS:
-        raise InvalidRequest(
-            f"cache_salt={show_value(req.cache_salt)} is invalid; expected 1 to "
-            f"{MAX_IDENTIFIER_CHARS} characters",
-            param="cache_salt",
-        )
+    if req.cache_salt is not None:
+        check_cache_salt(req.cache_salt)
     bias = None if sp.logit_bias is None else {str(k): v for k, v in sp.logit_bias.items()}
     return CompletionIdsRequest(
         model=model,

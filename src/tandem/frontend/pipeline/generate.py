@@ -212,7 +212,24 @@ class GeneratePipeline:
                 req, model, request_id=request_id, worker_id=worker_id, deadline_s=deadline_s
             )
         self._stamp(prepared, identity or current_identity(), req, http)
+        self._isolate(prepared)
         return prepared
+
+    def _isolate(self, prepared: Prepared) -> None:
+        """An isolated tenant's requests carry a salt of their own (DESIGN §5), so its KV
+        blocks are never shared with another tenant's, in the router's index, the engines'
+        prefix caches or the KV tiers. It starts with a control character, which a client's
+        `cache_salt` may not hold, and keeps the client's salt after it."""
+        identity = prepared.identity
+        if identity is None or self.tenancy is None:
+            return
+        if not self.tenancy.table.get(identity.tenant).isolated:
+            return
+        for request in prepared.requests:
+            own = f"\x00tenant:{identity.tenant}"
+            request.cache_salt = (
+                own if request.cache_salt is None else f"{own}\x00{request.cache_salt}"
+            )
 
     def _stamp(
         self,

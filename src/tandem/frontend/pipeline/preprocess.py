@@ -399,6 +399,7 @@ def _base_request(req, model, request_id, worker_id, deadline_s, top) -> Preproc
         eos_token_ids=model.eos_token_ids,
         routing=RoutingHints(worker_id=worker_id) if worker_id else None,
         deadline_s=deadline_s,
+        cache_salt=req.cache_salt,
     )
     try:  # fail here, before a router counts it in flight, should a field escape validation
         encode(base)

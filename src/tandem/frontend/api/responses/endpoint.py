@@ -110,6 +110,7 @@ class ResponsesEndpoint:
             top_p=req.top_p,
             stream=req.stream,
             user=req.user,
+            cache_salt=req.cache_salt,
             response_format=response_format(req.text),  # structured outputs, as chat's
         )
         model = self.registry.get(req.model)

@@ -83,6 +83,7 @@ async def test_fetch_pulls_the_prefix_and_matches_recompute() -> None:
         assert holder.fetch is not None and holder.fetch.stats.num_exported == 1
         assert plain.load().kv_fetch_bytes_per_s is None  # published once it measured one
         assert (fetcher.load().kv_fetch_bytes_per_s or 0) > 0
+        assert fetcher.load().kv_fetch_setup_s is not None
         # the fetched blocks joined the fetcher's own cache
         again, cached = await run(fetcher, request("r2"))
         assert again == ref and cached == 28

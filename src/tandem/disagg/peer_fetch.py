@@ -59,6 +59,7 @@ class PeerFetchStats:
         self.num_exported = 0
         self.num_export_blocks = 0
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s  # declared, then measured (EWMA)
+        self.setup_s = 0.0  # measured fixed part of a fetch: all of it but the pull (EWMA)
 
 
 class PeerFetch:
@@ -175,6 +176,9 @@ class PeerFetch:
         num_bytes = max(moved_bytes, num_tokens * self.bytes_per_token)  # mocker: 1 B/block
         stats.num_bytes += num_bytes
         stats.seconds += seconds
+        setup = max(seconds - pull_s, 0.0)
+        first = stats.num_succeeded == 1
+        stats.setup_s = setup if first else stats.setup_s + BANDWIDTH_EWMA * (setup - stats.setup_s)
         if pull_s > 0:
             measured = num_bytes / pull_s
             stats.bandwidth_bytes_per_s += BANDWIDTH_EWMA * (measured - stats.bandwidth_bytes_per_s)
@@ -202,6 +206,13 @@ class PeerFetch:
                 "tandem_kv_fetch_bandwidth_bytes_per_second",
                 "peer KV fetch bandwidth (declared, then measured)",
                 value=s.bandwidth_bytes_per_s,
+            )
+        )
+        out.append(
+            GaugeMetricFamily(
+                "tandem_kv_fetch_setup_seconds",
+                "measured fixed part of a peer KV fetch (round trips, not the bytes)",
+                value=s.setup_s,
             )
         )
         return out

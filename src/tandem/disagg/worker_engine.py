@@ -200,8 +200,9 @@ class DisaggEngine(EngineDefaults):
         load = self.engine.load()
         if self.fetch is None or not self.fetch.stats.num_succeeded:
             return load
+        stats = self.fetch.stats
         return dataclasses.replace(
-            load, kv_fetch_bytes_per_s=self.fetch.stats.bandwidth_bytes_per_s
+            load, kv_fetch_bytes_per_s=stats.bandwidth_bytes_per_s, kv_fetch_setup_s=stats.setup_s
         )
 
     def take_step_samples(self) -> list[StepSample]:

@@ -64,6 +64,7 @@ class EngineLoad:
     num_running: int
     num_cached_blocks: int = 0  # prefix-cache blocks held (what a scale-down victim loses)
     kv_fetch_bytes_per_s: float | None = None  # measured peer KV fetch bandwidth, if any
+    kv_fetch_setup_s: float | None = None  # and the measured fixed part of a fetch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

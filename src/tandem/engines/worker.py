@@ -570,6 +570,7 @@ class Worker:
             timestamp_s=time.time(),
             kv_event_id=self.kv_events.event_id,
             kv_fetch_bytes_per_s=load.kv_fetch_bytes_per_s,
+            kv_fetch_setup_s=load.kv_fetch_setup_s,
         )
         try:
             await self.runtime.events.publish(self.load_subject, kv.encode(msg))

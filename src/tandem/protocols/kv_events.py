@@ -63,6 +63,8 @@ class LoadMetrics(msgspec.Struct, kw_only=True, omit_defaults=True):
     # peer KV fetch (issue 31): the transfer bandwidth the worker's fetches measured (bytes/s;
     # None: it made none, or offers no fetch); the router prices fetches with it
     kv_fetch_bytes_per_s: float | None = None
+    # and the fixed part of its fetches (export and pull round trips, threads): seconds
+    kv_fetch_setup_s: float | None = None
 
 
 class KvStateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

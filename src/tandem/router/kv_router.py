@@ -68,6 +68,7 @@ class KvRouter(PolicyRouter):
         self.applier = EventApplier(self.indexer, self.metrics)
         self.speed = PrefillSpeed()  # workers' measured prefill ms per token (WorkerStats)
         self._fetch_bandwidth: dict[str, float] = {}  # measured by the workers' peer fetches
+        self._fetch_setup: dict[str, float] = {}  # and their fixed part (round trips), seconds
         self.follower: KvEventFollower | None = None
         self.approx: ApproxCache | None = None
         if not config.use_kv_events:
@@ -128,6 +129,8 @@ class KvRouter(PolicyRouter):
     def _on_load(self, metrics: LoadMetrics) -> None:
         if metrics.kv_fetch_bytes_per_s is not None:
             self._fetch_bandwidth[metrics.worker_id] = metrics.kv_fetch_bytes_per_s
+        if metrics.kv_fetch_setup_s is not None:
+            self._fetch_setup[metrics.worker_id] = metrics.kv_fetch_setup_s
         if self.follower is not None and metrics.kv_event_id is not None:
             self.follower.check_event_id(metrics.worker_id, metrics.dp_rank, metrics.kv_event_id)
 
@@ -156,6 +159,7 @@ class KvRouter(PolicyRouter):
         self.applier.forget_worker(worker_id)
         self.speed.forget(worker_id)
         self._fetch_bandwidth.pop(worker_id, None)
+        self._fetch_setup.pop(worker_id, None)
         if self.approx is not None:
             self.approx.forget_worker(worker_id)
         self.active.remove_worker(worker_id)
@@ -293,7 +297,7 @@ class KvRouter(PolicyRouter):
                 source_id=holder, local_blocks=local,
                 holder_blocks=usable, block_size=size, bytes_per_token=src.bytes_per_token,
                 bandwidth_bytes_per_s=bandwidth, prefill_s_per_token=prefill_s,
-                setup_s=cfg.kv_fetch_setup_s,
+                setup_s=max(cfg.kv_fetch_setup_s, self._fetch_setup.get(worker_id, 0.0)),
             )  # fmt: skip
             if plan is not None and plan.pays:
                 plans[worker_id] = plan

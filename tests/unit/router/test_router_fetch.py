@@ -170,3 +170,14 @@ async def test_no_fetch_for_a_worker_already_computing_that_prefix() -> None:
     r.active.add("same", "w1", sequence_hashes(PROMPT, B), 1024)
     scored = r.score(req("a"), list(r._instances.instances.values()))
     assert all(c.fetch is None for c in scored.costs)
+
+
+async def test_measured_setup_time_is_charged() -> None:
+    """w1's fetches measured 200 ms of round trips each (a loaded host): more than the
+    51 ms the prefill would take, so no fetch."""
+    r = router(gbps=50.0)
+    load = LoadMetrics(worker_id="w1", num_active_blocks=0, num_total_blocks=4096,
+                       num_waiting=0, num_running=0, kv_fetch_setup_s=0.2)  # fmt: skip
+    r._on_load(load)
+    assert r.explain(req("e"))["kv_fetch"] is None
+    assert (await r.route(req("a"))).kv_fetch is None

@@ -60,6 +60,7 @@ class KvRouter(PolicyRouter):
     ) -> None:
         super().__init__(config, **wiring)
         self._client = client
+        self.lora_client = client  # unloads cold LoRA adapters (router/lora.py)
         self.indexer = KvIndexer()
         self.active = ActiveSequences(ttl_s=config.active_ttl_s, clock=self._clock)
         self._last_sweep_s = self._clock()

@@ -19,8 +19,14 @@ Hot adapters get replicas: each adapter's request rate is an exponentially decay
 (`rate_half_life_s`), and an adapter with share s of the requests wants
 ceil(s × workers / replica_load) holders (at most `max_replicas`); the count rises at once and
 falls only when 1.5 times the share would fit in fewer (hysteresis). Surplus holders (the
-lowest-ranked) get no more requests, so the worker's LRU evicts them when it needs the slot:
-the router itself never unloads.
+lowest-ranked) get no more requests, so the worker's LRU evicts them when it needs the slot.
+
+Cold adapters are unloaded: when an adapter's last request of this router on a worker ends
+and the adapter ranks, by measured rate, below what the fleet's slots hold (every slot less
+the hot adapters' extra replicas), the router asks that worker to unload it (`unload_lora`,
+with a request client: the `kv` policy), so the slot goes to the next miss instead of the
+worker's LRU evicting an adapter asked for more often. Nothing is cold while every adapter
+asked for fits (`--no-lora-unload-cold` turns it off).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class LoraPlacementConfig:
     replica_load: float = 1.0
     rate_half_life_s: float = 60.0
     pending_s: float = 30.0  # a placement counts as held this long without the worker's event
+    unload_cold: bool = True  # ask a worker to unload an idle adapter ranked below the slots
 
     def __post_init__(self) -> None:
         check_range("lora_max_replicas", self.max_replicas, low=1, high=1024)
@@ -308,15 +315,38 @@ class LoraPlacement:
         self._last_used[(worker_id, name)] = now
         self._inflight[(worker_id, name)] += 1
 
-    def finished(self, request_id: str) -> None:
+    def finished(self, request_id: str) -> tuple[str, str] | None:
+        """The request ended. Returns (worker_id, adapter) when that adapter is now idle there
+        and cold (`is_cold`): the router asks the worker to unload it, so the slot goes to
+        the next miss instead of an adapter asked for more often (the worker's own LRU
+        would evict by recency, not by rate)."""
         key = self._requests.pop(request_id, None)
         if key is None:
-            return
+            return None
         left = self._inflight[key] - 1
         if left > 0:
             self._inflight[key] = left
-        else:
-            del self._inflight[key]
+            return None
+        del self._inflight[key]
+        worker_id, name = key
+        w = self._workers.get(worker_id)
+        if not self.config.unload_cold or w is None or name not in w.resident:
+            return None
+        return key if self.is_cold(name) else None
+
+    def is_cold(self, name: str) -> bool:
+        """Whether adapter `name` ranks, by measured rate, below what the fleet's slots hold
+        (every worker's slots less the hot adapters' extra replicas): keeping it resident
+        would cost an adapter asked for more often. False until rates are measured, and
+        whenever every adapter asked for fits."""
+        now = self._clock()
+        rates = {n: self._decayed(n, now) for n in self._rates}
+        slots = sum(w.max_loras for w in self._workers.values())
+        slots -= sum(k - 1 for k in self._replicas.values())
+        if sum(rates.values()) < MIN_RATE_EVIDENCE or len(rates) <= slots:
+            return False
+        mine = rates.get(name, 0.0)
+        return sum(r > mine for r in rates.values()) >= slots
 
 
 def lora_families(
@@ -388,6 +418,13 @@ def add_lora_args(group: argparse._ArgumentGroup) -> None:
         "another (replicas = ceil(share x workers / this))",
     )
     group.add_argument(
+        "--lora-unload-cold",
+        action=argparse.BooleanOptionalAction,
+        default=d.unload_cold,
+        help="kv policy: ask a worker to unload an idle adapter whose request rate ranks below "
+        "what the fleet's adapter slots hold (nothing is cold while every adapter fits)",
+    )
+    group.add_argument(
         "--lora-rate-half-life-s",
         type=float,
         default=d.rate_half_life_s,
@@ -402,4 +439,5 @@ def lora_config_from_args(ns: argparse.Namespace) -> LoraPlacementConfig:
         max_replicas=getattr(ns, "lora_max_replicas", d.max_replicas),
         replica_load=getattr(ns, "lora_replica_load", d.replica_load),
         rate_half_life_s=getattr(ns, "lora_rate_half_life_s", d.rate_half_life_s),
+        unload_cold=getattr(ns, "lora_unload_cold", d.unload_cold),
     )

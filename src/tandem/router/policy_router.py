@@ -19,7 +19,13 @@ from tandem.errors import DeadlineExceeded, InvalidRequest, NoWorkersAvailable, 
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.kv_events import LoadMetrics
-from tandem.protocols.lora import LoraEvent, lora_events_subject
+from tandem.protocols.lora import (
+    UNLOAD_ENDPOINT,
+    LoraEvent,
+    LoraUnloadRequest,
+    encode,
+    lora_events_subject,
+)
 from tandem.protocols.tenancy import BATCH_PRIORITY
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
@@ -32,7 +38,7 @@ from tandem.router.queue import RequestQueue, Waiter
 from tandem.router.session import SessionSync, SessionTable
 from tandem.router.source import EventSource, InstanceSource
 from tandem.runtime import tracing
-from tandem.runtime.base import Subscription
+from tandem.runtime.base import RequestClient, Subscription
 
 logger = logging.getLogger(__name__)
 _lora_event = msgspec.msgpack.Decoder(LoraEvent)
@@ -119,6 +125,9 @@ class PolicyRouter:
         if config.lora.enabled:
             self.lora = LoraPlacement(config.lora, self._clock, self.metrics.lora)
         self._lora_plan: tuple[str, Plan] | None = None
+        # asks workers to unload cold adapters (the KV router sets it: it has a client)
+        self.lora_client: RequestClient | None = None
+        self._lora_unloads: set[asyncio.Task[None]] = set()
 
     def subject(self, name: str) -> str:
         return f"{self.namespace}.{self.config.worker_component}.{name}"
@@ -190,6 +199,8 @@ class PolicyRouter:
         """Hook: the KV router checks the worker's reported KV event id."""
 
     async def close(self) -> None:
+        for unload in list(self._lora_unloads):
+            unload.cancel()
         if self._session_sync is not None:
             await self._session_sync.close()
         for task in self._tasks:
@@ -437,6 +448,36 @@ class PolicyRouter:
     def on_first_token(self, request_id: str) -> None:
         """Nothing to do for load-only policies."""
 
+    def _unload_cold(self, worker_id: str, name: str) -> None:
+        """Ask `worker_id` to unload the cold adapter `name` (router/lora.py `is_cold`), in a
+        task; a failure (gone already, worker busy) only costs the slot until its LRU."""
+        instance = self._instances.instances.get(worker_id)
+        client = self.lora_client
+        if instance is None or client is None:
+            return
+
+        async def unload() -> None:
+            path = f"{self.namespace}.{self.config.worker_component}.{UNLOAD_ENDPOINT}"
+            try:
+                async for _ in client.stream(
+                    instance.address,
+                    path,
+                    encode(LoraUnloadRequest(name=name)),
+                    request_id=f"lora-unload-{name}-{worker_id}"[:128],
+                    deadline_s=time.time() + 5.0,
+                ):
+                    pass
+            except Exception as exc:  # task boundary: the adapter just stays until its LRU
+                logger.debug("unloading cold LoRA adapter %s on worker_id=%s: %s", name,
+                             worker_id, exc)  # fmt: skip
+
+        try:
+            task = asyncio.get_running_loop().create_task(unload(), name="router-lora-unload")
+        except RuntimeError:
+            return  # no loop (a synchronous caller): nothing to ask
+        self._lora_unloads.add(task)
+        task.add_done_callback(self._lora_unloads.discard)
+
     def _book_lora(
         self, request: PreprocessedRequest, chosen: Instance, details: dict[str, Any]
     ) -> None:
@@ -450,7 +491,9 @@ class PolicyRouter:
 
     def on_finish(self, request_id: str) -> None:
         if self.lora is not None:
-            self.lora.finished(request_id)
+            cold = self.lora.finished(request_id)
+            if cold is not None and self.lora_client is not None:
+                self._unload_cold(*cold)
         worker = self._request_worker.pop(request_id, None)
         if worker is None:
             return

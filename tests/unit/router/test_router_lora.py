@@ -4,6 +4,7 @@ routers agree on, the slot limit, replicas for a hot adapter and their ageing ou
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -233,3 +234,60 @@ async def test_two_routers_place_a_miss_on_the_same_worker_and_follow_it() -> No
     assert "lora" not in (await off.route(lora_req("z", "fr"))).details
     for r in (*routers, off):
         await r.close()
+
+
+def test_a_cold_adapter_is_unloaded_when_idle_and_a_hot_one_never() -> None:
+    # 2 workers x 2 slots = 4 slots; 8 adapters asked for: "hot" far more than the others
+    clock = Clock()
+    ws = [worker(0, max_loras=2), worker(1, max_loras=2)]
+    p = placement(ws, clock)
+    for i in range(60):
+        name = "hot" if i % 2 else f"c{i % 7}"
+        plan = p.plan(name, ws)
+        p.routed(f"r{i}", plan.allowed[0].instance_id, plan, 8)
+        p.finished(f"r{i}")
+        clock.now += 0.1
+    assert not p.is_cold("hot") and p.is_cold("new")
+    target = p.plan("new", ws).allowed[0].instance_id
+    p.apply_event(loaded(target, "new", ["new"]))
+    plan = p.plan("new", ws)
+    p.routed("last", target, plan, 8)
+    assert p.finished("last") == (target, "new")  # idle and cold: ask the worker to unload it
+    p.apply_event(loaded(target, "hot", ["hot"]))
+    plan = p.plan("hot", ws)
+    p.routed("h", target, plan, 8)
+    assert p.finished("h") is None  # hot stays
+    few = placement(ws, clock)  # fewer adapters than slots: nothing is ever cold
+    assert not few.is_cold("anything")
+
+
+async def test_the_kv_router_asks_the_worker_to_unload_a_cold_adapter() -> None:
+    calls: list[tuple[str, str, bytes]] = []
+
+    class Client:
+        async def stream(self, address: str, path: str, payload: bytes, **kw: object) -> Any:
+            calls.append((address, path, payload))
+            yield b""
+
+    ws = StaticInstanceSet([card_worker(i, max_loras=1) for i in range(2)])
+    router = make_router("kv", RouterConfig(seed=0), instances=ws, client=Client())  # type: ignore[arg-type]
+    await router.start()
+    lora = router.lora  # type: ignore[attr-defined]
+    for i in range(40):  # a, b hot; 10 others once each: 12 adapters for 2 slots
+        name = ("a", "b")[i % 2] if i < 30 else f"x{i}"
+        d = await router.route(lora_req(f"r{i}", name))
+        lora.apply_event(loaded(d.instance_id, name, [name], max_loras=1))
+        router.on_finish(f"r{i}")
+        await asyncio.sleep(0)
+    assert calls and all(path == "tandem.backend.unload_lora" for _, path, _ in calls)
+    unloaded = {unload_name(payload) for _, _, payload in calls}
+    assert unloaded and not unloaded & {"a", "b"}
+    await router.close()
+
+
+def unload_name(payload: bytes) -> str:
+    import msgspec
+
+    from tandem.protocols.lora import LoraUnloadRequest
+
+    return msgspec.msgpack.decode(payload, type=LoraUnloadRequest).name

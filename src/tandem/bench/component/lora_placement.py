@@ -32,15 +32,18 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import msgspec
 
 from tandem.bench.component.entry import figures_main
 from tandem.bench.component.virtual_time import run_virtual
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
-from tandem.errors import ServingError
+from tandem.errors import EngineError, ServingError
 from tandem.protocols import lora as wire
 from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
@@ -50,6 +53,7 @@ from tandem.router.config import RouterConfig
 from tandem.router.lora import LoraPlacementConfig
 from tandem.router.registry import make_router
 from tandem.router.source import StaticInstanceSet
+from tandem.runtime.base import RequestClient
 from tandem.runtime.events.memory import MemoryEventBus
 
 POLICIES = ("tandem", "random", "least_loaded")
@@ -140,11 +144,49 @@ class SimWorker:
             await self._publish("loaded", name, loaded.load_s)
         return True
 
+    async def unload(self, name: str) -> None:
+        """The `unload_lora` endpoint: drop `name` (a router found it cold) and say so."""
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            await self.engine.unload_lora(name)
+            await self._publish("unloaded", name)
+
     async def _publish(self, kind: LoraEventKind, name: str, load_s: float = 0.0) -> None:
         event = LoraEvent(kind=kind, name=name, load_s=load_s, worker_id=self.worker_id,
                           resident=sorted(self.engine.loras()),
                           max_loras=self.engine.config.max_loras)  # fmt: skip
         await self.bus.publish(wire.lora_events_subject("tandem", "backend"), wire.encode(event))
+
+
+class LocalClient:
+    """The request plane as the router uses it here: `unload_lora` calls to the workers."""
+
+    def __init__(self, workers: dict[str, SimWorker]) -> None:
+        self.by_address = {f"127.0.0.1:{9000 + i}": w for i, w in enumerate(workers.values())}
+
+    async def stream(
+        self,
+        address: str,
+        endpoint_path: str,
+        payload: bytes,
+        *,
+        request_id: str,
+        deadline_s: float | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> AsyncIterator[bytes]:
+        if not endpoint_path.endswith(wire.UNLOAD_ENDPOINT):
+            raise EngineError(f"the bench's workers serve no {endpoint_path}")
+        name = msgspec.msgpack.decode(payload, type=wire.LoraUnloadRequest).name
+        await self.by_address[address].unload(name)
+        yield b""
+
+    def peer_silent_s(self, address: str) -> float | None:
+        return None
+
+    async def answers(self, address: str, within_s: float) -> bool:
+        return True
+
+    def drop(self, address: str, reason: str) -> None:
+        """Nothing to drop: no connections."""
 
 
 @dataclass
@@ -224,6 +266,7 @@ async def run_policy(policy: str, specs: list[Spec], args: argparse.Namespace) -
         config,
         instances=StaticInstanceSet(instances),
         events=bus,
+        client=cast(RequestClient, LocalClient(workers)),  # stream() is an async generator
         clock=loop.time,
         rng=random.Random(args.seed),
     )

@@ -412,10 +412,12 @@ class KvRouter(PolicyRouter):
         """Every candidate's overlap, prefill/decode blocks, cost, busy flag, and the worker
         `route` would pick now (sampled with a copy of the RNG, so nothing changes)."""
         candidates = self.candidates(request)
+        lora = self.explain_lora(request)  # its adapter's holders and why (router/lora.py)
         scored = self.score(request, candidates)
         eligible = self._eligible(request, scored)
         choice = choose(eligible, scored.temperature, copy.copy(self._rng)) if eligible else None
         return {
+            **lora,
             "policy": self.policy,
             "block_size": self.block_size,
             "request_tokens": scored.num_tokens,

@@ -128,7 +128,7 @@ async def test_an_adapter_in_use_is_never_evicted(tmp_path: Path) -> None:
 async def test_bad_adapters_and_unload(tmp_path: Path) -> None:
     e = engine(FakeTime())
     await e.start()
-    with pytest.raises(InvalidRequest, match="no adapter_config.json"):
+    with pytest.raises(InvalidRequest, match=r"no adapter_config\.json"):
         await e.load_lora("x", str(tmp_path / "missing"))
     bad = tmp_path / "bad"
     bad.mkdir()

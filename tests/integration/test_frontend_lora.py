@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -254,6 +255,10 @@ async def test_on_demand_load_and_events(stack: AsyncExitStack, tmp_path: Path) 
     fs.headers = {"x-worker-instance-id": other.instance_id}
     assert (await fs.post(CHAT, chat("a")))[0] == 200
     assert engine_of(other).loras() == ["a"] and engine_of(other).lora_names[-1] == "a"
+    scraped = other.metrics.render().decode()  # its /metrics: what it loaded and serves
+    for family, value in (("loads_total", 1), ("requests_total", 1), ("resident", 1),
+                          ("slots", 4), ("load_seconds_count", 1)):  # fmt: skip
+        assert re.search(rf"^tandem_worker_lora_{family}{{.*}} {value}$", scraped, re.M), family
 
     events = []
     async with asyncio.timeout(10):

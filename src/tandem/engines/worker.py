@@ -244,6 +244,7 @@ class Worker:
                 worker_id=self.instance_id,
                 component=comp,
                 max_loras=self.info.max_loras,
+                registry=self.metrics.registry,  # tandem_worker_lora_* on its /metrics
             )
             self.loras.register()
             metadata.update(self.loras.metadata())

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tandem.engines.base import Engine
 from tandem.errors import InvalidRequest, ModelNotFound
@@ -51,13 +52,28 @@ class WorkerLoras:
         worker_id: str,
         component: str,
         max_loras: int,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.engine, self.runtime = engine, runtime
         self.worker_id, self.component, self.max_loras = worker_id, component, max_loras
         self.subject = wire.lora_events_subject(runtime.namespace, component)
         self._loading: dict[str, asyncio.Lock] = {}  # one per adapter name ever loaded
-        self.num_loads = 0
-        self.load_s_total = 0.0
+        r, p = registry or CollectorRegistry(), "tandem_worker_lora"
+        self.loads = Counter(f"{p}_loads", "adapter loads by adapter", ("adapter",), registry=r)
+        self.unloads = Counter(
+            f"{p}_unloads", "adapters dropped, by reason (unloaded, evicted)",
+            ("adapter", "reason"), registry=r,
+        )  # fmt: skip
+        self.load_seconds = Histogram(
+            f"{p}_load_seconds", "time to make an adapter resident", registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )  # fmt: skip
+        self.requests = Counter(
+            f"{p}_requests", "generate requests by adapter", ("adapter",), registry=r
+        )
+        resident = Gauge(f"{p}_resident", "adapters resident now", registry=r)
+        resident.set_function(lambda: len(self.engine.loras()))
+        Gauge(f"{p}_slots", "adapter slots (--max-loras)", registry=r).set(max_loras)
 
     def metadata(self) -> dict[str, Any]:
         """What the instance's discovery record says (a router that starts late knows the
@@ -80,6 +96,7 @@ class WorkerLoras:
         """Make adapter `name` resident before a request that names it runs: nothing to do
         when it is; else its catalog entry is loaded. ModelNotFound when the catalog has no
         such adapter; the engine's InvalidRequest when its files are bad."""
+        self.requests.labels(name).inc()
         if name in self.engine.loras():
             return
         card = await self.runtime.loras.get(name)
@@ -98,18 +115,20 @@ class WorkerLoras:
             loaded = await self.engine.load_lora(name, path)
             if name in before:
                 return loaded  # already resident (same path: the engine checked)
-            self.num_loads += 1
-            self.load_s_total += loaded.load_s
+            self.loads.labels(name).inc()
+            self.load_seconds.observe(loaded.load_s)
             logger.info("LoRA adapter %s loaded from %s in %.3f s (rank %d)", name, path,
                         loaded.load_s, loaded.rank)  # fmt: skip
             after = set(self.engine.loras())
             for evicted in sorted(before - after):
+                self.unloads.labels(evicted, "evicted").inc()
                 await self._publish("evicted", evicted)
             await self._publish("loaded", name, loaded.load_s)
         return loaded
 
     async def unload(self, name: str) -> None:
         await self.engine.unload_lora(name)
+        self.unloads.labels(name, "unloaded").inc()
         logger.info("LoRA adapter %s unloaded", name)
         await self._publish("unloaded", name)
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from tandem.engines.base import EngineDefaults, EngineInfo, EngineLoad
+from tandem.engines.base import EngineCapabilities, EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.output_stream import DirectSink
 from tandem.engines.vllm.config import VllmWorkerConfig
@@ -37,9 +39,10 @@ from tandem.engines.vllm.sampling import (
     sampling_params,
     tokens_prompt,
 )
-from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
+from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest, ModelNotFound
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.lora import LoraLoaded
 from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
@@ -73,6 +76,15 @@ class VllmEngine(EngineDefaults):
         self._max_logprobs = 20
         self._failed: asyncio.Future[str] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        # LoRA adapters through vLLM's own LoRA (`--enable-lora`; its CPU build has it:
+        # PunicaWrapperCPU): name -> vLLM's LoRARequest, which carries the path, so vLLM
+        # reloads an adapter its LRU cache (--max-cpu-loras) dropped
+        self._loras: dict[str, Any] = {}
+        self._next_lora_id = 1
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return _LORA if _lora_enabled(self.config) else _PLAIN
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> EngineInfo:
@@ -170,6 +182,7 @@ class VllmEngine(EngineDefaults):
             eos_token_ids=[int(t) for t in eos_ids],
             tokenizer=f"hf:{self.model_path}",
             engine="vllm",
+            max_loras=int(vc.lora_config.max_cpu_loras or 0) if vc.lora_config else 0,
         )
 
     async def _watch(self) -> None:
@@ -252,7 +265,10 @@ class VllmEngine(EngineDefaults):
         finished = False
         first = True
         try:
-            stream = self.llm.generate(tokens_prompt(request), params, request_id)
+            lora = self._lora_request(request.lora_name)
+            stream = self.llm.generate(
+                tokens_prompt(request), params, request_id, lora_request=lora
+            )
             async for out in self._guarded(stream, request_id):
                 result = engine_output(out, first=first, num_top_logprobs=num_top)
                 if prefill_only and result.finish_reason is not None:
@@ -287,6 +303,55 @@ class VllmEngine(EngineDefaults):
             raise EngineError(f"vLLM engine failed on request_id={request_id}: {exc}") from exc
         finally:
             await stream.aclose()
+
+    # ---------------------------------------------------------------- LoRA
+    async def load_lora(self, name: str, path: str) -> LoraLoaded:
+        """vLLM's `add_lora` (it reads and checks the PEFT files itself; what it refuses is
+        an InvalidRequest with its message). Idempotent for the same path."""
+        if not self.capabilities.lora or self.llm is None:
+            return await super().load_lora(name, path)  # the clear refusal
+        from vllm.lora.request import LoRARequest
+
+        held = self._loras.get(name)
+        if held is not None:
+            if held.lora_path != path:
+                raise InvalidRequest(
+                    f"LoRA adapter '{name}' is loaded from {held.lora_path}; unload it before "
+                    f"loading {path} under that name"
+                )
+            return LoraLoaded(name=name, rank=0, load_s=0.0)
+        request = LoRARequest(lora_name=name, lora_int_id=self._next_lora_id, lora_path=path)
+        started = time.monotonic()
+        try:
+            await self.llm.add_lora(request)
+        except Exception as exc:  # vLLM's message names what is wrong with the adapter
+            raise InvalidRequest(f"vLLM refused LoRA adapter '{name}' ({path}): {exc}") from exc
+        self._next_lora_id += 1
+        self._loras[name] = request
+        return LoraLoaded(name=name, rank=_rank(path), load_s=time.monotonic() - started)
+
+    async def unload_lora(self, name: str) -> None:
+        """New requests naming it are refused at once; vLLM keeps its weights until its LRU
+        cache needs the slot, so requests running with it finish (as vLLM's own server
+        unloads)."""
+        if self._loras.pop(name, None) is None:
+            raise ModelNotFound(f"LoRA adapter '{name}' is not loaded on this worker")
+
+    def loras(self) -> list[str]:
+        return sorted(self._loras)
+
+    def _lora_request(self, name: str | None) -> Any:
+        if name is None:
+            return None
+        request = self._loras.get(name)
+        if request is None:
+            if not self.capabilities.lora:
+                raise InvalidRequest(
+                    f"lora_name={name!r}: this vLLM worker serves no LoRA adapters (start it "
+                    "with vLLM's --enable-lora)"
+                )
+            raise ModelNotFound(f"LoRA adapter '{name}' is not loaded on this worker")
+        return request
 
     def _check(self, request: PreprocessedRequest) -> None:
         assert self._info is not None
@@ -332,3 +397,19 @@ class VllmEngine(EngineDefaults):
             meta["disagg_mode"] = self.config.disagg_mode
             meta["kv_connector"] = "NixlConnector"
         return meta
+
+
+_PLAIN, _LORA = EngineCapabilities(), EngineCapabilities(lora=True)
+
+
+def _lora_enabled(config: VllmWorkerConfig) -> bool:
+    return bool(config.engine_args.get("enable_lora"))
+
+
+def _rank(path: str) -> int:
+    """The adapter's rank from its adapter_config.json (vLLM checked the files already)."""
+    try:
+        with open(os.path.join(path, "adapter_config.json")) as f:
+            return int(json.load(f).get("r", 0))
+    except (OSError, ValueError, TypeError):
+        return 0

@@ -29,11 +29,6 @@ def sampling_params(
     from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind
 
-    if request.lora_name is not None:
-        raise InvalidRequest(
-            f"lora_name={request.lora_name!r}: the vLLM worker serves no LoRA adapters; "
-            "expected none"
-        )
     s, stop = request.sampling, request.stop
     if s.logprobs is not None and not 0 <= s.logprobs <= max_logprobs:
         raise InvalidRequest(

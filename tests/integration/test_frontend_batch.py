@@ -129,6 +129,8 @@ async def test_a_batch_runs_with_the_sdk_and_a_bad_line_lands_in_the_error_file(
         # the lines ran at the batch class, as the creator's tenant
         assert len(seen) == 4 and {r.priority for r in seen} == {BATCH_PRIORITY}
         assert batch.id in [b.id async for b in client.batches.list()]
+        _, state = await _s.get("/dashboard/state")
+        assert json.loads(state)["batches"]["by_status"]["completed"] == 1
         assert file_id in [f.id async for f in client.files.list()]
         await client.files.delete(file_id)
         with pytest.raises(openai.NotFoundError):

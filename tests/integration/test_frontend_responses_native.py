@@ -1,11 +1,13 @@
 """`/v1/responses` on the real SmolLM2 (native engine) behind a real frontend, through the
 official `openai` SDK: greedy output equals `/v1/chat/completions` for the same conversation
-(the Responses API runs on the chat path), `client.responses.stream(...)` and
-`get_final_response()` work, `previous_response_id` carries the conversation, and
-`text.format` json_schema is enforced (`client.responses.parse`)."""
+(the Responses API runs on the chat path; so does a batch of the same chat requests),
+`client.responses.stream(...)` and `get_final_response()` work, `previous_response_id`
+carries the conversation, and `text.format` json_schema is enforced (`client.responses.parse`)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from contextlib import AsyncExitStack
 
 import openai
@@ -70,6 +72,35 @@ async def test_responses_match_chat_stream_with_the_sdk_helper_and_continue() ->
         )  # fmt: skip
         assert follow.output_text == chat2.choices[0].message.content
         assert "Rome" in follow.output_text
+        # the batch lane (issue 33) answers both chat requests as online, greedy: its runner
+        # sends each line through the same handler (checked here to share this model load)
+        bodies = [
+            {"model": MODEL, "temperature": 0, "max_tokens": 64,
+             "messages": [{"role": "system", "content": "Answer in one sentence."},
+                          {"role": "user", "content": question}]},
+            {"model": MODEL, "temperature": 0, "max_tokens": 64,
+             "messages": [{"role": "user", "content": question},
+                          {"role": "assistant", "content": r.output_text},
+                          {"role": "user", "content": "And what is the capital of Italy?"}]},
+        ]  # fmt: skip
+        url = "/v1/chat/completions"
+        lines = [json.dumps({"custom_id": f"q{i}", "method": "POST", "url": url, "body": body})
+                 for i, body in enumerate(bodies)]  # fmt: skip
+        upload = await client.files.create(file=("q.jsonl", "\n".join(lines).encode()),
+                                           purpose="batch")  # fmt: skip
+        batch = await client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        async with asyncio.timeout(120):
+            while (batch := await client.batches.retrieve(batch.id)).status != "completed":  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        assert batch.output_file_id is not None and batch.error_file_id is None
+        out = (await client.files.content(batch.output_file_id)).text.splitlines()
+        got = {o["custom_id"]: o["response"]["body"] for o in map(json.loads, out)}
+        for custom_id, online in (("q0", chat), ("q1", chat2)):
+            assert got[custom_id]["choices"][0]["message"]["content"] == (
+                online.choices[0].message.content
+            )
         # text.format json_schema is chat's structured output: the SDK's parse() validates it
         parsed = await client.responses.parse(
             model=MODEL, input="Name the capital of France as JSON.", text_format=Capital,

@@ -190,13 +190,13 @@ def _build(config: FrontendConfig, runtime: Runtime) -> _Frontend:
         **_tenancy(config),
         adapters=adapters,
     )
-    _add_dashboard(app, config, runtime, health, pool)
-    app.responses.store = ResponseStore(config.responses_store)
     owners = Ownership(
         has_api_keys=bool(config.api_keys or config.admin_api_keys), tenancy=app.tenancy
     )
-    app.responses.owners = owners
     batch = _batch_lane(config, app, registry, metrics, owners)
+    _add_dashboard(app, config, runtime, health, pool, batch)
+    app.responses.store = ResponseStore(config.responses_store)
+    app.responses.owners = owners
     app.responses.shared_port = config.http.reuse_port
     server = HttpServer(app, config=config.http)
     return _Frontend(
@@ -286,6 +286,7 @@ def _add_dashboard(
     runtime: Runtime,
     health: HealthMonitor,
     pool: PrefillPool | None,
+    batch: BatchLane,
 ) -> None:
     dashboard = Dashboard(
         registry=app.registry,
@@ -295,6 +296,7 @@ def _add_dashboard(
         prefill_pool=pool,
         discovery=runtime.discovery,
         namespace=runtime.namespace,
+        batches=batch.summary,
     )
     app.add_route("GET", "/dashboard", dashboard.page)
     app.add_route("GET", "/dashboard/state", dashboard.state_endpoint)

@@ -8,6 +8,7 @@ batch owner's tenant at the batch priority class (`RequestIdentity`), its answer
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -116,6 +117,20 @@ class BatchLane:
             reset_current(token)
         head, _, payload = bytes(sink.data).partition(b"\r\n\r\n")
         return int(head.split(b" ", 2)[1]), payload
+
+    def summary(self) -> dict[str, Any]:
+        """The dashboard's view: batches by status, each unfinished batch's lines (blocking:
+        call it off the event loop)."""
+        counts = self.store.status_counts()
+        running = [
+            {"id": batch_id, "total": total, "completed": completed, "failed": failed}
+            for batch_id, total, completed, failed in self.store.progress()
+        ]
+        return {
+            "by_status": {status: counts.get(status, 0) for status in STATUSES},
+            "running": running,
+            "lines_inflight": self.runner.num_inflight,
+        }
 
     def collect(self) -> Iterable[Metric]:
         """Batches by status, and the lines of running batches (total / completed / failed)."""

@@ -51,6 +51,7 @@ class Dashboard:
         discovery: Discovery | None = None,
         namespace: str = "tandem",
         encoder_component: str = "encoder",
+        batches: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._registry, self._num_inflight, self._max_inflight = (
             registry,
@@ -59,6 +60,7 @@ class Dashboard:
         )
         self._health, self._prefill, self._discovery = health, prefill_pool, discovery
         self._encoder_prefix = f"{namespace}.{encoder_component}."
+        self._batches = batches  # the batch lane's progress (frontend/batch/lane.py)
         self._page = resources.files("tandem.frontend").joinpath("static/dashboard.html")
 
     async def page(self, request: HttpRequest, response: HttpResponse) -> None:
@@ -86,6 +88,7 @@ class Dashboard:
                 "queued": sum(m["router"]["queued"] for m in models if m["router"]),
             },
             "models": models,
+            "batches": None if self._batches is None else await asyncio.to_thread(self._batches),
         }
 
     def _model_names(self) -> set[str]:

@@ -160,3 +160,25 @@ async def test_limits_answer_429_with_openai_headers_and_reload(tmp_path: Path) 
         os.utime(path, ns=(1, 2 * 10**18))
         await asyncio.sleep(1.2)
         assert (await s.post(COMPLETIONS, body()))[0] == 200  # still acme's key, still valid
+
+
+async def test_without_a_tenants_file_the_headers_still_hold(tmp_path: Path) -> None:
+    """No --tenants-file: every request is the default tenant's, but a class, a deadline or a
+    tenant named in a header is honoured or refused, never silently ignored."""
+    async with AsyncExitStack() as stack:
+        s = FrontendStack(stack)
+        await s.add_worker(
+            MockerEngine(
+                MockerConfig(num_blocks=256, block_size=16, speedup_ratio=0,
+                             tokenizer=f"gguf:{smollm2_gguf()}", model_name=MODEL)
+            )
+        )  # fmt: skip
+        await s.start_frontend(body(), ready_path=COMPLETIONS)
+        s.headers = {"x-tandem-priority": "low", "x-session-id": "s1"}
+        assert (await s.post(COMPLETIONS, body()))[0] == 200
+        s.headers = {"x-tandem-deadline-ms": "soon"}
+        status, reply, _ = await s.post(COMPLETIONS, body())
+        assert status == 400 and reply["error"]["param"] == "x-tandem-deadline-ms"
+        s.headers = {"x-tenant-id": "acme"}
+        status, reply, _ = await s.post(COMPLETIONS, body())
+        assert status == 400 and "no tenants are configured" in reply["error"]["message"]

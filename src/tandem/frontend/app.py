@@ -107,6 +107,9 @@ class FrontendApp:
         self.images = images or ImageLoader(ImageConfig())
         self.health_monitor = health
         self.tenancy, self.limiter = tenancy, limiter
+        # who is asking, also without a tenants file: every request the default tenant's, its
+        # class, deadline and session from its headers (never silently ignored)
+        self._identities = tenancy or Tenancy()
         if tenancy is not None:  # tokens and limit hits per tenant in /metrics
             metrics.registry.register(tenancy.stats)
         self._auth = ApiKeys(
@@ -203,11 +206,10 @@ class FrontendApp:
             if handler is None:
                 raise _not_found(request, {_route_path(path) for _, path in self._routes})
             self._auth.check(request)
-            if self.tenancy is not None:
-                identity = self.tenancy.resolve(request)
-                identity_token = set_current(identity)
-                if endpoint in LIMITED_ENDPOINTS:
-                    self._limit_requests(identity.tenant, response)
+            identity = self._identities.resolve(request)
+            identity_token = set_current(identity)
+            if self.tenancy is not None and endpoint in LIMITED_ENDPOINTS:
+                self._limit_requests(identity.tenant, response)
             await handler(request, response)
         except ServingError as exc:
             tally.status = "error"

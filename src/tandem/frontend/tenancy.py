@@ -311,12 +311,15 @@ class Tenancy:
         if tenant is None:
             tenant = table.default_tenant
             named = http.headers.get(TENANT_HEADER)
-            if named is not None and table.tenants:
+            if named is not None and named.strip() != tenant:
                 named = named.strip()
                 if named not in table.tenants:
+                    configured = "the configured tenants" if table.tenants else (
+                        "none: no tenants are configured (--tenants-file)"
+                    )  # fmt: skip
                     raise InvalidRequest(
                         f"unknown tenant {named[:MAX_TENANT_CHARS]!r} in {TENANT_HEADER}; "
-                        f"expected one of the configured tenants",
+                        f"expected one of {configured}",
                         param=TENANT_HEADER,
                     )
                 tenant = named

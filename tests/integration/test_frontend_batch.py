@@ -132,6 +132,16 @@ async def test_a_batch_runs_with_the_sdk_and_a_bad_line_lands_in_the_error_file(
         _, state = await _s.get("/dashboard/state")
         assert json.loads(state)["batches"]["by_status"]["completed"] == 1
         assert file_id in [f.id async for f in client.files.list()]
+        # /v1/embeddings lines run the same way
+        emb = json.dumps({"custom_id": "e0", "method": "POST", "url": "/v1/embeddings",
+                          "body": {"model": MODEL, "input": "hello"}})  # fmt: skip
+        batch = await client.batches.create(
+            input_file_id=await _upload(client, [emb]), endpoint="/v1/embeddings",
+            completion_window="24h",
+        )  # fmt: skip
+        done = await _wait(client, batch.id, "completed")
+        (answer,) = await _lines(client, done.output_file_id)
+        assert answer["response"]["body"]["data"][0]["object"] == "embedding"
         await client.files.delete(file_id)
         with pytest.raises(openai.NotFoundError):
             await client.files.retrieve(file_id)

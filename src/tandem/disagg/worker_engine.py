@@ -33,6 +33,7 @@ from tandem.engines.output_stream import DirectSink
 from tandem.engines.vision import EmbeddingProvider
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.lora import LoraLoaded
 from tandem.protocols.scaling import StepSample
 from tandem.runtime.tls import TlsFiles
 from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
@@ -212,6 +213,17 @@ class DisaggEngine(EngineDefaults):
         """Embeddings need no KV handoff: the wrapped engine's own (InvalidRequest when it
         has none; its EngineInfo then says embedding_dim 0 and the worker offers none)."""
         return await self.engine.embed(inputs)
+
+    async def load_lora(self, name: str, path: str) -> LoraLoaded:
+        """LoRA adapters are the wrapped engine's: a prefill and a decode worker each load
+        the adapter a request names (its KV is computed with it on both sides)."""
+        return await self.engine.load_lora(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        await self.engine.unload_lora(name)
+
+    def loras(self) -> list[str]:
+        return self.engine.loras()
 
     async def stop(self) -> None:
         if self.fetch is not None:  # once per process: what peer fetch did over its life

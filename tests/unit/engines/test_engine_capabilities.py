@@ -61,15 +61,16 @@ def test_each_engine_declares_what_it_does() -> None:
         accepts_direct_sink=True,
         embeds=True,
         images=ImageInput(embeddings_as_arrays=True),
+        lora=True,
     )
     assert caps["native"] == EngineCapabilities(
-        embeds=True, images=ImageInput(local_encoder="bridge")
+        embeds=True, images=ImageInput(local_encoder="bridge"), lora=True
     )
     assert caps["native-no-encoder"].images == ImageInput()
     assert caps["vllm"] == caps["encoder"] == EngineCapabilities()
     # the disaggregated sides read token_ids and consume every output themselves
     assert caps["disagg-mocker"] == EngineCapabilities(
-        embeds=True, images=ImageInput(embeddings_as_arrays=True)
+        embeds=True, images=ImageInput(embeddings_as_arrays=True), lora=True
     )
 
 

@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from tandem.engines.lora import add_max_loras_arg
 from tandem.engines.native.config import (
     DTYPES,
     KV_CACHE_DTYPES,
@@ -76,6 +77,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         extra = ["--num-gpu-blocks"] if flag == "--num-blocks" else []
         group.add_argument(flag, *extra, type=type_, default=default, help=help_)
     group.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    add_max_loras_arg(group)
     add_kvbm_args(parser)
 
 
@@ -105,4 +107,5 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         spec_tokens=ns.spec_tokens,
         spec_ngram_min=ns.spec_ngram_min,
         spec_ngram_max=ns.spec_ngram_max,
+        max_loras=ns.max_loras,
     )

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from tandem.config_check import check_range
+from tandem.engines.lora import DEFAULT_MAX_LORAS, MAX_LORAS_LIMIT
 from tandem.engines.vision import encoder_rows
 from tandem.kvbm.base import KvbmConfig
 
@@ -50,6 +51,8 @@ class NativeConfig:
     spec_tokens: int = 4
     spec_ngram_min: int = 2
     spec_ngram_max: int = 4
+    # LoRA adapters resident at once (tandem.engines.lora.LoraSlots); 0: serves none
+    max_loras: int = DEFAULT_MAX_LORAS
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -93,6 +96,7 @@ class NativeConfig:
             high=MAX_SPEC_NGRAM,
             note="(spec_ngram_min is the low end)",
         )
+        check_range("max_loras", self.max_loras, low=0, high=MAX_LORAS_LIMIT, note="(0: no LoRA)")
         if self.kvbm is not None and not self.enable_prefix_caching:
             raise ValueError("kvbm tiers set with enable_prefix_caching=False; expected True")
 

@@ -36,6 +36,8 @@ from tandem.engines.base import (
     ImageInput,
 )
 from tandem.engines.kv_event_queue import KvEventQueue
+from tandem.engines.lora import read_peft_adapter
+from tandem.engines.native.adapters import NativeAdapter, lora_shape, prepare
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.embedding import pooled_embeddings, token_groups
 from tandem.engines.native.engine_core import EngineCore
@@ -48,6 +50,7 @@ from tandem.engines.worker_metrics import text_families
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
+from tandem.protocols.lora import LoraLoaded
 from tandem.protocols.scaling import StepSample
 
 logger = logging.getLogger(__name__)
@@ -88,6 +91,7 @@ def build_model(config: NativeConfig) -> tuple[LlamaModel, str]:
             max_positions=max_len,
             device=device,
             kv_dtype=getattr(torch, config.resolved_kv_dtype()),
+            lora=config.max_loras > 0,
         )
         return quant, path
     path, model_config, weights = load_model_weights(config.model)
@@ -182,9 +186,68 @@ class NativeEngine(EngineDefaults):
     @property
     def capabilities(self) -> EngineCapabilities:
         """Embeds; takes images (its own encoder `config.mm_encoder` loaded on the first one
-        when it has one)."""
+        when it has one); serves LoRA adapters unless --max-loras is 0."""
         images = ImageInput(local_encoder=self.config.mm_encoder, model=self.config.model)
-        return EngineCapabilities(embeds=True, images=images)
+        return EngineCapabilities(embeds=True, images=images, lora=self.config.max_loras > 0)
+
+    # ---------------------------------------------------------------- LoRA adapters
+    async def load_lora(self, name: str, path: str) -> LoraLoaded:
+        """Read and check the PEFT adapter at `path` off the event loop, lay it out for the
+        model, then make it resident between two steps (evicting the least recently used
+        idle adapter when --max-loras are resident). load_s: the whole load, 0.0 when it
+        was already resident from the same path."""
+        core, info = self._running("load_lora")
+        if self.config.max_loras == 0:
+            raise InvalidRequest(
+                "this worker serves no LoRA adapters (--max-loras 0); start it with "
+                "--max-loras N to load some"
+            )
+        if not name or len(name) > 256 or name != name.strip():
+            raise InvalidRequest(f"LoRA adapter name {name!r}; expected 1-256 characters")
+        if (loaded := _already_loaded(core.loras.peek(name), name, path)) is not None:
+            return loaded
+        started = time.perf_counter()
+        shape = lora_shape(core.model.config, info.model_name)
+
+        def read() -> NativeAdapter:
+            with torch.inference_mode():
+                return prepare(read_peft_adapter(path, shape, name=name), core.model)
+
+        adapter = await asyncio.to_thread(read)
+
+        def install(core: EngineCore) -> LoraLoaded | list[str]:
+            if (loaded := _already_loaded(core.loras.peek(name), name, path)) is not None:
+                return loaded  # a concurrent load of the same adapter won
+            return core.add_lora(adapter)
+
+        result = await asyncio.to_thread(self.run_locked, install)
+        if isinstance(result, LoraLoaded):
+            return result
+        load_s = time.perf_counter() - started
+        logger.info(
+            "LoRA adapter %s loaded from %s: rank %d, %.1f MiB, %.3f s%s",
+            name, path, adapter.rank, adapter.num_bytes / (1 << 20), load_s,
+            f"; evicted {', '.join(result)}" if result else "",
+        )  # fmt: skip
+        return LoraLoaded(name=name, rank=adapter.rank, load_s=load_s)
+
+    async def unload_lora(self, name: str) -> None:
+        """Drop adapter `name` (ModelNotFound when it is not resident): new requests naming
+        it are refused at once; running ones finish on the weights they started with."""
+        self._running("unload_lora")
+        await asyncio.to_thread(self.run_locked, lambda core: core.loras.remove(name))
+        logger.info("LoRA adapter %s unloaded", name)
+
+    def loras(self) -> list[str]:
+        """Resident adapters, least recently used first."""
+        return [] if self.core is None else self.core.loras.names()
+
+    def _running(self, what: str) -> tuple[EngineCore, EngineInfo]:
+        if self._failure is not None:
+            raise EngineError(f"{self._failure}; this engine serves nothing more")
+        if self.core is None or self._info is None or self._stopping:
+            raise EngineError(f"native engine is not running; {what} needs start() first")
+        return self.core, self._info
 
     def attach_embedding_provider(self, provider: EmbeddingProvider) -> None:
         self.embedding_provider = provider
@@ -455,6 +518,19 @@ class NativeEngine(EngineDefaults):
         self._events.close()  # kv_events() ends once drained
         if self._failed is not None and not self._failed.done():
             self._failed.set_result(reason)
+
+
+def _already_loaded(adapter: NativeAdapter | None, name: str, path: str) -> LoraLoaded | None:
+    """The answer to loading `name` from `path` when `adapter` (resident as `name`) is it;
+    None when nothing is resident under that name; InvalidRequest for another path."""
+    if adapter is None:
+        return None
+    if os.path.realpath(adapter.path) != os.path.realpath(path):
+        raise InvalidRequest(
+            f"LoRA adapter '{name}' is already loaded from {adapter.path}; unload it before "
+            f"loading {path} under that name"
+        )
+    return LoraLoaded(name=name, rank=adapter.rank, load_s=0.0)
 
 
 def mm_card_fields(config: NativeConfig, vocab_size: int) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from tandem.engines.lora import LoraSlots
+from tandem.engines.native.adapters import NativeAdapter
 from tandem.engines.native.block_manager import BlockManager
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.mm_inputs import attach_embeddings, check_mm_items, lacks_embeddings
@@ -85,6 +87,8 @@ class EngineCore:
             draft=self.speculator.draft if self.speculator is not None else None,
         )
         self.seqs: dict[str, Sequence] = {}
+        # resident LoRA adapters (LRU); a sequence binds its adapter's weights at admission
+        self.loras: LoraSlots[NativeAdapter] = LoraSlots(config.max_loras)
         self.num_failed_steps = 0  # consecutive; reset by a step that succeeds
         # called with each sequence that finished in a step, before its blocks are freed
         # (disaggregated prefill pins the prompt blocks there: tandem.engines.native.kv_transfer)
@@ -104,6 +108,7 @@ class EngineCore:
             raise InvalidRequest(f"request_id={request.request_id} is already running")
         self.check(request)
         seq = Sequence(request, self.model.config.eos_token_ids)
+        self.bind_lora(seq)
         if request.sampling.structured is not None:
             seq.grammar = grammar or self.grammars.matcher(
                 request.sampling.structured, request.token_ids, request.num_generated_tokens
@@ -158,6 +163,20 @@ class EngineCore:
                     "tokens (stop_token_ids + eos); nothing could be sampled"
                 )
         check_mm_items(request)
+        if request.lora_name and request.lora_name not in self.loras:
+            self.loras.use(request.lora_name)  # ModelNotFound naming it
+
+    def bind_lora(self, seq: Sequence) -> None:
+        """Give `seq` its adapter's weights (ModelNotFound when its lora_name is not
+        resident); the adapter becomes the most recently used."""
+        if seq.lora_name:
+            seq.lora = self.loras.use(seq.lora_name)
+
+    def add_lora(self, adapter: NativeAdapter) -> list[str]:
+        """Make `adapter` resident (under its name); returns the adapters evicted for it
+        (least recently used, none that a live sequence uses). Overloaded when all are."""
+        busy = {seq.lora_name for seq in self.seqs.values() if seq.lora_name}
+        return self.loras.add(adapter.name, adapter, busy)
 
     def abort(self, request_id: str) -> None:
         if request_id in self.seqs:

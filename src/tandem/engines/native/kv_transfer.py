@@ -200,6 +200,11 @@ class NativeKvHandoff:
                 core.block_manager.free(seq)
                 raise InvalidRequest(f"request_id={request.request_id} is already running")
             live = self._extended(core, seq, request)
+            try:
+                core.bind_lora(live)  # the adapter must be resident here too
+            except Exception:
+                core.block_manager.free(live)
+                raise
             live.num_computed_tokens = num_computed
             live.num_cached_tokens = 0
             live.status = SequenceStatus.RUNNING

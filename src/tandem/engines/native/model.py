@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from tandem.engines.native.adapters import DOWN, GATE_UP, OUT, QKV, LoraStep
 from tandem.engines.native.arena import huge_page_copies
 from tandem.engines.native.attention import (
     AttentionMetadata,
@@ -130,6 +131,7 @@ class LlamaModel:
         w = {k: v.to(device, torch.float32) for k, v in weights.items()}
         pack = pack_weights and can_pack(dtype, device)
         self.layers = [self._layer(w, i, pack, q_scale, dtype) for i in range(config.num_layers)]
+        self.norm_weights = _norm_weights(w, config.num_layers)
         self.embed = w["model.embed_tokens.weight"].to(dtype).contiguous()
         self.final_norm = w["model.norm.weight"].clone()  # fp32; the head has it folded in
         head = w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
@@ -214,10 +216,12 @@ class LlamaModel:
         kv_cache: torch.Tensor,
         rows: torch.Tensor,
         input_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:
         """Final-normed hidden states [len(rows), hidden] (the head's input) of the given
         rows of the flat batch; writes every row's K/V into `kv_cache`. `input_embeds`
-        (row indices, their embeddings) replace those rows' token embeddings (image rows)."""
+        (row indices, their embeddings) replace those rows' token embeddings (image rows).
+        `lora`: the LoRA adapters of row segments, added to each projection (adapters.py)."""
         c = self.config
         num_tokens = input_ids.shape[0]
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
@@ -230,9 +234,12 @@ class LlamaModel:
         inv_n = 1.0 / c.hidden_size
         ops = self.c_ops(kv_cache)
         if ops is not None and meta.positions is not None:
-            return self._hidden_c(ops, x, meta, kv_cache, rows)
+            return self._hidden_c(ops, x, meta, kv_cache, rows, lora)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(_rms_normalize(x, inv_n, eps))
+            xn = _rms_normalize(x, inv_n, eps)
+            qkv = layer.qkv(xn)
+            if lora is not None:
+                lora.add(qkv, xn, i, QKV)
             qk = self._rope(qkv[:, :k_end].view(num_tokens, heads + kv_heads, dim), meta)
             v = qkv[:, k_end:].view(num_tokens, kv_heads, dim)
             paged_attention(
@@ -245,10 +252,26 @@ class LlamaModel:
                 attn_out,
                 scale=self.attn_scale,
             )
-            x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
-            gate_up = layer.gate_up(_rms_normalize(x, inv_n, eps))
-            x = layer.down(_silu_mul(layer.gate_up, gate_up), residual=x)
+            attn_2d = attn_out.view(num_tokens, q_end)
+            x = layer.o(attn_2d, residual=x)
+            if lora is None:
+                gate_up = layer.gate_up(_rms_normalize(x, inv_n, eps))
+                x = layer.down(_silu_mul(layer.gate_up, gate_up), residual=x)
+                continue
+            lora.add(x, attn_2d, i, OUT)
+            xn = _rms_normalize(x, inv_n, eps)
+            gate_up_lin = self.plain_gate_up(i) if lora.adapts_gate_up else layer.gate_up
+            gate_up = gate_up_lin(xn)
+            lora.add(gate_up, xn, i, GATE_UP)
+            h = _silu_mul(gate_up_lin, gate_up)
+            x = layer.down(h, residual=x)
+            lora.add(x, h, i, DOWN)
         return _rms_normalize(x[rows], inv_n, eps)
+
+    def plain_gate_up(self, layer: int) -> Linear:
+        """Layer `layer`'s gate/up projection returning [gate | up] (not silu(gate) * up):
+        what a LoRA update of gate or up is added to before the activation."""
+        return self.layers[layer].gate_up
 
     def _hidden_c(
         self,
@@ -257,6 +280,7 @@ class LlamaModel:
         meta: AttentionMetadata,
         kv_cache: torch.Tensor,
         rows: torch.Tensor,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:
         """`hidden` through the C ops: RoPE and the K/V store in one call a layer, decode
         rows attend over the paged cache in place (no gather), and so do prefill spans
@@ -274,7 +298,7 @@ class LlamaModel:
             tables, lens = meta.decode_blocks.view(num_decode, -1), meta.decode_lens
         positions = meta.positions
         assert positions is not None
-        if self._plan is not None and self.fuse_layers:
+        if self._plan is not None and self.fuse_layers and lora is None:
             x = x.contiguous()
             spans = [(s.start, s.end, s.ctx_len, s.context_blocks) for s in meta.prefills]
             decode = None if tables is None or lens is None else (num_decode, tables, lens)
@@ -283,8 +307,10 @@ class LlamaModel:
                 self.sin, meta.slot_mapping, kv_cache, decode, spans, attn_out,
             )  # fmt: skip
             return ops.rms_normalize(x[rows].contiguous(), eps)
-        for layer, kv in zip(self.layers, self.kv_views(kv_cache), strict=True):
+        for i, (layer, kv) in enumerate(zip(self.layers, self.kv_views(kv_cache), strict=True)):
             qkv = _normed(ops, layer.qkv, x, eps).contiguous()
+            if lora is not None:
+                lora.add(qkv, ops.rms_normalize(x, eps), i, QKV)
             ops.rope_store(
                 qkv, heads, kv_heads, positions, self.cos, self.sin, meta.slot_mapping,
                 kv.k_slots, kv.v_slots,
@@ -300,8 +326,21 @@ class LlamaModel:
                     span.context_blocks, span.ctx_len, self.attn_scale,
                     attn_out[span.start : span.end],
                 )  # fmt: skip
-            x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
-            x = layer.down(_ffn_act(ops, layer.gate_up, x, eps), residual=x)
+            if lora is None:
+                x = layer.o(attn_out.view(num_tokens, q_end), residual=x)
+                x = layer.down(_ffn_act(ops, layer.gate_up, x, eps), residual=x)
+                continue
+            attn_2d = attn_out.view(num_tokens, q_end)
+            x = layer.o(attn_2d, residual=x)
+            lora.add(x, attn_2d, i, OUT)
+            if lora.adapts_gate_up:
+                gate_up = _normed(ops, self.plain_gate_up(i), x, eps).contiguous()
+                lora.add(gate_up, ops.rms_normalize(x, eps), i, GATE_UP)
+                h = ops.silu_mul(gate_up)
+            else:
+                h = _ffn_act(ops, layer.gate_up, x, eps)
+            x = layer.down(h, residual=x)
+            lora.add(x, h, i, DOWN)
         return ops.rms_normalize(x[rows].contiguous(), eps)
 
     @staticmethod
@@ -389,6 +428,20 @@ class LlamaModel:
             ]
             self._kv_views = (key, views)
         return self._kv_views[1]
+
+
+def _norm_weights(
+    w: dict[str, torch.Tensor], num_layers: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (input norm, post-attention norm) weights, fp32: folded into the base
+    projections, and into a LoRA adapter's A when one loads (adapters.py)."""
+    return [
+        (
+            w[f"model.layers.{i}.input_layernorm.weight"].float().clone(),
+            w[f"model.layers.{i}.post_attention_layernorm.weight"].float().clone(),
+        )
+        for i in range(num_layers)
+    ]
 
 
 def _rms_normalize(x: torch.Tensor, inv_n: float, eps: float) -> torch.Tensor:

@@ -12,6 +12,7 @@ from collections import Counter
 
 import torch
 
+from tandem.engines.native.adapters import LoraStep, step_segments
 from tandem.engines.native.attention import AttentionMetadata, PrefillSpan, SingleDecode
 from tandem.engines.native.block_manager import BlockManager
 from tandem.engines.native.mm_inputs import gather_input_embeds, has_image_rows
@@ -60,7 +61,7 @@ class ModelRunner:
         policy = self.thread_policies[sum(batch.num_new_tokens) > 1]
         self.steps_by_threads[policy.before_step()] += 1
         single = len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1
-        single = single and self.device.type == "cpu"
+        single = single and self.device.type == "cpu" and batch.seqs[0].lora is None
         if single and not _next_is_image_row(batch.seqs[0]):  # image rows take the batch path
             seq = batch.seqs[0]
             pos = seq.num_computed_tokens
@@ -113,6 +114,7 @@ class ModelRunner:
     def _forward(
         self, batch: ScheduledBatch, block_manager: BlockManager
     ) -> tuple[torch.Tensor, list[Sequence]]:
+        batch, lora = _by_adapter(batch)
         ids: list[int] = []
         positions: list[int] = []
         sample_rows: list[int] = []
@@ -134,7 +136,7 @@ class ModelRunner:
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         embeds = gather_input_embeds(batch.seqs, batch.num_new_tokens, dev)
-        return self.model.hidden(ids_t, meta, self.kv_cache, rows, embeds), sample_seqs
+        return self.model.hidden(ids_t, meta, self.kv_cache, rows, embeds, lora), sample_seqs
 
     def _single(self, seq: Sequence, block_manager: BlockManager) -> SingleDecode:
         """Where the one new token of `seq` goes and which blocks it reads."""
@@ -222,6 +224,29 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         kv = self.kv_cache
         return kv[:, :, 0].numel() * kv.element_size()
+
+
+def _by_adapter(batch: ScheduledBatch) -> tuple[ScheduledBatch, LoraStep | None]:
+    """The batch with each adapter's sequences next to each other (decodes still first,
+    then prefills: only the order within each part changes, stably) and its LoraStep; the
+    batch itself and None when no sequence has an adapter."""
+    if all(seq.lora is None for seq in batch.seqs):
+        return batch, None
+    first: dict[int, int] = {}  # adapter -> order of its first sequence
+    for seq in batch.seqs:
+        if seq.lora is not None:
+            first.setdefault(id(seq.lora), len(first) + 1)
+
+    def key(i: int) -> tuple[int, int]:
+        seq, num_new = batch.seqs[i], batch.num_new_tokens[i]
+        prefill = num_new > 1 and not seq.draft_token_ids
+        return (prefill, 0 if seq.lora is None else first[id(seq.lora)])
+
+    order = sorted(range(len(batch.seqs)), key=key)
+    seqs = [batch.seqs[i] for i in order]
+    nums = [batch.num_new_tokens[i] for i in order]
+    ordered = ScheduledBatch(seqs=seqs, num_new_tokens=nums)  # a draft's rows are counted
+    return ordered, step_segments([seq.lora for seq in seqs], nums)
 
 
 def _next_is_image_row(seq: Sequence) -> bool:

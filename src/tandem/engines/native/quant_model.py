@@ -71,10 +71,16 @@ class QuantLlamaModel(LlamaModel):
         max_positions: int | None = None,
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
+        lora: bool = False,
     ) -> None:
+        """`lora`: keep a second gate/up projection returning [gate | up] (the glu one
+        returns silu(gate) * up), which a LoRA update of gate or up needs (adapters.py):
+        the gate/up weights twice in memory."""
         if weights_format not in ("int8", "int4"):
             raise ValueError(f"weights_format='{weights_format}'; expected int8 or int4")
         self.weights_format = weights_format
+        self._keep_plain_gate_up = lora
+        self._plain_gate_ups: list[QuantLinear] = []
         super().__init__(
             config,
             weights,  # type: ignore[arg-type]
@@ -96,6 +102,25 @@ class QuantLlamaModel(LlamaModel):
         w: QuantWeights = dict(weights)
         fmt, c, dev = self.weights_format, self.config, self.device
         self.layers = [self._quant_layer(w, i, fmt, q_scale, dev) for i in range(c.num_layers)]
+        self.norm_weights = [
+            (
+                _dense(w[f"model.layers.{i}.input_layernorm.weight"]).to(dev),
+                _dense(w[f"model.layers.{i}.post_attention_layernorm.weight"]).to(dev),
+            )
+            for i in range(c.num_layers)
+        ]
+        if self._keep_plain_gate_up:
+            self._plain_gate_ups = [
+                QuantLinear(
+                    _to_device(
+                        cat_rows([convert(w[p + "mlp.gate_proj.weight"], fmt),
+                                  convert(w[p + "mlp.up_proj.weight"], fmt)]),
+                        dev,
+                    ),
+                    col_scale=_dense(w[p + "post_attention_layernorm.weight"]).to(dev),
+                )
+                for p in (f"model.layers.{i}." for i in range(c.num_layers))
+            ]  # fmt: skip
         embed = w["model.embed_tokens.weight"]
         self.embed = (embed if isinstance(embed, torch.Tensor) else dequantize(embed)).to(
             dev, torch.float32
@@ -133,6 +158,14 @@ class QuantLlamaModel(LlamaModel):
             gate_up=linear(gate_up, "post_attention_layernorm.weight", glu=True),  # type: ignore[arg-type]
             down=linear(get("mlp.down_proj.weight")),  # type: ignore[arg-type]
         )
+
+    def plain_gate_up(self, layer: int) -> QuantLinear:  # type: ignore[override]
+        if not self._plain_gate_ups:
+            raise ValueError(
+                "this quantized model was built without lora=True: it has no plain gate/up "
+                "projection for a LoRA update of gate or up"
+            )
+        return self._plain_gate_ups[layer]
 
     def _place_streamed_weights(self) -> None:
         """Quantized weights are a few times smaller; they stay where they were loaded."""

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tandem.protocols.engine import PreprocessedRequest, TopLogprob
 from tandem.tokens.hashing import sequence_hashes
+
+if TYPE_CHECKING:
+    from tandem.engines.native.adapters import NativeAdapter
 
 _seq_ids = itertools.count()
 
@@ -43,6 +46,9 @@ class Sequence:
         self.stop_token_ids = set(request.stop.stop_token_ids)
         self.lora_name = request.lora_name
         self.priority = request.priority  # lower = admitted first, preempted last (issue 33)
+        # the adapter's weights, bound at admission (EngineCore.bind_lora): an unload while
+        # the sequence runs leaves it these
+        self.lora: NativeAdapter | None = None
         self.cache_salt = request.cache_salt
         self.mm_items = request.mm_items  # images: their rows in token_ids and mm_hashes
         # per image (offset, [num_tokens, hidden] rows in the model's dtype); set at admission

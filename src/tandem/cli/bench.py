@@ -11,6 +11,7 @@
     tandem bench tenants [options]            tenants, classes, batch, sessions vs FIFO (issue 33)
     tandem bench churn [options]              KV router memory under ever-new prefixes
     tandem bench lora-placement [options]     LoRA adapter placement vs random, least-loaded
+    tandem bench lora [options]               native decode step with 1/4/8 LoRA adapters vs base
 
 A named benchmark is the module `tandem.bench.<SUBCOMMANDS[name]>` exposing
 `main(argv) -> int`, imported only when asked for.
@@ -30,6 +31,7 @@ SUBCOMMANDS = {
     "indexer": "component.indexer",
     "churn": "component.churn",
     "lora-placement": "component.lora_placement",
+    "lora": "component.lora",
     "engine": "component.engine",
     "transfer": "component.transfer",
     "disagg": "component.disagg",

@@ -232,8 +232,8 @@ def token_choices(prepared: Prepared) -> list[TokenChoice]:
 
 class TokenChoice(ChoiceState):
     """A choice whose answer is its token ids (all of them kept: `token_ids`); logprobs name
-    tokens `token_id:<id>`, never decoded. With stop strings, a chunk of several tokens is
-    matched token by token, so the choice ends at the token that completes the string."""
+    tokens `token_id:<id>`, never decoded. With stop strings, the choice ends at the token
+    that completes the string (`ChoiceState.process` matches a chunk token by token)."""
 
     __slots__ = ("num_sent", "token_ids")
 
@@ -243,24 +243,11 @@ class TokenChoice(ChoiceState):
         self.num_sent = 0  # of token_ids, streamed so far
 
     def process(self, out: EngineOutput, *, keep_text: bool = False) -> None:
-        if not self.has_stop_strings or len(out.token_ids) <= 1 or out.error is not None:
-            super().process(out, keep_text=keep_text)
-            self.token_ids += out.token_ids
-            return
-        deltas: list[dict[str, Any]] = []
-        for one in _per_token(out):
-            super().process(one, keep_text=keep_text)
-            self.token_ids += one.token_ids
-            deltas += self.delta_logprobs or ()
-            if self.finish_reason is not None:
-                break
-        self.delta_logprobs = deltas if out.logprobs is not None else None
+        counted = self.num_tokens
+        super().process(out, keep_text=keep_text)
+        self.token_ids += out.token_ids[: self.num_tokens - counted]
 
-    @property
-    def has_stop_strings(self) -> bool:
-        return self._tok is not None
-
-    def _logprobs(self, out: EngineOutput) -> list[dict[str, Any]]:
+    def _logprobs(self, out: EngineOutput, used: int) -> list[dict[str, Any]]:
         assert out.logprobs is not None
         tops = out.top_logprobs or [[] for _ in out.token_ids]
         return [
@@ -271,20 +258,8 @@ class TokenChoice(ChoiceState):
                     {"token": f"token_id:{t.token_id}", "logprob": t.logprob} for t in top
                 ],
             }
-            for tid, lp, top in zip(out.token_ids, out.logprobs, tops, strict=False)
+            for tid, lp, top in zip(out.token_ids[:used], out.logprobs, tops, strict=False)
         ]
-
-
-def _per_token(out: EngineOutput) -> Iterator[EngineOutput]:
-    last = len(out.token_ids) - 1
-    for i, tid in enumerate(out.token_ids):
-        yield EngineOutput(
-            token_ids=[tid],
-            finish_reason=out.finish_reason if i == last else None,
-            num_cached_tokens=out.num_cached_tokens if i == 0 else None,
-            logprobs=None if out.logprobs is None else out.logprobs[i : i + 1],
-            top_logprobs=None if out.top_logprobs is None else out.top_logprobs[i : i + 1],
-        )
 
 
 class TokensOutput:

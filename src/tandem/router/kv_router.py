@@ -436,4 +436,7 @@ class KvRouter(PolicyRouter):
         row["router_active_blocks"] = float(self.active.num_active_blocks(worker_id))
         row["router_prefill_tokens"] = float(self.active.num_prefill_tokens(worker_id))
         row["cached_blocks"] = float(self._cached_counts().get(worker_id, 0))
+        speed = self.speed.ms_per_token(worker_id)
+        if speed is not None:  # measured prefill speed: what the cost's slowness reads
+            row["prefill_ms_per_token"] = speed
         return row

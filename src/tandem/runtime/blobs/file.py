@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
@@ -28,7 +29,7 @@ from tandem.runtime.blobs.base import (
     check_size,
     verified,
 )
-from tandem.runtime.discovery.file import check_private_dir
+from tandem.runtime.discovery.file import check_private_dir, write_private
 
 
 def _alive(holder: str) -> bool:
@@ -80,20 +81,20 @@ class FileBlobStore:
 
     def _put(self, sha: str, data: bytes) -> None:
         with self._locked():
-            _write(self._hold(sha), b"")
+            write_private(self._hold(sha), b"")
             path = self._blob(sha)
             try:
-                intact = blob_id(_read(path)) == sha
+                intact = blob_id(Path(path).read_bytes()) == sha
             except FileNotFoundError:
                 intact = False
             if not intact:
-                _write(path, data)
+                write_private(path, data)
             self._sweep()
 
     async def get(self, sha256: str) -> bytes:
         path = self._blob(check_blob_id(sha256))
         try:
-            data = await asyncio.to_thread(_read, path)
+            data = await asyncio.to_thread(Path(path).read_bytes)
         except FileNotFoundError:
             raise BlobMissingError(f"blob {sha256[:16]}… is not in {self.where}") from None
         return verified(sha256, data, where=self.where)
@@ -129,15 +130,3 @@ class FileBlobStore:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._hold(sha))
             self._sweep()
-
-
-def _write(path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()

@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import os
 import urllib.parse
+from pathlib import Path
 
 from tandem.runtime.catalog.base import Sealer, check_record
-from tandem.runtime.discovery.file import check_private_dir
+from tandem.runtime.discovery.file import check_private_dir, write_private
 from tandem.runtime.discovery.sealed import seal
 
 _SUFFIX = ".rec"
@@ -38,7 +39,7 @@ class FileRecordStore:
 
     async def get(self, key: str) -> bytes | None:
         try:
-            data = await asyncio.to_thread(_read, self._path(key))
+            data = await asyncio.to_thread(Path(self._path(key)).read_bytes)
         except FileNotFoundError:
             return None
         return self._sealer.open(key, data, self.where)
@@ -46,7 +47,7 @@ class FileRecordStore:
     async def put(self, key: str, value: bytes) -> None:
         check_record(key, value)
         sealed = seal(value, self._sealer.key, key.encode())
-        await asyncio.to_thread(_write, self._path(key), sealed)
+        await asyncio.to_thread(write_private, self._path(key), sealed)
 
     async def delete(self, key: str) -> bool:
         try:
@@ -68,17 +69,5 @@ class FileRecordStore:
             key = urllib.parse.unquote(name.removesuffix(_SUFFIX))
             if key.startswith(prefix):
                 with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
-                    found[key] = _read(os.path.join(self.directory, name))
+                    found[key] = Path(self.directory, name).read_bytes()
         return found
-
-
-def _write(path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()

@@ -55,6 +55,15 @@ def open_record(data: bytes, key: bytes | None) -> FileRecord:
     return msgspec.json.decode(unseal(data, key), type=FileRecord)
 
 
+def write_private(path: str, data: bytes) -> None:
+    """Write `path` (mode 0600) through a temp file renamed over it: a reader in another
+    process sees the old content or the new, never half of it."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def check_private_dir(directory: str) -> None:
     """Raise PermissionError unless `directory` is owned by this user and writable by no one
     else, and its parent lets no one else replace it."""
@@ -131,11 +140,7 @@ class FileDiscovery:
             self._heartbeat = asyncio.create_task(self._beat(), name="file-discovery-heartbeat")
 
     def _write(self, instance_id: str, data: bytes) -> None:
-        path = self._path(instance_id)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_private(self._path(instance_id), data)
 
     async def unregister(self, instance_id: str) -> None:
         self._owned.pop(instance_id, None)

@@ -83,7 +83,7 @@ test: $(STAMP) prometheus kubectl libibverbs
 # what `make test` runs, as two pytest processes side by side: tests/e2e (mostly waiting on the
 # processes it starts) and the rest at nice 10 (in-process, CPU-bound) on the core the e2e tests
 # leave idle; each log is shown when both are done (tests/support/pytest_pair.sh says why).
-# Not yet what CI runs: its gain has not been measured on a quiet 2-core host
+# What .ci/run runs (CI was over its 30-minute budget with the two one after the other)
 test-pair: $(STAMP) prometheus kubectl libibverbs
 	bash tests/support/pytest_pair.sh $(BIN)/python $(PYTEST_ARGS)
 

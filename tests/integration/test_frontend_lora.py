@@ -332,3 +332,73 @@ async def test_readme_example(stack: AsyncExitStack, tmp_path: Path) -> None:
     assert printed[0] == ([MODEL, body["lora_name"]],)
     assert printed[1][0] == body["lora_name"]
     assert engine_of(worker).lora_names[-1] == body["lora_name"]
+
+
+async def test_adapter_blocks_stay_the_adapters_in_router_engine_and_tiers(
+    stack: AsyncExitStack, tmp_path: Path
+) -> None:
+    """The adapter is part of every block's identity wherever KV lives: the router's index
+    (route/explain overlap), the engine's prefix cache (usage's cached tokens) and the KV tiers
+    (blocks offloaded to the mocker's host tier still credit the adapter that computed them and
+    onboard for it, never for the base model or another adapter)."""
+    from tandem.kvbm.base import KvbmConfig
+    from tandem.router.config import RouterConfig
+
+    adapter_dir(tmp_path, "a1")
+    adapter_dir(tmp_path, "a2")
+    fs = FrontendStack(stack)
+    engine = RecordingMocker(
+        MockerConfig(num_blocks=16, block_size=16, speedup_ratio=0,
+                     tokenizer=f"gguf:{smollm2_gguf()}", model_name=MODEL, max_loras=4,
+                     lora_load_ms=1.0, kvbm=KvbmConfig(host_blocks=256, log_interval_s=0))
+    )  # fmt: skip
+    await fs.add_worker(engine)
+    prompt = list(range(300, 364))  # 4 full blocks of 16
+
+    def body(model: str, tokens: list[int] = prompt) -> dict[str, Any]:
+        return {"model": model, "prompt": tokens, "max_tokens": 1}
+
+    ready = body(MODEL, list(range(2000, 2008)))
+    await fs.start_frontend(ready, ready_path="/v1/completions", router_policy="kv",
+                            router=RouterConfig(seed=1), admin_api_keys=("sk-admin",),
+                            lora=LoraApiConfig(lora_dir=str(tmp_path)))  # fmt: skip
+    fs.headers = {"authorization": "Bearer sk-admin"}
+    for name in ("a1", "a2"):
+        assert (await fs.post(LOAD, {"lora_name": name, "lora_path": name}))[0] == 200
+
+    async def overlap(model: str) -> float:
+        status, reply, _ = await fs.post("/v1/route/explain", body(model))
+        assert status == 200, reply
+        return float(max(c["overlap_blocks"] for c in reply["candidates"]))
+
+    async def cached(model: str) -> int:
+        status, reply, _ = await fs.post("/v1/completions", body(model))
+        assert status == 200, reply
+        return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    async def until(pred: Any) -> None:
+        async with asyncio.timeout(30):
+            while not await pred():  # noqa: ASYNC110 - observed over HTTP
+                await asyncio.sleep(0.02)
+
+    assert await cached("a1") == 0  # computed under a1
+    await until(lambda: _eq(overlap("a1"), 4))
+    assert await overlap(MODEL) == 0 and await overlap("a2") == 0  # the router's index
+    assert await cached("a2") == 0  # the engine's prefix cache (a2 now computed it too)
+    assert await cached("a1") > 0
+    for i in range(6):  # churn the 16-block device pool: the prompt's blocks go to the host tier
+        other = list(range(1000 + 64 * i, 1064 + 64 * i))
+        assert (await fs.post("/v1/completions", body(MODEL, other)))[0] == 200
+
+    async def offloaded() -> bool:
+        return 0 < await overlap("a1") < 4  # host-tier blocks earn partial credit only
+
+    await until(offloaded)
+    assert await overlap(MODEL) == 0  # the base model never computed it: no tier credit
+    assert await cached(MODEL) == 0  # nor does it onboard a1's (or a2's) offloaded blocks
+    assert await cached("a1") > 0  # a1 gets its own back from the host tier
+    assert engine.lora_names[-2:] == [None, "a1"]
+
+
+async def _eq(value: Any, expected: float) -> bool:
+    return bool(await value == expected)

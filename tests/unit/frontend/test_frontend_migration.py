@@ -21,3 +21,24 @@ def test_a_continuation_carries_the_generated_tokens_as_output() -> None:
     assert first.sampling == request.sampling  # penalties and bias travel unchanged
     second = _continuation(request, [7, 7, 8], 2)  # `generated` accumulates across attempts
     assert second.token_ids == [1, 2, 3, 7, 7, 8] and second.num_generated_tokens == 3
+
+
+def test_a_continuation_keeps_whose_request_it_is() -> None:
+    """The adapter, the cache salt, the class, the tenant and the session travel with a migrated
+    request: its new worker must apply the same adapter (issue 32) and share KV only with the
+    same salt, and the router queue and schedulers order it as before (issue 33)."""
+    request = PreprocessedRequest(
+        request_id="r",
+        model="m",
+        token_ids=[1, 2, 3],
+        stop=StopConditions(max_tokens=10),
+        lora_name="a1",
+        cache_salt="alice",
+        priority=-1,
+        tenant="t",
+        tenant_weight=2.0,
+        session_id="s",
+    )
+    moved = _continuation(request, [7], 1)
+    kept = ("lora_name", "cache_salt", "priority", "tenant", "tenant_weight", "session_id")
+    assert [getattr(moved, f) for f in kept] == [getattr(request, f) for f in kept]

@@ -1,7 +1,8 @@
 """Exactness: greedy tokens of a 1-prefill/1-decode native stack (SmolLM2, real KV bytes
 through the transfer agent) equal the aggregated engine's, for 16+ prompts of varied
-lengths, in both flows and over both the shm and the tcp backend; and tokens after a prefix
-fetched from a peer (peer KV fetch, issue 31) equal those after recomputing it."""
+lengths, in both flows and over both the shm and the tcp backend, with a LoRA adapter too
+(issue 32); and tokens after a prefix fetched from a peer (peer KV fetch, issue 31) equal
+those after recomputing it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.disagg_stack import start_stack
+from support.lora_adapters import write_adapter
 from support.smollm2 import smollm2_gguf
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
 from tandem.disagg.worker_engine import DisaggEngine
@@ -149,6 +151,42 @@ async def test_penalties_count_the_prefills_token_as_output(model, flow) -> None
         )
         tokens, reason = await s.generate(req("pd"))
         assert reason == "length" and tokens == expected
+
+
+@pytest.mark.parametrize("flow", ["prefill-first", "decode-first"])
+async def test_disagg_with_an_adapter_gives_the_aggregated_tokens(model, flow, tmp_path) -> None:
+    """A request naming a LoRA adapter (issue 32) is prefilled and decoded with it on both
+    workers: the tokens equal an aggregated engine's with the adapter, which differ from the
+    base model's."""
+    path = str(write_adapter(tmp_path, "a1", seed=3))
+    chosen = prompts()[5:9]
+
+    def with_adapter(rid: str, prompt: list[int]) -> PreprocessedRequest:
+        return msgspec.structs.replace(request(rid, prompt), lora_name="a1")
+
+    engine = engine_of(model)
+    await engine.start()
+    await engine.load_lora("a1", path)
+    expected = [
+        (await _tokens(engine, with_adapter(f"agg{i}", p)))[0] for i, p in enumerate(chosen)
+    ]
+    base = [(await _tokens(engine, request(f"base{i}", p)))[0] for i, p in enumerate(chosen)]
+    await engine.stop()
+    assert expected != base  # the adapter changes the answer
+    async with AsyncExitStack() as stack:
+        s = await start_stack(
+            stack,
+            lambda: engine_of(model),
+            worker=DisaggWorkerConfig(mode="decode", backends=("tcp",), on_transfer_failure="fail"),
+            route=DisaggRouteConfig(enabled=True, flow=flow),
+        )
+        for e in [*s.prefill, *s.decode]:
+            await e.load_lora("a1", path)
+        results = await asyncio.gather(
+            *(s.generate(with_adapter(f"pd{i}", p)) for i, p in enumerate(chosen))
+        )
+        assert [tokens for tokens, _ in results] == expected
+        assert s.decode[0].decode is not None and s.decode[0].decode.num_fallbacks == 0
 
 
 def fetch_cases() -> list[tuple[list[int], list[int]]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from tests.support.frontend_stack import CHAT, FrontendStack
+from tests.support.lora_adapters import write_adapter
 
 from tandem.engines.native.config import NativeConfig
 from tandem.engines.native.engine import NativeEngine
@@ -21,40 +22,6 @@ from tandem.frontend.lora_config import LoraApiConfig
 pytestmark = [pytest.mark.native, pytest.mark.timeout(180)]
 MODEL = "smollm2"
 LOAD = "/v1/load_lora_adapter"
-HIDDEN, KV, LAYERS = 576, 192, 30  # SmolLM2-135M: q/o 576 -> 576, k/v 576 -> 192
-
-
-def write_adapter(
-    root: Path,
-    name: str,
-    *,
-    rank: int = 8,
-    config_rank: int | None = None,
-    hidden: int = HIDDEN,
-    layers: int = LAYERS,
-    modules: tuple[str, ...] = ("q_proj", "v_proj"),
-    seed: int = 0,
-) -> Path:
-    """A PEFT-layout adapter with random non-zero weights (as peft saves them)."""
-    import torch
-    from safetensors.torch import save_file
-
-    gen = torch.Generator().manual_seed(seed)
-    out = {"q_proj": hidden, "o_proj": hidden, "k_proj": KV, "v_proj": KV, "foo_proj": hidden}
-    tensors = {}
-    for i in range(layers):
-        for m in modules:
-            key = f"base_model.model.model.layers.{i}.self_attn.{m}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, hidden, generator=gen) * 0.05
-            tensors[f"{key}.lora_B.weight"] = torch.randn(out[m], rank, generator=gen) * 0.5
-    path = root / name
-    path.mkdir()
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": config_rank or rank, "lora_alpha": 2 * rank,
-              "target_modules": list(modules), "bias": "none",
-              "base_model_name_or_path": MODEL}  # fmt: skip
-    (path / "adapter_config.json").write_text(json.dumps(config))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -124,6 +124,11 @@ async def test_load_list_generate_unload(stack: AsyncExitStack, tmp_path: Path) 
     status, reply, _ = await fs.post(CHAT, chat(MODEL))  # the base model stays the base
     assert status == 200
     assert seen == ["sql-lora", "sql-lora", "sql-lora", None]
+    _, text = await fs.get("/metrics")  # requests and tokens per adapter, beside the base's
+    for family in ("input_tokens_total", "output_tokens_total"):
+        counts = {m: float(v) for m, v in re.findall(
+            rf'^tandem_frontend_{family}{{model="([^"]+)"}} (\S+)$', text, re.M)}  # fmt: skip
+        assert counts["sql-lora"] > 0 and counts[MODEL] > 0, (family, counts)
 
     status, reply, _ = await fs.post("/v1/embeddings", {"model": "sql-lora", "input": "hi"})
     assert status == 400 and "LoRA adapter" in reply["error"]["message"]

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from tests.support.request_walk import request_path, walk_one_chat
 
-MAX_FRONTEND_FILES = 30
-MAX_FILES = 37
+# 30 and 37 after the structural step; issue 33 added two stages every request passes, who is
+# asking (frontend/tenancy.py) and its fair-share accounting in the router queue
+# (router/queue.py). An adapter's placement (router/lora.py) and the identity's checks stay
+# off a plain request's path.
+MAX_FRONTEND_FILES = 32
+MAX_FILES = 39
 
 
 async def test_the_walk_of_one_chat_completion_stays_short() -> None:

@@ -25,6 +25,7 @@ every `RELOAD_CHECK_S`); a file that fails to load keeps the tables in force (lo
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import os
 import re
@@ -43,6 +44,7 @@ from tandem.config_check import check_range
 from tandem.errors import ConfigError, InvalidRequest
 from tandem.frontend.http.message import HttpRequest
 from tandem.protocols.tenancy import (
+    DEFAULT_IDENTITY,
     DEFAULT_PRIORITY,
     DEFAULT_TENANT,
     MAX_SESSION_CHARS,
@@ -114,10 +116,19 @@ class TenantTable:
 
     def get(self, name: str) -> TenantConfig:
         """The named tenant; the default tenant (weight 1, no limits) when unconfigured."""
-        return self.tenants.get(name) or TenantConfig(name=name)
+        return self.tenants.get(name) or _unconfigured(name)
 
     def weights(self) -> dict[str, float]:
         return {name: t.weight for name, t in self.tenants.items()}
+
+
+_DEFAULT_FIELDS = (DEFAULT_TENANT, DEFAULT_PRIORITY, None, None)
+
+
+@functools.lru_cache(maxsize=64)
+def _unconfigured(name: str) -> TenantConfig:
+    """A tenant the file does not name (the default one): weight 1, no limits; built once."""
+    return TenantConfig(name=name)
 
 
 def parse_tenants(raw: Any, *, where: str) -> TenantTable:
@@ -328,11 +339,12 @@ class Tenancy:
         if (header := http.headers.get(PRIORITY_HEADER)) is not None:
             priority = self.check_ceiling(tenant, parse_priority(header, param=PRIORITY_HEADER),
                                           param=PRIORITY_HEADER)  # fmt: skip
+        deadline_s = _deadline(http.headers.get(DEADLINE_HEADER), now_s)
+        session_id = session_of(http.headers)
+        if (tenant, priority, deadline_s, session_id) == _DEFAULT_FIELDS:
+            return DEFAULT_IDENTITY  # most requests: built once, not per request
         return RequestIdentity(
-            tenant=tenant,
-            priority=priority,
-            deadline_s=_deadline(http.headers.get(DEADLINE_HEADER), now_s),
-            session_id=session_of(http.headers),
+            tenant=tenant, priority=priority, deadline_s=deadline_s, session_id=session_id
         )
 
     def check_ceiling(self, tenant: str, priority: int, *, param: str) -> int:

@@ -39,6 +39,9 @@ class RequestIdentity:
             raise ValueError(f"priority={self.priority} is not a class; {classes_hint()}")
 
 
+DEFAULT_IDENTITY = RequestIdentity()  # the default tenant at the default class, nothing else
+
+
 def classes_hint() -> str:
     """The valid classes, as error messages list them."""
     shown = ", ".join(f"{v} ({k})" for k, v in PRIORITY_CLASSES.items())

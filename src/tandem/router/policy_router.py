@@ -125,6 +125,7 @@ class PolicyRouter:
         if config.lora.enabled:
             self.lora = LoraPlacement(config.lora, self._clock, self.metrics.lora)
         self._lora_plan: tuple[str, Plan] | None = None
+        self._lora_requests: set[str] = set()  # routed with an adapter, until they finish
         # asks workers to unload cold adapters (the KV router sets it: it has a client)
         self.lora_client: RequestClient | None = None
         self._lora_unloads: set[asyncio.Task[None]] = set()
@@ -488,9 +489,12 @@ class PolicyRouter:
         details["lora"] = last[1].summary()
         self.lora.routed(request.request_id, chosen.instance_id, last[1],
                          request.num_prompt_tokens)  # fmt: skip
+        self._lora_requests.add(request.request_id)
 
     def on_finish(self, request_id: str) -> None:
-        if self.lora is not None:
+        if request_id in self._lora_requests:  # a request without an adapter skips lora.py
+            self._lora_requests.discard(request_id)
+            assert self.lora is not None
             cold = self.lora.finished(request_id)
             if cold is not None and self.lora_client is not None:
                 self._unload_cold(*cold)

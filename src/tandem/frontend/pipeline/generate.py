@@ -46,7 +46,7 @@ from tandem.protocols.openai import (
     fan_out,
     num_candidates,
 )
-from tandem.protocols.tenancy import RequestIdentity, parse_priority
+from tandem.protocols.tenancy import DEFAULT_IDENTITY, RequestIdentity, parse_priority
 from tandem.runtime import tracing
 
 if TYPE_CHECKING:
@@ -246,7 +246,7 @@ class GeneratePipeline:
         body_priority = req.priority
         if identity is None and body_priority is None:
             return  # no tenants, no priority asked: the FIFO path
-        identity = identity or RequestIdentity()
+        identity = identity or DEFAULT_IDENTITY
         priority = identity.priority
         if body_priority is not None:
             priority = parse_priority(body_priority, param="priority")
@@ -259,7 +259,9 @@ class GeneratePipeline:
             if identity.deadline_s is not None:
                 request.deadline_s = min(request.deadline_s or identity.deadline_s,
                                          identity.deadline_s)  # fmt: skip
-        prepared.identity = dataclasses.replace(identity, priority=priority)
+        if priority != identity.priority:
+            identity = dataclasses.replace(identity, priority=priority)
+        prepared.identity = identity
 
     def charge_tokens(
         self, response: HttpResponse | None, prepared: Prepared, num_tokens: int, *, done: bool

@@ -23,7 +23,7 @@ def test_named_benchmark_dispatches_to_module_main(monkeypatch):
 
 def test_unknown_benchmark_lists_the_known_ones():
     with pytest.raises(
-        SystemExit, match="unknown benchmark 'idx'; expected one of: disagg, engine"
+        SystemExit, match="unknown benchmark 'idx'; expected one of: churn, disagg, engine"
     ):
         bench_cli.main(["idx"])
 

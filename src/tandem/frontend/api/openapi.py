@@ -16,6 +16,7 @@ import msgspec
 from tandem.frontend.api.rerank import RERANK_PATHS, SCORE_PATHS
 from tandem.protocols import openai_types as t
 from tandem.protocols.anthropic import CountTokensRequest, MessagesRequest
+from tandem.protocols.lora import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
 from tandem.protocols.openai_embedding import EmbeddingRequest
 from tandem.protocols.openai_responses import ResponsesRequest
@@ -141,6 +142,17 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ("GET", "/v1/batches"): RouteDoc("List your batches (limit, after)"),
     ("GET", "/v1/batches/{batch_id}"): RouteDoc("A batch object with its request_counts"),
     ("POST", "/v1/batches/{batch_id}/cancel"): RouteDoc("Cancel a batch"),
+    # LoRA adapters (frontend/api/lora_routes.py): vLLM's shapes, plain-text answers
+    ("POST", "/v1/load_lora_adapter"): RouteDoc(
+        "Load a LoRA adapter under --lora-dir (vLLM); admin key once keys are configured",
+        LoadLoraAdapterRequest,
+        content_type="text/plain",
+    ),
+    ("POST", "/v1/unload_lora_adapter"): RouteDoc(
+        "Unload a LoRA adapter (vLLM); running requests finish",
+        UnloadLoraAdapterRequest,
+        content_type="text/plain",
+    ),
 }
 
 

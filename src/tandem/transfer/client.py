@@ -25,6 +25,7 @@ from tandem.transfer.wire import (
     Done,
     Export,
     ExportReply,
+    Frame,
     Query,
     Start,
     StatusReply,
@@ -172,17 +173,31 @@ def send_control(
         if what == "cancel"
         else Query(op_id=target.op_id)
     )
+    reply = _round_trip(target, frame, cluster_secret, timeout_s, tls,
+                        f"transfer op={target.op_id}", f"{what} failed: ")  # fmt: skip
+    return reply.status if isinstance(reply, StatusReply) else "unknown"
+
+
+def _round_trip(
+    target: TransferOpMeta | OpRef,
+    frame: Frame,
+    cluster_secret: str | None,
+    timeout_s: float,
+    tls: TlsFiles | None,
+    what: str,
+    failed: str,
+) -> Frame:
+    """One control frame to ``target``'s agent and its reply; TransferError naming ``what``
+    and the peer when the owner is unreachable or answers garbage."""
     try:
         with _connect(target, timeout_s, tls) as sock:
             handshake.connect(sock, handshake.transfer_key(cluster_secret))
             send_frame(sock, frame)
-            reply = recv_frame(sock)
+            return recv_frame(sock)
     except (OSError, msgspec.DecodeError, TransferError) as exc:
         raise TransferError(
-            f"transfer op={target.op_id} peer={target.agent_id or target.address}: "
-            f"{what} failed: {exc}"
+            f"{what} peer={target.agent_id or target.address}: {failed}{exc}"
         ) from exc
-    return reply.status if isinstance(reply, StatusReply) else "unknown"
 
 
 def send_export(
@@ -198,15 +213,8 @@ def send_export(
     ``block_hashes`` it caches; returns how many blocks it covers (0: none, no op). Raises
     TransferError when the owner is unreachable, refuses, or has no exporter."""
     frame = Export(op_id=target.op_id, peer=sender_id, block_hashes=block_hashes, ttl_s=ttl_s)
-    try:
-        with _connect(target, timeout_s, tls) as sock:
-            handshake.connect(sock, handshake.transfer_key(cluster_secret))
-            send_frame(sock, frame)
-            reply = recv_frame(sock)
-    except (OSError, msgspec.DecodeError, TransferError) as exc:
-        raise TransferError(
-            f"export op={target.op_id} peer={target.agent_id or target.address}: {exc}"
-        ) from exc
+    reply = _round_trip(target, frame, cluster_secret, timeout_s, tls,
+                        f"export op={target.op_id}", "")  # fmt: skip
     if not isinstance(reply, ExportReply):
         raise TransferError(f"export op={target.op_id}: owner answered {type(reply).__name__}")
     if reply.error:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import msgspec
 
 from tandem.router.source import EventSource
+from tandem.router.sync import Outbox
 from tandem.runtime.base import Subscription
 
 logger = logging.getLogger(__name__)
@@ -105,14 +106,15 @@ class SessionSync:
         self.router_id = uuid.uuid4().hex[:12]
         self._table, self._events, self._subject = table, events, subject
         self._router_clock = router_clock
-        self._pending: asyncio.Queue[bytes] = asyncio.Queue(MAX_PENDING)
+        self._outbox = Outbox(events, subject, MAX_PENDING)
         self._tasks: list[asyncio.Task[None]] = []
         self.num_applied = 0
 
     async def start(self) -> None:
         sub = await self._events.subscribe(self._subject)
         self._tasks.append(asyncio.create_task(self._receive(sub), name="router-sessions-in"))
-        self._tasks.append(asyncio.create_task(self._send(), name="router-sessions-out"))
+        out = self._outbox.send_forever("router session")
+        self._tasks.append(asyncio.create_task(out, name="router-sessions-out"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -127,17 +129,7 @@ class SessionSync:
             worker_id=worker_id,
             expires_s=time.time() + self._table.ttl_s,
         )
-        if self._pending.full():
-            self._pending.get_nowait()  # a lost binding costs one turn's cache, no more
-        self._pending.put_nowait(_encoder.encode(msg))
-
-    async def _send(self) -> None:
-        while True:
-            payload = await self._pending.get()
-            try:
-                await self._events.publish(self._subject, payload)
-            except Exception:
-                logger.warning("router session publish failed", exc_info=True)
+        self._outbox.put(_encoder.encode(msg))  # a lost binding costs one turn's cache, no more
 
     async def _receive(self, sub: Subscription) -> None:
         try:

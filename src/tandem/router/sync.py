@@ -39,6 +39,28 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(SyncMsg)
 
 
+class Outbox:
+    """What a router tells its peers, sent in order by one task: a bounded queue whose oldest
+    message is dropped when full (peers recover what they miss by TTL). One event loop."""
+
+    def __init__(self, events: EventSource, subject: str, max_pending: int) -> None:
+        self._events, self._subject = events, subject
+        self._pending: asyncio.Queue[bytes] = asyncio.Queue(max_pending)
+
+    def put(self, payload: bytes) -> None:
+        if self._pending.full():
+            self._pending.get_nowait()
+        self._pending.put_nowait(payload)
+
+    async def send_forever(self, what: str) -> None:
+        while True:
+            payload = await self._pending.get()
+            try:
+                await self._events.publish(self._subject, payload)
+            except Exception:
+                logger.warning("%s publish failed", what, exc_info=True)
+
+
 class ReplicaSync:
     """Publishes this router's changes (bounded queue, oldest dropped) and applies the
     others' to `active` under ids `router_id/request_id`. One event loop."""
@@ -55,29 +77,20 @@ class ReplicaSync:
         self._events = events
         self._subject = subject
         self._on_change = on_change
-        self._pending: asyncio.Queue[bytes] = asyncio.Queue(MAX_PENDING)
+        self._outbox = Outbox(events, subject, MAX_PENDING)
         self._tasks: list[asyncio.Task[None]] = []
         self.num_applied = 0
 
     async def start(self) -> None:
         sub = await self._events.subscribe(self._subject)
         self._tasks.append(asyncio.create_task(self._receive(sub), name="router-sync-in"))
-        self._tasks.append(asyncio.create_task(self._send(), name="router-sync-out"))
+        out = self._outbox.send_forever("router sync")
+        self._tasks.append(asyncio.create_task(out, name="router-sync-out"))
         self.publish("hello", "")
 
     def publish(self, msg_kind: str, request_id: str, **fields: object) -> None:
         msg = SyncMsg(router_id=self.router_id, kind=msg_kind, request_id=request_id, **fields)  # type: ignore[arg-type]
-        if self._pending.full():
-            self._pending.get_nowait()  # peers sweep what they miss by TTL
-        self._pending.put_nowait(_encoder.encode(msg))
-
-    async def _send(self) -> None:
-        while True:
-            payload = await self._pending.get()
-            try:
-                await self._events.publish(self._subject, payload)
-            except Exception:
-                logger.warning("router sync publish failed", exc_info=True)
+        self._outbox.put(_encoder.encode(msg))  # peers sweep what they miss by TTL
 
     async def _receive(self, sub: object) -> None:
         try:

@@ -8,7 +8,7 @@ PORT ?= 8000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-pair test-vllm image test-image lint fmt venv venv-vllm clean prometheus kubectl libibverbs
+.PHONY: serve test test-serial test-vllm image test-image lint fmt venv venv-vllm clean prometheus kubectl libibverbs
 
 venv: $(STAMP)
 
@@ -76,16 +76,17 @@ $(VLLM_STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tandem serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
-# --durations=40: every CI log shows where the time went
+# two pytest processes side by side: tests/e2e (mostly waiting on the processes it starts) and
+# the rest at nice 10 (in-process, CPU-bound) on the core the e2e tests leave idle; each log is
+# shown when both are done (tests/support/pytest_pair.sh says why; a PYTEST_ARGS test path runs
+# one process). One after the other they took CI past its 30-minute budget; --durations=40:
+# every CI log shows where the time went
 test: $(STAMP) prometheus kubectl libibverbs
-	$(BIN)/python -m pytest -q -m "not image" --durations=40 $(PYTEST_ARGS)
-
-# what `make test` runs, as two pytest processes side by side: tests/e2e (mostly waiting on the
-# processes it starts) and the rest at nice 10 (in-process, CPU-bound) on the core the e2e tests
-# leave idle; each log is shown when both are done (tests/support/pytest_pair.sh says why).
-# What .ci/run runs (CI was over its 30-minute budget with the two one after the other)
-test-pair: $(STAMP) prometheus kubectl libibverbs
 	bash tests/support/pytest_pair.sh $(BIN)/python $(PYTEST_ARGS)
+
+# the same tests in one pytest process
+test-serial: $(STAMP) prometheus kubectl libibverbs
+	$(BIN)/python -m pytest -q -m "not image" --durations=40 $(PYTEST_ARGS)
 
 # the CPU container image, localhost/tandem:VERSION (the name deploy/k8s runs), built with podman
 # from a Debian base made by mmdebstrap (deploy/image/build.sh: it installs podman, runc and

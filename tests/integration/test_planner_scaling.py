@@ -10,10 +10,10 @@ import pytest
 from tests.support.eventually import eventually
 from tests.support.planner_stack import PlannerStack, mocker_engine, planner_config
 
-from tandem.engines.base import Engine, EngineInfo
+from tandem.engines.base import Engine, EngineDefaults, EngineInfo
 from tandem.planner.config import PoolConfig
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(180)
 
 
 async def test_scales_up_under_load_and_back_to_the_floor_when_traffic_stops() -> None:
@@ -23,19 +23,21 @@ async def test_scales_up_under_load_and_back_to_the_floor_when_traffic_stops() -
         service = await s.start_planner(
             planner_config(pools=(PoolConfig(min_workers=1, max_workers=4),))
         )
-        await eventually(lambda: s.ready() == 1, timeout_s=10)
+        # generous waits: CI runs this beside the e2e tests, whose servers can take most of
+        # the CPU for seconds (what is timed is the planner's decisions, not this host)
+        await eventually(lambda: s.ready() == 1, timeout_s=30)
         await s.wait_serving()
         load = asyncio.create_task(s.load(rate=60, duration_s=6, prompt_len=600, max_tokens=30))
-        await eventually(lambda: s.ready() >= 2, timeout_s=15)
+        await eventually(lambda: s.ready() >= 2, timeout_s=30)
         await load
         assert s.failures == []
-        await eventually(lambda: s.ready() == 1, timeout_s=20)  # traffic 0 → the floor
+        await eventually(lambda: s.ready() == 1, timeout_s=60)  # traffic 0 → the floor
         adds = [a for t in service.timeline for a in t.actions if a.kind == "add"]
         removes = [a for t in service.timeline for a in t.actions if a.kind == "remove"]
         assert len(adds) >= 2 and len(removes) == len(adds) - 1  # the first add was the floor
 
 
-class NeverReady:
+class NeverReady(EngineDefaults):
     """An engine whose start never returns (a worker stuck loading)."""
 
     async def start(self) -> EngineInfo:

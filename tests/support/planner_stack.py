@@ -151,7 +151,7 @@ def planner_config(**overrides: Any) -> PlannerConfig:
         cooldown_up_s=0.5,
         cooldown_down_s=1.0,
         scale_down_stable_s=1.0,
-        ready_timeout_s=5.0,
+        ready_timeout_s=20.0,  # a starved CI host can take seconds to start a mocker
         stats_window_s=3.0,
     )
     return dataclasses.replace(base, **overrides)

@@ -26,6 +26,12 @@ its target (or the frontends measured a mean TTFT/ITL over target in the last in
 down by one when the frontends' measured means are under target × margin and the n−1
 survivors, each taking 1/(n−1) of the pool's total waiting, prefill and decode load, stay under
 target × margin and the pool's active KV blocks fit in theirs × kv_fit_fraction.
+
+An idle worker (nothing running, waiting or decoding) is what a new worker would be, so when
+the least loaded worker is idle a prediction over target is not a reason to add one (the
+model's cost of one request alone is over target: another worker would not lower it); and a
+pool with no load on any worker and no traffic scales down to its floor whatever the model
+predicts for one request alone, since the survivors then predict what the fleet does now.
 """
 
 from __future__ import annotations
@@ -145,6 +151,8 @@ def decide(
         for w in workers
     ]
     t = pool.traffic if kind == "aggregated" else None
+    if any(_idle(w) for w in workers) and not queued:
+        ttfts = itls = [0.0]  # a new worker would be as idle as that one: no gain to predict
     if min(ttfts) > cfg.ttft_target_ms:
         return Verdict(
             +1,
@@ -165,6 +173,11 @@ def decide(
     return _scale_down_verdict(workers, model, cfg, isl, kind, calibration, queued)
 
 
+def _idle(w: WorkerView) -> bool:
+    busy = w.num_inflight or w.num_running or w.num_waiting or w.num_active_blocks
+    return not (busy or w.decode_kv_tokens or w.prefill_tokens_per_s)
+
+
 def queue_wait_ms(pool: PoolObservation) -> float:
     """The frontends' measured mean wait before dispatch (0 without traffic)."""
     t = pool.traffic
@@ -183,6 +196,8 @@ def _scale_down_verdict(
     n = len(workers)
     if n < 2:
         return Verdict(0, "one worker")
+    if all(_idle(w) for w in workers) and not queued:
+        return Verdict(-1, f"no load on any of {n} workers")
     survivors = n - 1
     waiting = sum(w.num_waiting for w in workers) / survivors
     decode_kv = sum(w.decode_kv_tokens for w in workers) / survivors

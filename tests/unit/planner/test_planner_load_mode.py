@@ -67,6 +67,19 @@ def test_idle_pool_scales_down() -> None:
     assert load_mode.decide(_pool(*w, traffic=None), MODEL, CFG).delta == -1
 
 
+def test_a_model_slower_than_target_for_one_request_neither_adds_nor_keeps_idle_workers() -> None:
+    # a starved host fits steps of 60 ms: one request alone predicts ITL 60 > 50 and TTFT
+    # 60 + 1000·1 > 300, on every worker, with or without the others
+    slow = StepCoefficients(base_ms=60.0, ms_per_prefill_token=1.0, ms_per_decode_kv_token=0.001)
+    w = [WorkerView(worker_id=i, num_total_blocks=100) for i in "abc"]
+    v = load_mode.decide(_pool(*w, traffic=None), slow, CFG)
+    assert v.delta == -1 and "no load" in v.reason
+    busy = WorkerView(worker_id="a", num_running=1, num_active_blocks=4, num_total_blocks=100)
+    v = load_mode.decide(_pool(busy, w[1], traffic=None), slow, CFG)
+    assert v.delta == 0, v  # b is idle: a new worker would predict what b does
+    assert load_mode.decide(_pool(busy, busy, traffic=None), slow, CFG).delta == +1
+
+
 def test_prefill_pool_ignores_itl_and_decode_pool_ignores_ttft() -> None:
     w = WorkerView(worker_id="a", num_waiting=3, decode_kv_tokens=50_000, num_total_blocks=10**6)
     assert load_mode.decide(_pool(w), MODEL, CFG, "prefill").reason.startswith(

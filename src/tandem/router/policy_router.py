@@ -62,14 +62,16 @@ class AllBusy(Exception):
 
 class _Waker:
     """`set()` runs `dispatch` once soon (calls in one loop iteration coalesce), or at once
-    outside an event loop."""
+    outside an event loop; nothing while `pending()` says there is nothing to dispatch (load
+    updates arrive many times a second on an idle router)."""
 
-    def __init__(self, dispatch: Callable[[], None]) -> None:
+    def __init__(self, dispatch: Callable[[], None], pending: Callable[[], bool]) -> None:
         self._dispatch = dispatch
+        self._pending = pending
         self._scheduled = False
 
     def set(self) -> None:
-        if self._scheduled:
+        if self._scheduled or not self._pending():
             return
         try:
             loop = asyncio.get_running_loop()
@@ -105,7 +107,7 @@ class PolicyRouter:
         self._events = events
         self._clock = clock
         self._rng = rng or random.Random(config.seed)
-        self._wake = _Waker(self._dispatch)
+        self._wake = _Waker(self._dispatch, lambda: len(self.queue) > 0)
         self.loads = LoadTracker(on_update=self._wake.set)
         self._inflight: dict[str, int] = {}
         self._request_worker: dict[str, str] = {}

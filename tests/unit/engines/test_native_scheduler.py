@@ -105,11 +105,14 @@ def test_waiting_requests_are_admitted_by_priority_class():
 
 def test_preemption_spares_the_more_urgent_request():
     """Blocks run out while an older batch-class request and a younger high-class one decode:
-    the batch one yields (youngest-first alone would have preempted the high one)."""
+    the batch one yields (youngest-first alone would have preempted the high one). The batch
+    one prefills first: beside the high one its prefill would wait (step_policy.py)."""
     core = tiny_core(num_blocks=8, block_size=4)
     core.add(_with_priority(request("batch", list(range(3, 15)), max_tokens=12), 2))
-    core.add(_with_priority(request("high", list(range(20, 32)), max_tokens=12), -1))
     seqs = dict(core.seqs)
+    core.step()
+    core.add(_with_priority(request("high", list(range(20, 32)), max_tokens=12), -1))
+    seqs.update(core.seqs)
     while core.has_work():
         core.step()
         core.block_manager.check_integrity()

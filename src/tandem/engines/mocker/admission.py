@@ -68,6 +68,8 @@ def make_sequence(
         lora_name=request.lora_name,
         cache_salt=request.cache_salt,
         priority=request.priority,
+        tenant=request.tenant,
+        tenant_weight=request.tenant_weight,
         mm_items=list(request.mm_items),
         block_hashes=_shipped_hashes(config, request, token_ids),
     )

@@ -6,7 +6,11 @@ urgent priority class (LIFO within it, recompute: its blocks are released and it
 head of its class in the waiting queue, which is ordered by class) when blocks run out;
 then, if nothing was preempted, waiting sequences join while `max_num_seqs`, the token budget
 (`max_num_batched_tokens`) and free blocks allow, starting after their cached prefix. A
-sequence whose tokens are all computed samples one new token. Requests join (`add_request`)
+sequence whose tokens are all computed samples one new token. When classes or tenants mix
+(`tandem.engines.step_policy`, shared with the native engine): the foreground's running
+sequences and admissions come first, a waiting foreground sequence may have a background one
+preempted for its seat, and the background gets the decodes and prefill that keep the step
+within its bound by the perf model. Requests join (`add_request`)
 and leave (`abort`, finishing) between steps. Simulated time advances by the perf model
 (`clock_ms`). Deterministic; not thread-safe.
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from tandem.engines import step_policy
 from tandem.engines.mocker import perf_model
 from tandem.engines.mocker.admission import make_sequence
 from tandem.engines.mocker.c_block_pool import new_block_pool
@@ -114,9 +119,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one pass
     def step(self) -> StepResult:
-        scheduled, budget, preempted = self._schedule_running()
-        if not preempted:
-            self._admit_waiting(scheduled, budget)
+        scheduled: list[tuple[Sequence, int]] = []
+        budget = self.config.max_num_batched_tokens
+        held = self._shares()
+        if held is not None:
+            self._schedule_shared(scheduled, budget, held)
+        else:
+            _, budget, preempted = self._schedule_running(scheduled, budget, 0)
+            if not preempted:
+                self._admit_waiting(scheduled, budget)
         outputs, self._ended = self._ended, []
         finished: list[Sequence] = []
         num_prefill_tokens = num_decode = num_decode_kv = 0
@@ -162,19 +173,41 @@ class Scheduler:
             num_decode_kv_tokens=num_decode_kv,
         )
 
-    def _schedule_running(self) -> tuple[list[tuple[Sequence, int]], int, bool]:
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[Sequence, int]] = []
+    def _schedule_running(
+        self,
+        scheduled: list[tuple[Sequence, int]],
+        budget: int,
+        idx: int,
+        *,
+        stop: int | None = None,
+        allowance: step_policy.Allowance | None = None,
+    ) -> tuple[int, int, bool]:
+        """Give running sequences from position `idx` (up to `stop`) their tokens; with an
+        `allowance`, no more decodes and prefill tokens than it allows (a sequence left out
+        keeps its seat and blocks). Returns where it stopped, the budget left and whether it
+        preempted (which ends the step's scheduling)."""
+        decodes_left, prefill_left = allowance or (0, 0)
         preempted = False
-        idx = 0
-        while idx < len(self._running) and budget > 0:
+        while idx < len(self._running) and (stop is None or idx < stop) and budget > 0:
             seq = self._running[idx]
-            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            num_left = len(seq.token_ids) - seq.num_computed_tokens
+            num_new = min(num_left, budget)
+            if allowance is not None:
+                if num_left > 1:
+                    num_new = min(num_new, prefill_left)
+                    prefill_left -= num_new
+                else:
+                    num_new = min(num_new, decodes_left)
+                    decodes_left -= num_new
+                if num_new == 0:
+                    idx += 1
+                    continue
             while not self._grow(seq, num_new):
                 victim = self._victim(idx, seq)
                 preempted = True
                 if victim is not seq:
                     self._preempt(victim)
+                    stop = None if stop is None else min(stop, len(self._running))
                     continue
                 if len(self._running) == 1:  # alone and still too big for the whole pool
                     self._running.pop()
@@ -182,11 +215,67 @@ class Scheduler:
                     self._ended.append((seq, EngineOutput(finish_reason="length")))
                 else:
                     self._preempt(seq)
-                return scheduled, budget, preempted
+                return idx, budget, True
             scheduled.append((seq, num_new))
             budget -= num_new
             idx += 1
-        return scheduled, budget, preempted
+        return idx, budget, preempted
+
+    def _shares(self) -> step_policy.Shares | None:
+        """The seat shares when classes or tenants mix on this engine; None when they do not
+        (then nobody is outranked and the step is the plain one)."""
+        live = iter(self._requests.values())
+        first = next(live, None)
+        if first is None:
+            return None
+        klass, tenant = first.priority, first.tenant
+        if all(s.priority == klass and s.tenant == tenant for s in live):
+            return None
+        return step_policy.shares(self._running, self._waiting, self.config.max_num_seqs)
+
+    def _schedule_shared(
+        self, scheduled: list[tuple[Sequence, int]], budget: int, held: step_policy.Shares
+    ) -> None:
+        """Classes or tenants mix (engines/step_policy.py): the foreground's running sequences
+        and admissions first (a waiting foreground sequence may have a background one
+        preempted for its seat), then the background's decodes and the prefill that keeps
+        the step within its bound."""
+        self._running.sort(key=held.is_background)  # stable; the foreground is one class
+        num_fg = sum(1 for s in self._running if not held.is_background(s))
+        idx, budget, preempted = self._schedule_running(scheduled, budget, 0, stop=num_fg)
+        if preempted or idx < num_fg:
+            return
+        budget = self._admit_waiting(scheduled, budget, held=held)
+        done = {id(s) for s, _ in scheduled}
+        self._running.sort(key=lambda s: id(s) not in done)  # class order kept: see above
+        fg_decodes = bg_decodes = num_decode_kv = num_prefill = 0
+        for seq in self._running:
+            if len(seq.token_ids) - seq.num_computed_tokens == 1:
+                num_decode_kv += len(seq.token_ids)
+                bg_decodes += 1
+        for seq, num_new in scheduled:
+            if num_new > 1 or len(seq.token_ids) - seq.num_computed_tokens > 1:
+                num_prefill += num_new
+            else:
+                fg_decodes += 1
+        if not scheduled:  # no foreground work in this step: the background has it all
+            allowance = step_policy.Allowance(bg_decodes, budget)
+        else:
+            usage, bg_decodes = self.pool.usage, bg_decodes - fg_decodes
+            kv_per_decode = num_decode_kv / max(fg_decodes + bg_decodes, 1)
+
+            def cost(num_tokens: int, num_decodes: int) -> float:
+                kv = round(kv_per_decode * num_decodes)
+                return self.perf.step_ms(num_tokens, num_decodes, kv, usage)
+
+            allowance = step_policy.background_allowance(
+                cost, num_prefill, fg_decodes, bg_decodes, budget
+            )
+        idx, budget, preempted = self._schedule_running(
+            scheduled, budget, len(scheduled), allowance=allowance
+        )
+        if not preempted and allowance.num_prefill_tokens > 0:
+            self._admit_waiting(scheduled, min(budget, allowance.num_prefill_tokens))
 
     def _join_running(self, seq: Sequence) -> None:
         """Running sequences are kept by class (admission order within one): each step gives
@@ -208,10 +297,33 @@ class Scheduler:
         victim = self._running[i]
         return seq if victim.priority < seq.priority else victim
 
-    def _admit_waiting(self, scheduled: list[tuple[Sequence, int]], budget: int) -> None:
+    def _admit_waiting(
+        self,
+        scheduled: list[tuple[Sequence, int]],
+        budget: int,
+        *,
+        held: step_policy.Shares | None = None,
+    ) -> int:
+        """Admit waiting sequences in queue order while seats, budget and blocks allow.
+        With `held`, only the foreground (nobody outranks it), the first of the most urgent
+        class whose tenant has room, which may have a running background sequence it
+        outranks preempted for a seat. Returns the budget left."""
         size = self.config.block_size
-        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
-            seq = self._waiting[0]
+        while self._waiting and budget > 0:
+            i = 0 if held is None else self._next_foreground(held)
+            if i is None:
+                return budget
+            seq = self._waiting[i]
+            if len(self._running) >= self.config.max_num_seqs:
+                done = {id(s) for s, _ in scheduled}
+                victim = None if held is None else step_policy.victim(
+                    (s for s in self._running if id(s) not in done), seq, held
+                )  # fmt: skip
+                if victim is None:
+                    return budget
+                self._preempt(victim)
+                held.move(victim, -1)  # type: ignore[union-attr]
+                i = self._waiting.index(seq)  # the victim may have been requeued ahead of it
             # at least one token is always computed, so the last block is never a hit
             hashes = seq.hashes_upto((len(seq.token_ids) - 1) // size)
             hits = self.pool.match_prefix(hashes)
@@ -222,16 +334,30 @@ class Scheduler:
             fresh = self.pool.allocate(-(-(num_cached + num_new) // size) - len(hits))
             if fresh is None:
                 self.pool.release(hits)
-                return
+                return budget
             seq.block_ids = hits + fresh
             seq.num_computed_tokens = num_cached
             seq.num_committed_blocks = len(hits)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = num_cached
-            self._waiting.popleft()
+            del self._waiting[i]
             self._join_running(seq)
+            if held is not None:
+                held.move(seq, 1)
             scheduled.append((seq, num_new))
             budget -= num_new
+        return budget
+
+    def _next_foreground(self, held: step_policy.Shares) -> int | None:
+        """Index of the first waiting sequence that nobody outranks, in the most urgent
+        class waiting; None when every waiting one is background."""
+        klass = self._waiting[0].priority
+        for i, seq in enumerate(self._waiting):
+            if seq.priority != klass:
+                return None
+            if not held.is_background(seq):
+                return i
+        return None
 
     # ------------------------------------------------------------------ helpers
     def _onboard(self, seq: Sequence, hashes: list[int], num_hits: int) -> list[int]:

@@ -66,6 +66,8 @@ class Sequence:
     lora_name: str | None = None
     cache_salt: str | None = None
     priority: int = 0  # lower = admitted first, preempted last (issue 33)
+    tenant: str | None = None  # whose seat share it counts against (engines/step_policy.py)
+    tenant_weight: float = 1.0
     mm_items: list[MmItem] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)

@@ -9,7 +9,11 @@ Priority (issue 33; `PreprocessedRequest.priority`, lower = more urgent): the wa
 ordered by class (arrival order within one; a preempted sequence at the front of its class),
 and the preemption victim is the youngest running sequence of the lowest class, never one
 more urgent than the sequence that needs the blocks (that one yields instead). With one class
-everywhere this is the plain FIFO / youngest-first policy.
+everywhere this is the plain FIFO / youngest-first policy. When classes or tenants mix
+(`tandem.engines.step_policy`, shared with the mocker): the foreground's running sequences
+and admissions come first, a waiting foreground sequence may have a background one preempted
+for its seat, and the background prefills only what keeps the step within its bound (the
+step's cost counted in tokens: no model of the CPU step's time here).
 
 With speculation (`draft`), a decoding sequence also computes its draft tokens
 (`Sequence.draft_token_ids`) when the budget and free blocks allow; a draft never preempts
@@ -25,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tandem.engines import step_policy
 from tandem.engines.native.block_manager import BlockManager
 from tandem.engines.native.sequence import Sequence, SequenceStatus
 
@@ -111,10 +116,47 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
         scheduled: list[tuple[Sequence, int]] = []
-        queue = list(self.running)
-        while queue and budget > 0:
+        held = self._shares()
+        if held is None:
+            budget = self._run(list(self.running), scheduled, budget)
+            if self.waiting and self.num_preemptions == preemptions_before:
+                budget = self._admit(scheduled, budget)
+        else:
+            budget = self._schedule_shared(scheduled, budget, held)
+        if self.draft is not None:
+            self._add_drafts(scheduled, budget)
+        # decodes (drafts included) first, stable
+        scheduled.sort(key=lambda item: item[1] != 1 and not item[0].draft_token_ids)
+        batch.seqs = [s for s, _ in scheduled]
+        batch.num_new_tokens = [n for _, n in scheduled]
+        return batch
+
+    def _run(
+        self,
+        queue: list[Sequence],
+        scheduled: list[tuple[Sequence, int]],
+        budget: int,
+        allowance: step_policy.Allowance | None = None,
+        num: int | None = None,
+    ) -> int:
+        """Give the first `num` (default: all) running sequences of `queue` their tokens in
+        order, taking them out of it (with an `allowance`, no more decodes and prefill
+        tokens than it allows; one left out keeps its seat and blocks; a victim for blocks
+        is any of `queue`); returns the budget left."""
+        decodes_left, prefill_left = allowance or (0, 0)
+        while queue and budget > 0 and (num is None or num > 0):
             seq = queue.pop(0)
+            num = None if num is None else num - 1
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if allowance is not None:
+                if seq.num_uncomputed_tokens > 1:
+                    num_new = min(num_new, prefill_left)
+                    prefill_left -= num_new
+                else:
+                    num_new = min(num_new, decodes_left)
+                    decodes_left -= num_new
+                if num_new == 0:
+                    continue
             seq.draft_token_ids = []
             while not self.block_manager.ensure_slots(seq, seq.num_computed_tokens + num_new):
                 victim = self._victim(queue, seq)
@@ -124,20 +166,71 @@ class Scheduler:
             else:
                 scheduled.append((seq, num_new))
                 budget -= num_new
-        if self.waiting and self.num_preemptions == preemptions_before:
-            budget = self._admit(scheduled, budget)
-        if self.draft is not None:
-            self._add_drafts(scheduled, budget)
-        # decodes (drafts included) first, stable
-        scheduled.sort(key=lambda item: item[1] != 1 and not item[0].draft_token_ids)
-        batch.seqs = [s for s, _ in scheduled]
-        batch.num_new_tokens = [n for _, n in scheduled]
-        return batch
+        return budget
 
-    def _admit(self, scheduled: list[tuple[Sequence, int]], budget: int) -> int:
+    def _shares(self) -> step_policy.Shares | None:
+        """The seat shares when classes or tenants mix here; None when they do not."""
+        seqs = [*self.running, *self.waiting]
+        if all(s.priority == seqs[0].priority and s.tenant == seqs[0].tenant for s in seqs):
+            return None
+        return step_policy.shares(self.running, self.waiting, self.max_num_seqs)
+
+    def _schedule_shared(
+        self, scheduled: list[tuple[Sequence, int]], budget: int, held: step_policy.Shares
+    ) -> int:
+        """Classes or tenants mix: the foreground first (running, then admitted, preempting
+        background seats for it), then the background within the step's bound."""
+        self.running.sort(key=held.is_background)  # stable; the foreground is one class
+        num_fg = sum(1 for s in self.running if not held.is_background(s))
+        queue = list(self.running)
+        before = self.num_preemptions
+        budget = self._run(queue, scheduled, budget, num=num_fg)
+        if self.num_preemptions != before or budget <= 0:
+            return budget
+        if self.waiting:
+            budget = self._admit(scheduled, budget, held=held)
+        rest = [s for s in queue if s.status is SequenceStatus.RUNNING]
+        bg_decodes = sum(1 for s in rest if s.num_uncomputed_tokens == 1)
+        num_prefill = sum(n for s, n in scheduled if s.num_uncomputed_tokens > 1)
+        fg_decodes = sum(1 for s, _ in scheduled if s.num_uncomputed_tokens == 1)
+        allowance = step_policy.Allowance(bg_decodes, budget)
+        if scheduled:  # the step's cost in tokens
+            allowance = step_policy.background_allowance(
+                lambda n, d: n + d, num_prefill, fg_decodes, bg_decodes, budget
+            )
+        before = self.num_preemptions
+        budget = self._run(rest, scheduled, budget, allowance=allowance)
+        cap = min(budget, allowance.num_prefill_tokens)
+        if self.waiting and cap > 0 and self.num_preemptions == before:
+            budget -= cap - self._admit(scheduled, cap)
+        return budget
+
+    def _admit(
+        self,
+        scheduled: list[tuple[Sequence, int]],
+        budget: int,
+        *,
+        held: step_policy.Shares | None = None,
+    ) -> int:
+        """Admit waiting sequences in queue order while seats, budget and blocks allow. With
+        `held`, only the foreground: the first of the most urgent class waiting whose tenant
+        has room, preempting a running background sequence it outranks when the seats are
+        full. Returns the budget left."""
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        while self.waiting and budget > 0:
+            i = 0 if held is None else self._next_foreground(held)
+            if i is None:
+                break
+            seq = self.waiting[i]
+            if len(self.running) >= self.max_num_seqs:
+                done = {id(s) for s, _ in scheduled}
+                victim = None if held is None else step_policy.victim(
+                    (s for s in self.running if id(s) not in done), seq, held
+                )  # fmt: skip
+                if victim is None:
+                    break
+                self._preempt(victim)
+                held.move(victim, -1)  # type: ignore[union-attr]
             cached = bm.match_prefix(seq)
             if self.onboard is not None:
                 cached += self.onboard(seq, cached)
@@ -145,7 +238,9 @@ class Scheduler:
             if not bm.ensure_slots(seq, cached + num_new):
                 bm.free(seq)
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
+            if held is not None:
+                held.move(seq, 1)
             seq.num_computed_tokens = cached
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = cached
@@ -157,6 +252,17 @@ class Scheduler:
             scheduled.append((seq, num_new))
             budget -= num_new
         return budget
+
+    def _next_foreground(self, held: step_policy.Shares) -> int | None:
+        """Index of the first waiting sequence nobody outranks, in the most urgent class
+        waiting; None when every waiting one is background."""
+        klass = self.waiting[0].priority
+        for i, seq in enumerate(self.waiting):
+            if seq.priority != klass:
+                return None
+            if not held.is_background(seq):
+                return i
+        return None
 
     def _add_drafts(self, scheduled: list[tuple[Sequence, int]], budget: int) -> None:
         """Give decoding sequences their drafts from what the step left: budget and free

@@ -46,6 +46,8 @@ class Sequence:
         self.stop_token_ids = set(request.stop.stop_token_ids)
         self.lora_name = request.lora_name
         self.priority = request.priority  # lower = admitted first, preempted last (issue 33)
+        self.tenant = request.tenant  # whose seat share it counts against (step_policy.py)
+        self.tenant_weight = request.tenant_weight
         # the adapter's weights, bound at admission (EngineCore.bind_lora): an unload while
         # the sequence runs leaves it these
         self.lora: NativeAdapter | None = None

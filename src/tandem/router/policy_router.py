@@ -15,6 +15,7 @@ from typing import Any, Required, TypedDict
 
 import msgspec
 
+from tandem.engines import step_policy
 from tandem.errors import DeadlineExceeded, InvalidRequest, NoWorkersAvailable, Overloaded
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.engine import PreprocessedRequest
@@ -26,7 +27,7 @@ from tandem.protocols.lora import (
     encode,
     lora_events_subject,
 )
-from tandem.protocols.tenancy import BATCH_PRIORITY
+from tandem.protocols.tenancy import BATCH_PRIORITY, DEFAULT_TENANT
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
 from tandem.router.cost import CandidateCost
@@ -111,6 +112,7 @@ class PolicyRouter:
         self.loads = LoadTracker(on_update=self._wake.set)
         self._inflight: dict[str, int] = {}
         self._request_worker: dict[str, str] = {}
+        self._routed: dict[str, PreprocessedRequest] = {}  # in flight, for `_overbookable`
         # waiting for a worker that is not busy: by class, tenant share, deadline (queue.py)
         self.queue = RequestQueue()
         # session id -> the worker of its last turn (session.py), shared with replicas
@@ -314,6 +316,7 @@ class PolicyRouter:
         self.on_finish(request.request_id)  # a re-route (migration) replaces the old entry
         self._book_lora(request, chosen, details)
         self._request_worker[request.request_id] = chosen.instance_id
+        self._routed[request.request_id] = request
         self._inflight[chosen.instance_id] = self._inflight.get(chosen.instance_id, 0) + 1
         self.queue.charge(request)
         if request.session_id and self.config.session_ttl_s > 0:
@@ -387,11 +390,16 @@ class PolicyRouter:
 
     def _dispatch(self) -> None:
         """Offer free workers to the queued requests in queue order (`_wake.set` calls it:
-        a finish, a load update, an instance change)."""
+        a finish, a load update, an instance change). When every worker is busy for one,
+        a later one of another class or tenant may still go to a worker that preempts for it
+        (`_overbookable`)."""
+        blocked: set[tuple[int, str]] = set()
         for waiter in self.queue.ordered():
             if waiter.done is None or waiter.done.done():
                 continue
             request = waiter.request
+            if (request.priority, waiter.tenant) in blocked:
+                continue
             started = time.perf_counter()
             try:
                 self._check_deadline(request, waiter)
@@ -399,9 +407,9 @@ class PolicyRouter:
                 chosen, details = self._choose_for(request, cands)
             except AllBusy:
                 pinned = request.routing is not None and request.routing.worker_id is not None
-                if pinned or waiter.exclude:
-                    continue  # another waiter may still fit elsewhere
-                return
+                if not pinned and not waiter.exclude:
+                    blocked.add((request.priority, waiter.tenant))
+                continue  # another waiter may still fit elsewhere
             except Exception as exc:  # its own error (deadline, no workers): fail it alone
                 self.queue.remove(waiter)
                 waiter.done.set_exception(exc)
@@ -420,7 +428,8 @@ class PolicyRouter:
             cap = max(cap - self.config.batch_headroom_requests, 1)
         pinned = request.routing is not None and request.routing.worker_id is not None
         if cap is not None and not pinned:
-            candidates = [c for c in candidates if self.inflight(c.instance_id) < cap]
+            free = [c for c in candidates if self.inflight(c.instance_id) < cap]
+            candidates = free or self._overbookable(request, candidates, cap)
             if not candidates:
                 raise AllBusy
         sid = request.session_id
@@ -435,6 +444,27 @@ class PolicyRouter:
                         self.sessions.num_hits += 1
                         return chosen, {**details, "session": "bound"}
         return self._choose(request, candidates)
+
+    def _overbookable(
+        self, request: PreprocessedRequest, candidates: Sequence[Instance], cap: int
+    ) -> list[Instance]:
+        """The busy candidates whose engine preempts for `request` (engines/step_policy.py,
+        `may_overbook`): work of a less urgent class there, or a tenant over its share there
+        while `request`'s has room and nothing else queued. The mocker and native engines
+        preempt for it; another engine serves it as its own scheduler does."""
+        tenant = request.tenant or DEFAULT_TENANT
+        is_backlogged = any(
+            w.request is not request and w.request.priority == request.priority
+            and w.tenant == tenant for w in self.queue.waiters()
+        )  # fmt: skip
+        by_worker: dict[str, list[PreprocessedRequest]] = {}
+        for request_id, routed in self._routed.items():
+            by_worker.setdefault(self._request_worker[request_id], []).append(routed)
+        return [
+            c for c in candidates
+            if step_policy.may_overbook(by_worker.get(c.instance_id, []), request, cap,
+                                        is_backlogged=is_backlogged)
+        ]  # fmt: skip
 
     def _decision_costs(self) -> Sequence[CandidateCost] | None:
         """Hook: the per-candidate costs of the decision `_record` just booked (KV router)."""
@@ -501,6 +531,7 @@ class PolicyRouter:
             if cold is not None and self.lora_client is not None:
                 self._unload_cold(*cold)
         worker = self._request_worker.pop(request_id, None)
+        self._routed.pop(request_id, None)
         if worker is None:
             return
         left = self._inflight.get(worker, 1) - 1

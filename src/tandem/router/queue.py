@@ -91,6 +91,10 @@ class RequestQueue:
             waiter.seq,
         )
 
+    def waiters(self) -> list[Waiter]:
+        """The waiters in arrival order (a copy)."""
+        return list(self._waiters)
+
     def ordered(self) -> list[Waiter]:
         """The waiters in the order they are offered a worker."""
         return sorted(self._waiters, key=self.key)

@@ -199,7 +199,7 @@ async def test_busy_inflight_requests_queues_any_policy() -> None:
     await router.start()
     a, b = await router.route(req("a")), await router.route(req("b"))
     assert {a.instance_id, b.instance_id} == {"w0", "w1"}
-    third = asyncio.create_task(router.route(req("c", priority=-1)))
+    third = asyncio.create_task(router.route(req("c")))
     await asyncio.sleep(0.01)
     assert router.num_queued == 1 and not third.done()
     router.on_finish("b")

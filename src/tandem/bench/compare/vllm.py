@@ -53,10 +53,12 @@ logger = logging.getLogger(__name__)
 
 # explicit scheduler and cache settings: vLLM derives defaults from its "usage context" (the
 # API server's and AsyncLLM's differ in general; on CPU both give 128 / 2048); tandem's worker
-# turns prefix caching on for its KV events, so it is on for every system
+# turns prefix caching on for its KV events and runs vLLM's priority scheduling policy, so
+# every system does
 DEFAULT_ENGINE_ARGS = (
     "--dtype float32 --block-size 32 --max-model-len 2048 --enforce-eager "
-    "--max-num-seqs 128 --max-num-batched-tokens 2048 --enable-prefix-caching"
+    "--max-num-seqs 128 --max-num-batched-tokens 2048 --enable-prefix-caching "
+    "--scheduling-policy priority"
 )
 # what decides the engine processes' speed besides the engine flags: compared across systems
 ENV_PREFIXES = ("VLLM_CPU", "OMP_", "KMP_", "GOMP_", "LD_PRELOAD", "MALLOC_", "TORCH", "MKL_")

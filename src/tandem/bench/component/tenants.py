@@ -16,7 +16,8 @@ loads are multiples of it.
 3. priority: 10 % of the requests in class high with a TTFT target, the rest normal, at the
    overload; the share of high requests within the target.
 4. batch: a `--batch-lines` batch in the batch class (queued at once) under an interactive
-   load; interactive TTFT p99 with and without the batch.
+   load (`--interactive-load` x the fleet's measured capacity for short requests); interactive
+   TTFT p99 with and without the batch.
 5. sessions: `--sessions` agents × `--turns` turns over a shared system prompt on the fleet:
    cached prompt fraction against the infinite-cache oracle, and TTFT p99, sessions on / off.
 """
@@ -44,6 +45,7 @@ from tandem.router.policy_router import LeastLoadedRouter
 from tandem.router.source import StaticInstanceSet
 
 BLOCK = 16
+nan = float("nan")
 _ids = itertools.count()
 
 
@@ -57,6 +59,7 @@ class Result:
     num_cached: int
     ok: bool
     output: list[int] = field(default_factory=list)
+    route_s: float | None = None  # of ttft_s: waiting for a worker (the router queue)
 
 
 @dataclass(slots=True)
@@ -93,6 +96,7 @@ class Fleet:
         started = time.perf_counter()
         try:
             decision = await self.router.route(request)
+            result.route_s = time.perf_counter() - started
         except ServingError:
             self.results.append(result)
             return result
@@ -198,8 +202,8 @@ def ttfts(
     ]  # fmt: skip
 
 
-async def capacity(args: argparse.Namespace) -> float:
-    """Long-prompt requests per second the fleet completes with every slot full."""
+async def capacity(args: argparse.Namespace, num_prompt: int, num_output: int) -> float:
+    """Requests of that shape per second the fleet completes with every slot full."""
     fleet = await open_fleet(args, fifo=True)
     rng = random.Random(args.seed)
     stop = time.perf_counter() + args.calibrate_s
@@ -208,7 +212,7 @@ async def capacity(args: argparse.Namespace) -> float:
     async def loop() -> None:
         nonlocal done
         while time.perf_counter() < stop:
-            await fleet.send(prompt(rng, args.long_prompt), args.long_output, tenant="a")
+            await fleet.send(prompt(rng, num_prompt), num_output, tenant="a")
             done += 1
 
     started = time.perf_counter()
@@ -231,11 +235,33 @@ async def noisy(args: argparse.Namespace, cap: float, mode: str) -> dict[str, fl
     jobs = [poisson(args.b_rate, args.duration_s, random.Random(args.seed + 2), b)]
     if mode != "alone":
         jobs.append(poisson(cap * args.overload, args.duration_s, random.Random(args.seed + 3), a))
+    stop = asyncio.Event()
+    lags = asyncio.create_task(loop_lags(stop))
     fired = await asyncio.gather(*jobs)
+    stop.set()
     await drain(fleet, [t for tasks in fired for t in tasks], args.duration_s)
     served_a = sum(r.num_prompt + r.num_output for r in fleet.results if r.tenant == "a" and r.ok)
     await close_fleet(fleet)
-    return {"b_ttft_p99_s": p99(ttfts(fleet.results, "b")), "a_served_tokens": served_a}
+    b_served = [r for r in fleet.results if r.tenant == "b" and r.ttft_s is not None]
+    return {
+        "b_ttft_p99_s": p99(ttfts(fleet.results, "b")),
+        "a_served_tokens": served_a,
+        # where B's TTFT goes: waiting for a worker, then the engine (its wait and steps)
+        "b_route_p99_s": p99([r.route_s or 0.0 for r in b_served]),
+        "b_engine_p99_s": p99([(r.ttft_s or 0.0) - (r.route_s or 0.0) for r in b_served]),
+        "loop_lag_p99_s": p99(await lags),
+    }
+
+
+async def loop_lags(stop: asyncio.Event, period_s: float = 0.005) -> list[float]:
+    """How late this process's event loop wakes a timer: the fleet's own CPU (every engine,
+    the router and the clients share one loop), which delays every simulated step."""
+    lags: list[float] = []
+    while not stop.is_set():
+        started = time.perf_counter()
+        await asyncio.sleep(period_s)
+        lags.append(time.perf_counter() - started - period_s)
+    return lags
 
 
 async def drain(fleet: Fleet, tasks: list[asyncio.Task[Any]], duration_s: float) -> None:
@@ -306,7 +332,7 @@ async def priority(args: argparse.Namespace, cap: float, mode: str) -> dict[str,
         [t for t in high_ttfts if t is not None])}  # fmt: skip
 
 
-async def batch(args: argparse.Namespace, cap: float, mode: str) -> dict[str, float]:
+async def batch(args: argparse.Namespace, short_cap: float, mode: str) -> dict[str, float]:
     fleet = await open_fleet(args, fifo=mode == "fifo")
     rng = random.Random(args.seed + 7)
     tasks: list[asyncio.Task[Any]] = []
@@ -326,7 +352,7 @@ async def batch(args: argparse.Namespace, cap: float, mode: str) -> dict[str, fl
     async def interactive() -> None:
         await fleet.send(prompt(rng, args.short_prompt), args.short_output, tenant="chat")
 
-    rate = cap * args.interactive_load * args.long_prompt / args.short_prompt
+    rate = short_cap * args.interactive_load
     fired = await poisson(rate, args.duration_s, random.Random(args.seed + 8), interactive)
     await drain(fleet, fired, args.duration_s)
     started = time.perf_counter()
@@ -374,7 +400,7 @@ async def sessions(args: argparse.Namespace, mode: str) -> dict[str, float]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    cap = await capacity(args)
+    cap = await capacity(args, args.long_prompt, args.long_output)
     out: dict[str, Any] = {
         "capacity_long_rps": cap,
         "args": {**vars(args), "only": sorted(args.only)},
@@ -386,7 +412,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if "priority" in args.only:
         out["priority"] = {m: await priority(args, cap, m) for m in ("fifo", "fair")}
     if "batch" in args.only:
-        out["batch"] = {m: await batch(args, cap, m) for m in ("without", "fifo", "fair")}
+        # a short request holds a slot for its decode steps: not 1/16 of a long one's cost
+        short = await capacity(args, args.short_prompt, args.short_output)
+        out["capacity_short_rps"] = short
+        out["batch"] = {m: await batch(args, short, m) for m in ("without", "fifo", "fair")}
     if "sessions" in args.only:
         out["sessions"] = {m: await sessions(args, m) for m in ("off", "on")}
     return out
@@ -404,8 +433,9 @@ def format_result(r: dict[str, Any]) -> str:
     a = r["args"]
     lines = [
         f"tandem bench tenants: {a['workers']} mocker workers x {a['slots']} slots, speedup "
-        f"{a['speedup']}, capacity {r['capacity_long_rps']:.2f} long req/s, overload "
-        f"{a['overload']}x, {a['duration_s']} s per run",
+        f"{a['speedup']}, capacity {r['capacity_long_rps']:.2f} long req/s"
+        + (f" ({r['capacity_short_rps']:.1f} short)" if "capacity_short_rps" in r else "")
+        + f", overload {a['overload']}x, {a['duration_s']} s per run",
     ]
     if n := r.get("noisy"):
         alone, fifo, fair = (n[m]["b_ttft_p99_s"] for m in ("alone", "fifo", "fair"))
@@ -415,6 +445,15 @@ def format_result(r: dict[str, Any]) -> str:
             f"fair {_ms(fair)} ({_ratio(fair, alone, '.2f')}x, target <= 1.2x); A served "
             f"{n['fifo']['a_served_tokens']:.0f} tokens FIFO, "
             f"{n['fair']['a_served_tokens']:.0f} fair"
+        )
+        split = [
+            f"{m} {_ms(n[m].get('b_route_p99_s', nan))} / {_ms(n[m].get('b_engine_p99_s', nan))}"
+            for m in ("alone", "fifo", "fair")
+        ]
+        lines.append("          B's p99 in the router queue / in the engine: " + " | ".join(split))
+        lines.append(
+            "          event loop lag p99 (the bench's own CPU, in every step): "
+            + " | ".join(f"{m} {_ms(n[m].get('loop_lag_p99_s', nan))}" for m in n)
         )
     if w := r.get("weights"):
         lines.append(
@@ -466,7 +505,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-lines", type=int, default=2000)
     p.add_argument("--batch-timeout-s", type=float, default=300.0)
     p.add_argument("--interactive-load", type=float, default=0.3,
-                   help="interactive load / capacity (batch)")  # fmt: skip
+                   help="interactive load / the fleet's capacity for short requests "
+                        "(batch)")  # fmt: skip
     p.add_argument("--sessions", type=int, default=50)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--system-prompt", type=int, default=1024)

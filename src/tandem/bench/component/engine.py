@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.bench.component.engine_gemm import format_gemm, gemm_figures, projection_shapes
 from tandem.bench.component.engine_spec import add_spec_args, format_spec, spec_result
 from tandem.bench.component.entry import figures_main
 from tandem.bench.component.llamacpp import LlamaCppRunner
@@ -77,7 +78,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, help="also write the figures to this file")
     add_spec_args(p)
-    return p.parse_args(argv)
+    g = p.add_argument_group("the GEMM alone")
+    g.add_argument(
+        "--gemm-only",
+        action="store_true",
+        help="only each projection's GEMM in GMAC/s per weight format and row count, with one "
+        "core's instruction-issue ceilings (no engine runs)",
+    )
+    g.add_argument(
+        "--gemm-rows", type=int, nargs="+", default=[1, 32, 512], help="row counts for --gemm-only"
+    )
+    args = p.parse_args(argv)
+    if args.gemm_only and args.device != "cpu":
+        p.error(f"--gemm-only measures the CPU kernels; got --device {args.device}")
+    if any(m < 1 for m in args.gemm_rows):
+        p.error(f"--gemm-rows must be >= 1; got {args.gemm_rows}")
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1; got {args.repeats}")
+    return args
 
 
 def _sync(device: str) -> None:
@@ -359,6 +377,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         weight_bytes[name] = model.weight_bytes()
         kv_dtypes[name] = str(model.kv_dtype).removeprefix("torch.")
     assert config is not None  # --weights takes one format at least (nargs="+")
+    if args.gemm_only:
+        gemm = gemm_figures(
+            projection_shapes(config), args.weights, args.gemm_rows, args.num_threads, args.repeats
+        )
+        kernels = "{} build, {}".format(*select_isa())
+        return {"model": config.name, "threads": args.num_threads, "kernels": kernels, **gemm}
     models = {name.removeprefix("native-"): b.core.model for name, b in natives.items()}
     spec = spec_result(models, args)
     if args.spec_only:
@@ -409,6 +433,10 @@ def add_bounds(result: dict[str, Any], gbps: float, mv_gbps: float) -> None:
 def format_result(r: dict[str, Any]) -> str:
     if r.get("spec_only"):
         return "\n".join(format_spec(r))
+    if "gemm_gmacs" in r:
+        return "\n".join(
+            [f"model {r['model']}  native kernels: the {r['kernels']}", *format_gemm(r)]
+        )
     engines = r["engines"]
     keys = [k for k in next(iter(engines.values())) if "@" in k]
     lines = [

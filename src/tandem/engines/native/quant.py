@@ -99,6 +99,8 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.tq_screen_layout.restype = ctypes.c_int
     lib.tq_isa.restype = ctypes.c_int
     lib.tq_activation_bits.restype = ctypes.c_int
+    lib.tq_issue_gmacs.argtypes = [i32, i64]
+    lib.tq_issue_gmacs.restype = ctypes.c_double
     return lib
 
 
@@ -106,6 +108,17 @@ def activation_bits(lib: ctypes.CDLL | None = None) -> int:
     """32 where a build multiplies fp32 activations; 15 (VNNI) or 13 (AVX2) where it rounds
     them to integers per group of 32."""
     return int((lib or kernels()).tq_activation_bits())
+
+
+ISSUE_OPS = ("fp32 fma", "vpmaddwd+vpaddd", "vpmaddubsw+vpaddw (2 planes)")
+
+
+def issue_gmacs(lib: ctypes.CDLL | None = None, iters: int = 2_000_000) -> dict[str, float]:
+    """GMAC/s one core issues of each instruction pair a GEMM is built on (ISSUE_OPS; the
+    kernels' `tq_issue_gmacs`, thread CPU time), where this build has it (the AVX2 one)."""
+    lib = lib or kernels()
+    rates = {name: float(lib.tq_issue_gmacs(op, iters)) for op, name in enumerate(ISSUE_OPS)}
+    return {name: rate for name, rate in rates.items() if rate > 0}
 
 
 def auto_weights(dtype: str, device: str = "cpu") -> str:

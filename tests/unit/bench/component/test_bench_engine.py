@@ -194,3 +194,30 @@ def test_bench_engine_speculation_reports_both_modes_on_both_workloads(
         main([*argv[:-4], "--spec-tokens", "-1"])
     with pytest.raises(SystemExit, match="spec_ngram_max=1 out of range"):
         main([*argv, "--spec-only", "--spec-ngram-max", "1"])
+
+
+def test_bench_engine_gemm_only_reports_each_projection_and_the_issue_ceilings(tmp_path, capsys):
+    """--gemm-only: every projection of the model, in every format asked for, at every row
+    count, by wall time and per core; one core's issue ceilings where the build has them
+    (the AVX2 one: fp32 FMA and both integer steps); no engine runs."""
+    save_hf_dir(TINY, random_weights(TINY), str(tmp_path / "tiny"))
+    out_json = tmp_path / "g.json"
+    argv = ["--model", str(tmp_path / "tiny"), "--gemm-only", "--gemm-rows", "1", "8"]
+    argv += ["--weights", "fp32", "int4", "--repeats", "1", "--num-threads", "1"]
+    assert main([*argv, "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    result = json.loads(out_json.read_text())
+    assert "engines" not in result and "GEMM alone on 1 thread(s)" in text
+    shapes = {"qkv": [128, 64], "o": [64, 64], "gate_up": [256, 64], "down": [64, 128]}
+    assert result["gemm_shapes"] == {**shapes, "head": [256, 64]}
+    for key in ("gemm_gmacs", "gemm_core_gmacs"):
+        assert set(result[key]) == {"fp32", "int4"}
+        for per in result[key].values():
+            assert set(per) == {*shapes, "head"}
+            assert all(set(rows) == {"1", "8"} and min(rows.values()) > 0 for rows in per.values())
+    ceilings = result["issue_gmacs"]
+    if select_isa()[0] == "avx2":
+        assert len(ceilings) == 3 and min(ceilings.values()) > 0 and "issue ceiling" in text
+    with pytest.raises(SystemExit):
+        main([*argv, "--gemm-rows", "0"])
+    assert "--gemm-rows must be >= 1" in capsys.readouterr().err

@@ -1416,6 +1416,59 @@ int tq_gemm_q8(const float *x, int64_t M, int64_t K, float alpha, const float *c
     return gemm(8, x, M, K, alpha, cs, pq, pd, pm, N, y, res, nt, norm_eps, glu);
 }
 
+/* ------------------------------------------------------------------ issue-rate probe */
+/* GMAC/s one core reaches on a register-only loop of the instruction pair the GEMM is built
+ * on, timed in thread CPU time (a busy neighbour takes turns, not speed): op 0 the fp32 FMA
+ * (8 products each, what the fp32 engine's BLAS runs on), op 1 this build's integer step
+ * (AVX2: vpmaddwd + vpaddd, 16 products), op 2 AVX2's two-plane step (vpmaddubsw + vpaddw,
+ * 32 byte products = 16 13-bit ones). 0 where the build lacks the instruction. The GEMM's
+ * ceiling beside its measured rate (`tandem bench engine --gemm`). */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <time.h>
+static double thread_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+#define PROBE(insn, acc)                                                                   \
+    __asm__ volatile(insn " %%ymm14, %%ymm15, %%ymm0\n\t" acc " %%ymm0, %%ymm1, %%ymm1\n\t"  \
+                     insn " %%ymm14, %%ymm15, %%ymm2\n\t" acc " %%ymm2, %%ymm3, %%ymm3\n\t"  \
+                     insn " %%ymm14, %%ymm15, %%ymm4\n\t" acc " %%ymm4, %%ymm5, %%ymm5\n\t"  \
+                     insn " %%ymm14, %%ymm15, %%ymm6\n\t" acc " %%ymm6, %%ymm7, %%ymm7\n\t"  \
+                     insn " %%ymm14, %%ymm15, %%ymm8\n\t" acc " %%ymm8, %%ymm9, %%ymm9\n\t"  \
+                     insn " %%ymm14, %%ymm15, %%ymm10\n\t" acc " %%ymm10, %%ymm11, %%ymm11"  \
+                     ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",     \
+                         "xmm8", "xmm9", "xmm10", "xmm11")
+double tq_issue_gmacs(int op, int64_t iters) {
+    const double t0 = thread_s();
+    for (int64_t i = 0; i < iters; i++) {
+        if (op == 0)
+            __asm__ volatile("vfmadd231ps %%ymm14, %%ymm15, %%ymm0\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm1\n\t"
+                             "vfmadd231ps %%ymm14, %%ymm15, %%ymm2\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm3\n\t"
+                             "vfmadd231ps %%ymm14, %%ymm15, %%ymm4\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm5\n\t"
+                             "vfmadd231ps %%ymm14, %%ymm15, %%ymm6\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm7\n\t"
+                             "vfmadd231ps %%ymm14, %%ymm15, %%ymm8\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm9\n\t"
+                             "vfmadd231ps %%ymm14, %%ymm15, %%ymm10\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm11"
+                             ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
+                                 "xmm8", "xmm9", "xmm10", "xmm11");
+        else if (op == 1)
+            PROBE("vpmaddwd", "vpaddd");
+        else if (op == 2)
+            PROBE("vpmaddubsw", "vpaddw");
+        else
+            return 0.;
+    }
+    const double s = thread_s() - t0;
+    return s > 0. ? (double)iters * (op == 0 ? 12 * 8 : 6 * 16) / s * 1e-9 : 0.;
+}
+#undef PROBE
+#else
+double tq_issue_gmacs(int op, int64_t iters) {
+    (void)op, (void)iters;
+    return 0.;
+}
+#endif
+
 /* ------------------------------------------------------------------ source-order dequant */
 
 /* W [N, K] float from source-order q4 / q8 (references in tests; the fp32 embedding) */

@@ -51,7 +51,7 @@ from tandem.protocols.embedding import (
     decode_embed_request,
 )
 from tandem.protocols.engine import EngineOutput, decode_request, encode, encode_output
-from tandem.runtime import tracing
+from tandem.runtime import log_format, tracing
 from tandem.runtime.base import RequestContext
 from tandem.runtime.blobs.base import BlobError
 from tandem.runtime.log_format import request_scope
@@ -357,10 +357,11 @@ class Worker:
                 raise refuse_lora(self.info.engine if self.info else "?", request.lora_name)
             await self.loras.ensure(request.lora_name)  # a cataloged adapter loads on demand
         self._request_started()
-        log_scope = request_scope(request.request_id)
-        log_scope.__enter__()  # this request's own task (the request plane's) until it ends
+        log_scope = request_scope(request.request_id) if log_format.request_ids_logged else None
+        if log_scope is not None:  # this request's own task (the request plane's) until it ends
+            log_scope.__enter__()
         spans = None
-        if tracing.is_enabled():
+        if tracing.enabled:
             spans = WorkerSpans(request, ctx.traceparent, self.instance_id, self.role)
         logger.debug("request_id=%s started (%d prompt tokens)", request.request_id,
                      request.num_prompt_tokens)  # fmt: skip
@@ -405,7 +406,8 @@ class Worker:
                 spans.finish(error)
             logger.debug("request_id=%s ended%s", request.request_id,
                          f" ({type(error).__name__})" if error is not None else "")  # fmt: skip
-            log_scope.__exit__(None, None, None)
+            if log_scope is not None:
+                log_scope.__exit__(None, None, None)
 
     def _direct_sink(
         self,

@@ -40,7 +40,7 @@ from tandem.frontend.observability.worker_scrape import WorkerScraper
 from tandem.frontend.pipeline.generate import Admission, GeneratePipeline
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.frontend.rate_limit import RateLimiter, ratelimit_headers
-from tandem.frontend.tenancy import Tenancy, reset_current, set_current
+from tandem.frontend.tenancy import IDENTITY_HEADERS, Tenancy, current_identity
 from tandem.multimodal.config import ImageConfig
 from tandem.multimodal.loader import ImageLoader
 from tandem.runtime.base import RequestClient
@@ -107,8 +107,9 @@ class FrontendApp:
         self.images = images or ImageLoader(ImageConfig())
         self.health_monitor = health
         self.tenancy, self.limiter = tenancy, limiter
-        # who is asking, also without a tenants file: every request the default tenant's, its
-        # class, deadline and session from its headers (never silently ignored)
+        # who is asking, also without a tenants file: a request that sends an identity header
+        # gets its class, deadline and session from it (never silently ignored); one that
+        # sends none is the default tenant's, and nothing is resolved for it
         self._identities = tenancy or Tenancy()
         if tenancy is not None:  # tokens and limit hits per tenant in /metrics
             metrics.registry.register(tenancy.stats)
@@ -205,11 +206,14 @@ class FrontendApp:
                 response.extra_headers.append(("x-request-id", client_id))
             if handler is None:
                 raise _not_found(request, {_route_path(path) for _, path in self._routes})
-            self._auth.check(request)
-            identity = self._identities.resolve(request)
-            identity_token = set_current(identity)
-            if self.tenancy is not None and endpoint in LIMITED_ENDPOINTS:
-                self._limit_requests(identity.tenant, response)
+            checked = self._auth.checked_paths
+            if checked is None or request.path in checked:
+                self._auth.check(request)
+            if self.tenancy is not None or not IDENTITY_HEADERS.isdisjoint(request.headers):
+                identity = self._identities.resolve(request)
+                identity_token = current_identity.set(identity)
+                if self.tenancy is not None and endpoint in LIMITED_ENDPOINTS:
+                    self._limit_requests(identity.tenant, response)
             await handler(request, response)
         except ServingError as exc:
             tally.status = "error"
@@ -228,7 +232,7 @@ class FrontendApp:
             raise
         finally:
             if identity_token is not None:
-                reset_current(identity_token)
+                current_identity.reset(identity_token)
             close_tally(token)
             if endpoint is not None:
                 self.metrics.counted(

@@ -41,6 +41,11 @@ class ApiKeys:
         self._user = [k.encode() for k in api_keys]
         # the keys a tenants file lists are user keys too (issue 33; reloaded with the file)
         self._is_tenant_key = is_tenant_key
+        # the paths `check` may refuse (None: every path but the open ones); with no key
+        # configured only the admin routes, which are off, so the app asks for no others
+        self.checked_paths: frozenset[str] | None = (
+            None if self._admin or self._user else ADMIN_PATHS
+        )
 
     def check(self, request: HttpRequest) -> None:
         """Raise Unauthorized (401) or Forbidden (403) unless `request` may use its route."""

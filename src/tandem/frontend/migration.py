@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from contextlib import aclosing
+from contextlib import aclosing, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 # a worker that left discovery and does not answer a PING within this long is gone, not
 # draining (a live one answers in milliseconds; its event loop would have to be blocked)
 LEFT_ANSWER_S = 1.0
+_NO_SPAN = nullcontext()
 
 
 class EngineStreamer:
@@ -175,7 +176,8 @@ class EngineStreamer:
                         health.stream_closed(watch)
                     await stream.aclose()
         finally:
-            tracing.end(run.span)
+            if run.span is not None:  # a migration's, with tracing on
+                tracing.end(run.span)
 
     async def _dispatch(self, run: _Run, router: Router) -> tuple[RouteDecision, ResponsePayloads]:
         """Route `run.current` (never to a worker it left or a suspect one) and open its
@@ -183,7 +185,8 @@ class EngineStreamer:
         health = self.health
         suspects = health.excluded() if health is not None else frozenset()
         current = run.current
-        with tracing.use(run.span):  # its route and worker spans are its children
+        # inside a migration's span (tracing on) its route and worker spans are its children
+        with _NO_SPAN if run.span is None else tracing.use(run.span):
             asked = time.perf_counter()
             decision = await router.route(current, exclude=frozenset(run.excluded) | suspects)
             if self._on_routed is not None:
@@ -243,7 +246,7 @@ class EngineStreamer:
         )
         if self._on_migrate is not None:
             self._on_migrate(request.model)
-        if tracing.is_enabled():
+        if tracing.enabled:
             tracing.end(run.span)
             run.span = tracing.start(
                 "migration", attempt=run.attempt, from_worker=worker_id,

@@ -36,7 +36,7 @@ class Ownership:
                 return f"tenant:{tenant}"
             if self.has_api_keys:  # checked by the app before any handler runs
                 return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
-        identity = current_identity()
+        identity = current_identity.get(None)
         return f"tenant:{identity.tenant if identity is not None else DEFAULT_TENANT}"
 
 

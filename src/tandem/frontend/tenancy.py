@@ -68,7 +68,15 @@ _TENANT_KEYS = frozenset(
     {"weight", "max_priority", "default_priority", "requests_per_minute",
      "tokens_per_minute", "isolated", "api_keys"}
 )  # fmt: skip
-_current: contextvars.ContextVar[RequestIdentity] = contextvars.ContextVar("tandem_identity")
+# the headers that say who is asking; a frontend without a tenants file resolves an identity
+# only for a request that sends one of them (the others are the default tenant's, FIFO)
+IDENTITY_HEADERS = frozenset({TENANT_HEADER, PRIORITY_HEADER, DEADLINE_HEADER, SESSION_HEADER})
+# the running request's identity, set by the app once its API key is checked (and by the
+# batch lane for its lines); unset for a request with no identity to resolve and for code
+# outside a request (which passes one explicitly)
+current_identity: contextvars.ContextVar[RequestIdentity] = contextvars.ContextVar(
+    "tandem_identity"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -403,17 +411,3 @@ def _mtime_ns(path: Path) -> int:
         return os.stat(path).st_mtime_ns
     except OSError:
         return -1
-
-
-def set_current(identity: RequestIdentity) -> contextvars.Token[RequestIdentity]:
-    return _current.set(identity)
-
-
-def reset_current(token: contextvars.Token[RequestIdentity]) -> None:
-    _current.reset(token)
-
-
-def current_identity() -> RequestIdentity | None:
-    """The running request's identity (set by the app after the API key check), or None for
-    code that runs outside a request (it then passes one explicitly)."""
-    return _current.get(None)

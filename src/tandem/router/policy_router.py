@@ -280,8 +280,9 @@ class PolicyRouter:
     async def route(
         self, request: PreprocessedRequest, *, exclude: frozenset[str] = frozenset()
     ) -> RouteDecision:
-        span = tracing.start("route", policy=self.policy, pool=self.config.worker_component)
-        queue_span = None
+        span = queue_span = None
+        if tracing.enabled:
+            span = tracing.start("route", policy=self.policy, pool=self.config.worker_component)
         try:
             self._check_deadline(request, None)
             started = time.perf_counter()
@@ -295,8 +296,9 @@ class PolicyRouter:
                     queue_span = tracing.start("queue", parent=span)
                 decision = await self._wait_in_queue(request, exclude)
         except BaseException as exc:
-            tracing.end(queue_span, exc)
-            tracing.end(span, exc)
+            if span is not None:
+                tracing.end(queue_span, exc)
+                tracing.end(span, exc)
             raise
         if span is not None:
             tracing.end(queue_span)

@@ -4,7 +4,8 @@
 starts (its `chatcmpl-…`/`cmpl-…` id), the worker when the request plane hands it a request
 (the same id, with a `-<i>` suffix per choice of a fanned-out request and `-m<k>` per
 migration). Each request runs in its own task, so a value set there is seen by every line
-that task logs and by the tasks it creates, and by nothing else.
+that task logs and by the tasks it creates, and by nothing else. Only JSON lines print it, so
+both set it only once a JsonFormatter exists (`request_ids_logged`).
 
 `--log-format json` (`tandem.runtime.process_setup.configure_logging`) writes one JSON object per
 line: `ts` (UTC, ISO 8601, milliseconds), `level`, `logger`, `message`, `request_id` when
@@ -22,6 +23,9 @@ LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 current_request_id: ContextVar[str | None] = ContextVar("tandem_request_id", default=None)
+# whether any line carries `request_id`: a JsonFormatter was made (the text format prints
+# none); request code enters `request_scope` only then (`request_ids_logged` is read per request)
+request_ids_logged = False
 
 
 class request_scope:
@@ -46,6 +50,11 @@ class request_scope:
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line (newlines in messages are escaped)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        global request_ids_logged
+        request_ids_logged = True  # from now on requests set `current_request_id`
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {

@@ -2,8 +2,9 @@
 
 Off unless `configure(endpoint, service_name)` ran (an entry point's `--otlp-endpoint`):
 then every helper here returns at once — `start` returns None, `span` a shared no-op
-context manager — and the OpenTelemetry SDK is never imported, so a process without an
-endpoint pays one global check per call site and allocates nothing.
+context manager — and the OpenTelemetry SDK is never imported. Code that runs on every
+request checks `tracing.enabled` first (one attribute read), so a process without an
+endpoint does not call into this module for a request and allocates nothing.
 
 The current span is this module's context variable (not OpenTelemetry's context, whose
 attach/detach cannot cross an async generator's `yield`). Set it only around code without a
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 Parent: TypeAlias = "Span | str"
 
 _tracer: Tracer | None = None  # set once configured; None = tracing off
+enabled = False  # whether spans are made: `configure` ran and `shutdown` did not since
 _provider: TracerProvider | None = None
 _current: ContextVar[Parent | None] = ContextVar("tandem_span", default=None)
 _NOOP = contextlib.nullcontext(None)
@@ -67,7 +69,7 @@ def configure(endpoint: str, service_name: str, *, exporter: SpanExporter | None
     """Export spans of this process by OTLP http/protobuf to `endpoint` (a base URL;
     `/v1/traces` is appended unless given) under `service_name`. `exporter` replaces the
     OTLP exporter (tests). Idempotent per process: a second call replaces the first."""
-    global _tracer, _provider
+    global _tracer, _provider, enabled
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -84,20 +86,17 @@ def configure(endpoint: str, service_name: str, *, exporter: SpanExporter | None
     _provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     _provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     _tracer = _provider.get_tracer("tandem")
+    enabled = True
     atexit.register(shutdown)
     logger.info("tracing on: OTLP to %s as service %s", endpoint, service_name)
 
 
 def shutdown() -> None:
     """Flush the spans not yet exported and turn tracing off (idempotent)."""
-    global _tracer, _provider
-    provider, _provider, _tracer = _provider, None, None
+    global _tracer, _provider, enabled
+    provider, _provider, _tracer, enabled = _provider, None, None, False
     if provider is not None:
         provider.shutdown()
-
-
-def is_enabled() -> bool:
-    return _tracer is not None
 
 
 def current() -> Parent | None:

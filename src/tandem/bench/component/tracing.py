@@ -3,13 +3,13 @@ request, with tracing off (the default) and on (spans built and handed to an in-
 exporter, so no network is timed).
 
 The timed function makes the calls one aggregated request makes in the frontend
-(`frontend/app.py`, `router/policy_router.py`, `frontend/migration.py`, the request-plane
-client) and in its worker (`engines/worker.py`): root + preprocess spans and the log
-request scope, the route span, the traceparent for the request plane, first_token, the
-worker's span check. It reports µs per request against an empty loop, and whether the
-OpenTelemetry SDK was imported while tracing was off (it must not be). `tandem bench
-frontend` gives the end-to-end CPU per request of a whole frontend, where this overhead is
-lost in the noise."""
+(`frontend/pipeline/generate.py`, `router/policy_router.py`, `frontend/migration.py`, the
+request-plane client) and in its worker (`engines/worker.py`): root + preprocess spans and
+the log request scope (JSON logs only), the route span, the traceparent for the request
+plane, first_token, the worker's span check. It reports µs per request against an empty
+loop, and whether the OpenTelemetry SDK was imported while tracing was off (it must not be).
+`tandem bench frontend` gives the end-to-end CPU per request of a whole frontend, where this
+overhead is lost in the noise."""
 
 from __future__ import annotations
 
@@ -19,32 +19,39 @@ import sys
 import time
 from collections.abc import Callable
 
-from tandem.runtime import tracing
+from tandem.frontend.http.message import HttpRequest
+from tandem.frontend.pipeline.generate import request_context, step_span
+from tandem.runtime import log_format, tracing
 from tandem.runtime.log_format import request_scope
 
 logger = logging.getLogger(__name__)
+_HTTP = HttpRequest("POST", "/v1/completions", "")  # the request's, built before the hooks
 
 
 def request_hooks() -> None:
-    """The tracing/log calls of one request, frontend and worker, in order."""
-    with (
-        request_scope("cmpl-bench"),
-        tracing.span("POST /v1/completions", kind=tracing.SERVER, request_id="cmpl-bench"),
-    ):
+    """The tracing/log calls of one request, frontend and worker, in order: each behind the
+    check the request path makes (`tracing.enabled`, `log_format.request_ids_logged`)."""
+    with request_context(_HTTP, "cmpl-bench", "m"):
         logger.debug("request_id=%s %s model=%s", "cmpl-bench", "/v1/completions", "m")
-        with tracing.span("preprocess"):
+        with step_span("preprocess"):
             pass
-        route = tracing.start("route", policy="kv", pool="backend")
-        tracing.end(route, worker_id="w0", overlap_blocks=0, request_blocks=4)
-        with tracing.use(None):
-            traceparent = tracing.current_traceparent()
-        tracing.since_current("first_token")
-    with request_scope("cmpl-bench"):  # the worker's side
-        if tracing.is_enabled():
-            worker = tracing.start("worker.generate", parent=traceparent, kind=tracing.SERVER)
-            tracing.end(tracing.start("prefill", parent=worker))
-            tracing.end(tracing.start("decode", parent=worker))
-            tracing.end(worker)
+        if tracing.enabled:
+            route = tracing.start("route", policy="kv", pool="backend")
+            tracing.end(route, worker_id="w0", overlap_blocks=0, request_blocks=4)
+        traceparent = tracing.current_traceparent() if tracing.enabled else None
+        if tracing.enabled:
+            tracing.since_current("first_token")
+    # the worker's side
+    log_scope = request_scope("cmpl-bench") if log_format.request_ids_logged else None
+    if log_scope is not None:
+        log_scope.__enter__()
+    if tracing.enabled:
+        worker = tracing.start("worker.generate", parent=traceparent, kind=tracing.SERVER)
+        tracing.end(tracing.start("prefill", parent=worker))
+        tracing.end(tracing.start("decode", parent=worker))
+        tracing.end(worker)
+    if log_scope is not None:
+        log_scope.__exit__(None, None, None)
 
 
 def _empty() -> None:

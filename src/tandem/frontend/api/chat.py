@@ -25,13 +25,16 @@ from tandem.frontend.api.request_input import (
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
-from tandem.frontend.pipeline.generate import GeneratePipeline, choice_state, server_span
+from tandem.frontend.pipeline.generate import (
+    GeneratePipeline,
+    choice_state,
+    request_context,
+    step_span,
+)
 from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event, best_candidates
 from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest
-from tandem.runtime import tracing
-from tandem.runtime.log_format import request_scope
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +72,10 @@ class ChatEndpoints:
         with admission.slots(admission.fan_out(req)), self._client_id_held(client_id):
             prefix = "chatcmpl" if fmt.chat else "cmpl"
             request_id = f"{prefix}-{client_id or new_request_id()}"
-            with request_scope(request_id), server_span(http, request_id, model.name):
+            with request_context(http, request_id, model.name):
                 logger.debug("request_id=%s %s model=%s", request_id, http.path, model.name)
                 await model.ready()
-                with tracing.span("preprocess"):
+                with step_span("preprocess"):
                     prepared = await self.pipeline.preprocess(http, req, model, request_id)
                 _log_end_user(request_id, req)
                 fmt.bind(request_id, model.name)

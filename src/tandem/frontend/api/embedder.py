@@ -27,7 +27,7 @@ from tandem.errors import ContextLengthExceeded, InvalidRequest, NoWorkersAvaila
 from tandem.frontend.http.message import ClientDisconnected
 from tandem.frontend.http.server import HttpRequest
 from tandem.frontend.models import ServedModel
-from tandem.frontend.pipeline.generate import PIN_HEADER, GeneratePipeline, server_span
+from tandem.frontend.pipeline.generate import PIN_HEADER, GeneratePipeline, request_context
 from tandem.protocols.discovery import ModelCard
 from tandem.protocols.embedding import (
     EMBED_ENDPOINT,
@@ -39,7 +39,6 @@ from tandem.protocols.embedding import (
 from tandem.protocols.engine import PreprocessedRequest, RoutingHints, StopConditions
 from tandem.protocols.openai_embedding import MAX_TOTAL_TOKENS
 from tandem.runtime.base import RequestClient
-from tandem.runtime.log_format import request_scope
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class Embedder:
         started, failed = time.perf_counter(), True
         tally = EmbedTally()
         try:
-            with request_scope(request_id), server_span(http, request_id, model):
+            with request_context(http, request_id, model):
                 yield tally
             failed = False
             metrics.input_len.labels(model).observe(tally.num_tokens)

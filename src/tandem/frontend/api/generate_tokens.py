@@ -32,7 +32,7 @@ from tandem.frontend.api.request_input import (
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
-from tandem.frontend.pipeline.generate import GeneratePipeline, server_span
+from tandem.frontend.pipeline.generate import GeneratePipeline, request_context
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.engine import EngineOutput
@@ -48,7 +48,6 @@ from tandem.protocols.tokens_generate import (
     GenerateRequest,
     GenerateSamplingParams,
 )
-from tandem.runtime.log_format import request_scope
 
 PATH = "/inference/v1/generate"
 _decoder = msgspec.json.Decoder(GenerateRequest)
@@ -156,7 +155,7 @@ class GenerateTokensEndpoint:
             num = admission.fan_out(completion)
         with admission.slots(num), self._held(client_id):
             request_id = f"gen-{client_id or new_request_id()}"
-            with request_scope(request_id), server_span(http, request_id, model.name):
+            with request_context(http, request_id, model.name):
                 with generate_names():
                     prepared = await self.pipeline.preprocess(http, completion, model, request_id)
                 if req.cache_salt is not None:

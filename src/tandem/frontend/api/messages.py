@@ -33,13 +33,16 @@ from tandem.frontend.api.request_input import decode_body, new_request_id
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry, ServedModel
 from tandem.frontend.observability.metrics import count_as
-from tandem.frontend.pipeline.generate import GeneratePipeline, choice_state, server_span
+from tandem.frontend.pipeline.generate import (
+    GeneratePipeline,
+    choice_state,
+    request_context,
+    step_span,
+)
 from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.preprocess import Prepared
 from tandem.protocols.anthropic import API_VERSIONS, CountTokensRequest, MessagesRequest
 from tandem.protocols.openai import show_value
-from tandem.runtime import tracing
-from tandem.runtime.log_format import request_scope
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +82,11 @@ class MessagesEndpoint:
         with pipeline.admission.slots(pipeline.admission.fan_out(equivalent.chat)):
             message_id = f"msg_{new_request_id()}"
             response.extra_headers.append(("request-id", message_id))
-            with request_scope(message_id), server_span(http, message_id, model.name):
+            with request_context(http, message_id, model.name):
                 if equivalent.chat.user is not None:
                     logger.debug("request_id=%s user=%s", message_id, equivalent.chat.user)
                 await model.ready()
-                with tracing.span("preprocess"):
+                with step_span("preprocess"):
                     prepared = await _preprocess(pipeline, http, equivalent, model, message_id)
                 if equivalent.thinking and prepared.reasoning_parser is None:
                     raise no_reasoning_parser(req.thinking, model.name)

@@ -24,7 +24,7 @@ from tandem.frontend.batch.store import BatchStore
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.ownership import Ownership, tenant_of
-from tandem.frontend.tenancy import Tenancy, reset_current, set_current
+from tandem.frontend.tenancy import Tenancy, current_identity
 from tandem.protocols.tenancy import BATCH_PRIORITY, DEFAULT_TENANT, RequestIdentity
 
 Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
@@ -108,13 +108,13 @@ class BatchLane:
         )  # fmt: skip
         sink = _Sink()
         response = HttpResponse(sink, keep_alive=True, http_11=False)
-        token = set_current(RequestIdentity(tenant=tenant, priority=BATCH_PRIORITY))
+        token = current_identity.set(RequestIdentity(tenant=tenant, priority=BATCH_PRIORITY))
         try:
             await handler(http, response)
         except ServingError as exc:
             return http_errors.error_status(exc), http_errors.error_body(exc)
         finally:
-            reset_current(token)
+            current_identity.reset(token)
         head, _, payload = bytes(sink.data).partition(b"\r\n\r\n")
         return int(head.split(b" ", 2)[1]), payload
 

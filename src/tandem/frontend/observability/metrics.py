@@ -382,7 +382,8 @@ class TokenTimer:
             series[bisect_left(self._buckets, 0.0)] += count - 1
         if last == 0.0:
             self._metrics.first_token(self._model, now - self.started)
-            tracing.since_current("first_token")
+            if tracing.enabled:
+                tracing.since_current("first_token")
             num_itl, seconds = count - 1, 0.0
         else:
             seconds = now - last

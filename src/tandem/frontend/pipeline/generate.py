@@ -26,8 +26,8 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncGenerator, Iterator
-from contextlib import AbstractContextManager, aclosing, contextmanager
-from typing import TYPE_CHECKING, Protocol
+from contextlib import AbstractContextManager, aclosing, contextmanager, nullcontext
+from typing import Protocol
 
 from tandem.errors import InvalidRequest, Overloaded, RateLimited, ServingError
 from tandem.frontend.http.message import ClientDisconnected, HttpRequest, HttpResponse
@@ -37,7 +37,7 @@ from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared, preprocess_chat, preprocess_completion
 from tandem.frontend.pipeline.streamer import Streamer
 from tandem.frontend.rate_limit import RateLimiter, ratelimit_headers
-from tandem.frontend.tenancy import Tenancy, current_identity, session_of
+from tandem.frontend.tenancy import Tenancy, current_identity
 from tandem.multimodal.loader import ImageLoader
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.openai import (
@@ -47,10 +47,7 @@ from tandem.protocols.openai import (
     num_candidates,
 )
 from tandem.protocols.tenancy import DEFAULT_IDENTITY, RequestIdentity, parse_priority
-from tandem.runtime import tracing
-
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import Span
+from tandem.runtime import log_format, tracing
 
 Events = AsyncGenerator[list[Event], None]
 
@@ -60,6 +57,7 @@ PIN_HEADER = "x-worker-instance-id"  # a request pinned to one worker (tests, de
 # other callback of the loop iteration (its TTFT), as the request plane writes its REQUEST
 # (runtime/tcp/frame.FLUSH_NOW_BYTES); a short one's rides the iteration's coalesced write
 FLUSH_FIRST_TOKEN_PROMPT_TOKENS = 4096
+_NO_SCOPE = nullcontext()  # shared: entering it does nothing
 
 
 def flushes_first_token(prepared: Prepared) -> bool:
@@ -104,17 +102,36 @@ class StreamFailed(ServingError):
         super().__init__(cause.message, param=cause.param)
 
 
-def server_span(
-    http: HttpRequest, request_id: str, model: str
-) -> AbstractContextManager[Span | None]:
-    """The request's root span (a child of the client's `traceparent`)."""
-    return tracing.span(
-        f"{http.method} {http.path}",
-        parent=http.headers.get("traceparent"),
-        kind=tracing.SERVER,
-        request_id=request_id,
-        model=model,
-    )
+def request_context(http: HttpRequest, request_id: str, model: str) -> AbstractContextManager[None]:
+    """What a request runs inside: its root span, a child of the client's `traceparent`
+    (tracing on), and its id on its log lines (JSON logs); a shared no-op when neither is on
+    (the default: a plain request enters neither module)."""
+    if tracing.enabled:
+        return _traced(http, request_id, model)
+    if log_format.request_ids_logged:
+        return log_format.request_scope(request_id)
+    return _NO_SCOPE
+
+
+@contextmanager
+def _traced(http: HttpRequest, request_id: str, model: str) -> Iterator[None]:
+    with (
+        log_format.request_scope(request_id),
+        tracing.span(
+            f"{http.method} {http.path}",
+            parent=http.headers.get("traceparent"),
+            kind=tracing.SERVER,
+            request_id=request_id,
+            model=model,
+        ),
+    ):
+        yield
+
+
+def step_span(name: str) -> AbstractContextManager[object]:
+    """A span around one step of the request (`preprocess`), a child of its root span;
+    a shared no-op when tracing is off."""
+    return tracing.span(name) if tracing.enabled else _NO_SCOPE
 
 
 class Admission:
@@ -195,8 +212,9 @@ class GeneratePipeline:
         identity: RequestIdentity | None = None,
     ) -> Prepared:
         """`req`'s engine requests (the `preprocess` step), stamped with `identity` (else
-        the running request's, `tenancy.current_identity`): tenant, priority class (the
-        body's `priority` wins, within the tenant's ceiling) and deadline."""
+        the running request's, `tenancy.current_identity`, else the default tenant's):
+        tenant, priority class (the body's `priority` wins, within the tenant's ceiling),
+        deadline and session."""
         worker_id, deadline_s = http.headers.get(PIN_HEADER), self.deadline_s()
         if isinstance(req, ChatCompletionRequest):
             prepared = await preprocess_chat(
@@ -211,7 +229,7 @@ class GeneratePipeline:
             prepared = await preprocess_completion(
                 req, model, request_id=request_id, worker_id=worker_id, deadline_s=deadline_s
             )
-        self._stamp(prepared, identity or current_identity(), req, http)
+        self._stamp(prepared, identity or current_identity.get(DEFAULT_IDENTITY), req)
         self._isolate(prepared)
         return prepared
 
@@ -234,19 +252,15 @@ class GeneratePipeline:
     def _stamp(
         self,
         prepared: Prepared,
-        identity: RequestIdentity | None,
+        identity: RequestIdentity,
         req: ChatCompletionRequest | CompletionRequest,
-        http: HttpRequest,
     ) -> None:
-        session = identity.session_id if identity is not None else session_of(http.headers)
+        session = identity.session_id
         if session is None and req.user and self.tenancy and self.tenancy.table.session_from_user:
             session = req.user
         for request in prepared.requests:
             request.session_id = session
         body_priority = req.priority
-        if identity is None and body_priority is None:
-            return  # no tenants, no priority asked: the FIFO path
-        identity = identity or DEFAULT_IDENTITY
         priority = identity.priority
         if body_priority is not None:
             priority = parse_priority(body_priority, param="priority")

@@ -87,7 +87,8 @@ class TcpRequestClient:
         connect_timeout_s: float | None = None,
     ) -> ResponseStream:
         timeout = self.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
-        head = (endpoint_path, request_id, deadline_s, payload, tracing.current_traceparent())
+        traceparent = tracing.current_traceparent() if tracing.enabled else None
+        head = (endpoint_path, request_id, deadline_s, payload, traceparent)
         return ResponseStream(self, address, head, timeout)
 
     async def connect(self, address: str, timeout_s: float | None = None) -> None:

@@ -34,7 +34,12 @@ from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.metrics import count_as
 from tandem.frontend.ownership import Ownership
-from tandem.frontend.pipeline.generate import GeneratePipeline, choice_state, server_span
+from tandem.frontend.pipeline.generate import (
+    GeneratePipeline,
+    choice_state,
+    request_context,
+    step_span,
+)
 from tandem.frontend.pipeline.parsers.choice import OutputParser
 from tandem.frontend.pipeline.postprocess import ChoiceState, Event
 from tandem.frontend.pipeline.preprocess import Prepared
@@ -46,8 +51,6 @@ from tandem.protocols.openai_responses import (
     unsupported_fields,
     validate_responses,
 )
-from tandem.runtime import tracing
-from tandem.runtime.log_format import request_scope
 
 Handler = Callable[[HttpRequest, HttpResponse], Awaitable[None]]
 PREFIX = "/v1/responses/"
@@ -127,9 +130,9 @@ class ResponsesEndpoint:
         pipeline = self.pipeline
         with pipeline.admission.slots(pipeline.admission.fan_out(chat)):
             builder = ResponseBuilder(req, model.name, new_response_id())
-            with request_scope(builder.id), server_span(http, builder.id, model.name):
+            with request_context(http, builder.id, model.name):
                 await model.ready()
-                with tracing.span("preprocess"):
+                with step_span("preprocess"):
                     prepared = await _as_input_errors(
                         pipeline.preprocess(http, chat, model, builder.id),
                         len(system),

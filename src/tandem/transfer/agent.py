@@ -36,6 +36,7 @@ from tandem.transfer.config import TransferAgentConfig
 from tandem.transfer.descriptor import OpKind, OpRef, OpStatus, RegionLayout, TransferOpMeta
 from tandem.transfer.metrics import TransferStats, transfer_families
 from tandem.transfer.operation import ReleaseCallback, TransferOp
+from tandem.transfer.pool import ConnectionPool
 from tandem.transfer.region import (
     MemoryRegion,
     as_bytes,
@@ -102,6 +103,7 @@ class TransferAgent:
         self._probe = _shm_probe(self.agent_id)
         self.shm_probe = (self._probe.name, self._probe.digest) if self._probe else ("", b"")
         self._proofs = ShmProofs()
+        self.pool = ConnectionPool(self.config.cluster_secret, self.config.tls)
         lazy = self.config.lazy_backends
         self._backends = self._create_backends(tuple(b for b in self.config.backends
                                                      if b not in lazy))  # fmt: skip
@@ -435,6 +437,7 @@ class TransferAgent:
             reason,
             timeout_s,
             self.config.tls,
+            self.pool,
         )
 
     def cancel_remote_soon(self, target: TransferOpMeta | OpRef, reason: str) -> None:
@@ -445,6 +448,7 @@ class TransferAgent:
             sender_id=self.agent_id,
             cluster_secret=self.config.cluster_secret,
             tls=self.config.tls,
+            pool=self.pool,
         )
 
     def query_remote(self, target: TransferOpMeta | OpRef, timeout_s: float = 2.0) -> str:
@@ -456,6 +460,7 @@ class TransferAgent:
             "",
             timeout_s,
             self.config.tls,
+            self.pool,
         )
 
     def serve_export(self, export: Export) -> ExportReply:
@@ -479,7 +484,7 @@ class TransferAgent:
         TransferError when the peer is unreachable or refuses."""
         return send_export(
             self.agent_id, self.config.cluster_secret, target, block_hashes, ttl_s, timeout_s,
-            self.config.tls,
+            self.config.tls, self.pool,
         )  # fmt: skip
 
     def families(self) -> list[Metric]:
@@ -497,6 +502,7 @@ class TransferAgent:
         for op in ops:
             op.finish(OpStatus.CANCELLED, f"agent {self.agent_id} closed")
         self._server.close()
+        self.pool.close()
         self._reaper.join(timeout=2.0)
         for name in list(self._regions):
             self.unregister_region(name)

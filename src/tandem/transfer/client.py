@@ -17,6 +17,7 @@ from tandem.transfer import handshake
 from tandem.transfer.base import TransferBackend
 from tandem.transfer.config import TransferAgentConfig
 from tandem.transfer.descriptor import OpRef, TransferOpMeta
+from tandem.transfer.pool import ConnectionPool
 from tandem.transfer.region import MemoryRegion
 from tandem.transfer.wire import (
     Begin,
@@ -42,6 +43,7 @@ class Initiator(Protocol):
     agent_id: str
     host_id: str
     config: TransferAgentConfig
+    pool: ConnectionPool  # its connections to peers, reused from one transfer to the next
 
     def ensure_cross_host_backends(self, peer: str) -> None:
         """Start the backends a peer on another host may need (idempotent, thread-safe)."""
@@ -78,9 +80,9 @@ def run_transfer(
     peer = f"{target.agent_id or '?'}@{target.address[0]}:{target.address[1]}"
     where = f"transfer op={target.op_id} peer={peer} ({direction})"
     try:
-        with _connect(target, timeout_s, agent.config.tls) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return _run(agent, sock, direction, target, local, block_ids, deadline, annex)
+        with agent.pool.connection(_address(target), timeout_s) as conn:
+            return _run(agent, conn.sock, conn.probe, direction, target, local, block_ids,
+                        deadline, annex)  # fmt: skip
     except TransferError as exc:
         raise TransferError(f"{where}: {exc}") from exc
     except TimeoutError as exc:
@@ -92,6 +94,7 @@ def run_transfer(
 def _run(
     agent: Initiator,
     sock: socket.socket,
+    probe: tuple[str, bytes],
     direction: str,
     target: TransferOpMeta | OpRef,
     local: MemoryRegion,
@@ -99,7 +102,6 @@ def _run(
     deadline: float,
     annex: bytes,
 ) -> tuple[str, int]:
-    probe = handshake.connect(sock, handshake.transfer_key(agent.config.cluster_secret))
     no_shared_memory = agent.why_not_shared(*probe)
     send_frame(sock, Begin(op_id=target.op_id, direction=direction, peer=agent.agent_id,
                            timeout_s=_remaining(deadline), host_id=agent.host_id,
@@ -164,16 +166,18 @@ def send_control(
     reason: str,
     timeout_s: float,
     tls: TlsFiles | None = None,
+    pool: ConnectionPool | None = None,
 ) -> str:
     """Send Cancel or Query for ``target``; return the op's status as the owner reports it.
     ``sender_id`` names the sender in the owner's logs (an agent id, or "frontend"); ``tls``
-    as the owner's agent has it."""
+    as the owner's agent has it; ``pool``: an agent's connections to reuse (else one is
+    dialled for this frame)."""
     frame = (
         Cancel(op_id=target.op_id, peer=sender_id, reason=reason)
         if what == "cancel"
         else Query(op_id=target.op_id)
     )
-    reply = _round_trip(target, frame, cluster_secret, timeout_s, tls,
+    reply = _round_trip(target, frame, cluster_secret, timeout_s, tls, pool,
                         f"transfer op={target.op_id}", f"{what} failed: ")  # fmt: skip
     return reply.status if isinstance(reply, StatusReply) else "unknown"
 
@@ -184,12 +188,17 @@ def _round_trip(
     cluster_secret: str | None,
     timeout_s: float,
     tls: TlsFiles | None,
+    pool: ConnectionPool | None,
     what: str,
     failed: str,
 ) -> Frame:
     """One control frame to ``target``'s agent and its reply; TransferError naming ``what``
     and the peer when the owner is unreachable or answers garbage."""
     try:
+        if pool is not None:
+            with pool.connection(_address(target), timeout_s) as conn:
+                send_frame(conn.sock, frame)
+                return recv_frame(conn.sock)
         with _connect(target, timeout_s, tls) as sock:
             handshake.connect(sock, handshake.transfer_key(cluster_secret))
             send_frame(sock, frame)
@@ -208,12 +217,13 @@ def send_export(
     ttl_s: float,
     timeout_s: float,
     tls: TlsFiles | None = None,
+    pool: ConnectionPool | None = None,
 ) -> int:
     """Ask ``target``'s agent to open readable op ``target.op_id`` over the longest prefix of
     ``block_hashes`` it caches; returns how many blocks it covers (0: none, no op). Raises
     TransferError when the owner is unreachable, refuses, or has no exporter."""
     frame = Export(op_id=target.op_id, peer=sender_id, block_hashes=block_hashes, ttl_s=ttl_s)
-    reply = _round_trip(target, frame, cluster_secret, timeout_s, tls,
+    reply = _round_trip(target, frame, cluster_secret, timeout_s, tls, pool,
                         f"export op={target.op_id}", "")  # fmt: skip
     if not isinstance(reply, ExportReply):
         raise TransferError(f"export op={target.op_id}: owner answered {type(reply).__name__}")
@@ -231,6 +241,7 @@ def cancel_soon(
     cluster_secret: str | None,
     timeout_s: float = 1.0,
     tls: TlsFiles | None = None,
+    pool: ConnectionPool | None = None,
 ) -> None:
     """Ask ``target``'s owner to cancel it (release its pins now) without waiting: the
     Cancel runs on the running loop's default executor. Best effort: a failure is logged
@@ -238,7 +249,8 @@ def cancel_soon(
 
     def cancel() -> None:
         try:
-            send_control(sender_id, cluster_secret, target, "cancel", reason, timeout_s, tls)
+            send_control(sender_id, cluster_secret, target, "cancel", reason, timeout_s, tls,
+                         pool)  # fmt: skip
         except TransferError:
             logger.debug("cancel of op=%s failed", target.op_id, exc_info=True)
 
@@ -259,6 +271,10 @@ def _connect(
     except BaseException:
         sock.close()
         raise
+
+
+def _address(target: TransferOpMeta | OpRef) -> tuple[str, int]:
+    return str(target.address[0]), int(target.address[1])
 
 
 def _remaining(deadline: float) -> float:

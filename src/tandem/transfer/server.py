@@ -1,7 +1,9 @@
 """The owner side: one listening socket per agent, one thread per transfer connection.
 
 Serves ``Begin`` (claim an op, possibly waiting a bounded time for it to be created),
-then ``Start`` + bytes + ``Done``; also ``Cancel``, ``Query`` and ``Export``. Whatever breaks the
+then ``Start`` + bytes + ``Done``; also ``Cancel``, ``Query`` and ``Export``; one exchange
+after another on a connection until the initiator closes it (it pools them,
+`pool.ConnectionPool`) or it idles `pool.SERVER_IDLE_S`. Whatever breaks the
 connection before ``Done`` marks the op errored, so the owner's waiter wakes at once.
 """
 
@@ -20,6 +22,7 @@ from tandem.transfer.base import TransferBackend
 from tandem.transfer.client import Initiator
 from tandem.transfer.descriptor import OpKind, OpStatus, TransferOpMeta
 from tandem.transfer.operation import TransferOp
+from tandem.transfer.pool import SERVER_IDLE_S
 from tandem.transfer.region import MemoryRegion
 from tandem.transfer.wire import (
     Begin,
@@ -132,18 +135,14 @@ class ControlServer:
                 conn = self._wrap(raw, peer)
             if not handshake.accept(conn, self._key, peer, self._agent.shm_probe):
                 return
-            frame = recv_frame(conn)
-            if isinstance(frame, Begin):
-                self._serve_transfer(conn, frame)
-            elif isinstance(frame, Cancel):
-                op = self._agent.cancel(
-                    frame.op_id, f"cancelled by peer {frame.peer}: {frame.reason}"
-                )
-                send_frame(conn, _status(op))
-            elif isinstance(frame, Query):
-                send_frame(conn, _status(self._agent.find_op(frame.op_id)))
-            elif isinstance(frame, Export):
-                send_frame(conn, self._agent.serve_export(frame))
+            while not self._closed:  # the initiator reuses the connection (transfer/pool.py)
+                conn.settimeout(SERVER_IDLE_S)
+                try:
+                    frame = recv_frame(conn)
+                except (TimeoutError, ConnectionError):
+                    return  # idle too long, or the initiator closed it between exchanges
+                conn.settimeout(self._agent.config.io_timeout_s)
+                self._serve_frame(conn, frame)
         except ssl.SSLError as exc:
             logger.warning("refusing transfer connection from %s: TLS failed: %s", peer, exc)
         except (OSError, ValueError, TransferError) as exc:  # the peer died or the op ended
@@ -156,6 +155,19 @@ class ControlServer:
                 self._conns.discard(conn)
             conn.close()
             raw.close()
+
+    def _serve_frame(self, conn: socket.socket, frame: object) -> None:
+        if isinstance(frame, Begin):
+            self._serve_transfer(conn, frame)
+        elif isinstance(frame, Cancel):
+            op = self._agent.cancel(frame.op_id, f"cancelled by peer {frame.peer}: {frame.reason}")
+            send_frame(conn, _status(op))
+        elif isinstance(frame, Query):
+            send_frame(conn, _status(self._agent.find_op(frame.op_id)))
+        elif isinstance(frame, Export):
+            send_frame(conn, self._agent.serve_export(frame))
+        else:
+            raise ConnectionError(f"unexpected frame {type(frame).__name__}")
 
     def _wrap(self, raw: socket.socket, peer: str) -> socket.socket:
         """The TLS connection over ``raw`` (handshake within the io timeout); it replaces

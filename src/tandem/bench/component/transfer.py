@@ -6,6 +6,12 @@ figure), beside an in-process ``memcpy`` of the same size. Each transfer moves
 ``--blocks`` blocks of one region, like a KV export.
 
     tandem bench transfer [--sizes-mib 1,4,16,64,256] [--iters 5] [--blocks 64] [--json F]
+    tandem bench transfer --fetch 200 [--fetch-blocks 16] [--backends shm,tcp]
+
+``--fetch N`` times N peer KV fetches instead (issue 31), each as `PeerFetch` makes it:
+``Export`` of the hashes to the holder process (it opens a readable op over its blocks),
+then the pull of those blocks; it prints the export round trip (the fetch's setup), the
+pull, their sum and the connections dialled, per backend (p50 / p90 ms).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from tandem.transfer import RegionLayout, TransferAgent, TransferAgentConfig
+from tandem.transfer import OpRef, RegionLayout, TransferAgent, TransferAgentConfig
 
 MIB = 1 << 20
 
@@ -43,6 +49,69 @@ def _owner(conn: Connection, backend: str, sizes: list[int], num_blocks: int) ->
         while (size := conn.recv()) is not None:
             op = agent.create_readable(f"r{size}", list(range(num_blocks)), ttl_s=60)
             conn.send(op.meta)
+
+
+def _fetch_owner(conn: Connection, num_blocks: int, block_bytes: int) -> None:
+    """The holder process of ``--fetch``: exports the first blocks of one region."""
+    config = TransferAgentConfig(agent_id="bench-holder", backends=("shm", "tcp"))
+    with TransferAgent(config) as agent:
+        agent.create_region("kv", _layout(num_blocks * block_bytes, num_blocks))
+
+        def export(op_id: str, hashes: list[int], ttl_s: float) -> int:
+            agent.create_readable("kv", list(range(len(hashes))), ttl_s=ttl_s, op_id=op_id)
+            return len(hashes)
+
+        agent.exporter = export
+        conn.send((agent.address, agent.agent_id))
+        conn.recv()  # None: done
+
+
+def _fetch_ms(backend: str, args: argparse.Namespace) -> dict[str, float]:
+    """p50/p90 ms of a peer fetch's export round trip, its pull and the two together."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    block_bytes = args.fetch_block_kib * 1024
+    owner = ctx.Process(target=_fetch_owner, args=(child, args.fetch_blocks, block_bytes),
+                        daemon=True)  # fmt: skip
+    owner.start()
+    config = TransferAgentConfig(agent_id=f"bench-fetch-{backend}", backends=(backend,))
+    try:
+        address, agent_id = parent.recv()
+        with TransferAgent(config) as agent:
+            if backend not in agent.backend_names:
+                return {}
+            n = args.fetch_blocks
+            agent.register_region(
+                "kv", np.zeros(n * block_bytes, np.uint8), _layout(n * block_bytes, n)
+            )
+            setup, pull, total = [], [], []
+            for i in range(args.fetch + 1):  # the first warms up mappings (and a connection)
+                target = OpRef(address=address, agent_id=agent_id, op_id=f"fetch-{i}")
+                started = time.perf_counter()
+                got = agent.request_export(target, list(range(n)), ttl_s=30, timeout_s=30)
+                exported = time.perf_counter()
+                result = agent.pull(target, "kv", list(range(got)), timeout_s=30)
+                assert result.backend == backend, result
+                done = time.perf_counter()
+                if i:
+                    setup.append(exported - started)
+                    pull.append(done - exported)
+                    total.append(done - started)
+            pool = getattr(agent, "pool", None)  # absent before connection reuse
+            opened = pool.num_opened if pool is not None else 2 * (args.fetch + 1)
+    finally:
+        parent.send(None)
+        owner.join(30)
+    figures = {"connections": float(opened)}
+    for name, xs in (("export", setup), ("pull", pull), ("fetch", total)):
+        figures[f"{name}_p50_ms"] = _pct(xs, 0.5) * 1e3
+        figures[f"{name}_p90_ms"] = _pct(xs, 0.9) * 1e3
+    return figures
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
 def _memcpy_gbps(size: int, iters: int) -> float:
@@ -113,7 +182,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--blocks", type=int, default=64, help="blocks per transfer")
     parser.add_argument("--backends", default="shm,nixl,mooncake,tcp", help="backends to measure")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--fetch", type=int, default=0,
+                        help="time this many peer KV fetches (export + pull) instead")  # fmt: skip
+    parser.add_argument("--fetch-blocks", type=int, default=16, help="blocks per fetch")
+    parser.add_argument("--fetch-block-kib", type=int, default=64, help="KiB per block")
     args = parser.parse_args(argv)
+    if args.fetch:
+        return _fetch_main(parser, args)
     sizes = [int(float(s) * MIB) for s in args.sizes_mib.split(",")]
     if args.iters < 1 or args.blocks < 1 or any(s % args.blocks for s in sizes):
         parser.error(
@@ -129,4 +204,25 @@ def main(argv: list[str]) -> int:
             json.dump(
                 {name: {str(s): v for s, v in r.items()} for name, r in rows.items()}, f, indent=1
             )
+    return 0
+
+
+def _fetch_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.fetch < 1 or args.fetch_blocks < 1 or args.fetch_block_kib < 1:
+        parser.error("--fetch, --fetch-blocks and --fetch-block-kib must be >= 1")
+    rows = {}
+    for backend in args.backends.split(","):
+        if figures := _fetch_ms(backend, args):
+            rows[backend] = figures
+    size = args.fetch_blocks * args.fetch_block_kib
+    print(f"peer KV fetch of {args.fetch_blocks} blocks ({size} KiB), {args.fetch} fetches "
+          "(ms p50/p90; connections: dialled in all)")  # fmt: skip
+    print(f"{'backend':>8} {'export':>13} {'pull':>13} {'fetch':>13} {'connections':>12}")
+    for name, f in rows.items():
+        cells = " ".join(f"{f[k + '_p50_ms']:>6.2f}/{f[k + '_p90_ms']:<6.2f}"
+                         for k in ("export", "pull", "fetch"))  # fmt: skip
+        print(f"{name:>8} {cells} {int(f['connections']):>12}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=1)
     return 0

@@ -48,6 +48,7 @@ from tandem.protocols.tokens_generate import (
     GenerateRequest,
     GenerateSamplingParams,
 )
+from tandem.tokens.tokenizer import ModelTokenizer
 
 PATH = "/inference/v1/generate"
 _decoder = msgspec.json.Decoder(GenerateRequest)
@@ -236,7 +237,9 @@ class TokenChoice(ChoiceState):
 
     __slots__ = ("num_sent", "token_ids")
 
-    def __init__(self, index: int, tokenizer: Any, stops: list[str], **kw: Any) -> None:
+    def __init__(
+        self, index: int, tokenizer: ModelTokenizer | None, stops: list[str], **kw: Any
+    ) -> None:
         super().__init__(index, tokenizer, stops, **kw)
         self.token_ids: list[int] = []
         self.num_sent = 0  # of token_ids, streamed so far

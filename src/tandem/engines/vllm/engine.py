@@ -22,6 +22,7 @@ from typing import Any
 from tandem.engines.base import EngineCapabilities, EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
 from tandem.engines.output_stream import DirectSink
+from tandem.engines.vllm import lora_ops
 from tandem.engines.vllm.config import VllmWorkerConfig
 from tandem.engines.vllm.kv_events import KvEventTranslator, VllmEventSubscriber
 from tandem.engines.vllm.metrics import (
@@ -96,6 +97,8 @@ class VllmEngine(EngineDefaults):
             os.environ.setdefault(key, value)
         if self.config.cpus is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpus
+        if _lora_enabled(self.config):  # vLLM's processes load lora_ops.register as a plugin
+            os.environ[lora_ops.ENV] = "1"
         try:
             # on this loop's thread, blocking it: AsyncLLM binds its sockets to the running
             # loop (built in another thread it would never see an output). The worker has

@@ -17,9 +17,11 @@ there had been no hint; the request never fails because of a fetch.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import secrets
+import statistics
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 BANDWIDTH_EWMA = 0.2  # weight of the newest fetch in the measured bandwidth
+SETUP_WINDOW = 32  # fetches whose setup time's median the router charges
 
 
 class PeerFetchStats:
@@ -59,7 +62,14 @@ class PeerFetchStats:
         self.num_exported = 0
         self.num_export_blocks = 0
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s  # declared, then measured (EWMA)
-        self.setup_s = 0.0  # measured fixed part of a fetch: all of it but the pull (EWMA)
+        # the measured fixed part of a fetch, all of it but the pull: the median of the last
+        # SETUP_WINDOW (one starved by a busy host moves it little); None before the first
+        self.setup_s: float | None = None
+        self._setups: collections.deque[float] = collections.deque(maxlen=SETUP_WINDOW)
+
+    def add_setup(self, seconds: float) -> None:
+        self._setups.append(seconds)
+        self.setup_s = statistics.median(self._setups)
 
 
 class PeerFetch:
@@ -176,9 +186,7 @@ class PeerFetch:
         num_bytes = max(moved_bytes, num_tokens * self.bytes_per_token)  # mocker: 1 B/block
         stats.num_bytes += num_bytes
         stats.seconds += seconds
-        setup = max(seconds - pull_s, 0.0)
-        first = stats.num_succeeded == 1
-        stats.setup_s = setup if first else stats.setup_s + BANDWIDTH_EWMA * (setup - stats.setup_s)
+        stats.add_setup(max(seconds - pull_s, 0.0))
         if pull_s > 0:
             measured = num_bytes / pull_s
             stats.bandwidth_bytes_per_s += BANDWIDTH_EWMA * (measured - stats.bandwidth_bytes_per_s)
@@ -212,7 +220,7 @@ class PeerFetch:
             GaugeMetricFamily(
                 "tandem_kv_fetch_setup_seconds",
                 "measured fixed part of a peer KV fetch (round trips, not the bytes)",
-                value=s.setup_s,
+                value=s.setup_s or 0.0,
             )
         )
         return out

@@ -139,7 +139,8 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         "--kv-fetch-setup-ms",
         type=float,
         default=d.kv_fetch_setup_s * 1e3,
-        help="fixed cost charged per peer KV fetch (its round trips), in ms",
+        help="fixed cost charged per peer KV fetch (its round trips), in ms, until the "
+        "fetching worker publishes its measured one (the median of its recent fetches)",
     )
     g.add_argument(
         "--kv-events-zmq",

@@ -56,7 +56,8 @@ class RouterConfig:
     zmq_endpoints: tuple[str, ...] = ()  # engine KV event publishers: "worker_id=tcp://h:p"
     seed: int | None = None
     # peer KV fetch (router/fetch.py): between workers started with --kv-fetch only, so on by
-    # default; the fixed cost of one fetch (export + pull round trips) and the prefill speed
+    # default; the fixed cost of one fetch (export + pull round trips) until the fetcher
+    # publishes its measured one, and the prefill speed
     # assumed for a worker that publishes none (fast: it fetches only when clearly cheaper)
     kv_fetch: bool = True
     kv_fetch_setup_s: float = 0.005

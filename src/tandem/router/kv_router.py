@@ -283,8 +283,9 @@ class KvRouter(PolicyRouter):
             local = max(
                 int(overlaps.get(worker_id, 0.0)), self.active.prefix_depth(worker_id, hashes)
             )
-            # the fetcher's measured bandwidth (published with its load) else the declared
-            # ones; its measured prefill speed (WorkerStats) else its declared, else the default
+            # the fetcher's measured bandwidth and setup time (published with its load) else
+            # the declared ones; its measured prefill speed (WorkerStats) else its declared,
+            # else the default
             bandwidth = self._fetch_bandwidth.get(worker_id) or min(
                 src.bandwidth_bytes_per_s, mine.bandwidth_bytes_per_s
             )
@@ -298,7 +299,7 @@ class KvRouter(PolicyRouter):
                 source_id=holder, local_blocks=local,
                 holder_blocks=usable, block_size=size, bytes_per_token=src.bytes_per_token,
                 bandwidth_bytes_per_s=bandwidth, prefill_s_per_token=prefill_s,
-                setup_s=max(cfg.kv_fetch_setup_s, self._fetch_setup.get(worker_id, 0.0)),
+                setup_s=self._fetch_setup.get(worker_id, cfg.kv_fetch_setup_s),
             )  # fmt: skip
             if plan is not None and plan.pays:
                 plans[worker_id] = plan

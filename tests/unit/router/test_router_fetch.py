@@ -181,3 +181,30 @@ async def test_measured_setup_time_is_charged() -> None:
     r._on_load(load)
     assert r.explain(req("e"))["kv_fetch"] is None
     assert (await r.route(req("a"))).kv_fetch is None
+
+
+async def test_measured_setup_time_replaces_the_declared_one() -> None:
+    """Once w1 has measured its fetches' setup (1 ms: pooled connections), that is what the
+    router charges, not the --kv-fetch-setup-ms default (5 ms) it charged before any fetch."""
+    r = router(gbps=50.0)
+    before = r.explain(req("e"))["kv_fetch"]
+    assert before is not None
+    declared = r.config.kv_fetch_setup_s * 1e3
+    assert before["fetch_ms"] == pytest.approx(declared + before["num_bytes"] / 50e9 * 1e3)
+    load = LoadMetrics(worker_id="w1", num_active_blocks=0, num_total_blocks=4096,
+                       num_waiting=0, num_running=0, kv_fetch_setup_s=0.001)  # fmt: skip
+    r._on_load(load)
+    after = r.explain(req("e"))["kv_fetch"]
+    assert after is not None
+    assert after["fetch_ms"] == pytest.approx(1.0 + after["num_bytes"] / 50e9 * 1e3)
+
+
+def test_a_fetchers_setup_time_is_the_median_of_its_recent_fetches() -> None:
+    """One fetch starved for a second by a busy host barely moves the charged setup."""
+    from tandem.disagg.peer_fetch import PeerFetchStats
+
+    stats = PeerFetchStats(1e9)
+    assert stats.setup_s is None  # nothing published before the first fetch
+    for s in (0.001, 0.002, 1.0, 0.0015, 0.001):
+        stats.add_setup(s)
+    assert stats.setup_s == pytest.approx(0.0015)

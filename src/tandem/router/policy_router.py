@@ -400,17 +400,20 @@ class PolicyRouter:
             if waiter.done is None or waiter.done.done():
                 continue
             request = waiter.request
-            if (request.priority, waiter.tenant) in blocked:
+            key = (request.priority, waiter.tenant)
+            if key in blocked:
                 continue
             started = time.perf_counter()
             try:
                 self._check_deadline(request, waiter)
                 cands = self.candidates(request, waiter.exclude)
-                chosen, details = self._choose_for(request, cands)
+                chosen, details = self._choose_for(request, cands, is_queued=True)
             except AllBusy:
                 pinned = request.routing is not None and request.routing.worker_id is not None
                 if not pinned and not waiter.exclude:
-                    blocked.add((request.priority, waiter.tenant))
+                    blocked.add(key)
+                    if len(blocked) >= self.queue.num_keys:
+                        return  # every (class, tenant) waiting found every worker busy
                 continue  # another waiter may still fit elsewhere
             except Exception as exc:  # its own error (deadline, no workers): fail it alone
                 self.queue.remove(waiter)
@@ -420,7 +423,11 @@ class PolicyRouter:
             waiter.done.set_result(self._book(request, chosen, details, started))
 
     def _choose_for(
-        self, request: PreprocessedRequest, candidates: Sequence[Instance]
+        self,
+        request: PreprocessedRequest,
+        candidates: Sequence[Instance],
+        *,
+        is_queued: bool = False,
     ) -> tuple[Instance, dict[str, Any]]:
         """`_choose` among the candidates under `busy_inflight_requests` (AllBusy when none),
         but a session's request goes back to its bound worker while that one is a candidate,
@@ -431,7 +438,7 @@ class PolicyRouter:
         pinned = request.routing is not None and request.routing.worker_id is not None
         if cap is not None and not pinned:
             free = [c for c in candidates if self.inflight(c.instance_id) < cap]
-            candidates = free or self._overbookable(request, candidates, cap)
+            candidates = free or self._overbookable(request, candidates, cap, is_queued)
             if not candidates:
                 raise AllBusy
         sid = request.session_id
@@ -448,17 +455,18 @@ class PolicyRouter:
         return self._choose(request, candidates)
 
     def _overbookable(
-        self, request: PreprocessedRequest, candidates: Sequence[Instance], cap: int
+        self,
+        request: PreprocessedRequest,
+        candidates: Sequence[Instance],
+        cap: int,
+        is_queued: bool,
     ) -> list[Instance]:
         """The busy candidates whose engine preempts for `request` (engines/step_policy.py,
         `may_overbook`): work of a less urgent class there, or a tenant over its share there
         while `request`'s has room and nothing else queued. The mocker and native engines
         preempt for it; another engine serves it as its own scheduler does."""
-        tenant = request.tenant or DEFAULT_TENANT
-        is_backlogged = any(
-            w.request is not request and w.request.priority == request.priority
-            and w.tenant == tenant for w in self.queue.waiters()
-        )  # fmt: skip
+        num_queued = self.queue.num_waiting(request.priority, request.tenant or DEFAULT_TENANT)
+        is_backlogged = num_queued > (1 if is_queued else 0)
         by_worker: dict[str, list[PreprocessedRequest]] = {}
         for request_id, routed in self._routed.items():
             by_worker.setdefault(self._request_worker[request_id], []).append(routed)

@@ -15,7 +15,6 @@ Synchronous and deterministic (no I/O, no clock); the router calls it from one e
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 from collections import defaultdict
@@ -60,6 +59,7 @@ class RequestQueue:
     def __init__(self) -> None:
         self._waiters: list[Waiter] = []
         self._seq = itertools.count()
+        self._by_key: dict[tuple[int, str], int] = {}  # (class, tenant) -> waiters
         self.counters: dict[str, float] = defaultdict(float)  # tenant -> virtual tokens
         self.served_tokens: dict[str, float] = defaultdict(float)  # tenant -> weighted tokens
 
@@ -75,12 +75,20 @@ class RequestQueue:
             floor = min(self.counters[t] for t in backlogged)
             self.counters[tenant] = max(self.counters[tenant], floor)
         self._waiters.append(waiter)
+        self._by_key[(klass, tenant)] = self._by_key.get((klass, tenant), 0) + 1
         return waiter
 
     def remove(self, waiter: Waiter) -> None:
         """Drop `waiter` (dispatched, timed out or cancelled); idempotent."""
-        with contextlib.suppress(ValueError):
+        try:
             self._waiters.remove(waiter)
+        except ValueError:
+            return
+        key = (waiter.request.priority, waiter.tenant)
+        if self._by_key[key] > 1:
+            self._by_key[key] -= 1
+        else:
+            del self._by_key[key]
 
     def key(self, waiter: Waiter) -> tuple[int, float, float, int]:
         deadline = waiter.request.deadline_s
@@ -91,9 +99,14 @@ class RequestQueue:
             waiter.seq,
         )
 
-    def waiters(self) -> list[Waiter]:
-        """The waiters in arrival order (a copy)."""
-        return list(self._waiters)
+    def num_waiting(self, priority: int, tenant: str) -> int:
+        """Waiters of that class and tenant."""
+        return self._by_key.get((priority, tenant), 0)
+
+    @property
+    def num_keys(self) -> int:
+        """Distinct (class, tenant) pairs waiting."""
+        return len(self._by_key)
 
     def ordered(self) -> list[Waiter]:
         """The waiters in the order they are offered a worker."""

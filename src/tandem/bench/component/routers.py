@@ -19,7 +19,9 @@ tokens), that share over the infinite-cache oracle computed from the prompts sen
 (`router_workloads.oracle_cached_fraction`), and CPU ms per answered request of the process
 that routes (tandem's and Dynamo's frontend, the SMG / vLLM router process) and of every process
 that routes, tokenizes or streams (for SMG and the vLLM router: the router plus the backends'
-frontends), from /proc over the load.
+frontends), from /proc over the load. A tandem row also gives the peer KV fetches its router
+hinted and their blocks (`--tandem-args=--kv-fetch` starts the workers with peer fetch); a
+fetched block counts as cached, as the oracle counts every block computed before anywhere.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ import argparse
 import contextlib
 import logging
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.bench.args import add_workload_arguments, workload
 from tandem.bench.cell import cell_metrics, format_number, run_cell
@@ -292,6 +297,7 @@ def measure_row(
                 server_pids=target.front_pids,
             )
             summary = run_cell(config, specs)
+            fetches = fetch_hints(target.url) if system.kind == "tandem" else None
     except Exception as exc:  # one system failing must not lose the others' rows
         logger.exception("%s (%s, %d workers) failed", system.name, variant, workers)
         return {**row, "error": str(exc).splitlines()[0] if str(exc) else repr(exc)}
@@ -304,7 +310,28 @@ def measure_row(
     row["front_cpu_ms_per_req"] = None if None in front else sum(f for f in front if f)
     share = metrics["cached_fraction"]
     row["share_of_oracle"] = share / oracle if share is not None and oracle else None
+    row["kv_fetches"], row["kv_fetch_blocks"] = fetches or (None, None)
     return row
+
+
+def fetch_hints(url: str) -> tuple[int, int] | None:
+    """The peer KV fetches tandem's router hinted over the run, and their blocks (its
+    ``tandem_router_kv_fetch*`` counters); None when /metrics does not answer. A fetched
+    block counts as cached in the row's share: the worker reports the fetched tokens as
+    cached ones (`PeerFetch`), as the oracle counts any block computed before anywhere."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    totals = {"tandem_router_kv_fetches_total": 0.0, "tandem_router_kv_fetch_blocks_total": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return int(totals["tandem_router_kv_fetches_total"]), int(
+        totals["tandem_router_kv_fetch_blocks_total"]
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -385,6 +412,11 @@ def main(argv: list[str]) -> int:
                 rows.append(measure_row(system, variant, workers, sent, oracle, args, work_dir))
                 print(format_table(rows[-1:]), flush=True)
     print(format_table(rows))
+    for r in rows:
+        if r.get("kv_fetches") is not None:
+            print(f"{r['system']} ({r['prompts']}, {r['workers']} workers): "
+                  f"{r['kv_fetches']} peer KV fetches hinted, {r['kv_fetch_blocks']} blocks "
+                  "(counted as cached when they succeed)")  # fmt: skip
     write_json(args.json, {"args": vars(args), "rows": rows})
     print(f"wrote {args.json}; logs under {work_dir}")
     return 1 if any("error" in r for r in rows) else 0

@@ -108,3 +108,32 @@ def test_churn_keeps_the_index_equal_to_the_caches_and_passes() -> None:
     assert result["indexed_blocks"] == result["worker_blocks"] == 128
     assert len(result["samples"]) == 3
     assert "verdict PASS" in churn.format_result(result)
+
+
+def test_a_tandem_row_counts_the_fetches_its_router_hinted() -> None:
+    import http.server
+    import threading
+
+    body = (
+        b'tandem_router_kv_fetches_total{model="m",component="backend"} 3\n'
+        b'tandem_router_kv_fetch_blocks_total{model="m",component="backend"} 720\n'
+        b'tandem_router_kv_fetch_blocks_total{model="n",component="backend"} 5\n'
+    )
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert routers.fetch_hints(f"http://127.0.0.1:{server.server_port}") == (3, 725)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert routers.fetch_hints("http://127.0.0.1:9") is None  # nothing listens: no figure

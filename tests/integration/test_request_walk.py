@@ -30,4 +30,11 @@ async def test_the_walk_of_one_chat_completion_stays_short() -> None:
     assert len(path) <= MAX_FILES, f"request path: {len(path)} files\n{listing}"
     assert "tandem/frontend/pipeline/tools.py" not in path, "a chat without tools entered tools"
     assert "tandem/multimodal/prompt.py" not in path, "a text-only chat entered multimodal"
+    unused = {  # what this frontend does not run: no API key, tenants file, tracing, JSON logs
+        "tandem/frontend/auth.py",
+        "tandem/frontend/tenancy.py",
+        "tandem/runtime/tracing.py",
+        "tandem/runtime/log_format.py",
+    }
+    assert not unused & set(path), f"a plain request entered {sorted(unused & set(path))}"
     assert not idle.order, f"background loops were counted in the idle window: {idle.order}"

@@ -13,6 +13,7 @@ from tests.unit.router.test_router_queue import req
 
 from tandem.router.config import RouterConfig
 from tandem.router.policy_router import LeastLoadedRouter
+from tandem.router.queue import RequestQueue
 from tandem.router.source import StaticInstanceSet
 
 pytestmark = pytest.mark.timeout(20)
@@ -68,3 +69,18 @@ async def test_a_lone_tenant_or_one_at_its_share_waits_for_a_free_slot() -> None
         task.cancel()
     await router.close()
     await router2.close()
+
+
+def test_the_queue_counts_its_waiters_per_class_and_tenant() -> None:
+    queue = RequestQueue()
+    a1 = queue.push(req("a1", tenant="a"), frozenset(), 0.0)
+    a2 = queue.push(req("a2", tenant="a"), frozenset(), 0.0)
+    b1 = queue.push(req("b1", tenant="b", priority=2), frozenset(), 0.0)
+    assert queue.num_waiting(0, "a") == 2 and queue.num_waiting(2, "b") == 1
+    assert queue.num_keys == 2
+    queue.remove(a1)
+    queue.remove(a1)  # idempotent
+    assert queue.num_waiting(0, "a") == 1 and queue.num_keys == 2
+    queue.remove(a2)
+    queue.remove(b1)
+    assert queue.num_keys == 0 and queue.num_waiting(0, "a") == 0

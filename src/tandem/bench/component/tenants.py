@@ -170,8 +170,13 @@ async def close_fleet(fleet: Fleet) -> None:
         await engine.stop()
 
 
+_VOCAB = range(100, 40_000)
+
+
 def prompt(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(100, 40_000) for _ in range(n)]
+    # choices, not n randrange calls: at 1.7x capacity the long prompts' ids alone were a
+    # third of the bench's CPU, on the loop every simulated step shares
+    return rng.choices(_VOCAB, k=n)
 
 
 async def poisson(
@@ -353,16 +358,23 @@ async def batch(args: argparse.Namespace, short_cap: float, mode: str) -> dict[s
         await fleet.send(prompt(rng, args.short_prompt), args.short_output, tenant="chat")
 
     rate = short_cap * args.interactive_load
+    stop = asyncio.Event()
+    lags = asyncio.create_task(loop_lags(stop))
     fired = await poisson(rate, args.duration_s, random.Random(args.seed + 8), interactive)
+    stop.set()
     await drain(fleet, fired, args.duration_s)
     started = time.perf_counter()
     await drain(fleet, tasks, args.batch_timeout_s)
     done = sum(1 for r in fleet.results if r.tenant == "batch" and r.ok)
     await close_fleet(fleet)
+    chat = [r for r in fleet.results if r.tenant == "chat" and r.ttft_s is not None]
     return {
         "chat_ttft_p99_s": p99(ttfts(fleet.results, "chat")),
         "batch_done": done,
         "batch_tail_s": time.perf_counter() - started,
+        "chat_route_p99_s": p99([r.route_s or 0.0 for r in chat]),
+        "chat_engine_p99_s": p99([(r.ttft_s or 0.0) - (r.route_s or 0.0) for r in chat]),
+        "loop_lag_p99_s": p99(await lags),
     }
 
 
@@ -476,6 +488,12 @@ def format_result(r: dict[str, Any]) -> str:
             f"target <= +10 %); lines done FIFO {b['fifo']['batch_done']}, batch class "
             f"{b['fair']['batch_done']} of {a['batch_lines']}"
         )
+        split = [
+            f"{m} {_ms(b[m].get('chat_route_p99_s', nan))} / "
+            f"{_ms(b[m].get('chat_engine_p99_s', nan))} / {_ms(b[m].get('loop_lag_p99_s', nan))}"
+            for m in b
+        ]
+        lines.append("          chat p99 router queue / engine / loop lag: " + " | ".join(split))
     if s := r.get("sessions"):
         off, on = s["off"], s["on"]
         lines.append(

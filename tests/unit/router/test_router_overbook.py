@@ -36,9 +36,9 @@ async def test_a_light_tenant_takes_a_busy_worker_from_a_flooding_one() -> None:
     queued = asyncio.create_task(router.route(req("a-queued", tenant="a")))
     await asyncio.sleep(0.01)
     assert router.num_queued == 1 and not queued.done()  # a's own waits its turn
-    b = await asyncio.wait_for(router.route(req("b0", tenant="b")), 1)
+    b = await asyncio.wait_for(router.route(req("b0", tenant="b")), 10)
     assert router.inflight(b.instance_id) == 3
-    b2 = await asyncio.wait_for(router.route(req("b1", tenant="b")), 1)  # share: 1 a worker
+    b2 = await asyncio.wait_for(router.route(req("b1", tenant="b")), 10)  # share: 1 a worker
     assert b2.instance_id != b.instance_id
     third = asyncio.create_task(router.route(req("b2", tenant="b")))
     await asyncio.sleep(0.01)
@@ -50,7 +50,7 @@ async def test_a_light_tenant_takes_a_busy_worker_from_a_flooding_one() -> None:
 
 async def test_a_more_urgent_class_takes_a_busy_worker_from_a_less_urgent_one() -> None:
     router = await _full_router("bulk", priority=2)
-    high = await asyncio.wait_for(router.route(req("h0", tenant="bulk", priority=0)), 1)
+    high = await asyncio.wait_for(router.route(req("h0", tenant="bulk", priority=0)), 10)
     assert router.inflight(high.instance_id) == 3
     await router.close()
 

@@ -70,7 +70,7 @@ class RequestQueue:
         """Queue `request`, lifting its tenant's counter if it was not backlogged."""
         waiter = Waiter(request, exclude, next(self._seq), now_s)
         tenant, klass = waiter.tenant, request.priority
-        backlogged = {w.tenant for w in self._waiters if w.request.priority == klass}
+        backlogged = {t for c, t in self._by_key if c == klass}  # O(tenants), not O(waiters)
         if tenant not in backlogged and backlogged:
             floor = min(self.counters[t] for t in backlogged)
             self.counters[tenant] = max(self.counters[tenant], floor)

@@ -15,8 +15,9 @@ prompts) and `text` (one-token words, `router_workloads.TextPrompts`: the same e
 each worker count of `--workers` (e.g. `4,8`).
 
 Per row: TTFT p50/p90/p99, the cached share of prompt tokens (usage's cached tokens / prompt
-tokens), that share over the infinite-cache oracle computed from the prompts sent
-(`router_workloads.oracle_cached_fraction`), and CPU ms per answered request of the process
+tokens), that share over the infinite-cache oracle computed from the prompts the row sent
+(`router_workloads.oracle_cached_fraction`; `--duration-s` may stop a row before the workload
+ends), and CPU ms per answered request of the process
 that routes (tandem's and Dynamo's frontend, the SMG / vLLM router process) and of every process
 that routes, tokenizes or streams (for SMG and the vLLM router: the router plus the backends'
 frontends), from /proc over the load. A tandem row also gives the peer KV fetches its router
@@ -31,7 +32,7 @@ import contextlib
 import logging
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,12 +274,12 @@ def measure_row(
     variant: str,
     workers: int,
     specs: list[RequestSpec],
-    oracle: float | None,
+    oracle_of: Oracle,
     args: argparse.Namespace,
     work_dir: Path,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"system": system.name, "prompts": variant, "workers": workers}
-    row["oracle"] = oracle
+    row["oracle"] = None
     setup = not_set_up(system)
     if setup is not None:
         return {**row, "error": f"not set up (run {setup})"}
@@ -308,6 +309,8 @@ def measure_row(
     row["ttft_p90_ms"] = summary["ttft_ms"]["p90"]
     row["router_cpu_ms_per_req"] = metrics["cpu_ms_per_req"]
     row["front_cpu_ms_per_req"] = None if None in front else sum(f for f in front if f)
+    oracle = oracle_of(metrics["num_ok"] + metrics["num_errors"])  # over the requests sent
+    row["oracle"] = oracle
     share = metrics["cached_fraction"]
     row["share_of_oracle"] = share / oracle if share is not None and oracle else None
     row["kv_fetches"], row["kv_fetch_blocks"] = fetches or (None, None)
@@ -368,22 +371,41 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def variant_specs(
     specs: list[RequestSpec], variants: list[str], block_size: int
-) -> dict[str, tuple[list[RequestSpec], float | None]]:
-    """Each prompt variant's requests and its oracle (on the token structure it sends)."""
-    out: dict[str, tuple[list[RequestSpec], float | None]] = {}
+) -> dict[str, tuple[list[RequestSpec], Oracle]]:
+    """Each prompt variant's requests and its oracle over the first N sent (on the token
+    structure it sends)."""
+    out: dict[str, tuple[list[RequestSpec], Oracle]] = {}
     text = TextPrompts.for_mocker() if "text" in variants else None
     for variant in variants:
         if variant == "text":
             assert text is not None
             sent = [text.spec(s) for s in specs]
-            oracle = oracle_cached_fraction(
-                (text.word_ids(s.prompt_token_ids()) for s in specs), block_size
-            )
+            out[variant] = (sent, _oracle(specs, block_size, text.word_ids))
         else:
-            sent = specs
-            oracle = oracle_cached_fraction((s.prompt_token_ids() for s in specs), block_size)
-        out[variant] = (sent, oracle)
+            out[variant] = (specs, _oracle(specs, block_size, None))
     return out
+
+
+Oracle = Callable[[int], "float | None"]
+
+
+def _oracle(
+    specs: list[RequestSpec], block_size: int, words: Callable[[list[int]], list[int]] | None
+) -> Oracle:
+    """The infinite-cache oracle of the first ``n`` requests: a row capped by --duration-s
+    sends a prefix of the workload, and the requests it never sent would only raise the
+    oracle (the trace's later requests reuse more), so it is taken over those sent."""
+    cache: dict[int, float | None] = {}
+
+    def oracle(n: int) -> float | None:
+        if n not in cache:
+            prompts = (s.prompt_token_ids() for s in specs[:n])
+            cache[n] = oracle_cached_fraction(
+                prompts if words is None else (words(p) for p in prompts), block_size
+            )
+        return cache[n]
+
+    return oracle
 
 
 def main(argv: list[str]) -> int:

@@ -2,10 +2,10 @@
 (issue 16): the OpenAI SDK through tandem; KV-aware routing fed by vLLM's own KV events
 (a repeated prefix goes to the worker that holds it, cached_tokens > 0); vLLM's Prometheus
 metrics from the worker; engine step samples for the planner (issue 10); a client disconnect
-frees the request in vLLM; SIGKILL of a vLLM worker mid-stream with migration loses no
-request and leaves no EngineCore behind; then, with the stack stopped, greedy output equals
-vLLM's own OpenAI server on the same prompts, and a 1P1D stack (NixlConnector on CPU) gives
-the same greedy tokens as the aggregated one.
+frees the request in vLLM; LoRA adapters pass through to vLLM's own LoRA (issue 32); SIGKILL
+of a vLLM worker mid-stream with migration loses no request and leaves no EngineCore behind;
+then, with the stack stopped, greedy output equals vLLM's own OpenAI server on the same prompts,
+and a 1P1D stack (NixlConnector on CPU) gives the same greedy tokens as the aggregated one.
 
 One stack for the whole module (a vLLM engine takes 20+ s to start); tests run in order. When
 the tests of that stack are done, it is told to stop while vLLM's own server and the 1P1D stack
@@ -34,6 +34,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.eventually import eventually
+from tests.support.lora_adapters import write_adapter
 from tests.support.services import free_port
 from tests.support.tandem_procs import REPO, TandemProcess, http_request, wait_instances
 from tests.support.vllm_env import (
@@ -68,7 +69,8 @@ PROMPTS = [
 GREEDY_TOKENS = 24
 MIN_REMOTE_PROMPT = 6  # 1P1D: the prompts above have 5, 8, 5 and 7 tokens
 START_TIMEOUT_S = 480
-ADMIN_KEY = "admin-vllm-e2e"  # /v1/route/explain is an admin route
+ADMIN_KEY = "admin-vllm-e2e"  # /v1/route/explain and the LoRA routes are admin routes
+MAX_LORA_RANK = 8  # vLLM's --max-lora-rank on the stack's workers
 
 
 class Stack:
@@ -111,10 +113,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory, hf_dir: Path) -> Iterator[St
     args += ["--migration-limit", "3", "--port", str(port), "--run-dir", str(tmp / "run")]
     args += ["--admin-api-key", ADMIN_KEY]
     args += ["--model", str(hf_dir), "--served-model-name", MODEL, *ENGINE_FLAGS]
+    # vLLM's LoRA on the same workers (its base-model tokens stay vLLM's own server's, below)
+    lora_dir = tmp / "adapters"
+    lora_dir.mkdir()
+    args += ["--enable-lora", "--max-lora-rank", str(MAX_LORA_RANK), "--lora-dir", str(lora_dir)]
     popen = _start(args, tmp / "serve.log", python)
     proc = TandemProcess(name="serve", proc=popen, log_path=tmp / "serve.log")
     stack: Stack | None = None
     try:
+        # while vLLM starts (importing torch for them takes seconds on a loaded host)
+        write_adapter(lora_dir, "a1", rank=MAX_LORA_RANK, seed=1)
+        write_adapter(lora_dir, "too-big", rank=2 * MAX_LORA_RANK, seed=2)
         base = f"http://127.0.0.1:{port}"
         ids = wait_instances(base, lambda i: len(i) == 2, timeout_s=START_TIMEOUT_S, proc=proc)
         stack = Stack(proc, base, ids, tmp / "run")
@@ -190,6 +199,16 @@ def test_vllm_prometheus_metrics_are_served_by_each_worker(stack: Stack) -> None
     for url in urls:
         body = urllib.request.urlopen(url, timeout=5).read().decode()
         assert "vllm:num_requests_running" in body and "vllm:kv_cache_usage_perc" in body
+
+
+def test_vllm_workers_schedule_by_the_request_class(stack: Stack) -> None:
+    """tandem's vLLM workers run vLLM's priority policy by default and take every class."""
+    assert len(re.findall(r"vLLM engine started: .* scheduling=priority", stack.proc.log())) == 2
+    for priority in (-1, 2):
+        out = stack.client.completions.create(
+            model=MODEL, prompt="Hi", max_tokens=2, extra_body={"priority": priority}
+        )
+        assert out.usage.completion_tokens == 2
 
 
 def _step_totals(stack: Stack) -> tuple[float, float]:
@@ -302,6 +321,61 @@ def test_client_disconnect_frees_the_request_in_vllm(stack: Stack) -> None:
     while _running(stack) > 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _running(stack) == 0
+
+
+def _admin_post(stack: Stack, path: str, **body: str) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    status, _, reply = http_request(f"{stack.base_url}{path}", body, timeout_s=60, headers=headers)
+    return status, reply.decode()
+
+
+def test_lora_adapters_pass_through_to_vllm(stack: Stack) -> None:
+    """Workers started with vLLM's --enable-lora: an adapter loaded through tandem's frontend is
+    vLLM's (listed with the base as parent, a greedy chat under its name answers other tokens
+    than the base's), unloading it makes the name unknown, and what vLLM refuses (a rank over
+    --max-lora-rank) is a 400 with vLLM's reason. A base-model request batched with an adapter
+    request keeps the base model's tokens (vLLM's CPU LoRA ops gave it the adapter's update:
+    engines/vllm/lora_ops.py). Its adapters are written by `stack`."""
+    messages = [{"role": "user", "content": "Name a color."}]
+
+    def chat(model: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0}
+        url = f"{stack.base_url}/v1/chat/completions"
+        status, _, reply = http_request(url, body, 60, headers=headers)
+        return status, json.loads(reply)
+
+    status, base = chat(MODEL)
+    assert status == 200, base
+    status, text = _admin_post(stack, "/v1/load_lora_adapter", lora_name="a1", lora_path="a1")
+    assert status == 200, text
+    models = json.loads(http_request(f"{stack.base_url}/v1/models")[2])["data"]
+    assert {m["id"]: m.get("parent") for m in models} == {MODEL: None, "a1": MODEL}
+    status, adapted = chat("a1")
+    assert status == 200 and adapted["model"] == "a1", adapted
+    assert adapted["choices"][0]["message"]["content"] != base["choices"][0]["message"]["content"]
+    pin = {"x-worker-instance-id": min(stack.instance_ids)}  # both on one vLLM: one batch
+    running = stack.client.chat.completions.create(
+        model="a1", messages=messages, max_tokens=400, temperature=0, stream=True,
+        extra_headers=pin, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    for chunk in running:  # until a1 has generated a token: it runs beside the base request
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    status, beside = chat(MODEL, pin)
+    running.close()  # a1 was still generating (400 tokens); closing aborts it in vLLM
+    assert status == 200 and beside["choices"] == base["choices"], beside
+
+    status, text = _admin_post(stack, "/v1/unload_lora_adapter", lora_name="a1")
+    assert status == 200, text
+    status, gone = chat("a1")
+    assert status == 404 and gone["error"]["code"] == "model_not_found", gone
+
+    too_big = {"lora_name": "too-big", "lora_path": "too-big"}
+    status, text = _admin_post(stack, "/v1/load_lora_adapter", **too_big)
+    assert status == 400, text
+    reason = f"LoRA rank {2 * MAX_LORA_RANK} is greater than max_lora_rank {MAX_LORA_RANK}"
+    assert reason in json.loads(text)["error"]["message"], text
+    assert chat("too-big")[0] == 404
 
 
 async def _one_stream(client: openai.AsyncOpenAI, i: int, started: asyncio.Event) -> int:

@@ -19,11 +19,12 @@ the source and the compiler flags. Activations are fp32 on the AVX-512 (without 
 scalar builds; on the AVX-512 VNNI build they are rounded to 15-bit integers per group of 32
 and the products summed in int32, twice the fp32 FMA rate; on the AVX2 build to 13-bit
 integers per group of 32, summed exactly by vpmaddubsw in two byte planes (`activation_bits`;
-the kernel says why those widths). 13 bits on SmolLM2 (the quality gate's prompts, tests'
-test_quantized_engine_agrees_with_fp32): every greedy token the same as fp32, mean KL 7.3e-6
-(int4) / 8.6e-6 (int8) against the gate's 1e-4; 8-bit activations with a scale per block of
-32 (one vpmaddubsw per 32 products, llama.cpp's Q8 activation blocks) measured 4.1e-3 and
-87 % agreement, so they are not used.
+the kernel says why those widths), or from 8 rows by vpmaddwd on the codes widened to int16
+once a tile (the same integer sums, so the same bits, at 1.1-1.6x the rate). 13 bits on
+SmolLM2 (the quality gate's prompts, tests' test_quantized_engine_agrees_with_fp32): every
+greedy token the same as fp32, mean KL 7.3e-6 (int4) / 8.6e-6 (int8) against the gate's
+1e-4; 8-bit activations with a scale per block of 32 (one vpmaddubsw per 32 products,
+llama.cpp's Q8 activation blocks) measured 4.1e-3 and 87 % agreement, so they are not used.
 
 The C kernels serve weights on the CPU. A weight on another device (CUDA), or any weight
 where TANDEM_QUANT_KERNELS=torch, runs the torch path instead (`matmul_torch`): the

@@ -290,6 +290,7 @@ async def test_engine_without_lora_refuses(stack: AsyncExitStack, tmp_path: Path
     fs, _ = await started(stack, max_loras=0, lora=LoraApiConfig(lora_dir=str(tmp_path)))
     status, reply, _ = await fs.post(LOAD, {"lora_name": "a", "lora_path": "a"})
     assert status == 400 and "serves no LoRA adapters" in reply["error"]["message"]
+    assert "vllm with vLLM's --enable-lora" in reply["error"]["message"]  # the engines that do
     rt = await fs.runtime()  # cataloged elsewhere (another pool's frontend): the worker refuses
     await rt.loras.put(LoraCard(name="a", base_model=MODEL, path=str(tmp_path / "a")))
     async with asyncio.timeout(10):

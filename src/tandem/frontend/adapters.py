@@ -182,7 +182,7 @@ class LoraAdapters:
                 raise InvalidRequest(
                     f"model '{base}' is served by {num} worker(s) whose engine ({engine}) "
                     "serves no LoRA adapters; start workers with an engine that does (native, "
-                    "mocker)",
+                    "mocker, or vllm with vLLM's --enable-lora)",
                     param="lora_name",
                 )
             raise NoWorkersAvailable(

@@ -3,6 +3,7 @@ instruction-set build this CPU executes (cbuild.runnable_isas)."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from tandem.cbuild import runnable_isas, select_isa
 from tandem.engines.native.attention import to_cache
-from tandem.engines.native.ops import CpuOps, _load, build, cpu_ops
+from tandem.engines.native.ops import CpuOps, LoraRows, _load, build, cpu_ops, lora_table
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -277,3 +278,41 @@ def test_silu_mul_and_rms_norms(ops):
     rows = torch.randn(3, 576) * 3
     expected = rows * torch.rsqrt(rows.pow(2).mean(dim=1, keepdim=True) + eps)
     torch.testing.assert_close(ops.rms_normalize(rows, eps), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_lora_add_is_each_rows_low_rank_update(ops):
+    """kernels/ops.c lora_rows (what the fused decoder adds after a projection, issue 32):
+    y[t] += (x[t] / RMS(x[t]) A^T) B^T of row t's adapter, nothing for a base row (-1) or
+    an adapter without that projection; ranks and widths off the vector width."""
+    torch.manual_seed(5)
+    n_in, n_out = 40, 50
+    lows = [(torch.randn(n_in, r), torch.randn(r, n_out)) for r in (5, 17)]
+    tables = [lora_table([[None] * 4, [None, None, low, None]]) for low in lows]
+    tables.append(lora_table([[None] * 4, [lows[0], None, None, None]]))  # not projection 2
+    slots = (ctypes.c_void_p * 3)(*(ctypes.addressof(t) for t in tables))
+    row_slot = torch.tensor([0, -1, 1, 0, 2, 1], dtype=torch.int32)
+    rows = LoraRows(row_slot, slots, adapts_gate_up=True)
+    x, y0 = torch.randn(6, n_in) * 3, torch.randn(6, n_out)
+    for eps in (None, 1e-5):
+        y = y0.clone()
+        ops.lora_add(rows, 1, 2, x, y, eps)
+        xn = x if eps is None else x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + eps)
+        expected = y0.clone()
+        for t, slot in enumerate(row_slot.tolist()):
+            if slot in (0, 1):
+                a_t, b_t = lows[slot]
+                expected[t] += (xn[t] @ a_t) @ b_t
+        torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-5)
+        assert torch.equal(y[[1, 4]], y0[[1, 4]])
+    with pytest.raises(ValueError, match="rank 300"):
+        lora_table([[(torch.randn(8, 300), torch.randn(300, 8)), None, None, None]])
+
+
+def test_glu_act_is_silu_mul_in_the_packed_glu_order(ops):
+    """The activation after a gate/up LoRA update: per 32 columns 16 gate then their 16 up
+    (quant.glu_rows), as the quantized glu kernel's own store computes it."""
+    torch.manual_seed(6)
+    g = torch.randn(3, 2 * 48) * 6
+    tiles = g.view(3, 3, 2, 16)
+    expected = (F.silu(tiles[:, :, 0]) * tiles[:, :, 1]).reshape(3, 48)
+    torch.testing.assert_close(ops.glu_act(g), expected, atol=1e-6, rtol=1e-5)

@@ -9,20 +9,29 @@ modules it adapts there; a module it does not adapt has no columns. A projection
 then y += (x A^T) B^T: two small matmuls, never a merged weight.
 
 A step (`LoraStep`) puts each adapter's rows in contiguous segments (the runner orders the
-batch by adapter) and adds every segment's update in place: per projection and adapter two
-matmuls over its rows only, whatever the base weights' format (the update is in the model's
-dtype on top of the quantized GEMM's output).
+batch by adapter). Where the model runs its layers in one C call (a quantized model on the
+CPU: ops.DecoderPlan), the step passes each row's adapter slot and each adapter's A/B
+pointers (`LoraStep.c_rows`) and the decoder adds every update after its projection's GEMM,
+row by row, inside that call (kernels/ops.c lora_rows); the gate/up update goes on the
+projection's own output before silu * up, in the packed glu column order (16 gate columns,
+their 16 up columns, ...) where the model says so (`lora_gate_up_glu`: B's gate/up columns
+are permuted once at load), so no second, unfused gate/up weight is kept. Elsewhere
+(`LoraStep.add`) each segment's update is two torch matmuls over its rows, in the model's
+dtype on top of the projection's output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from tandem.engines.lora import LoraShape, LoraWeights
 from tandem.engines.native.model_config import ModelConfig
+from tandem.engines.native.ops import LoraRows, lora_table
+from tandem.engines.native.quant import GLU_ROWS
 
 QKV, OUT, GATE_UP, DOWN = range(4)  # the fused projections of LayerWeights, in its order
 _FUSED = (
@@ -41,6 +50,7 @@ class BaseModel(Protocol):
     norm_weights: list[tuple[torch.Tensor, torch.Tensor]]
     device: torch.device
     dtype: torch.dtype
+    lora_gate_up_glu: bool  # the gate/up output's columns in the glu order (quant.glu_rows)
 
 
 class LowRank(NamedTuple):
@@ -59,6 +69,14 @@ class NativeAdapter:
     layers: tuple[tuple[LowRank | None, ...], ...]
     adapts_gate_up: bool
     num_bytes: int
+    # its ops.lora_table, made on first use by a fused step (pointers into `layers`)
+    c_table: list[Any] = field(default_factory=list, compare=False, repr=False)
+
+    def table(self) -> Any:
+        """The C ops' view of `layers` (ops.lora_table), made once."""
+        if not self.c_table:
+            self.c_table.append(lora_table(self.layers))
+        return self.c_table[0]
 
 
 def lora_shape(config: ModelConfig, base_model: str) -> LoraShape:
@@ -107,6 +125,8 @@ def prepare(weights: LoraWeights, model: BaseModel) -> NativeAdapter:
             for row, b in blocks:
                 b_t[col : col + b.shape[1], row : row + b.shape[0]] = b.t()
                 col += b.shape[1]
+            if p == GATE_UP and model.lora_gate_up_glu:
+                b_t = b_t[:, _glu_order(offset)]
             fused.append(
                 LowRank(
                     a.t().to(model.device, model.dtype).contiguous(),
@@ -127,6 +147,13 @@ def prepare(weights: LoraWeights, model: BaseModel) -> NativeAdapter:
     )
 
 
+def _glu_order(n: int) -> torch.Tensor:
+    """Column j of a glu-packed gate/up output is column order[j] of [gate | up]
+    (quant.glu_rows' row order)."""
+    half = GLU_ROWS
+    return torch.arange(n).view(2, n // (2 * half), half).transpose(0, 1).reshape(-1)
+
+
 class LoraStep:
     """The adapters of one step's flat batch: (start, end, adapter) row segments."""
 
@@ -143,6 +170,20 @@ class LoraStep:
             low = adapter.layers[layer][proj]
             if low is not None:
                 y[start:end].addmm_(torch.mm(x[start:end], low.a_t), low.b_t)
+
+    def c_rows(self, num_rows: int) -> LoraRows:
+        """Each of the `num_rows` rows' adapter slot and each slot's table, for the C ops
+        (`ops.CpuOps.decoder`): one slot per distinct adapter."""
+        row_slot = torch.full((num_rows,), -1, dtype=torch.int32)
+        slots: dict[int, int] = {}
+        tables: list[int] = []
+        for start, end, adapter in self.segments:
+            slot = slots.get(id(adapter))
+            if slot is None:
+                slot = slots[id(adapter)] = len(tables)
+                tables.append(ctypes.addressof(adapter.table()))
+            row_slot[start:end] = slot
+        return LoraRows(row_slot, (ctypes.c_void_p * len(tables))(*tables), self.adapts_gate_up)
 
 
 def step_segments(adapters: list[NativeAdapter | None], rows: list[int]) -> LoraStep | None:

@@ -91,7 +91,6 @@ def build_model(config: NativeConfig) -> tuple[LlamaModel, str]:
             max_positions=max_len,
             device=device,
             kv_dtype=getattr(torch, config.resolved_kv_dtype()),
-            lora=config.max_loras > 0,
         )
         return quant, path
     path, model_config, weights = load_model_weights(config.model)

@@ -95,6 +95,8 @@ class LlamaModel:
         self.device = torch.device(device)
         scale = config.head_dim**-0.5
         self.attn_scale = 1.0 if math.frexp(scale)[0] == 0.5 else scale  # 2^k folds exactly
+        # the gate/up projection's output columns in the glu order (adapters.py); _build sets it
+        self.lora_gate_up_glu = False
         self._build(weights, pack_weights, scale / self.attn_scale, screen_head)
         cos, sin = rope_tables(config, max_positions or config.context_length)
         self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
@@ -260,18 +262,32 @@ class LlamaModel:
                 continue
             lora.add(x, attn_2d, i, OUT)
             xn = _rms_normalize(x, inv_n, eps)
-            gate_up_lin = self.plain_gate_up(i) if lora.adapts_gate_up else layer.gate_up
-            gate_up = gate_up_lin(xn)
-            lora.add(gate_up, xn, i, GATE_UP)
-            h = _silu_mul(gate_up_lin, gate_up)
+            if lora.adapts_gate_up:
+                h = self.lora_gate_up(i, x, xn, lora, None, eps)
+            else:
+                h = _silu_mul(layer.gate_up, layer.gate_up(xn))
             x = layer.down(h, residual=x)
             lora.add(x, h, i, DOWN)
         return _rms_normalize(x[rows], inv_n, eps)
 
-    def plain_gate_up(self, layer: int) -> Linear:
-        """Layer `layer`'s gate/up projection returning [gate | up] (not silu(gate) * up):
-        what a LoRA update of gate or up is added to before the activation."""
-        return self.layers[layer].gate_up
+    def lora_gate_up(
+        self, layer: int, x: torch.Tensor, xn: torch.Tensor, lora: LoraStep,
+        ops: CpuOps | None, eps: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """silu(gate) * up of layer `layer`'s gate/up projection of RMSNorm(x) (`xn`, the
+        norm's weight not applied) with `lora`'s gate/up update added before the activation
+        (the layer-by-layer paths; the fused decoder does it in C)."""
+        y = self.layers[layer].gate_up(xn)  # an fp32 Linear: [gate | up]
+        lora.add(y, xn, layer, GATE_UP)
+        if ops is not None:
+            return ops.silu_mul(y.contiguous())
+        ffn = y.shape[1] // 2
+        return F.silu(y[:, :ffn]).mul_(y[:, ffn:])
+
+    @property
+    def fuses_lora(self) -> bool:
+        """A step with LoRA adapters runs in the one-call C decoder, batch 1 included."""
+        return self._plan is not None and self.fuse_layers
 
     def _hidden_c(
         self,
@@ -298,13 +314,14 @@ class LlamaModel:
             tables, lens = meta.decode_blocks.view(num_decode, -1), meta.decode_lens
         positions = meta.positions
         assert positions is not None
-        if self._plan is not None and self.fuse_layers and lora is None:
+        if self._plan is not None and self.fuse_layers:
             x = x.contiguous()
             spans = [(s.start, s.end, s.ctx_len, s.context_blocks) for s in meta.prefills]
             decode = None if tables is None or lens is None else (num_decode, tables, lens)
             ops.decoder(
                 self._plan, x, heads, kv_heads, eps, self.attn_scale, positions, self.cos,
                 self.sin, meta.slot_mapping, kv_cache, decode, spans, attn_out,
+                None if lora is None else lora.c_rows(num_tokens),
             )  # fmt: skip
             return ops.rms_normalize(x[rows].contiguous(), eps)
         for i, (layer, kv) in enumerate(zip(self.layers, self.kv_views(kv_cache), strict=True)):
@@ -334,9 +351,7 @@ class LlamaModel:
             x = layer.o(attn_2d, residual=x)
             lora.add(x, attn_2d, i, OUT)
             if lora.adapts_gate_up:
-                gate_up = _normed(ops, self.plain_gate_up(i), x, eps).contiguous()
-                lora.add(gate_up, ops.rms_normalize(x, eps), i, GATE_UP)
-                h = ops.silu_mul(gate_up)
+                h = self.lora_gate_up(i, x, ops.rms_normalize(x, eps), lora, ops, eps)
             else:
                 h = _ffn_act(ops, layer.gate_up, x, eps)
             x = layer.down(h, residual=x)
@@ -353,12 +368,18 @@ class LlamaModel:
         rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
         return qk * meta.cos + rotated * meta.sin
 
-    def decode_one(self, token: int, step: SingleDecode, kv_cache: torch.Tensor) -> torch.Tensor:
+    def decode_one(
+        self, token: int, step: SingleDecode, kv_cache: torch.Tensor,
+        lora: LoraStep | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """The batch-1 decode step: final-normed hidden [1, hidden] of `token`; writes its
-        K/V at `step.slot`. Same math as `hidden`, a third of the kernels."""
+        K/V at `step.slot`. Same math as `hidden`, a third of the kernels. `lora`: the row's
+        adapter, only where the model `fuses_lora` (the runner sends it the batch way else)."""
         ops = self.c_ops(kv_cache)
+        if lora is not None and (ops is None or not self.fuses_lora):
+            raise ValueError("a batch-1 step with a LoRA adapter needs the fused C decoder")
         if ops is not None:
-            return self._decode_one_c(ops, token, step, kv_cache)
+            return self._decode_one_c(ops, token, step, kv_cache, lora)
         c = self.config
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
         group, k_end = heads // kv_heads, (heads + kv_heads) * dim
@@ -383,8 +404,9 @@ class LlamaModel:
         return x * _rms_scale(x, inv_n, eps)
 
     def _decode_one_c(
-        self, ops: CpuOps, token: int, step: SingleDecode, kv_cache: torch.Tensor
-    ) -> torch.Tensor:
+        self, ops: CpuOps, token: int, step: SingleDecode, kv_cache: torch.Tensor,
+        lora: LoraStep | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """`decode_one` through the C ops: per layer four C calls and the four projections."""
         c = self.config
         heads, kv_heads, dim = c.num_heads, c.num_kv_heads, c.head_dim
@@ -396,7 +418,7 @@ class LlamaModel:
             x = self.embed[token].unsqueeze(0).clone()  # the decoder writes x in place
             ops.decoder(
                 self._plan, x, heads, kv_heads, eps, scale, pos, self.cos, self.sin, slot,
-                kv_cache, (1, table, ctx), [], attn,
+                kv_cache, (1, table, ctx), [], attn, None if lora is None else lora.c_rows(1),
             )  # fmt: skip
             return x * ops.rms_scale(x, eps)
         x = self.embed[token].unsqueeze(0)

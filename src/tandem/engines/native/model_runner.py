@@ -61,12 +61,15 @@ class ModelRunner:
         policy = self.thread_policies[sum(batch.num_new_tokens) > 1]
         self.steps_by_threads[policy.before_step()] += 1
         single = len(batch.seqs) == 1 and batch.num_new_tokens[0] == 1
-        single = single and self.device.type == "cpu" and batch.seqs[0].lora is None
+        # an adapter's row too where the model adds LoRA updates in its fused C decoder
+        lora = batch.seqs[0].lora if single else None
+        single = single and self.device.type == "cpu" and (lora is None or self.model.fuses_lora)
         if single and not _next_is_image_row(batch.seqs[0]):  # image rows take the batch path
             seq = batch.seqs[0]
             pos = seq.num_computed_tokens
             step = self._single(seq, block_manager)
-            hidden = self.model.decode_one(seq.token_ids[pos], step, self.kv_cache)
+            one = None if lora is None else LoraStep([(0, 1, lora)])
+            hidden = self.model.decode_one(seq.token_ids[pos], step, self.kv_cache, one)
             sample_seqs = [seq] if pos + 1 == len(seq.token_ids) else []
         else:
             hidden, sample_seqs = self._forward(batch, block_manager)

@@ -23,8 +23,9 @@ import logging
 import os
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -85,7 +86,11 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.to_rms_rows.argtypes = [p, i64, i64, f32, p, i32]
     lib.to_rms_rows.restype = None
     lib.to_decoder.argtypes = [i64, p, p, p, p, p, p, i64, i64, i64, i64, f32, f32, p, p, p, p]
-    lib.to_decoder.argtypes += [p, i64, i64, i64, i64, p, i64, p, i64, p, i32]
+    lib.to_decoder.argtypes += [p, i64, i64, i64, i64, p, i64, p, i64, p, p, p, p, i32]
+    lib.to_lora_add.argtypes = [p, p, i64, i32, p, i64, f32, p, i64, i64, i32]
+    lib.to_lora_add.restype = i32
+    lib.to_glu_act.argtypes = [p, i64, i64, p, i32]
+    lib.to_glu_act.restype = None
     lib.to_decoder.restype = i32
     lib.to_has_avx2.restype = i32
     lib.to_kv_bytes.restype = i32
@@ -257,12 +262,15 @@ class CpuOps:
         decode: tuple[int, torch.Tensor, torch.Tensor] | None,
         spans: list[tuple[int, int, int, torch.Tensor]],
         attn_out: torch.Tensor,
+        lora: LoraRows | None = None,
     ) -> None:
         """Every layer of `plan` over the rows of x [T, hidden] (contiguous fp32; replaced by
         the last layer's output): the same kernel calls LlamaModel._hidden_c makes layer by
         layer. `kv_cache` [L, 2, blocks, block_size, KVH, d]; `decode` (rows, tables int64
         [rows, W], lens int64 [rows]) for the first rows; `spans` (start, end, ctx_len,
-        block table int64) for prefill chunks; `attn_out` [T, H, d] scratch."""
+        block table int64) for prefill chunks; `attn_out` [T, H, d] scratch. `lora`: the
+        rows' LoRA adapters, each update added after its projection (gate/up's before the
+        activation, in the glu column order: `lora_table`)."""
         self._check_cache(kv_cache)
         rows, d, bs = x.shape[0], kv_cache.shape[-1], kv_cache.shape[3]
         assert x.is_contiguous() and x.dtype == torch.float32 and kv_cache.is_contiguous()
@@ -270,6 +278,12 @@ class CpuOps:
         h = torch.empty_like(x)
         f = torch.empty(rows, plan.ffn, dtype=torch.float32)
         nd, tables, lens = decode if decode is not None else (0, None, None)
+        g = None
+        if lora is not None:
+            if lora.row_slot.shape[0] != rows:
+                raise ValueError(f"LoRA slots for {lora.row_slot.shape[0]} rows; x has {rows}")
+            if lora.adapts_gate_up:
+                g = torch.empty(rows, 2 * plan.ffn, dtype=torch.float32)
         c_spans = (_Span * max(len(spans), 1))(
             *(_Span(a, b, n, t.data_ptr()) for a, b, n, t in spans)
         )
@@ -280,7 +294,9 @@ class CpuOps:
             kv_cache.data_ptr(), kv_cache.stride(0), kv_cache.stride(1), bs, nd,
             0 if tables is None else tables.data_ptr(), 0 if tables is None else tables.shape[1],
             0 if lens is None else lens.data_ptr(), len(spans), ctypes.addressof(c_spans),
-            torch.get_num_threads(),
+            None if lora is None else lora.row_slot.data_ptr(),
+            None if lora is None else ctypes.addressof(lora.slots),
+            None if g is None else g.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             layer, op = divmod(-rc - 1, 4)
@@ -288,6 +304,31 @@ class CpuOps:
             raise MemoryError(
                 f"decoder layer {layer}: the {what[op]} could not allocate its buffers"
             )
+
+    def lora_add(
+        self, lora: LoraRows, layer: int, proj: int, x: torch.Tensor, y: torch.Tensor,
+        eps: float | None = None,
+    ) -> None:  # fmt: skip
+        """y[t] += (x[t] A^T) B^T of row t's adapter for projection `proj` (0..3: qkv, o,
+        gate_up, down) of `layer`, x first divided by its RMS when `eps` is given; x [T, in]
+        and y [T, out] contiguous fp32. The decoder's own arithmetic (tests compare them)."""
+        assert x.is_contiguous() and y.is_contiguous() and x.dtype == y.dtype == torch.float32
+        rc = self.lib.to_lora_add(
+            lora.row_slot.data_ptr(), ctypes.addressof(lora.slots), layer, proj, x.data_ptr(),
+            x.shape[1], -1.0 if eps is None else eps, y.data_ptr(), y.shape[1], x.shape[0],
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise ValueError(f"a LoRA update of rank over {MAX_FUSED_RANK}")
+
+    def glu_act(self, g: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of g [T, 2 ffn] in the glu column order (16 gate columns, their
+        16 up columns, ...: quant.glu_rows) -> [T, ffn], as the quantized glu kernel stores it."""
+        g = g.contiguous()
+        out = torch.empty(g.shape[0], g.shape[1] // 2, dtype=torch.float32)
+        self.lib.to_glu_act(g.data_ptr(), g.shape[0], out.shape[1], out.data_ptr(),
+                            torch.get_num_threads())  # fmt: skip
+        return out
 
     def rms_scale(self, x: torch.Tensor, eps: float) -> float:
         """1 / RMS of the one contiguous row x [1, n]."""
@@ -306,6 +347,43 @@ class _Linear(ctypes.Structure):
         ("d", ctypes.c_void_p),
         ("m", ctypes.c_void_p),
     ]
+
+
+class _Lora(ctypes.Structure):
+    """kernels/ops.c `struct to_lora`: one projection's low-rank update (a NULL: none)."""
+
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("r", ctypes.c_int64)]
+
+
+MAX_FUSED_RANK = 256  # kernels/ops.c TO_LORA_MAX_RANK: the ranks fused into one projection
+
+
+def lora_table(layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor] | None]]) -> Any:
+    """An adapter's updates as `to_decoder` takes them: [L][4] `to_lora` (A^T [in, R] and
+    B^T [R, out], contiguous fp32 CPU tensors the caller keeps alive)."""
+    entries = []
+    for layer in layers:
+        for low in layer:
+            if low is None:
+                entries.append(_Lora(None, None, 0))
+                continue
+            a_t, b_t = low
+            if not (a_t.is_contiguous() and b_t.is_contiguous()) or a_t.dtype != torch.float32:
+                raise ValueError("a LoRA update for the C ops needs contiguous fp32 A and B")
+            if not 0 < a_t.shape[1] <= MAX_FUSED_RANK:
+                raise ValueError(f"a LoRA update of rank {a_t.shape[1]} (at most {MAX_FUSED_RANK})")
+            entries.append(_Lora(a_t.data_ptr(), b_t.data_ptr(), a_t.shape[1]))
+    return (_Lora * len(entries))(*entries)
+
+
+class LoraRows(NamedTuple):
+    """A step's adapters as the C ops take them: each row's slot (int32 [T], -1: the base)
+    and each slot's `lora_table` (pointers; the tables and their tensors kept alive by the
+    caller)."""
+
+    row_slot: torch.Tensor
+    slots: Any  # ctypes array of c_void_p
+    adapts_gate_up: bool
 
 
 class _Span(ctypes.Structure):

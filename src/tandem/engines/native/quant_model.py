@@ -16,15 +16,21 @@ CPU the C kernels pack them, elsewhere the codes stay in source order for the to
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from tandem.engines.native.adapters import GATE_UP, LoraStep
 from tandem.engines.native.model import LayerWeights, LlamaModel
 from tandem.engines.native.model_config import ModelConfig
+from tandem.engines.native.ops import CpuOps
 from tandem.engines.native.quant import (
+    GLU_ROWS,
+    PackedWeight,
     QuantLinear,
     QWeight,
     cat_rows,
     convert,
     dequantize,
+    matmul_torch,
 )
 from tandem.engines.native.quant import scale_rows as _scale_rows
 from tandem.engines.native.quant_screen import ArgmaxScreen
@@ -71,16 +77,10 @@ class QuantLlamaModel(LlamaModel):
         max_positions: int | None = None,
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
-        lora: bool = False,
     ) -> None:
-        """`lora`: keep a second gate/up projection returning [gate | up] (the glu one
-        returns silu(gate) * up), which a LoRA update of gate or up needs (adapters.py):
-        the gate/up weights twice in memory."""
         if weights_format not in ("int8", "int4"):
             raise ValueError(f"weights_format='{weights_format}'; expected int8 or int4")
         self.weights_format = weights_format
-        self._keep_plain_gate_up = lora
-        self._plain_gate_ups: list[QuantLinear] = []
         super().__init__(
             config,
             weights,  # type: ignore[arg-type]
@@ -109,18 +109,10 @@ class QuantLlamaModel(LlamaModel):
             )
             for i in range(c.num_layers)
         ]
-        if self._keep_plain_gate_up:
-            self._plain_gate_ups = [
-                QuantLinear(
-                    _to_device(
-                        cat_rows([convert(w[p + "mlp.gate_proj.weight"], fmt),
-                                  convert(w[p + "mlp.up_proj.weight"], fmt)]),
-                        dev,
-                    ),
-                    col_scale=_dense(w[p + "post_attention_layernorm.weight"]).to(dev),
-                )
-                for p in (f"model.layers.{i}." for i in range(c.num_layers))
-            ]  # fmt: skip
+        # a LoRA gate/up update goes on the glu kernel's output before its store (adapters.py)
+        self.lora_gate_up_glu = all(
+            getattr(layer.gate_up, "c_args", None) is not None for layer in self.layers
+        )
         embed = w["model.embed_tokens.weight"]
         self.embed = (embed if isinstance(embed, torch.Tensor) else dequantize(embed)).to(
             dev, torch.float32
@@ -159,13 +151,35 @@ class QuantLlamaModel(LlamaModel):
             down=linear(get("mlp.down_proj.weight")),  # type: ignore[arg-type]
         )
 
-    def plain_gate_up(self, layer: int) -> QuantLinear:  # type: ignore[override]
-        if not self._plain_gate_ups:
-            raise ValueError(
-                "this quantized model was built without lora=True: it has no plain gate/up "
-                "projection for a LoRA update of gate or up"
-            )
-        return self._plain_gate_ups[layer]
+    def lora_gate_up(
+        self, layer: int, x: torch.Tensor, xn: torch.Tensor, lora: LoraStep,
+        ops: CpuOps | None, eps: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """The glu projection's own weights without its activation (no second gate/up copy):
+        the C kernel with its plain store gives the glu column order (B's gate/up columns
+        are in that order: `lora_gate_up_glu`), the torch path [gate | up]."""
+        lin = self.layers[layer].gate_up
+        assert isinstance(lin, QuantLinear)
+        a = lin.c_args
+        if a is not None:
+            x = x.contiguous()
+            y = torch.empty(x.shape[0], a.n, dtype=torch.float32)
+            rc = a.fn(
+                x.data_ptr(), x.shape[0], a.k, 1.0, a.col_scale, a.qs, a.d, a.m, a.n,
+                y.data_ptr(), 0, torch.get_num_threads(), eps, 0,
+            )  # fmt: skip
+            if rc != 0:
+                raise RuntimeError(f"quantized GEMM failed (code {rc}) for x {tuple(x.shape)}")
+            lora.add(y, xn, layer, GATE_UP)
+            if ops is not None:
+                return ops.glu_act(y)
+            tiles = y.view(y.shape[0], -1, 2, GLU_ROWS)  # (gate, up) per tile
+            return (F.silu(tiles[:, :, 0]) * tiles[:, :, 1]).reshape(y.shape[0], -1)
+        assert not isinstance(lin.weight, PackedWeight)
+        y = matmul_torch(lin.weight, xn, col_scale=lin.col_scale)  # [gate | up]
+        lora.add(y, xn, layer, GATE_UP)
+        ffn = y.shape[1] // 2
+        return F.silu(y[:, :ffn]) * y[:, ffn:]
 
     def _place_streamed_weights(self) -> None:
         """Quantized weights are a few times smaller; they stay where they were loaded."""

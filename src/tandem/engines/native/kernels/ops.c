@@ -10,6 +10,7 @@
  *   to_prefill_attention causal attention of a prefill chunk's rows over the paged cache,
  *                        blocks of rows sharing each key / value load
  *   to_silu_mul          silu(gate) * up per row of the fused gate_up projection
+ *   to_lora_add          y += scale (x A^T) B^T per row of a LoRA adapter (issue 32)
  *   to_rms_scale         1 / RMS of one row (the RMSNorm factor; the weight is folded)
  *
  * Shapes: qkv [T, stride] with q heads at 0, k heads at H*d, v heads at (H+KVH)*d; the cache
@@ -585,6 +586,100 @@ void to_rms_rows(const float *x, int64_t T, int64_t n, float eps, float *out, in
     }
 }
 
+/* ------------------------------------------------------------------ LoRA updates */
+/* One adapter's low-rank update of one projection of one layer (tandem.engines.native.
+ * adapters): a^T [in, r] (the RMSNorm weight folded into its rows where the projection's
+ * input is normalized), b^T [r, out] (lora_alpha / rank folded in); a == NULL: none. */
+struct to_lora {
+    const float *a, *b;
+    int64_t r;
+};
+#define TO_LORA_MAX_RANK 256 /* the sum of the ranks fused into one projection (3 x 64) */
+
+/* y[t] += (s_t x[t] a^T) b^T for each row t whose slot (row_slot[t] >= 0) has an update of
+ * projection p of layer l (slot_w[slot][4 l + p]); s_t = 1 / RMS(x[t]) when eps >= 0 (the
+ * RMSNorm the quantized GEMM applies inside), else 1. Each row alone, in the same order
+ * whatever the batch (a row's result does not depend on its neighbours); the loops run
+ * over contiguous r and out, which the compiler vectorizes in every build. */
+static void lora_rows(const int32_t *row_slot, const struct to_lora *const *slot_w, int64_t l,
+                      int p, const float *x, int64_t ldx, int64_t in, float eps, float *y,
+                      int64_t ldy, int64_t out, int64_t T, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && T >= 4)
+    for (int64_t t = 0; t < T; t++) {
+        if (row_slot[t] < 0) continue;
+        const struct to_lora *w = slot_w[row_slot[t]] + 4 * l + p;
+        if (!w->a) continue;
+        const int64_t R = w->r;
+        const float *restrict xr = x + t * ldx, *restrict a = w->a, *restrict b = w->b;
+        float *restrict yr = y + t * ldy;
+        float u[TO_LORA_MAX_RANK];
+        for (int64_t r = 0; r < R; r++) u[r] = 0.f;
+        for (int64_t i = 0; i < in; i++) {
+            const float xi = xr[i];
+            const float *restrict ai = a + i * R;
+            for (int64_t r = 0; r < R; r++) u[r] += xi * ai[r];
+        }
+        if (eps >= 0.f) {
+            const float s = 1.f / sqrtf(dot(xr, xr, in) / (float)in + eps);
+            for (int64_t r = 0; r < R; r++) u[r] *= s;
+        }
+        for (int64_t r = 0; r < R; r++) {
+            const float ur = u[r];
+            const float *restrict br = b + r * out;
+            for (int64_t j = 0; j < out; j++) yr[j] += ur * br[j];
+        }
+    }
+}
+
+/* to_lora_add: lora_rows over T rows for a caller outside the decoder (tests). */
+int to_lora_add(const int32_t *row_slot, const struct to_lora *const *slot_w, int64_t l, int p,
+                const float *x, int64_t in, float eps, float *y, int64_t out, int64_t T, int nt) {
+    for (int64_t t = 0; t < T; t++) {
+        if (row_slot[t] < 0) continue;
+        const struct to_lora *w = slot_w[row_slot[t]] + 4 * l + p;
+        if (w->a && (w->r <= 0 || w->r > TO_LORA_MAX_RANK)) return -1;
+    }
+    lora_rows(row_slot, slot_w, l, p, x, in, in, eps, y, out, out, T, nt);
+    return 0;
+}
+
+/* f[t] = silu(gate) * up of g[t] [2 ffn] in the glu layout (per 32 columns 16 gate then
+ * their 16 up columns, tandem.engines.native.quant.glu_rows): the same arithmetic as the
+ * quantized kernel's own glu store (kernels/quant.c glu_store), so a row gets the same
+ * values whether its gate/up projection took a LoRA update through here or not. */
+static void glu_rows_act(const float *g, int64_t T, int64_t ffn, float *f, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && T * ffn >= 65536)
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t c = 0; c < ffn; c += 16) {
+            const float *a = g + t * 2 * ffn + 2 * c;
+            float *o = f + t * ffn + c;
+#if defined(__AVX512F__)
+            _mm512_storeu_ps(o, silu_mul_w(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)));
+#elif defined(__AVX2__)
+            for (int v = 0; v < 2; v++)
+                _mm256_storeu_ps(o + 8 * v, silu_mul_v(_mm256_loadu_ps(a + 8 * v),
+                                                       _mm256_loadu_ps(a + 16 + 8 * v)));
+#else
+            for (int j = 0; j < 16; j++) o[j] = silu_mul_s(a[j], a[16 + j]);
+#endif
+        }
+    }
+}
+
+/* to_glu_act: glu_rows_act for a caller outside the decoder (the layer-by-layer path). */
+void to_glu_act(const float *g, int64_t T, int64_t ffn, float *f, int nt) {
+    glu_rows_act(g, T, ffn, f, nt);
+}
+
+/* Does any row's slot adapt projection p of layer l? */
+static int lora_any(const int32_t *row_slot, const struct to_lora *const *slot_w, int64_t l,
+                    int p, int64_t T) {
+    if (!row_slot) return 0;
+    for (int64_t t = 0; t < T; t++)
+        if (row_slot[t] >= 0 && slot_w[row_slot[t]][4 * l + p].a) return 1;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ the whole decoder */
 /* A quantized projection as tandem.engines.native.quant passes it to tq_gemm_q4 / _q8
  * (the function is quant's: this library only calls it through the pointer). */
@@ -608,14 +703,20 @@ struct to_span { /* a prefill chunk: rows [start, end) of one sequence, ctx_len 
  *   qkv = qkv_proj(RMSNorm(x)); RoPE + K/V store; decode and prefill attention into attn;
  *   h = o_proj(attn) + x; f = silu(gate) * up of gate_up(RMSNorm(h)); x = down(f) + h.
  * lin [L][4]: qkv, o, gate_up (glu), down. x [T, hidden] is the input embedding and the
- * output; h, qkv, attn, f are scratch. The cache: layer l's K plane at cache + l * layer,
- * its V plane plane elements further. 0, or -(4 l + op + 1) for the op that failed. */
+ * output; h, qkv, attn, f are scratch. LoRA (issue 32): row_slot [T] (NULL: no adapter in
+ * the step) is each row's adapter slot (-1: the base), slot_w[slot] that adapter's [L][4]
+ * updates (rank <= TO_LORA_MAX_RANK, checked by the caller), each added after its
+ * projection's GEMM (lora_rows); a layer whose gate/up some row adapts runs that GEMM without
+ * its glu store into g [T, 2 ffn] (scratch; NULL: no adapter adapts gate/up), adds the
+ * update there and takes silu * up after (glu_rows_act). The cache: layer l's K plane at
+ * cache + l * layer, its V plane plane elements further. 0, or -(4 l + op + 1) for the op that failed. */
 int to_decoder(int64_t L, const struct to_linear *lin, float *x, float *h, float *qkv,
                float *attn, float *f, int64_t T, int64_t H, int64_t KVH, int64_t d, float eps,
                float scale, const int64_t *pos, const float *cos_t, const float *sin_t,
                const int64_t *slots, kv_t *cache, int64_t layer, int64_t plane, int64_t bs,
                int64_t nd, const int64_t *tables, int64_t W, const int64_t *lens,
-               int64_t nspans, const struct to_span *spans, int nt) {
+               int64_t nspans, const struct to_span *spans, const int32_t *row_slot,
+               const struct to_lora *const *slot_w, float *g, int nt) {
     const int64_t stride = (H + 2 * KVH) * d, hidden = lin[0].k;
     for (int64_t l = 0; l < L; l++) {
         const struct to_linear *w = lin + 4 * l;
@@ -623,6 +724,8 @@ int to_decoder(int64_t L, const struct to_linear *lin, float *x, float *h, float
         const int64_t fail = -(4 * l + 1);
         if (w[0].fn(x, T, hidden, 1.f, w[0].cs, w[0].qs, w[0].d, w[0].m, w[0].n, qkv, NULL, nt, eps, 0))
             return (int)fail;
+        if (row_slot)
+            lora_rows(row_slot, slot_w, l, 0, x, hidden, hidden, eps, qkv, stride, stride, T, nt);
         to_rope_store(qkv, T, stride, H, KVH, d, pos, cos_t, sin_t, slots, kc, vc, nt);
         if (nd && to_decode_attention(qkv, stride, nd, H, KVH, d, kc, vc, bs, tables, W, lens,
                                       scale, attn, nt))
@@ -636,10 +739,20 @@ int to_decoder(int64_t L, const struct to_linear *lin, float *x, float *h, float
         }
         if (w[1].fn(attn, T, H * d, 1.f, w[1].cs, w[1].qs, w[1].d, w[1].m, w[1].n, h, x, nt, -1.f, 0))
             return (int)(fail - 2);
-        if (w[2].fn(h, T, hidden, 1.f, w[2].cs, w[2].qs, w[2].d, w[2].m, w[2].n, f, NULL, nt, eps, 1))
+        if (row_slot)
+            lora_rows(row_slot, slot_w, l, 1, attn, H * d, H * d, -1.f, h, hidden, hidden, T, nt);
+        if (g && lora_any(row_slot, slot_w, l, 2, T)) { /* the update goes before silu * up */
+            if (w[2].fn(h, T, hidden, 1.f, w[2].cs, w[2].qs, w[2].d, w[2].m, w[2].n, g, NULL, nt, eps, 0))
+                return (int)(fail - 2);
+            lora_rows(row_slot, slot_w, l, 2, h, hidden, hidden, eps, g, w[2].n, w[2].n, T, nt);
+            glu_rows_act(g, T, w[2].n / 2, f, nt);
+        } else if (w[2].fn(h, T, hidden, 1.f, w[2].cs, w[2].qs, w[2].d, w[2].m, w[2].n, f, NULL, nt,
+                           eps, 1))
             return (int)(fail - 2);
         if (w[3].fn(f, T, w[3].k, 1.f, w[3].cs, w[3].qs, w[3].d, w[3].m, w[3].n, x, h, nt, -1.f, 0))
             return (int)(fail - 3);
+        if (row_slot)
+            lora_rows(row_slot, slot_w, l, 3, f, w[3].k, w[3].k, -1.f, x, hidden, hidden, T, nt);
     }
     return 0;
 }

@@ -286,7 +286,7 @@ def test_lora_add_is_each_rows_low_rank_update(ops):
     an adapter without that projection; ranks and widths off the vector width."""
     torch.manual_seed(5)
     n_in, n_out = 40, 50
-    lows = [(torch.randn(n_in, r), torch.randn(r, n_out)) for r in (5, 17)]
+    lows = [(torch.randn(r, n_in), torch.randn(r, n_out)) for r in (5, 17)]
     tables = [lora_table([[None] * 4, [None, None, low, None]]) for low in lows]
     tables.append(lora_table([[None] * 4, [lows[0], None, None, None]]))  # not projection 2
     slots = (ctypes.c_void_p * 3)(*(ctypes.addressof(t) for t in tables))
@@ -300,12 +300,12 @@ def test_lora_add_is_each_rows_low_rank_update(ops):
         expected = y0.clone()
         for t, slot in enumerate(row_slot.tolist()):
             if slot in (0, 1):
-                a_t, b_t = lows[slot]
-                expected[t] += (xn[t] @ a_t) @ b_t
+                a, b_t = lows[slot]
+                expected[t] += (xn[t] @ a.t()) @ b_t
         torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-5)
         assert torch.equal(y[[1, 4]], y0[[1, 4]])
     with pytest.raises(ValueError, match="rank 300"):
-        lora_table([[(torch.randn(8, 300), torch.randn(300, 8)), None, None, None]])
+        lora_table([[(torch.randn(300, 8), torch.randn(300, 8)), None, None, None]])
 
 
 def test_glu_act_is_silu_mul_in_the_packed_glu_order(ops):

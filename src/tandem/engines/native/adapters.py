@@ -2,7 +2,7 @@
 
 The model fuses Q/K/V and gate/up into one projection each and folds each RMSNorm weight
 into the projection after it (model.py), so an adapter is laid out the same way once, at
-load: per layer and fused projection one A^T [in, R] (the norm weight folded into its rows,
+load: per layer and fused projection one A [R, in] (the norm weight folded into its columns,
 as PEFT's q_proj sees norm(x) * g) and one B^T [R, out] (lora_alpha / r folded in, and the
 attention scale where the model folds it into the Q rows), R the sum of the ranks of the
 modules it adapts there; a module it does not adapt has no columns. A projection's update is
@@ -54,7 +54,7 @@ class BaseModel(Protocol):
 
 
 class LowRank(NamedTuple):
-    a_t: torch.Tensor  # [in, R]
+    a: torch.Tensor  # [R, in] (each rank's row contiguous: the C update's dot products)
     b_t: torch.Tensor  # [R, out], scale folded in
 
 
@@ -129,7 +129,7 @@ def prepare(weights: LoraWeights, model: BaseModel) -> NativeAdapter:
                 b_t = b_t[:, _glu_order(offset)]
             fused.append(
                 LowRank(
-                    a.t().to(model.device, model.dtype).contiguous(),
+                    a.to(model.device, model.dtype).contiguous(),
                     b_t.to(model.device, model.dtype).contiguous(),
                 )
             )
@@ -169,7 +169,7 @@ class LoraStep:
         for start, end, adapter in self.segments:
             low = adapter.layers[layer][proj]
             if low is not None:
-                y[start:end].addmm_(torch.mm(x[start:end], low.a_t), low.b_t)
+                y[start:end].addmm_(torch.mm(x[start:end], low.a.t()), low.b_t)
 
     def c_rows(self, num_rows: int) -> LoraRows:
         """Each of the `num_rows` rows' adapter slot and each slot's table, for the C ops

@@ -359,7 +359,7 @@ MAX_FUSED_RANK = 256  # kernels/ops.c TO_LORA_MAX_RANK: the ranks fused into one
 
 
 def lora_table(layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor] | None]]) -> Any:
-    """An adapter's updates as `to_decoder` takes them: [L][4] `to_lora` (A^T [in, R] and
+    """An adapter's updates as `to_decoder` takes them: [L][4] `to_lora` (A [R, in] and
     B^T [R, out], contiguous fp32 CPU tensors the caller keeps alive)."""
     entries = []
     for layer in layers:
@@ -367,12 +367,12 @@ def lora_table(layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor] | Non
             if low is None:
                 entries.append(_Lora(None, None, 0))
                 continue
-            a_t, b_t = low
-            if not (a_t.is_contiguous() and b_t.is_contiguous()) or a_t.dtype != torch.float32:
+            a, b_t = low
+            if not (a.is_contiguous() and b_t.is_contiguous()) or a.dtype != torch.float32:
                 raise ValueError("a LoRA update for the C ops needs contiguous fp32 A and B")
-            if not 0 < a_t.shape[1] <= MAX_FUSED_RANK:
-                raise ValueError(f"a LoRA update of rank {a_t.shape[1]} (at most {MAX_FUSED_RANK})")
-            entries.append(_Lora(a_t.data_ptr(), b_t.data_ptr(), a_t.shape[1]))
+            if not 0 < a.shape[0] <= MAX_FUSED_RANK:
+                raise ValueError(f"a LoRA update of rank {a.shape[0]} (at most {MAX_FUSED_RANK})")
+            entries.append(_Lora(a.data_ptr(), b_t.data_ptr(), a.shape[0]))
     return (_Lora * len(entries))(*entries)
 
 

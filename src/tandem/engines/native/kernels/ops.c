@@ -588,7 +588,7 @@ void to_rms_rows(const float *x, int64_t T, int64_t n, float eps, float *out, in
 
 /* ------------------------------------------------------------------ LoRA updates */
 /* One adapter's low-rank update of one projection of one layer (tandem.engines.native.
- * adapters): a^T [in, r] (the RMSNorm weight folded into its rows where the projection's
+ * adapters): a [r, in] (the RMSNorm weight folded into its columns where the projection's
  * input is normalized), b^T [r, out] (lora_alpha / rank folded in); a == NULL: none. */
 struct to_lora {
     const float *a, *b;
@@ -599,8 +599,9 @@ struct to_lora {
 /* y[t] += (s_t x[t] a^T) b^T for each row t whose slot (row_slot[t] >= 0) has an update of
  * projection p of layer l (slot_w[slot][4 l + p]); s_t = 1 / RMS(x[t]) when eps >= 0 (the
  * RMSNorm the quantized GEMM applies inside), else 1. Each row alone, in the same order
- * whatever the batch (a row's result does not depend on its neighbours); the loops run
- * over contiguous r and out, which the compiler vectorizes in every build. */
+ * whatever the batch (a row's result does not depend on its neighbours): x a^T as one dot
+ * product a rank (each a row of a), then 32 outputs at a time summed over the ranks in
+ * registers (constant-length loops the compiler vectorizes in every build). */
 static void lora_rows(const int32_t *row_slot, const struct to_lora *const *slot_w, int64_t l,
                       int p, const float *x, int64_t ldx, int64_t in, float eps, float *y,
                       int64_t ldy, int64_t out, int64_t T, int nt) {
@@ -613,20 +614,23 @@ static void lora_rows(const int32_t *row_slot, const struct to_lora *const *slot
         const float *restrict xr = x + t * ldx, *restrict a = w->a, *restrict b = w->b;
         float *restrict yr = y + t * ldy;
         float u[TO_LORA_MAX_RANK];
-        for (int64_t r = 0; r < R; r++) u[r] = 0.f;
-        for (int64_t i = 0; i < in; i++) {
-            const float xi = xr[i];
-            const float *restrict ai = a + i * R;
-            for (int64_t r = 0; r < R; r++) u[r] += xi * ai[r];
+        const float s = eps >= 0.f ? 1.f / sqrtf(dot(xr, xr, in) / (float)in + eps) : 1.f;
+        for (int64_t r = 0; r < R; r++) u[r] = s * dot(xr, a + r * in, in);
+        int64_t j = 0;
+        for (; j + 32 <= out; j += 32) { /* 32 outputs in registers across the ranks */
+            float acc[32];
+            for (int c = 0; c < 32; c++) acc[c] = yr[j + c];
+            for (int64_t r = 0; r < R; r++) {
+                const float ur = u[r];
+                const float *restrict br = b + r * out + j;
+                for (int c = 0; c < 32; c++) acc[c] += ur * br[c];
+            }
+            for (int c = 0; c < 32; c++) yr[j + c] = acc[c];
         }
-        if (eps >= 0.f) {
-            const float s = 1.f / sqrtf(dot(xr, xr, in) / (float)in + eps);
-            for (int64_t r = 0; r < R; r++) u[r] *= s;
-        }
-        for (int64_t r = 0; r < R; r++) {
-            const float ur = u[r];
-            const float *restrict br = b + r * out;
-            for (int64_t j = 0; j < out; j++) yr[j] += ur * br[j];
+        for (; j < out; j++) {
+            float acc = yr[j];
+            for (int64_t r = 0; r < R; r++) acc += u[r] * b[r * out + j];
+            yr[j] = acc;
         }
     }
 }

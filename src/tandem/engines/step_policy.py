@@ -134,11 +134,63 @@ def victim(running: Iterable[S], needy: Seated, held: Shares) -> S | None:
     return chosen
 
 
+def next_foreground(waiting: Sequence[Seated], held: Shares) -> int | None:
+    """Index in `waiting` (queue order) of the first sequence nobody outranks, in the most
+    urgent class waiting; None when every waiting one is background."""
+    klass = waiting[0].priority
+    for i, seq in enumerate(waiting):
+        if seq.priority != klass:
+            return None
+        if not held.is_background(seq):
+            return i
+    return None
+
+
+def free_a_seat(
+    needy: Seated,
+    running: Iterable[S],
+    scheduled: Iterable[tuple[S, int]],
+    held: Shares | None,
+    preempt: Callable[[S], None],
+) -> bool:
+    """Every seat is taken and `needy` waits: preempt (`preempt`) the running sequence it
+    outranks most (`victim`; none given tokens this step yet) and count its seat out of
+    `held`. False when it outranks nobody, or without `held` (one class and tenant)."""
+    if held is None:
+        return False
+    done = {id(s) for s, _ in scheduled}
+    chosen = victim((s for s in running if id(s) not in done), needy, held)
+    if chosen is None:
+        return False
+    preempt(chosen)
+    held.move(chosen, -1)
+    return True
+
+
 class Allowance(NamedTuple):
     """What the background may add to a step: decode tokens, then prefill tokens."""
 
     num_decodes: int
     num_prefill_tokens: int
+
+
+class AllowanceLeft:
+    """What is left of an `Allowance` while a step's background sequences take from it."""
+
+    def __init__(self, allowance: Allowance) -> None:
+        self.num_decodes, self.num_prefill_tokens = allowance
+
+    def take(self, num_left: int, num_new: int) -> int:
+        """`num_new` tokens for a sequence with `num_left` to compute, cut to what is left: a
+        prefill (more than one token left) draws on the prefill tokens, a decode on the
+        decodes."""
+        if num_left > 1:
+            num_new = min(num_new, self.num_prefill_tokens)
+            self.num_prefill_tokens -= num_new
+        else:
+            num_new = min(num_new, self.num_decodes)
+            self.num_decodes -= num_new
+        return num_new
 
 
 def background_allowance(

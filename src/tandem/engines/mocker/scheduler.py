@@ -186,19 +186,14 @@ class Scheduler:
         `allowance`, no more decodes and prefill tokens than it allows (a sequence left out
         keeps its seat and blocks). Returns where it stopped, the budget left and whether it
         preempted (which ends the step's scheduling)."""
-        decodes_left, prefill_left = allowance or (0, 0)
+        left = None if allowance is None else step_policy.AllowanceLeft(allowance)
         preempted = False
         while idx < len(self._running) and (stop is None or idx < stop) and budget > 0:
             seq = self._running[idx]
             num_left = len(seq.token_ids) - seq.num_computed_tokens
             num_new = min(num_left, budget)
-            if allowance is not None:
-                if num_left > 1:
-                    num_new = min(num_new, prefill_left)
-                    prefill_left -= num_new
-                else:
-                    num_new = min(num_new, decodes_left)
-                    decodes_left -= num_new
+            if left is not None:
+                num_new = left.take(num_left, num_new)
                 if num_new == 0:
                     idx += 1
                     continue
@@ -310,19 +305,13 @@ class Scheduler:
         outranks preempted for a seat. Returns the budget left."""
         size = self.config.block_size
         while self._waiting and budget > 0:
-            i = 0 if held is None else self._next_foreground(held)
+            i = 0 if held is None else step_policy.next_foreground(self._waiting, held)
             if i is None:
                 return budget
             seq = self._waiting[i]
             if len(self._running) >= self.config.max_num_seqs:
-                done = {id(s) for s, _ in scheduled}
-                victim = None if held is None else step_policy.victim(
-                    (s for s in self._running if id(s) not in done), seq, held
-                )  # fmt: skip
-                if victim is None:
+                if not step_policy.free_a_seat(seq, self._running, scheduled, held, self._preempt):
                     return budget
-                self._preempt(victim)
-                held.move(victim, -1)  # type: ignore[union-attr]
                 i = self._waiting.index(seq)  # the victim may have been requeued ahead of it
             # at least one token is always computed, so the last block is never a hit
             hashes = seq.hashes_upto((len(seq.token_ids) - 1) // size)
@@ -347,17 +336,6 @@ class Scheduler:
             scheduled.append((seq, num_new))
             budget -= num_new
         return budget
-
-    def _next_foreground(self, held: step_policy.Shares) -> int | None:
-        """Index of the first waiting sequence that nobody outranks, in the most urgent
-        class waiting; None when every waiting one is background."""
-        klass = self._waiting[0].priority
-        for i, seq in enumerate(self._waiting):
-            if seq.priority != klass:
-                return None
-            if not held.is_background(seq):
-                return i
-        return None
 
     # ------------------------------------------------------------------ helpers
     def _onboard(self, seq: Sequence, hashes: list[int], num_hits: int) -> list[int]:

@@ -143,18 +143,13 @@ class Scheduler:
         order, taking them out of it (with an `allowance`, no more decodes and prefill
         tokens than it allows; one left out keeps its seat and blocks; a victim for blocks
         is any of `queue`); returns the budget left."""
-        decodes_left, prefill_left = allowance or (0, 0)
+        left = None if allowance is None else step_policy.AllowanceLeft(allowance)
         while queue and budget > 0 and (num is None or num > 0):
             seq = queue.pop(0)
             num = None if num is None else num - 1
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if allowance is not None:
-                if seq.num_uncomputed_tokens > 1:
-                    num_new = min(num_new, prefill_left)
-                    prefill_left -= num_new
-                else:
-                    num_new = min(num_new, decodes_left)
-                    decodes_left -= num_new
+            if left is not None:
+                num_new = left.take(seq.num_uncomputed_tokens, num_new)
                 if num_new == 0:
                     continue
             seq.draft_token_ids = []
@@ -218,19 +213,15 @@ class Scheduler:
         full. Returns the budget left."""
         bm = self.block_manager
         while self.waiting and budget > 0:
-            i = 0 if held is None else self._next_foreground(held)
+            i = 0 if held is None else step_policy.next_foreground(self.waiting, held)
             if i is None:
                 break
             seq = self.waiting[i]
-            if len(self.running) >= self.max_num_seqs:
-                done = {id(s) for s, _ in scheduled}
-                victim = None if held is None else step_policy.victim(
-                    (s for s in self.running if id(s) not in done), seq, held
-                )  # fmt: skip
-                if victim is None:
-                    break
-                self._preempt(victim)
-                held.move(victim, -1)  # type: ignore[union-attr]
+            seats_full = len(self.running) >= self.max_num_seqs
+            if seats_full and not step_policy.free_a_seat(
+                seq, self.running, scheduled, held, self._preempt
+            ):
+                break
             cached = bm.match_prefix(seq)
             if self.onboard is not None:
                 cached += self.onboard(seq, cached)
@@ -252,17 +243,6 @@ class Scheduler:
             scheduled.append((seq, num_new))
             budget -= num_new
         return budget
-
-    def _next_foreground(self, held: step_policy.Shares) -> int | None:
-        """Index of the first waiting sequence nobody outranks, in the most urgent class
-        waiting; None when every waiting one is background."""
-        klass = self.waiting[0].priority
-        for i, seq in enumerate(self.waiting):
-            if seq.priority != klass:
-                return None
-            if not held.is_background(seq):
-                return i
-        return None
 
     def _add_drafts(self, scheduled: list[tuple[Sequence, int]], budget: int) -> None:
         """Give decoding sequences their drafts from what the step left: budget and free

@@ -609,6 +609,19 @@ static void quantize_row(const float *x, int64_t K, float alpha, float eps, cons
     }
 }
 
+/* the 32 columns' codes of one packed quad run at `p` as two vectors of bytes: q4's low and
+ * high nibbles, or q8's two 32-byte halves (64 bytes apart) */
+INLINE void load_codes(int kind, const uint8_t *p, __m256i low, __m256i c[2]) {
+    if (kind == 4) {
+        const __m256i b = _mm256_loadu_si256((const __m256i *)p);
+        c[0] = _mm256_and_si256(b, low);
+        c[1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    } else {
+        c[0] = _mm256_loadu_si256((const __m256i *)p);
+        c[1] = _mm256_loadu_si256((const __m256i *)(p + 64));
+    }
+}
+
 /* R rows x one tile, half h of the columns (8h.. and 16 + 8h..): q . xh and q . xl per
  * group into the fp32 accumulators acc[r][v] (v: columns 8v..8v+7) */
 INLINE void vhalf(int R, int kind, int h, const uint8_t *q, const float *d, const float *m,
@@ -619,16 +632,8 @@ INLINE void vhalf(int R, int kind, int h, const uint8_t *q, const float *d, cons
     __m256i ih[VR][2], il[VR][2];
     for (int r = 0; r < R; r++) ih[r][0] = ih[r][1] = il[r][0] = il[r][1] = _mm256_setzero_si256();
     for (int64_t j = g * (GROUP / 4); j < (g + 1) * (GROUP / 4); j++) {
-        const uint8_t *p = q + j * qb + 32 * h;
         __m256i c[2];
-        if (kind == 4) {
-            const __m256i b = _mm256_loadu_si256((const __m256i *)p);
-            c[0] = _mm256_and_si256(b, low);
-            c[1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-        } else {
-            c[0] = _mm256_loadu_si256((const __m256i *)p);
-            c[1] = _mm256_loadu_si256((const __m256i *)(p + 64));
-        }
+        load_codes(kind, q + j * qb + 32 * h, low, c);
         for (int r = 0; r < R; r++) {
             const __m256i bh = bcast4(xh + r * K + 4 * j), bl = bcast4(xl + r * K + 4 * j);
             for (int v = 0; v < 2; v++) {
@@ -704,16 +709,8 @@ static void widen_tile(int kind, const uint8_t *q, int64_t K, int16_t *w) {
     for (int64_t j = 0; j < K / 4; j++) {
         int16_t *o = w + j * 128; /* k-pairs 2j and 2j + 1 */
         for (int h = 0; h < 2; h++) {
-            const uint8_t *p = q + j * qb + 32 * h;
             __m256i c[2]; /* columns 8h.. and 16 + 8h.., 4 k a lane */
-            if (kind == 4) {
-                const __m256i b = _mm256_loadu_si256((const __m256i *)p);
-                c[0] = _mm256_and_si256(b, low);
-                c[1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-            } else {
-                c[0] = _mm256_loadu_si256((const __m256i *)p);
-                c[1] = _mm256_loadu_si256((const __m256i *)(p + 64));
-            }
+            load_codes(kind, q + j * qb + 32 * h, low, c);
             for (int v = 0; v < 2; v++) {
                 const int cv = 2 * v + h; /* columns 8 cv.. */
                 _mm256_store_si256((__m256i *)(o + 16 * cv), _mm256_shuffle_epi8(c[v], s0));

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from tests.support import transfer_agents
 
 from tandem.errors import TransferError
-from tandem.transfer import OpRef, RegionLayout, TransferAgent, TransferAgentConfig
+from tandem.transfer import OpRef, RegionLayout, TransferAgent
 
 pytestmark = pytest.mark.timeout(30)
 LAYOUT = RegionLayout.for_kv_cache(
@@ -20,13 +21,7 @@ LAYOUT = RegionLayout.for_kv_cache(
 
 
 def make_agent(name: str, backends: tuple[str, ...], *, shm: bool, seed: int) -> TransferAgent:
-    agent = TransferAgent(TransferAgentConfig(agent_id=name, backends=backends))
-    if shm:
-        region = agent.create_region("kv", LAYOUT)
-    else:
-        region = agent.register_region("kv", np.zeros(LAYOUT.span_bytes, np.uint8), LAYOUT)
-    region.data[:] = np.random.default_rng(seed).integers(0, 256, region.data.size, np.uint8)
-    return agent
+    return transfer_agents.make_agent(name, backends, LAYOUT, shm=shm, seed=seed)
 
 
 @pytest.fixture(params=["shm", "tcp"])

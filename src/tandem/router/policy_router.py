@@ -13,20 +13,12 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Required, TypedDict
 
-import msgspec
-
 from tandem.engines import step_policy
 from tandem.errors import DeadlineExceeded, InvalidRequest, NoWorkersAvailable, Overloaded
 from tandem.protocols.discovery import Instance, InstanceEvent
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.kv_events import LoadMetrics
-from tandem.protocols.lora import (
-    UNLOAD_ENDPOINT,
-    LoraEvent,
-    LoraUnloadRequest,
-    encode,
-    lora_events_subject,
-)
+from tandem.protocols.lora import lora_events_subject
 from tandem.protocols.tenancy import BATCH_PRIORITY, DEFAULT_TENANT
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
@@ -34,6 +26,7 @@ from tandem.router.cost import CandidateCost
 from tandem.router.decision_log import DecisionLog
 from tandem.router.load import LoadTracker
 from tandem.router.lora import LoraPlacement, Plan
+from tandem.router.lora_link import ColdUnloads, follow_lora_events
 from tandem.router.metrics import RouterMetrics
 from tandem.router.queue import RequestQueue, Waiter
 from tandem.router.session import SessionSync, SessionTable
@@ -42,7 +35,6 @@ from tandem.runtime import tracing
 from tandem.runtime.base import RequestClient, Subscription
 
 logger = logging.getLogger(__name__)
-_lora_event = msgspec.msgpack.Decoder(LoraEvent)
 
 
 class PolicyRouterWiring(TypedDict, total=False):
@@ -132,7 +124,7 @@ class PolicyRouter:
         self._lora_requests: set[str] = set()  # routed with an adapter, until they finish
         # asks workers to unload cold adapters (the KV router sets it: it has a client)
         self.lora_client: RequestClient | None = None
-        self._lora_unloads: set[asyncio.Task[None]] = set()
+        self._lora_unloads = ColdUnloads()
 
     def subject(self, name: str) -> str:
         return f"{self.namespace}.{self.config.worker_component}.{name}"
@@ -150,7 +142,10 @@ class PolicyRouter:
             if self._events is not None:
                 subject = lora_events_subject(self.namespace, self.config.worker_component)
                 lora_sub = await self._events.subscribe(subject)
-                self._spawn(self._follow_loras(lora_sub), "lora_events")
+                self._spawn(
+                    follow_lora_events(lora_sub, self.lora, self._instances),
+                    "lora_events",
+                )
         if self._events is not None:
             sub = await self._events.subscribe(self.subject("load_metrics"))
             self._spawn(self._follow_loads(sub), "load_metrics")
@@ -186,26 +181,11 @@ class PolicyRouter:
         finally:
             await sub.close()
 
-    async def _follow_loras(self, sub: Subscription) -> None:
-        """Apply the workers' LoraEvents (a malformed one is dropped, logged)."""
-        try:
-            async for subject, payload in sub:
-                try:
-                    event = _lora_event.decode(payload)
-                except msgspec.MsgspecError:
-                    logger.warning("malformed LoRA event on %s dropped", subject)
-                    continue
-                if self.lora is not None and event.worker_id in self._instances.instances:
-                    self.lora.apply_event(event)
-        finally:
-            await sub.close()
-
     def _on_load(self, metrics: LoadMetrics) -> None:
         """Hook: the KV router checks the worker's reported KV event id."""
 
     async def close(self) -> None:
-        for unload in list(self._lora_unloads):
-            unload.cancel()
+        self._lora_unloads.cancel_all()
         if self._session_sync is not None:
             await self._session_sync.close()
         for task in self._tasks:
@@ -492,34 +472,11 @@ class PolicyRouter:
         """Nothing to do for load-only policies."""
 
     def _unload_cold(self, worker_id: str, name: str) -> None:
-        """Ask `worker_id` to unload the cold adapter `name` (router/lora.py `is_cold`), in a
-        task; a failure (gone already, worker busy) only costs the slot until its LRU."""
+        """Ask `worker_id` to unload the cold adapter `name` (router/lora_unload.py)."""
         instance = self._instances.instances.get(worker_id)
-        client = self.lora_client
-        if instance is None or client is None:
-            return
-
-        async def unload() -> None:
-            path = f"{self.namespace}.{self.config.worker_component}.{UNLOAD_ENDPOINT}"
-            try:
-                async for _ in client.stream(
-                    instance.address,
-                    path,
-                    encode(LoraUnloadRequest(name=name)),
-                    request_id=f"lora-unload-{name}-{worker_id}"[:128],
-                    deadline_s=time.time() + 5.0,
-                ):
-                    pass
-            except Exception as exc:  # task boundary: the adapter just stays until its LRU
-                logger.debug("unloading cold LoRA adapter %s on worker_id=%s: %s", name,
-                             worker_id, exc)  # fmt: skip
-
-        try:
-            task = asyncio.get_running_loop().create_task(unload(), name="router-lora-unload")
-        except RuntimeError:
-            return  # no loop (a synchronous caller): nothing to ask
-        self._lora_unloads.add(task)
-        task.add_done_callback(self._lora_unloads.discard)
+        if instance is not None and self.lora_client is not None:
+            subject = f"{self.namespace}.{self.config.worker_component}"
+            self._lora_unloads.ask(self.lora_client, instance, subject, name)
 
     def _book_lora(
         self, request: PreprocessedRequest, chosen: Instance, details: dict[str, Any]

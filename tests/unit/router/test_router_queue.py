@@ -243,3 +243,33 @@ async def test_the_batch_class_leaves_headroom_for_interactive_requests() -> Non
     for task in lines:
         task.cancel()
     await router.close()
+
+
+async def test_load_updates_schedule_no_dispatch_while_nothing_is_queued() -> None:
+    """An idle router gets load updates many times a second: they must not each schedule a
+    dispatch pass (one ran outside any task and showed in the request walk's idle window);
+    with a request queued they do."""
+    router = await start_router()
+    dispatches = 0
+    original = router._dispatch
+
+    def counted() -> None:
+        nonlocal dispatches
+        dispatches += 1
+        original()
+
+    router._wake._dispatch = counted
+    for _ in range(5):
+        router._wake.set()
+    await asyncio.sleep(0.01)
+    assert dispatches == 0
+    await router.route(req("a"))  # takes the only slot
+    waiting = asyncio.create_task(router.route(req("b")))
+    await asyncio.sleep(0.01)
+    before = dispatches
+    router._wake.set()
+    await asyncio.sleep(0.01)
+    assert dispatches > before
+    router.on_finish("a")
+    await asyncio.wait_for(waiting, 5)
+    await router.close()

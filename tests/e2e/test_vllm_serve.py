@@ -197,7 +197,7 @@ def test_vllm_prometheus_metrics_are_served_by_each_worker(stack: Stack) -> None
     urls = stack.metrics_urls()
     assert len(urls) == 2
     for url in urls:
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        body = _scrape(url)
         assert "vllm:num_requests_running" in body and "vllm:kv_cache_usage_perc" in body
 
 
@@ -298,10 +298,16 @@ def test_penalties_logit_bias_and_structured_output_reach_vllm(stack: Stack, hf_
         _generate(stack, _request(prompt, 2, structured=StructuredOutput(kind="json_schema")))
 
 
+def _scrape(url: str) -> str:
+    """A worker's metrics page. Its server is a thread in the worker process, which vLLM's CPU
+    threads and CI's other half can starve for seconds (a 5 s timeout failed CI once)."""
+    return urllib.request.urlopen(url, timeout=60).read().decode()
+
+
 def _running(stack: Stack) -> float:
     total = 0.0
     for url in stack.metrics_urls():
-        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        body = _scrape(url)
         for m in re.finditer(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", body, re.M):
             total += float(m.group(1))
     return total
@@ -489,7 +495,7 @@ def test_greedy_output_equals_vllms_own_openai_server(stack: Stack, successors: 
 
 def _metric_sum(url: str, name: str, label: str = "") -> float:
     """Sum of the metric's samples whose labels contain `label`."""
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    body = _scrape(url)
     pattern = rf"^{name}(?:{{([^}}]*)}})? ([0-9.e+-]+)$"
     return sum(float(v) for labels, v in re.findall(pattern, body, re.M) if label in labels)
 

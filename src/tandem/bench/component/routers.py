@@ -3,7 +3,8 @@ user would pick instead, over identical mocker backends, in one run.
 
 Systems (`--systems`, in order):
 - `kv`, `round_robin`, ... (or `tandem:kv`): `tandem serve --engine mocker --workers N
-  --router MODE`;
+  --router MODE`; `kv+fetch`: the same with `--kv-fetch` (the workers export and pull cached
+  prefixes, and the KV router hints peer fetches where a fetch beats recomputing);
 - `dynamo:kv`: Dynamo 1.6.1's frontend and KV router over N of its own mockers (anchors/dynamo;
   same block size, pool and batch limits as tandem's mocker);
 - `smg:cache_aware`, `vllm-router:cache_aware` (any policy after the colon): SMG 1.13.0 / vLLM
@@ -21,8 +22,8 @@ ends), and CPU ms per answered request of the process
 that routes (tandem's and Dynamo's frontend, the SMG / vLLM router process) and of every process
 that routes, tokenizes or streams (for SMG and the vLLM router: the router plus the backends'
 frontends), from /proc over the load. A tandem row also gives the peer KV fetches its router
-hinted and their blocks (`--tandem-args=--kv-fetch` starts the workers with peer fetch); a
-fetched block counts as cached, as the oracle counts every block computed before anywhere.
+hinted and their blocks (the `kv+fetch` row starts the workers with peer fetch); a fetched
+block counts as cached, as the oracle counts every block computed before anywhere.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from tandem.engines.mocker.config import MockerConfig
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SYSTEMS = "round_robin,kv,dynamo:kv,smg:cache_aware,vllm-router:cache_aware"
+DEFAULT_SYSTEMS = "round_robin,kv,kv+fetch,dynamo:kv,smg:cache_aware,vllm-router:cache_aware"
 PROMPT_VARIANTS = ("tokens", "text")
 WORKLOADS = ("mooncake", "agents", "flags")
 
@@ -68,14 +69,17 @@ WORKLOADS = ("mooncake", "agents", "flags")
 class System:
     kind: str  # "tandem" | "dynamo" | "smg" | "vllm-router"
     policy: str
+    fetch: bool = False  # tandem with --kv-fetch (peer KV fetch; the kv router only)
 
     @property
     def name(self) -> str:
-        return self.policy if self.kind == "tandem" else f"{self.kind}:{self.policy}"
+        name = self.policy + ("+fetch" if self.fetch else "")
+        return name if self.kind == "tandem" else f"{self.kind}:{name}"
 
 
 def parse_systems(text: str) -> list[System]:
-    """`kv,round_robin,dynamo:kv,smg:cache_aware,...` → systems; a clear error on unknown kinds."""
+    """`kv,kv+fetch,round_robin,dynamo:kv,smg:cache_aware,...` → systems; a clear error on
+    unknown kinds, and on `+fetch` anywhere but tandem's kv router (the only one that hints)."""
     systems = []
     for item in (s.strip() for s in text.split(",")):
         if not item:
@@ -87,9 +91,12 @@ def parse_systems(text: str) -> list[System]:
                 f"unknown system {item!r}; expected MODE, tandem:MODE, dynamo:MODE, "
                 "smg:POLICY or vllm-router:POLICY"
             )
+        policy, plus, extra = policy.partition("+")
         if not policy:
             raise ValueError(f"system {item!r} names no policy")
-        systems.append(System(kind, policy))
+        if plus and (extra != "fetch" or kind != "tandem" or policy != "kv"):
+            raise ValueError(f"system {item!r}: only tandem's kv router takes '+fetch' (kv+fetch)")
+        systems.append(System(kind, policy, fetch=bool(plus)))
     if not systems:
         raise ValueError("--systems names no system")
     return systems
@@ -216,7 +223,7 @@ def start_system(
             speedup_ratio=args.speedup_ratio,
             speedup_ratios=ratios,
             extra_args=args.tandem_args,
-            engine_args=mocker_engine_args(args),
+            engine_args=mocker_engine_args(args) + (" --kv-fetch" if system.fetch else ""),
         ) as stack:
             pids = (stack.frontend_pid, *stack.replica_pids)
             yield Target(stack.url, stack.model, stack.frontend_pid, pids)

@@ -58,8 +58,13 @@ def test_agent_sessions_grow_each_turn_over_a_shared_system_prompt() -> None:
 
 
 def test_systems_workers_and_prompts_parse_or_fail_clearly() -> None:
-    systems = routers.parse_systems("kv, tandem:round_robin,dynamo:kv,smg:cache_aware")
-    assert [s.name for s in systems] == ["kv", "round_robin", "dynamo:kv", "smg:cache_aware"]
+    systems = routers.parse_systems("kv, tandem:round_robin,kv+fetch,dynamo:kv,smg:cache_aware")
+    names = ["kv", "round_robin", "kv+fetch", "dynamo:kv", "smg:cache_aware"]
+    assert [s.name for s in systems] == names
+    assert [s.fetch for s in systems] == [False, False, True, False, False]
+    for wrong in ("round_robin+fetch", "dynamo:kv+fetch", "kv+cache"):
+        with pytest.raises(ValueError, match=r"only tandem's kv router takes '\+fetch'"):
+            routers.parse_systems(wrong)
     assert routers.parse_workers("4,8") == [4, 8]
     assert routers.parse_prompts("text") == ["text"]
     with pytest.raises(ValueError, match="unknown system"):

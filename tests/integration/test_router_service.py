@@ -24,8 +24,10 @@ from tandem.frontend.config import FrontendConfig
 from tandem.frontend.migration import EngineStreamer
 from tandem.frontend.serve import serve_frontend
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
+from tandem.protocols.tenancy import DEFAULT_TENANT
 from tandem.router.config import RouterConfig
 from tandem.router.kv_router import KvRouter
+from tandem.router.queue import OUTPUT_TOKEN_WEIGHT
 from tandem.router.registry import make_router
 from tandem.router.remote import RemoteRouter
 from tandem.router.service import RouterService
@@ -127,16 +129,19 @@ async def test_notices_settle_prefill_then_free() -> None:
         kv = c.service.router  # type: ignore[union-attr]
         remote = await c.remote()
         await eventually(lambda: len(remote.services.instances) == 1)
-        decision = await remote.route(req("r1", list(range(BS * 10))))
+        decision = await remote.route(req("r1", list(range(BS * 10)), max_tokens=300))
         assert len(kv.active) == 1
+        charged = kv.queue.served_tokens[DEFAULT_TENANT]  # its fair-share charge: 300 expected
         assert kv.active.num_prefill_tokens(decision.instance_id) == BS * 10
         remote.on_first_token("r1")
         await eventually(lambda: kv.active.num_prefill_tokens(decision.instance_id) == 0)
         assert len(kv.active) == 1
-        remote.on_finish("r1")
-        remote.on_finish("r1")  # idempotent: sent once
+        remote.on_finish("r1", 7)  # it generated 7: the service settles the charge by them
+        remote.on_finish("r1", 7)  # idempotent: sent once
         await eventually(lambda: len(kv.active) == 0)
         kv.active.check_integrity()
+        settled = charged - (300 - 7) * OUTPUT_TOKEN_WEIGHT
+        assert kv.queue.served_tokens[DEFAULT_TENANT] == pytest.approx(settled)
 
 
 async def test_service_errors_reach_the_frontend_typed() -> None:

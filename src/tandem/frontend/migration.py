@@ -139,6 +139,7 @@ class EngineStreamer:
             while True:
                 decision, stream = await self._dispatch(run, router)
                 rid, run.has_token = run.current.request_id, False
+                made_before = len(run.generated)  # this dispatch's tokens settle its charge
                 chunks = aiter(stream)
                 next_ready = stream.next_ready  # a payload already here is taken without awaiting
                 started = False
@@ -171,7 +172,7 @@ class EngineStreamer:
                 except (PeerGone, NoWorkersAvailable) as exc:
                     self._after_loss(run, decision.instance_id, decision.address, exc, started)
                 finally:
-                    router.on_finish(rid)
+                    router.on_finish(rid, len(run.generated) - made_before)
                     if health is not None and watch is not None:
                         health.stream_closed(watch)
                     await stream.aclose()

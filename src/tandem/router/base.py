@@ -93,8 +93,9 @@ class Router(Protocol):
         """The request's prefill finished."""
         ...
 
-    def on_finish(self, request_id: str) -> None:
-        """The request finished, failed or was cancelled (idempotent)."""
+    def on_finish(self, request_id: str, output_tokens: int | None = None) -> None:
+        """The request finished, failed or was cancelled (idempotent), after its worker
+        generated `output_tokens` for this dispatch (None: not known)."""
         ...
 
     def explain(self, request: PreprocessedRequest) -> dict[str, Any]:

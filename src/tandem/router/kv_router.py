@@ -403,10 +403,10 @@ class KvRouter(PolicyRouter):
         self.active.mark_prefilled(request_id)
         self._wake.set()
 
-    def on_finish(self, request_id: str) -> None:
+    def on_finish(self, request_id: str, output_tokens: int | None = None) -> None:
         if self.active.free(request_id) is not None and self.sync is not None:
             self.sync.publish("free", request_id)
-        super().on_finish(request_id)
+        super().on_finish(request_id, output_tokens)
 
     # ------------------------------------------------------------ introspection
     def explain(self, request: PreprocessedRequest) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Endpoints of the service, on the request plane (version 1, msgpack):
 - `{ns}.router.route`: RouteRequest → one RouteResponse (or the router's ServingError:
   Overloaded with retry_after_s, NoWorkersAvailable, InvalidRequest for a bad pin).
 - `{ns}.router.first_token` / `{ns}.router.free`: RouterNoticeMsg → no payload; the listed
-  requests finished prefill / finished (idempotent, unknown ids ignored).
+  requests finished prefill / finished (idempotent, unknown ids ignored); a `free` notice's
+  `output_tokens` are the tokens each generated (−1: not known), for the fair-share charge.
 - `{ns}.router.explain`: RouteRequest → one msgpack map, the router's `explain` of it.
 """
 
@@ -39,6 +40,7 @@ class RouteResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
 class RouterNoticeMsg(msgspec.Struct, kw_only=True, omit_defaults=True):
     version: int = 1
     request_ids: list[str]
+    output_tokens: list[int] | None = None  # `free`: per request id, -1 = not known
 
 
 def _enc_hook(obj: Any) -> Any:

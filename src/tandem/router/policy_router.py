@@ -490,7 +490,8 @@ class PolicyRouter:
                          request.num_prompt_tokens)  # fmt: skip
         self._lora_requests.add(request.request_id)
 
-    def on_finish(self, request_id: str) -> None:
+    def on_finish(self, request_id: str, output_tokens: int | None = None) -> None:
+        self.queue.settle(request_id, output_tokens)  # its fair-share charge, by what it made
         if request_id in self._lora_requests:  # a request without an adapter skips lora.py
             self._lora_requests.discard(request_id)
             assert self.lora is not None

@@ -5,7 +5,10 @@
 2. within a class, the tenant with the lowest virtual token counter (VTC, "Fairness in Serving
    Large Language Models", OSDI '24): each dispatched request adds its weighted tokens
    (prompt tokens × `PROMPT_TOKEN_WEIGHT` + expected output tokens × `OUTPUT_TOKEN_WEIGHT`)
-   divided by its tenant's weight to its tenant's counter, so backlogged tenants are served in
+   divided by its tenant's weight to its tenant's counter, and is settled when it finishes:
+   the expected output is replaced by the tokens it generated (`settle`), so a request that
+   stops early is not over-charged nor one that runs long under-charged. Backlogged tenants are
+   served in
    proportion to their weights, counted in tokens. Work-conserving: a tenant alone in the queue
    is served whatever its counter. A tenant that starts waiting while others are backlogged in
    its class is lifted to the lowest counter among them: idle time earns no burst of credit;
@@ -62,6 +65,8 @@ class RequestQueue:
         self._by_key: dict[tuple[int, str], int] = {}  # (class, tenant) -> waiters
         self.counters: dict[str, float] = defaultdict(float)  # tenant -> virtual tokens
         self.served_tokens: dict[str, float] = defaultdict(float)  # tenant -> weighted tokens
+        # request id -> (tenant, weight, expected output charged): dispatched, not yet settled
+        self._charged: dict[str, tuple[str, float, int]] = {}
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -128,11 +133,27 @@ class RequestQueue:
         return own < self.key(head)[:3]  # a tie goes to the one already waiting
 
     def charge(self, request: PreprocessedRequest) -> None:
-        """Count a dispatched `request` against its tenant's share."""
+        """Count a dispatched `request` against its tenant's share, its output as expected
+        (`request_cost`) until `settle` knows it."""
         tenant = request.tenant or DEFAULT_TENANT
+        weight = max(request.tenant_weight, 1e-6)
         cost = request_cost(request)
-        self.counters[tenant] += cost / max(request.tenant_weight, 1e-6)
+        self.counters[tenant] += cost / weight
         self.served_tokens[tenant] += cost
+        expected = min(request.stop.max_tokens, MAX_EXPECTED_OUTPUT_TOKENS)
+        self._charged[request.request_id] = (tenant, weight, expected)
+
+    def settle(self, request_id: str, output_tokens: int | None) -> None:
+        """`request_id` finished (or failed, or was re-routed) after generating
+        `output_tokens` on its worker: its expected output is replaced by them. None (not
+        known) keeps the charge as it was. Idempotent; an unknown id is ignored."""
+        charged = self._charged.pop(request_id, None)
+        if charged is None or output_tokens is None:
+            return
+        tenant, weight, expected = charged
+        delta = (max(output_tokens, 0) - expected) * OUTPUT_TOKEN_WEIGHT
+        self.counters[tenant] = max(self.counters[tenant] + delta / weight, 0.0)
+        self.served_tokens[tenant] = max(self.served_tokens[tenant] + delta, 0.0)
 
     def depth(self) -> dict[tuple[int, str], int]:
         """Waiting requests per (priority class, tenant)."""

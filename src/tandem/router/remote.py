@@ -59,7 +59,8 @@ class RemoteRouter:
         self.services = InstanceSet(discovery, f"{self._prefix}.route")
         self._next = 0
         self._routed: dict[str, str] = {}  # request_id -> address of the service that routed it
-        self._notices: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue(MAX_PENDING_NOTICES)
+        # (address, kind, request id, output tokens or -1)
+        self._notices: asyncio.Queue[tuple[str, str, str, int]] = asyncio.Queue(MAX_PENDING_NOTICES)
         self._sender: asyncio.Task[None] | None = None
         self.decisions = DecisionLog()  # stays empty: the service makes (and logs) the choices
 
@@ -128,18 +129,20 @@ class RemoteRouter:
     def on_first_token(self, request_id: str) -> None:
         address = self._routed.get(request_id)
         if address is not None:
-            self._enqueue(address, "first_token", request_id)
+            self._enqueue(address, "first_token", request_id, -1)
 
-    def on_finish(self, request_id: str) -> None:
+    def on_finish(self, request_id: str, output_tokens: int | None = None) -> None:
         address = self._routed.pop(request_id, None)
         if address is not None:
-            self._enqueue(address, "free", request_id)
+            self._enqueue(
+                address, "free", request_id, -1 if output_tokens is None else output_tokens
+            )
 
-    def _enqueue(self, address: str, kind: str, request_id: str) -> None:
+    def _enqueue(self, address: str, kind: str, request_id: str, tokens: int) -> None:
         if self._notices.full():
             self._notices.get_nowait()
             logger.warning("router notice queue full; dropping the oldest notice")
-        self._notices.put_nowait((address, kind, request_id))
+        self._notices.put_nowait((address, kind, request_id, tokens))
 
     async def _send_notices(self) -> None:
         """Per batch and service: first_token notices before free ones, so a request's
@@ -148,13 +151,16 @@ class RemoteRouter:
             batch = [await self._notices.get()]
             while not self._notices.empty():
                 batch.append(self._notices.get_nowait())
-            grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
-            for address, kind, request_id in batch:
-                grouped[(address, kind)].append(request_id)
+            grouped: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+            for address, kind, request_id, tokens in batch:
+                grouped[(address, kind)].append((request_id, tokens))
             ordered = sorted(grouped.items(), key=lambda item: item[0][1] != "first_token")
-            for (address, kind), ids in ordered:
+            for (address, kind), notices in ordered:
+                ids = [rid for rid, _ in notices]
+                made = [n for _, n in notices] if kind == "free" else None
                 try:
-                    await self._call(address, kind, encode(RouterNoticeMsg(request_ids=ids)))
+                    msg = RouterNoticeMsg(request_ids=ids, output_tokens=made)
+                    await self._call(address, kind, encode(msg))
                 except Exception as exc:  # a lost notice is swept by the service's TTL
                     logger.warning("router %s notice to %s failed: %r", kind, address, exc)
 

@@ -100,8 +100,11 @@ class RouterService:
         yield b""  # an async generator with no output
 
     async def _free(self, payload: bytes, ctx: RequestContext) -> AsyncGenerator[bytes, None]:
-        for request_id in _decode(notice_decoder, payload, "RouterNoticeMsg").request_ids:
-            self.router.on_finish(request_id)
+        msg = _decode(notice_decoder, payload, "RouterNoticeMsg")
+        made = msg.output_tokens or []
+        for i, request_id in enumerate(msg.request_ids):
+            tokens = made[i] if i < len(made) and made[i] >= 0 else None
+            self.router.on_finish(request_id, tokens)
         return
         yield b""
 

@@ -88,6 +88,7 @@ class TwoWorkers:
 
     def __init__(self) -> None:
         self.first_tokens: list[str] = []
+        self.finished: list[tuple[str, int | None]] = []  # (request id, tokens it made there)
 
     async def route(
         self, request: PreprocessedRequest, exclude: frozenset[str] = frozenset()
@@ -98,8 +99,8 @@ class TwoWorkers:
     def on_first_token(self, request_id: str) -> None:
         self.first_tokens.append(request_id)
 
-    def on_finish(self, request_id: str) -> None:
-        pass
+    def on_finish(self, request_id: str, output_tokens: int | None = None) -> None:
+        self.finished.append((request_id, output_tokens))
 
 
 def _out(token: int, finish: str | None = None) -> bytes:
@@ -146,8 +147,11 @@ async def test_a_migration_continues_after_every_output_of_the_batches_taken() -
         ]
     )
     streamer = EngineStreamer(client, "p", migration_limit=1)
-    batches = await _batches(streamer, TwoWorkers())
+    router = TwoWorkers()
+    batches = await _batches(streamer, router)
     assert [t for batch in batches for ids in batch for t in ids] == [10, 11, 12, 13, 14, 15, 16]
+    # each dispatch settles its fair-share charge by the tokens it made (router/queue.py)
+    assert [n for _, n in router.finished] == [3, 4]
     moved = client.requests[1]
     assert moved.token_ids == [1, 2, 3, 10, 11, 12] and moved.stop.max_tokens == 4
     await streamer.close()

@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import pytest
 from tests.support.instances import backend_instance
 
@@ -154,6 +155,34 @@ def test_a_tenant_back_from_idle_gets_no_burst() -> None:
         queue.charge(head.request)
         served.append(head.tenant)
     assert served.count("a") <= 4, served  # alternating, not a's ten first
+
+
+async def test_a_share_is_charged_the_tokens_generated_not_max_tokens() -> None:
+    """Both tenants ask max_tokens 400 with equal prompts; a's answers stop after 10 tokens,
+    b's run to 400. Settled at finish by what each generated, a is served many requests per
+    one of b's (tokens, not requests, are shared); charged max_tokens, they would alternate."""
+    router = await start_router()
+    await router.route(req("blocker"))
+    made = {"a": 10, "b": 400, "blocker": 0}
+
+    def asking(rid: str, tenant: str) -> PreprocessedRequest:
+        return msgspec.structs.replace(req(rid, tenant=tenant), stop=StopConditions(max_tokens=400))
+
+    tasks = [asyncio.create_task(router.route(asking(f"{t}{i}", t)))
+             for i in range(30) for t in ("a", "b")]  # fmt: skip
+    await asyncio.sleep(0.01)
+    served: list[str] = []
+    for _ in range(24):
+        rid = _rid(router)
+        router.on_finish(rid, made[rid.rstrip("0123456789")])
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED, timeout=5)
+        tasks.remove(done.pop())
+        served.append(_rid(router)[0])  # the tenant of the request dispatched next
+    assert served.count("a") >= 18, served
+    router.queue.settle("unknown", 5)  # an id never charged, or settled twice: nothing
+    for task in tasks:
+        task.cancel()
+    await router.close()
 
 
 async def test_deadline_passed_in_queue_is_an_error_not_a_late_answer() -> None:

@@ -171,7 +171,7 @@ class Embedder:
                 )
                 excluded.add(decision.instance_id)
             finally:
-                model.router.on_finish(request_id)
+                model.router.on_finish(request_id, 0)  # an embedding generates no token
         raise NoWorkersAvailable(f"no worker of model '{model.name}' answered the embeddings")
 
     async def _call(

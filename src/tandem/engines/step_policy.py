@@ -15,7 +15,8 @@ are the step's *background*:
   preempted (recompute): the least urgent class first, the tenant furthest over its share,
   its youngest sequence (`victim`);
 - tokens: background sequences get the decodes, then the prefill tokens, that keep the step
-  within (1 + `BACKGROUND_STEP_SLACK`) x the cost of the foreground's own step
+  within (1 + slack) x the cost of the foreground's own step (slack: the engines'
+  `--background-step-slack`, default `BACKGROUND_STEP_SLACK`)
   (`background_allowance`): stall-free batching with a bounded step rather than a fixed
   chunk. The cost is the engine's (the mocker's perf model, where a decode pass costs the
   same for one sequence or many; the native engine counts tokens).
@@ -32,11 +33,19 @@ from typing import NamedTuple, Protocol, TypeVar
 
 from tandem.protocols.tenancy import DEFAULT_TENANT
 
-# How much longer a step may get for the background work it carries, as a fraction of the
-# step without it: the interference an interactive request accepts from the lower classes
-# and the over-share tenants beside it. A product choice, not a measurement: issue 33's
-# batch-lane target (interactive TTFT within +10 % of a run without the batch).
+# The default of how much longer a step may get for the background work it carries, as a
+# fraction of the step without it: the interference an interactive request accepts from the
+# lower classes and the over-share tenants beside it. A product choice, not a measurement:
+# issue 33's batch-lane target (interactive TTFT within +10 % of a run without the batch).
+# Engines take it as --background-step-slack (more: background throughput; less: latency).
 BACKGROUND_STEP_SLACK = 0.1
+MAX_BACKGROUND_STEP_SLACK = 100.0
+BACKGROUND_STEP_SLACK_HELP = (
+    "how much longer (a fraction of the step without it) lower-class and over-share work may "
+    "make a step that carries higher-class or within-share work: more gives background work "
+    "(batches, a flooding tenant) more throughput, less keeps interactive latency closer to "
+    f"running alone (0..{MAX_BACKGROUND_STEP_SLACK:g})"
+)
 
 
 class Seated(Protocol):
@@ -199,13 +208,14 @@ def background_allowance(
     num_decodes: int,
     num_background_decodes: int,
     budget: int,
+    slack: float = BACKGROUND_STEP_SLACK,
 ) -> Allowance:
     """The background's share of a step whose foreground prefills `num_prefill_tokens` and
     decodes `num_decodes` sequences: as many of its `num_background_decodes` decodes, then as
     many prefill tokens (all within `budget`), as keep `cost(prefill tokens, decodes)` (the
-    step's cost; non-decreasing in both) within (1 + slack) x the foreground's own. The
+    step's cost; non-decreasing in both) within (1 + `slack`) x the foreground's own. The
     caller asks only when the step has foreground work."""
-    limit = cost(num_prefill_tokens, num_decodes) * (1.0 + BACKGROUND_STEP_SLACK)
+    limit = cost(num_prefill_tokens, num_decodes) * (1.0 + slack)
     k = _largest(
         lambda k: cost(num_prefill_tokens, num_decodes + k) <= limit,
         min(num_background_decodes, max(budget, 0)),

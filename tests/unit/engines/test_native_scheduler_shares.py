@@ -36,8 +36,12 @@ def test_an_under_share_tenant_takes_a_seat_and_prefills_in_the_next_step() -> N
     assert b.num_computed_tokens >= 12 and core.scheduler.num_preemptions == 1
 
 
-def test_batch_prefill_shrinks_while_a_higher_class_runs() -> None:
-    core = tiny_core(num_blocks=200, max_num_seqs=4, max_num_batched_tokens=64)
+@pytest.mark.parametrize(("slack", "extra"), [(None, 2), (0.0, 0), (1.0, 20)])
+def test_batch_prefill_shrinks_while_a_higher_class_runs(slack: float | None, extra: int) -> None:
+    """Beside the chat's 20-token prefill the batch gets `slack` x 20 tokens (the engine's
+    --background-step-slack; default 0.1) and, alone again, the whole budget."""
+    kw = {} if slack is None else {"background_step_slack": slack}
+    core = tiny_core(num_blocks=200, max_num_seqs=4, max_num_batched_tokens=64, **kw)
     core.add(_req("bulk", 200, "x", priority=BATCH, max_tokens=2))
     bulk = core.seqs["bulk"]
     core.step()
@@ -45,7 +49,7 @@ def test_batch_prefill_shrinks_while_a_higher_class_runs() -> None:
     core.add(_req("chat", 20, "y", max_tokens=4))
     core.step()
     assert core.seqs["chat"].num_computed_tokens == 20
-    assert bulk.num_computed_tokens - 64 <= 2  # 10 % of the chat's 20 tokens
+    assert bulk.num_computed_tokens - 64 == extra  # slack x the chat's 20 tokens
     while "chat" in core.seqs:
         core.step()
     before = bulk.num_computed_tokens

@@ -11,6 +11,7 @@ from typing import Any
 
 from tandem.engines.lora import add_max_loras_arg
 from tandem.engines.mocker.config import MockerConfig, default_tokenizer
+from tandem.engines.step_policy import BACKGROUND_STEP_SLACK, BACKGROUND_STEP_SLACK_HELP
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
 
 # flag -> (type, default, help)
@@ -20,6 +21,7 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--block-size": (int, 64, "tokens per KV block"),
     "--max-num-seqs": (int, 256, "most sequences in one batch"),
     "--max-num-batched-tokens": (int, 8192, "most tokens computed in one scheduling pass"),
+    "--background-step-slack": (float, BACKGROUND_STEP_SLACK, BACKGROUND_STEP_SLACK_HELP),
     "--model-name": (str, "smollm2", "model name served"),
     "--context-length": (int, 8192, "longest prompt + output, in tokens"),
     "--kv-bytes-per-token": (
@@ -94,6 +96,7 @@ def config_from_args(ns: argparse.Namespace) -> MockerConfig:
         block_size=ns.block_size,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
+        background_step_slack=ns.background_step_slack,
         speedup_ratio=ns.speedup_ratio,
         kv_bytes_per_token=ns.kv_bytes_per_token,
         kv_transfer_bandwidth_gbps=ns.kv_transfer_bandwidth_gbps,

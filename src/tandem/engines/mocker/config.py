@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from tandem.config_check import check_range
 from tandem.engines.lora import DEFAULT_MAX_LORAS, MAX_LORAS_LIMIT
+from tandem.engines.step_policy import BACKGROUND_STEP_SLACK, MAX_BACKGROUND_STEP_SLACK
 from tandem.kvbm.base import KvbmConfig
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,6 +36,8 @@ class MockerConfig:
     block_size: int = 64
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    # how much longer outranked work may make a step (engines/step_policy.py)
+    background_step_slack: float = BACKGROUND_STEP_SLACK
     speedup_ratio: float = 1.0
     vocab_size: int = 49152
     eos_token_ids: tuple[int, ...] = (2,)
@@ -80,6 +83,10 @@ class MockerConfig:
         check_range("embedding_dim", self.embedding_dim, low=0, high=1 << 16)
         check_range("max_num_seqs", self.max_num_seqs, low=1, high=1 << 20)
         check_range("max_num_batched_tokens", self.max_num_batched_tokens, low=1, high=1 << 24)
+        check_range(
+            "background_step_slack", self.background_step_slack, low=0.0,
+            high=MAX_BACKGROUND_STEP_SLACK,
+        )  # fmt: skip
         check_range("speedup_ratio", self.speedup_ratio, low=0, high=1e9)
         check_range("vocab_size", self.vocab_size, low=2, high=1 << 31)
         check_range("first_token_id", self.first_token_id, low=0, high=self.vocab_size - 1)

@@ -264,8 +264,9 @@ class Scheduler:
                 return self.perf.step_ms(num_tokens, num_decodes, kv, usage)
 
             allowance = step_policy.background_allowance(
-                cost, num_prefill, fg_decodes, bg_decodes, budget
-            )
+                cost, num_prefill, fg_decodes, bg_decodes, budget,
+                self.config.background_step_slack,
+            )  # fmt: skip
         idx, budget, preempted = self._schedule_running(
             scheduled, budget, len(scheduled), allowance=allowance
         )

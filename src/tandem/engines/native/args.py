@@ -18,6 +18,7 @@ from tandem.engines.native.config import (
     WEIGHT_FORMATS,
     NativeConfig,
 )
+from tandem.engines.step_policy import BACKGROUND_STEP_SLACK, BACKGROUND_STEP_SLACK_HELP
 from tandem.kvbm.args import add_kvbm_args, kvbm_config_from_args
 
 # flag -> (type, default, help)
@@ -49,6 +50,7 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--num-blocks": (int, None, "explicit KV block count (overrides --kv-cache-memory-gb)"),
     "--max-num-seqs": (int, 64, "most sequences in one batch"),
     "--max-num-batched-tokens": (int, 1024, "most tokens computed in one step"),
+    "--background-step-slack": (float, BACKGROUND_STEP_SLACK, BACKGROUND_STEP_SLACK_HELP),
     "--max-model-len": (int, None, "longest prompt + output (default: the model's context)"),
     "--num-threads": (int, 2, "torch intra-op threads"),
     "--seed": (int, 0, "seed of the sampler for requests without their own seed"),
@@ -96,6 +98,7 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         num_blocks=ns.num_blocks,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
+        background_step_slack=ns.background_step_slack,
         max_model_len=ns.max_model_len,
         num_threads=ns.num_threads,
         enable_prefix_caching=not ns.no_prefix_caching,

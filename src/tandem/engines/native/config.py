@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tandem.config_check import check_range
 from tandem.engines.lora import DEFAULT_MAX_LORAS, MAX_LORAS_LIMIT
+from tandem.engines.step_policy import BACKGROUND_STEP_SLACK, MAX_BACKGROUND_STEP_SLACK
 from tandem.engines.vision import encoder_rows
 from tandem.kvbm.base import KvbmConfig
 
@@ -36,6 +37,8 @@ class NativeConfig:
     num_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    # how much longer outranked work may make a step (engines/step_policy.py)
+    background_step_slack: float = BACKGROUND_STEP_SLACK
     max_model_len: int | None = None
     num_threads: int = 2
     enable_prefix_caching: bool = True
@@ -78,6 +81,10 @@ class NativeConfig:
             check_range("num_blocks", self.num_blocks, low=1, high=10_000_000)
         check_range("max_num_seqs", self.max_num_seqs, low=1, high=65536)
         check_range("max_num_batched_tokens", self.max_num_batched_tokens, low=1, high=1 << 20)
+        check_range(
+            "background_step_slack", self.background_step_slack, low=0.0,
+            high=MAX_BACKGROUND_STEP_SLACK,
+        )  # fmt: skip
         if self.max_model_len is not None:
             check_range("max_model_len", self.max_model_len, low=1, high=1 << 22)
         check_range("num_threads", self.num_threads, low=1, high=1024)

@@ -83,6 +83,7 @@ class EngineCore:
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            background_step_slack=config.background_step_slack,
             onboard=self.tiering.onboard if self.tiering is not None else None,
             draft=self.speculator.draft if self.speculator is not None else None,
         )

@@ -60,6 +60,7 @@ class Scheduler:
         *,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        background_step_slack: float = step_policy.BACKGROUND_STEP_SLACK,
         onboard: Callable[[Sequence, int], int] | None = None,
         draft: Callable[[Sequence, int], list[int]] | None = None,
     ) -> None:
@@ -72,6 +73,7 @@ class Scheduler:
         self.draft = draft
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.background_step_slack = background_step_slack  # engines/step_policy.py
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._aborts: set[str] = set()
@@ -191,8 +193,9 @@ class Scheduler:
         allowance = step_policy.Allowance(bg_decodes, budget)
         if scheduled:  # the step's cost in tokens
             allowance = step_policy.background_allowance(
-                lambda n, d: n + d, num_prefill, fg_decodes, bg_decodes, budget
-            )
+                lambda n, d: n + d, num_prefill, fg_decodes, bg_decodes, budget,
+                self.background_step_slack,
+            )  # fmt: skip
         before = self.num_preemptions
         budget = self._run(rest, scheduled, budget, allowance=allowance)
         cap = min(budget, allowance.num_prefill_tokens)

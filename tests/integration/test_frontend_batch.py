@@ -110,8 +110,11 @@ async def test_a_batch_runs_with_the_sdk_and_a_bad_line_lands_in_the_error_file(
             input_file_id=file_id, endpoint=CHAT, completion_window="24h",
             metadata={"job": "nightly"},
         )  # fmt: skip
-        assert batch.status == "in_progress" and batch.metadata == {"job": "nightly"}
+        # OpenAI's walk: validating (its lines were checked) until a runner takes it
+        assert batch.status == "validating" and batch.metadata == {"job": "nightly"}
+        assert batch.in_progress_at is None
         done = await _wait(client, batch.id, "completed")
+        assert done.in_progress_at is not None and done.in_progress_at >= batch.created_at
         assert done.request_counts is not None
         assert (done.request_counts.total, done.request_counts.completed) == (6, 4)
         assert done.request_counts.failed == 2 and done.completed_at is not None

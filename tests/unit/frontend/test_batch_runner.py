@@ -85,3 +85,24 @@ async def test_a_lease_keeps_a_second_runner_off_until_released() -> None:
     assert store.claim("runner-b", 60.0) == []
     store.release("runner-a")
     assert [batch_id for batch_id, _, _ in store.claim("runner-b", 60.0)] == ["batch_1"]
+
+
+async def test_a_validating_batch_goes_in_progress_when_a_runner_takes_it_unless_cancelled() -> (
+    None
+):
+    """OpenAI's walk: a batch is created `validating` and a runner moves it to `in_progress`
+    (with `in_progress_at`); a cancel that lands first is not overwritten."""
+
+    async def execute(url: str, body: bytes, owner: str, request_id: str) -> tuple[int, bytes]:
+        return 200, b"{}"
+
+    store = _store(1)
+    store.update("batch_1", "validating", in_progress_at=None)
+    runner = BatchRunner(store, BatchConfig(), execute, lambda: True)  # busy: no line starts
+    await runner.tick()
+    batch = store.batch("batch_1", None)
+    assert batch is not None and batch["status"] == "in_progress" and batch["in_progress_at"]
+    store.update("batch_1", "cancelling")
+    store.begin("batch_1", 5)  # a runner that read `validating` before the cancel
+    assert store.batch("batch_1", None)["status"] == "cancelling"  # type: ignore[index]
+    await runner.close()

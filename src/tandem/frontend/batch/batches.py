@@ -75,9 +75,9 @@ class BatchesEndpoint:
         body = {
             "id": new_batch_id(), "object": "batch", "endpoint": req["endpoint"],
             "errors": None, "input_file_id": row.id,
-            "completion_window": req["completion_window"], "status": "in_progress",
+            "completion_window": req["completion_window"], "status": "validating",
             "output_file_id": None, "error_file_id": None, "created_at": now,
-            "in_progress_at": now, "expires_at": now + WINDOW_S[req["completion_window"]],
+            "in_progress_at": None, "expires_at": now + WINDOW_S[req["completion_window"]],
             "finalizing_at": None, "completed_at": None, "failed_at": None,
             "expired_at": None, "cancelling_at": None, "cancelled_at": None,
             "metadata": req.get("metadata"),
@@ -94,8 +94,8 @@ class BatchesEndpoint:
         await response.send(200, _json.encode(page(items, http.query, max_limit=100)))
 
     async def cancel(self, http: HttpRequest, response: HttpResponse, batch_id: str) -> None:
-        """in_progress → cancelling (the runner stops its lines, then cancelled, with the
-        results so far in its files); a batch already ended is answered as it is."""
+        """validating or in_progress → cancelling (the runner stops its lines, then cancelled,
+        with the results so far in its files); a batch already ended is answered as it is."""
         owner = self.owners.owner_of(http)
         batch = await asyncio.to_thread(self.store.batch, batch_id, owner)
         if batch is None:

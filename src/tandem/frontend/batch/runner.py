@@ -103,6 +103,8 @@ class BatchRunner:
             if time.time() >= batch["expires_at"]:
                 await self._finish(batch_id, "expired")
                 continue
+            if status == "validating":  # its lines were checked at create; a runner has it now
+                await asyncio.to_thread(self.store.begin, batch_id, int(time.time()))
             room = self.config.max_inflight - len(self._inflight)
             lines: list[LineRow] = []
             if room > 0 and not self.busy():

@@ -166,6 +166,20 @@ class BatchStore:
         rows = self._run("SELECT owner FROM batches WHERE id=?", (batch_id,))
         return str(rows[0][0]) if rows else None
 
+    def begin(self, batch_id: str, at: int) -> None:
+        """validating → in_progress (`in_progress_at`), only while it is validating: a cancel
+        that came first wins."""
+        with self._lock, self._db:
+            rows = self._db.execute(
+                "SELECT body FROM batches WHERE id=? AND status='validating'", (batch_id,)
+            ).fetchall()
+            if rows:
+                body = {**json.loads(rows[0][0]), "status": "in_progress", "in_progress_at": at}
+                self._db.execute(
+                    "UPDATE batches SET body=?, status='in_progress' WHERE id=?",
+                    (json.dumps(body), batch_id),
+                )
+
     def update(self, batch_id: str, status: str, **fields: Any) -> dict[str, Any] | None:
         """Set the status and Batch fields (e.g. `completed_at`) of a batch."""
         with self._lock, self._db:

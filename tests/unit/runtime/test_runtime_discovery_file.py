@@ -81,6 +81,37 @@ async def test_dead_pid_on_this_host_expires_at_once(tmp_path: Path) -> None:
     assert await d.list_instances() == []
 
 
+def test_a_live_writer_is_checked_cheaply_and_its_exit_seen_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scans (4 a second per watcher) re-check a writer found alive by a signal-0 probe, not
+    psutil's start time, until the recheck is due; a writer that exits is dead at the very
+    next scan."""
+    import socket
+    import subprocess
+    import sys
+
+    from tandem.runtime.discovery import file
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        record = FileRecord(instance=inst("w"), host=socket.gethostname(), pid=child.pid,
+                            pid_start=psutil.Process(child.pid).create_time())  # fmt: skip
+        (tmp_path / "w.json").write_bytes(seal_record(record, None))
+        calls = []
+        real = file._process_alive
+        monkeypatch.setattr(file, "_process_alive", lambda *a: calls.append(a) or real(*a))
+        d = FileDiscovery(str(tmp_path), ttl_s=60.0)
+        for _ in range(20):
+            assert [i.instance_id for i in asyncio.run(d.list_instances())] == ["w"]
+        assert len(calls) == 1  # one start-time check; the other 19 scans probed by signal
+    finally:
+        child.kill()
+        child.wait()
+    assert asyncio.run(d.list_instances()) == []
+    assert not (tmp_path / "w.json").exists()
+
+
 async def test_heartbeat_keeps_record_alive_past_ttl(tmp_path: Path) -> None:
     owner = FileDiscovery(str(tmp_path), ttl_s=0.5)
     other = FileDiscovery(str(tmp_path), ttl_s=0.5)

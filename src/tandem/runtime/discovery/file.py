@@ -4,7 +4,9 @@ A directory holds one record per instance, `<instance_id>.json` (written to a te
 renamed, so readers never see half a record). The owner refreshes the file's mtime every
 `ttl_s / 4` (heartbeat). A record is dead when its mtime is older than `ttl_s`, or at once
 when it was written on this host by a process that no longer exists (pid + start time, so a
-reused pid does not keep it alive). Readers delete dead records. Watchers poll the directory
+reused pid does not keep it alive; a process found alive is re-checked by its start time once
+a second and by a signal-0 probe in between, ~1 µs instead of psutil's ~85: every watcher scans
+every record 4 times a second). Readers delete dead records. Watchers poll the directory
 every `poll_interval_s`, so adds and removals are seen within about that long.
 
 The directory is private: created 0700, and refused when another user owns it or when group or
@@ -93,6 +95,10 @@ def check_private_dir(directory: str) -> None:
         )
 
 
+ALIVE_RECHECK_S = 1.0
+MAX_ALIVE_CACHE = 4096  # processes remembered alive (records of one directory)
+
+
 def _process_alive(pid: int, pid_start: float) -> bool:
     try:
         return bool(abs(psutil.Process(pid).create_time() - pid_start) < 1.0)
@@ -123,6 +129,7 @@ class FileDiscovery:
         self._heartbeat: asyncio.Task[None] | None = None
         me = psutil.Process()
         self._me = (me.pid, me.create_time())
+        self._alive: dict[tuple[int, float], float] = {}  # (pid, start) -> checked (monotonic)
 
     def _path(self, instance_id: str) -> str:
         if not instance_id or "/" in instance_id or instance_id.startswith("."):
@@ -202,7 +209,30 @@ class FileDiscovery:
             return False
         if age_s > self.ttl_s:
             return True
-        return record.host == _HOST and not _process_alive(record.pid, record.pid_start)
+        return record.host == _HOST and not self._alive_here(record.pid, record.pid_start)
+
+    def _alive_here(self, pid: int, pid_start: float) -> bool:
+        """`_process_alive`, its yes cached for `ALIVE_RECHECK_S` behind a signal-0 probe: a
+        process that exits is seen at once, a zombie or a reused pid within the recheck."""
+        key, now = (pid, pid_start), time.monotonic()
+        checked = self._alive.get(key)
+        if checked is not None and now - checked < ALIVE_RECHECK_S:
+            try:
+                os.kill(pid, 0)
+                return True
+            except ProcessLookupError:
+                del self._alive[key]
+                return False
+            except PermissionError:
+                return True  # another user's live process (the start time was checked)
+        alive = _process_alive(pid, pid_start)
+        if alive:
+            if len(self._alive) >= MAX_ALIVE_CACHE:
+                self._alive.clear()
+            self._alive[key] = now
+        else:
+            self._alive.pop(key, None)
+        return alive
 
     async def list_instances(self, prefix: str = "") -> list[Instance]:
         return list(self._scan(prefix).values())

@@ -7,11 +7,11 @@
    (prompt tokens × `PROMPT_TOKEN_WEIGHT` + expected output tokens × `OUTPUT_TOKEN_WEIGHT`)
    divided by its tenant's weight to its tenant's counter, and is settled when it finishes:
    the expected output is replaced by the tokens it generated (`settle`), so a request that
-   stops early is not over-charged nor one that runs long under-charged. Backlogged tenants are
-   served in
-   proportion to their weights, counted in tokens. Work-conserving: a tenant alone in the queue
-   is served whatever its counter. A tenant that starts waiting while others are backlogged in
-   its class is lifted to the lowest counter among them: idle time earns no burst of credit;
+   stops early is not over-charged nor one that runs long under-charged. Backlogged tenants
+   are served in proportion to their weights, counted in tokens. Work-conserving: a tenant
+   alone in the queue is served whatever its counter. A tenant that starts waiting while
+   others are backlogged in its class is lifted to the lowest counter among them: idle time
+   earns no burst of credit;
 3. within a tenant, the earliest deadline first (`deadline_s`; none = last), then arrival.
 
 Synchronous and deterministic (no I/O, no clock); the router calls it from one event loop."""
@@ -50,9 +50,14 @@ class Waiter:
         return self.request.tenant or DEFAULT_TENANT
 
 
+def expected_output(request: PreprocessedRequest) -> int:
+    """The output tokens a request counts for before it ran."""
+    return min(request.stop.max_tokens, MAX_EXPECTED_OUTPUT_TOKENS)
+
+
 def request_cost(request: PreprocessedRequest) -> float:
     """The weighted tokens `request` counts against its tenant's share (before its weight)."""
-    output = min(request.stop.max_tokens, MAX_EXPECTED_OUTPUT_TOKENS)
+    output = expected_output(request)
     return request.num_prompt_tokens * PROMPT_TOKEN_WEIGHT + output * OUTPUT_TOKEN_WEIGHT
 
 
@@ -140,8 +145,7 @@ class RequestQueue:
         cost = request_cost(request)
         self.counters[tenant] += cost / weight
         self.served_tokens[tenant] += cost
-        expected = min(request.stop.max_tokens, MAX_EXPECTED_OUTPUT_TOKENS)
-        self._charged[request.request_id] = (tenant, weight, expected)
+        self._charged[request.request_id] = (tenant, weight, expected_output(request))
 
     def settle(self, request_id: str, output_tokens: int | None) -> None:
         """`request_id` finished (or failed, or was re-routed) after generating

@@ -169,30 +169,30 @@ class BatchStore:
     def begin(self, batch_id: str, at: int) -> None:
         """validating → in_progress (`in_progress_at`), only while it is validating: a cancel
         that came first wins."""
-        with self._lock, self._db:
-            rows = self._db.execute(
-                "SELECT body FROM batches WHERE id=? AND status='validating'", (batch_id,)
-            ).fetchall()
-            if rows:
-                body = {**json.loads(rows[0][0]), "status": "in_progress", "in_progress_at": at}
-                self._db.execute(
-                    "UPDATE batches SET body=?, status='in_progress' WHERE id=?",
-                    (json.dumps(body), batch_id),
-                )
+        self._set(batch_id, "in_progress", {"in_progress_at": at}, only_from="validating")
 
     def update(self, batch_id: str, status: str, **fields: Any) -> dict[str, Any] | None:
         """Set the status and Batch fields (e.g. `completed_at`) of a batch."""
+        return self.batch(batch_id, None) if self._set(batch_id, status, fields) else None
+
+    def _set(
+        self, batch_id: str, status: str, fields: dict[str, Any], only_from: str | None = None
+    ) -> bool:
+        """Write the status and fields into the batch's row and body; False when there is no
+        such batch, or (with `only_from`) its status is another."""
         with self._lock, self._db:
-            rows = self._db.execute("SELECT body FROM batches WHERE id=?", (batch_id,)).fetchall()
-            if not rows:
-                return None
+            rows = self._db.execute(
+                "SELECT body, status FROM batches WHERE id=?", (batch_id,)
+            ).fetchall()
+            if not rows or (only_from is not None and rows[0][1] != only_from):
+                return False
             body = json.loads(rows[0][0])
             body.update(fields, status=status)
             self._db.execute(
                 "UPDATE batches SET body=?, status=? WHERE id=?",
                 (json.dumps(body), status, batch_id),
             )
-        return self.batch(batch_id, None)
+        return True
 
     def status_counts(self) -> dict[str, int]:
         """How many batches are in each status (metrics)."""

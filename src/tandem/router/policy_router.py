@@ -375,14 +375,12 @@ class PolicyRouter:
         a finish, a load update, an instance change). When every worker is busy for one,
         a later one of another class or tenant may still go to a worker that preempts for it
         (`_overbookable`)."""
-        blocked: set[tuple[int, str]] = set()
-        for waiter in self.queue.ordered():
+        blocked: set[tuple[int, str]] = set()  # `offers` skips these keys
+        for waiter in self.queue.offers(blocked):
             if waiter.done is None or waiter.done.done():
                 continue
             request = waiter.request
             key = (request.priority, waiter.tenant)
-            if key in blocked:
-                continue
             started = time.perf_counter()
             try:
                 self._check_deadline(request, waiter)

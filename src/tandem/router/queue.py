@@ -14,13 +14,19 @@
    earns no burst of credit;
 3. within a tenant, the earliest deadline first (`deadline_s`; none = last), then arrival.
 
+Each (class, tenant) keeps its waiters sorted by (deadline, arrival), so a push or a removal
+costs a bisection and a dispatch pass picks the next tenant among the tenants waiting, not
+among the waiters: the queue's cost grows with its tenants, not its depth.
+
 Synchronous and deterministic (no I/O, no clock); the router calls it from one event loop."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +55,12 @@ class Waiter:
     def tenant(self) -> str:
         return self.request.tenant or DEFAULT_TENANT
 
+    @property
+    def order(self) -> tuple[float, int]:
+        """Its place among its tenant's waiters of its class: deadline (none = last), arrival."""
+        deadline = self.request.deadline_s
+        return (math.inf if deadline is None else deadline, self.seq)
+
 
 def expected_output(request: PreprocessedRequest) -> int:
     """The output tokens a request counts for before it ran."""
@@ -65,77 +77,100 @@ class RequestQueue:
     """Waiting requests ordered by class, tenant share and deadline; not thread-safe."""
 
     def __init__(self) -> None:
-        self._waiters: list[Waiter] = []
         self._seq = itertools.count()
-        self._by_key: dict[tuple[int, str], int] = {}  # (class, tenant) -> waiters
+        self._len = 0
+        # (class, tenant) -> its waiters sorted by `Waiter.order`; no empty lists
+        self._keys: dict[tuple[int, str], list[Waiter]] = {}
         self.counters: dict[str, float] = defaultdict(float)  # tenant -> virtual tokens
         self.served_tokens: dict[str, float] = defaultdict(float)  # tenant -> weighted tokens
         # request id -> (tenant, weight, expected output charged): dispatched, not yet settled
         self._charged: dict[str, tuple[str, float, int]] = {}
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return self._len
 
     def push(self, request: PreprocessedRequest, exclude: frozenset[str], now_s: float) -> Waiter:
         """Queue `request`, lifting its tenant's counter if it was not backlogged."""
         waiter = Waiter(request, exclude, next(self._seq), now_s)
         tenant, klass = waiter.tenant, request.priority
-        backlogged = {t for c, t in self._by_key if c == klass}  # O(tenants), not O(waiters)
+        backlogged = {t for c, t in self._keys if c == klass}  # O(tenants), not O(waiters)
         if tenant not in backlogged and backlogged:
             floor = min(self.counters[t] for t in backlogged)
             self.counters[tenant] = max(self.counters[tenant], floor)
-        self._waiters.append(waiter)
-        self._by_key[(klass, tenant)] = self._by_key.get((klass, tenant), 0) + 1
+        bisect.insort(self._keys.setdefault((klass, tenant), []), waiter, key=_order)
+        self._len += 1
         return waiter
 
     def remove(self, waiter: Waiter) -> None:
         """Drop `waiter` (dispatched, timed out or cancelled); idempotent."""
-        try:
-            self._waiters.remove(waiter)
-        except ValueError:
-            return
         key = (waiter.request.priority, waiter.tenant)
-        if self._by_key[key] > 1:
-            self._by_key[key] -= 1
-        else:
-            del self._by_key[key]
+        waiters = self._keys.get(key)
+        if waiters is None:
+            return
+        i = bisect.bisect_left(waiters, waiter.order, key=_order)
+        if i == len(waiters) or waiters[i] is not waiter:
+            return
+        del waiters[i]
+        self._len -= 1
+        if not waiters:
+            del self._keys[key]
 
     def key(self, waiter: Waiter) -> tuple[int, float, float, int]:
-        deadline = waiter.request.deadline_s
-        return (
-            waiter.request.priority,
-            self.counters[waiter.tenant],
-            math.inf if deadline is None else deadline,
-            waiter.seq,
-        )
+        return (waiter.request.priority, self.counters[waiter.tenant], *waiter.order)
 
     def num_waiting(self, priority: int, tenant: str) -> int:
         """Waiters of that class and tenant."""
-        return self._by_key.get((priority, tenant), 0)
+        return len(self._keys.get((priority, tenant), ()))
 
     @property
     def num_keys(self) -> int:
         """Distinct (class, tenant) pairs waiting."""
-        return len(self._by_key)
+        return len(self._keys)
+
+    def offers(self, blocked: set[tuple[int, str]]) -> Iterator[Waiter]:
+        """One dispatch pass: the waiters in the order they are offered a worker. Classes in
+        turn; within one, the tenant with the lowest counter next, re-read before every
+        offer (a dispatch charges its tenant: VTC picks again), its waiters by deadline
+        then arrival. The caller may remove the waiter it was offered and add (class,
+        tenant) keys to `blocked` while iterating: a blocked key offers no more."""
+        for klass in sorted({c for c, _ in self._keys}):
+            cursors = {t: 0 for c, t in self._keys if c == klass}  # next unoffered waiter
+            while True:
+                best: tuple[tuple[float, float, int], str, Waiter] | None = None
+                for tenant, i in cursors.items():
+                    waiters = self._keys.get((klass, tenant))
+                    if waiters is None or i >= len(waiters) or (klass, tenant) in blocked:
+                        continue
+                    waiter = waiters[i]
+                    rank = (self.counters[tenant], *waiter.order)
+                    if best is None or rank < best[0]:
+                        best = (rank, tenant, waiter)
+                if best is None:
+                    break
+                _, tenant, waiter = best
+                yield waiter
+                waiters = self._keys.get((klass, tenant), [])
+                i = cursors[tenant]
+                if i < len(waiters) and waiters[i] is waiter:  # still queued: move past it
+                    cursors[tenant] = i + 1
 
     def ordered(self) -> list[Waiter]:
-        """The waiters in the order they are offered a worker."""
-        return sorted(self._waiters, key=self.key)
+        """The waiters in the order a pass offers them when nothing is dispatched."""
+        return list(self.offers(set()))
 
     def outranks_all(self, request: PreprocessedRequest) -> bool:
         """Whether a new `request` would be first: then it may take a free worker at once;
         otherwise it queues behind the waiters that come before it."""
-        if not self._waiters:
+        if not self._keys:
             return True
-        tenant = request.tenant or DEFAULT_TENANT
-        head = min(self._waiters, key=self.key)
+        head = min(self.key(waiters[0]) for waiters in self._keys.values())
         deadline = request.deadline_s
         own = (
             request.priority,
-            self.counters[tenant],
+            self.counters[request.tenant or DEFAULT_TENANT],
             math.inf if deadline is None else deadline,
         )
-        return own < self.key(head)[:3]  # a tie goes to the one already waiting
+        return own < head[:3]  # a tie goes to the one already waiting
 
     def charge(self, request: PreprocessedRequest) -> None:
         """Count a dispatched `request` against its tenant's share, its output as expected
@@ -161,7 +196,8 @@ class RequestQueue:
 
     def depth(self) -> dict[tuple[int, str], int]:
         """Waiting requests per (priority class, tenant)."""
-        out: dict[tuple[int, str], int] = defaultdict(int)
-        for w in self._waiters:
-            out[(w.request.priority, w.tenant)] += 1
-        return dict(out)
+        return {key: len(waiters) for key, waiters in self._keys.items()}
+
+
+def _order(waiter: Waiter) -> tuple[float, int]:
+    return waiter.order

@@ -157,6 +157,28 @@ def test_a_tenant_back_from_idle_gets_no_burst() -> None:
     assert served.count("a") <= 4, served  # alternating, not a's ten first
 
 
+def test_one_pass_picks_the_lowest_counter_again_after_every_dispatch() -> None:
+    """a queued four before b's four, at equal counters: a pass that frees four slots at
+    once serves two of each (each dispatch charges its tenant), not a's four; and a removal
+    from the middle of a tenant's waiters keeps the rest in order."""
+    queue = RequestQueue()
+    for t in ("a", "b"):
+        for i in range(4):
+            queue.push(req(f"{t}{i}", tenant=t, deadline_s=100.0 - i), frozenset(), 0.0)
+    served = []
+    for waiter in queue.offers(set()):
+        queue.remove(waiter)
+        queue.charge(waiter.request)
+        served.append(waiter.request.request_id)
+        if len(served) == 4:
+            break
+    assert sorted(served) == ["a2", "a3", "b2", "b3"], served  # earliest deadlines first
+    (b1,) = [w for w in queue.ordered() if w.request.request_id == "b1"]
+    queue.remove(b1)
+    assert [w.request.request_id for w in queue.ordered()] == ["a1", "a0", "b0"]
+    assert len(queue) == 3 and queue.depth() == {(0, "a"): 2, (0, "b"): 1}
+
+
 async def test_a_share_is_charged_the_tokens_generated_not_max_tokens() -> None:
     """Both tenants ask max_tokens 400 with equal prompts; a's answers stop after 10 tokens,
     b's run to 400. Settled at finish by what each generated, a is served many requests per

@@ -4,16 +4,26 @@ on a slow worker by what it takes there, not by its token count alone.
 
 Per worker, over its last `window` steps that prefilled, a line wall_ms = a + b · prefill_tokens
 fitted by Theil–Sen (the median of the slopes between pairs of steps whose sizes differ by a
-quarter of the mean or more, and the median intercept): its slope is the time per prompt token,
-a step's fixed part and any decode it carried go to a (a ratio of sums would make a worker
-whose prompts hit its cache, and so prefill in small steps, look slow), and a step the host
-stole the CPU from does not move a median the way it moves a mean or a least-squares line (a
-shared CI host showed one worker 4× slower than its identical peers from a few such steps).
-ms per token is the line at a `reference_tokens` step over those tokens; too few pairs and the
-median of the steps' own ms per token stands in; fewer than `min_steps` steps or `min_tokens`
-tokens and the worker is not measured. `slowness(w)` is that over the fastest measured
-candidate's (≥ 1); a worker not measured yet counts as the fastest (1), so nothing changes
-until steps arrive. The estimate is recomputed when a worker's steps arrive, not per route.
+quarter of the mean or more): its slope b is the time per prompt token. The intercept is not
+used: it holds a step's fixed part and the decode rows it carried, and those depend on what
+else runs on the worker (the mocker's decode time grows with the share of its KV pool in use),
+not on how fast it prefills; dividing the line at some step size by that size made identical
+workers read 1.0–1.3× slower than each other under load and sent long prompts away from the
+idle one. A ratio of sums would make a worker whose prompts hit its cache, and so prefill in
+small steps, look slow; a step the host stole the CPU from does not move a median the way it
+moves a mean or a least-squares line (a shared CI host showed one worker 4× slower than its
+identical peers from a few such steps). Too few pairs and the median of the steps' own ms per
+token stands in; fewer than `min_steps` steps or `min_tokens` tokens and the worker is not
+measured. `slowness(w)` is that over the fastest measured candidate's (≥ 1), and 1 while
+the two differ by less than the line's own error: each worker's fit carries the median
+relative distance of its steps from its line (sampling jitter, the decode rows a step
+carried, and a step time that is not a straight line in the tokens: the mocker's is
+quadratic, so equal workers that prefilled chunks of different sizes fit slopes 1.0–1.1
+apart), and a difference smaller than the larger of the two errors is not told apart. That
+spread, read as speed, outweighed a few decode blocks in the cost and put a long prompt
+beside a running request instead of on an idle worker. A worker not measured yet counts as
+the fastest (1), so nothing changes until steps arrive. The estimate is recomputed when a
+worker's steps arrive, not per route.
 """
 
 from __future__ import annotations
@@ -21,10 +31,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from statistics import median
+from typing import NamedTuple
 
 from tandem.protocols.scaling import StepSample
 
 DEFAULT_WINDOW = 64
+
+
+class Slope(NamedTuple):
+    """ms per prompt token, and the median relative distance of the steps from the line."""
+
+    ms: float
+    error: float
 
 
 class PrefillSpeed:
@@ -34,17 +52,15 @@ class PrefillSpeed:
         self,
         window: int = DEFAULT_WINDOW,
         min_tokens: int = 256,
-        reference_tokens: int = 2048,
         min_steps: int = 3,
     ) -> None:
         if window < 1:
             raise ValueError(f"window={window} must be >= 1")
         self._window = window
-        self._reference = reference_tokens
         self._min_tokens = min_tokens  # below this a worker's ratio is too noisy to use
         self._min_steps = min_steps
         self._steps: dict[str, deque[tuple[float, int]]] = {}
-        self._estimate: dict[str, float | None] = {}
+        self._estimate: dict[str, Slope | None] = {}
 
     def observe(self, worker_id: str, samples: Iterable[StepSample]) -> None:
         steps = self._steps.get(worker_id)
@@ -64,9 +80,10 @@ class PrefillSpeed:
         self._estimate.pop(worker_id, None)
 
     def ms_per_token(self, worker_id: str) -> float | None:
-        return self._estimate.get(worker_id)
+        estimate = self._estimate.get(worker_id)
+        return None if estimate is None else estimate.ms
 
-    def _fit(self, steps: deque[tuple[float, int]]) -> float | None:
+    def _fit(self, steps: deque[tuple[float, int]]) -> Slope | None:
         n = len(steps)
         if n < self._min_steps or sum(t for _, t in steps) < self._min_tokens:
             return None
@@ -78,19 +95,27 @@ class PrefillSpeed:
             for ms_j, t_j in points[i + 1 :]
             if abs(t_j - t_i) >= spread
         ]
-        if len(slopes) >= n:
-            slope = median(slopes)
-            if slope > 0:
-                at_reference = median(ms - slope * t for ms, t in points) + slope * self._reference
-                if at_reference > 0:
-                    return at_reference / self._reference
-        return median(ms / t for ms, t in points)
+        if len(slopes) >= n and (slope := median(slopes)) > 0:
+            intercept = median(ms - slope * t for ms, t in points)
+            error = median(abs(ms - intercept - slope * t) / ms for ms, t in points)
+            return Slope(slope, error)
+        ratios = [ms / t for ms, t in points]
+        ratio = median(ratios)
+        return Slope(ratio, median(abs(r - ratio) / r for r in ratios))
 
     def slowness(self, worker_ids: Sequence[str]) -> dict[str, float]:
-        """Each worker's ms per token over the fastest measured one's; 1 when unmeasured."""
-        speeds = {w: self.ms_per_token(w) for w in worker_ids}
-        known = [v for v in speeds.values() if v is not None]
+        """Each worker's ms per token over the fastest measured one's; 1 when unmeasured
+        or within the larger of the two fits' errors of the fastest."""
+        estimates = {w: self._estimate.get(w) for w in worker_ids}
+        known = [v for v in estimates.values() if v is not None]
         if not known:
             return dict.fromkeys(worker_ids, 1.0)
-        fastest = min(known)
-        return {w: 1.0 if v is None else max(v / fastest, 1.0) for w, v in speeds.items()}
+        fastest = min(known, key=lambda v: v.ms)
+
+        def told_apart(v: Slope) -> bool:
+            return v.ms > fastest.ms * (1.0 + max(v.error, fastest.error))
+
+        return {
+            w: v.ms / fastest.ms if v is not None and told_apart(v) else 1.0
+            for w, v in estimates.items()
+        }

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from tests.support.instances import backend_instance
 
+from tandem.engines.mocker.perf_model import decode_ms, prefill_ms
 from tandem.protocols.discovery import Instance, ModelCard
 from tandem.protocols.engine import PreprocessedRequest, StopConditions
 from tandem.protocols.scaling import StepSample
@@ -108,6 +109,63 @@ def test_prefill_speed_is_the_fitted_slope_not_the_ratio() -> None:
     assert s["slow"] == pytest.approx(4.0, rel=0.01)
     speed.forget("slow")
     assert speed.ms_per_token("slow") is None
+
+
+def test_decode_rows_in_a_workers_steps_do_not_make_it_look_slow() -> None:
+    """Two equal workers; one's steps also carry 30 ms of decode rows (more of its KV pool in
+    use): the time per prompt token is the same, so is the slowness."""
+    speed = PrefillSpeed()
+    sizes = [8192, 4096, 6000, 2048, 512, 1024] * 4
+    speed.observe("idle", _steps(0.015, 16.5, sizes))
+    speed.observe("decoding", _steps(0.015, 46.5, sizes))
+    s = speed.slowness(["idle", "decoding"])
+    assert s["decoding"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_equal_workers_within_their_noise_are_not_told_apart() -> None:
+    """Three equal workers whose steps jitter by up to ±15 % (decode rows, the host): their
+    point slopes differ by a few per cent, within each other's intervals, so none reads
+    slower; a worker twice as slow under the same jitter still reads about 2."""
+    rng = random.Random(7)
+    sizes = [8192, 4096, 6000, 2048, 512, 1024, 3000, 7000] * 8
+
+    def jittered(ms_per_token: float) -> list[StepSample]:
+        steps = _steps(ms_per_token, 20.0, sizes)
+        return [msgspec.structs.replace(s, wall_ms=s.wall_ms * rng.uniform(0.85, 1.15))
+                for s in steps]  # fmt: skip
+
+    speed = PrefillSpeed()
+    for w in ("a", "b", "c"):
+        speed.observe(w, jittered(0.015))
+    speed.observe("slow", jittered(0.030))
+    points = [speed.ms_per_token(w) or 0.0 for w in ("a", "b", "c")]
+    assert max(points) / min(points) > 1.005  # the point estimates alone would differ
+    s = speed.slowness(["a", "b", "c", "slow"])
+    assert s["a"] == s["b"] == s["c"] == 1.0
+    assert s["slow"] == pytest.approx(2.0, rel=0.1)
+
+
+def test_equal_mocker_workers_read_equal_whatever_chunks_they_prefilled() -> None:
+    """The mocker's step time is quadratic in the prompt tokens plus its decode time when
+    the step carries decode rows: a straight line fitted to big chunks is steeper than one
+    fitted to small chunks. Equal workers still read 1; one at half speed reads about 2."""
+    rng = random.Random(3)
+
+    def steps(sizes: list[int], speed: float) -> list[StepSample]:
+        out = []
+        for t in sizes:
+            ms = prefill_ms(t) + (decode_ms(rng.uniform(0.05, 0.6)) if rng.random() < 0.7 else 0)
+            out.append(StepSample(ms / speed, t, 0, 1, 0))
+        return out
+
+    speed = PrefillSpeed()
+    speed.observe("big", steps([rng.randrange(2048, 8193) for _ in range(64)], 1.0))
+    speed.observe("small", steps([rng.randrange(256, 3000) for _ in range(64)], 1.0))
+    speed.observe("mixed", steps([rng.randrange(256, 8193) for _ in range(64)], 1.0))
+    speed.observe("half", steps([rng.randrange(256, 8193) for _ in range(64)], 0.5))
+    s = speed.slowness(["big", "small", "mixed", "half"])
+    assert s["big"] == s["small"] == s["mixed"] == 1.0, s
+    assert s["half"] == pytest.approx(2.0, rel=0.25), s
 
 
 def test_a_few_steps_the_host_stole_time_from_do_not_make_a_worker_slow() -> None:

@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from tandem.protocols.engine import PreprocessedRequest
@@ -38,6 +39,7 @@ OUTPUT_TOKEN_WEIGHT = 2.0  # the VTC paper's w_q = 2 w_p: a decode token costs m
 # what a request counts for output before it ran: its max_tokens, at most this (a client that
 # leaves max_tokens at the context's remainder must not be charged its whole context)
 MAX_EXPECTED_OUTPUT_TOKENS = 512
+_ORDER = attrgetter("order")  # bisect's key over a tenant's sorted waiters
 
 
 @dataclass(eq=False, slots=True)
@@ -97,7 +99,7 @@ class RequestQueue:
         if tenant not in backlogged and backlogged:
             floor = min(self.counters[t] for t in backlogged)
             self.counters[tenant] = max(self.counters[tenant], floor)
-        bisect.insort(self._keys.setdefault((klass, tenant), []), waiter, key=_order)
+        bisect.insort(self._keys.setdefault((klass, tenant), []), waiter, key=_ORDER)
         self._len += 1
         return waiter
 
@@ -107,7 +109,7 @@ class RequestQueue:
         waiters = self._keys.get(key)
         if waiters is None:
             return
-        i = bisect.bisect_left(waiters, waiter.order, key=_order)
+        i = bisect.bisect_left(waiters, waiter.order, key=_ORDER)
         if i == len(waiters) or waiters[i] is not waiter:
             return
         del waiters[i]
@@ -136,13 +138,13 @@ class RequestQueue:
         for klass in sorted({c for c, _ in self._keys}):
             cursors = {t: 0 for c, t in self._keys if c == klass}  # next unoffered waiter
             while True:
-                best: tuple[tuple[float, float, int], str, Waiter] | None = None
+                best: tuple[tuple[int, float, float, int], str, Waiter] | None = None
                 for tenant, i in cursors.items():
                     waiters = self._keys.get((klass, tenant))
                     if waiters is None or i >= len(waiters) or (klass, tenant) in blocked:
                         continue
                     waiter = waiters[i]
-                    rank = (self.counters[tenant], *waiter.order)
+                    rank = self.key(waiter)
                     if best is None or rank < best[0]:
                         best = (rank, tenant, waiter)
                 if best is None:
@@ -197,7 +199,3 @@ class RequestQueue:
     def depth(self) -> dict[tuple[int, str], int]:
         """Waiting requests per (priority class, tenant)."""
         return {key: len(waiters) for key, waiters in self._keys.items()}
-
-
-def _order(waiter: Waiter) -> tuple[float, int]:
-    return waiter.order

@@ -4,26 +4,24 @@ on a slow worker by what it takes there, not by its token count alone.
 
 Per worker, over its last `window` steps that prefilled, a line wall_ms = a + b · prefill_tokens
 fitted by Theil–Sen (the median of the slopes between pairs of steps whose sizes differ by a
-quarter of the mean or more): its slope b is the time per prompt token. The intercept is not
-used: it holds a step's fixed part and the decode rows it carried, and those depend on what
-else runs on the worker (the mocker's decode time grows with the share of its KV pool in use),
-not on how fast it prefills; dividing the line at some step size by that size made identical
-workers read 1.0–1.3× slower than each other under load and sent long prompts away from the
-idle one. A ratio of sums would make a worker whose prompts hit its cache, and so prefill in
-small steps, look slow; a step the host stole the CPU from does not move a median the way it
-moves a mean or a least-squares line (a shared CI host showed one worker 4× slower than its
-identical peers from a few such steps). Too few pairs and the median of the steps' own ms per
-token stands in; fewer than `min_steps` steps or `min_tokens` tokens and the worker is not
-measured. `slowness(w)` is that over the fastest measured candidate's (≥ 1), and 1 while
-the two differ by less than the line's own error: each worker's fit carries the median
-relative distance of its steps from its line (sampling jitter, the decode rows a step
-carried, and a step time that is not a straight line in the tokens: the mocker's is
-quadratic, so equal workers that prefilled chunks of different sizes fit slopes 1.0–1.1
-apart), and a difference smaller than the larger of the two errors is not told apart. That
-spread, read as speed, outweighed a few decode blocks in the cost and put a long prompt
-beside a running request instead of on an idle worker. A worker not measured yet counts as
-the fastest (1), so nothing changes until steps arrive. The estimate is recomputed when a
-worker's steps arrive, not per route.
+quarter of the mean or more). The speed is the slope b alone. The intercept holds a step's fixed
+part and the decode rows it carried, which depend on what else runs on the worker (the mocker's
+decode time grows with its KV use), not on how fast it prefills: counting it made identical
+workers read 1.0–1.3× apart under load. A ratio of sums would make a worker whose prompts hit
+its cache, and so prefill in small steps, look slow; a step the host stole the CPU from does
+not move a median the way it moves a mean (a shared CI host showed one worker 4× slower than
+its identical peers from a few such steps). Too few pairs and the median of the steps' own ms
+per token stands in; fewer than `min_steps` steps or `min_tokens` tokens and the worker is not
+measured.
+
+`slowness(w)` is w's slope over the fastest measured candidate's (≥ 1), and 1 while the two
+differ by less than the larger of their fits' errors (the median relative distance of a
+worker's steps from its line: jitter, decode rows, and a step time that is not straight in
+the tokens; the mocker's is quadratic, so equal workers that prefilled chunks of different
+sizes fit slopes ~10 % apart). Read as speed, that spread outweighed a few decode blocks in
+the cost and put a long prompt beside a running request instead of on an idle worker. A worker
+not measured yet counts as the fastest (1). The estimate is recomputed when a worker's steps
+arrive, not per route.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def test_decode_rows_in_a_workers_steps_do_not_make_it_look_slow() -> None:
 
 def test_equal_workers_within_their_noise_are_not_told_apart() -> None:
     """Three equal workers whose steps jitter by up to ±15 % (decode rows, the host): their
-    point slopes differ by a few per cent, within each other's intervals, so none reads
+    point slopes differ by a few per cent, within their fits' errors, so none reads
     slower; a worker twice as slow under the same jitter still reads about 2."""
     rng = random.Random(7)
     sizes = [8192, 4096, 6000, 2048, 512, 1024, 3000, 7000] * 8

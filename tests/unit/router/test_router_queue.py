@@ -158,13 +158,14 @@ def test_a_tenant_back_from_idle_gets_no_burst() -> None:
 
 
 def test_one_pass_picks_the_lowest_counter_again_after_every_dispatch() -> None:
-    """a queued four before b's four, at equal counters: a pass that frees four slots at
-    once serves two of each (each dispatch charges its tenant), not a's four; and a removal
+    """a queued four with deadlines before all of b's four, at equal counters: a pass that
+    frees four slots at once serves two of each (each dispatch charges its tenant), not a's
+    four as an order fixed at the pass's start would; and a removal
     from the middle of a tenant's waiters keeps the rest in order."""
     queue = RequestQueue()
-    for t in ("a", "b"):
+    for t, latest in (("a", 50.0), ("b", 100.0)):  # a's deadlines all before b's
         for i in range(4):
-            queue.push(req(f"{t}{i}", tenant=t, deadline_s=100.0 - i), frozenset(), 0.0)
+            queue.push(req(f"{t}{i}", tenant=t, deadline_s=latest - i), frozenset(), 0.0)
     served = []
     for waiter in queue.offers(set()):
         queue.remove(waiter)

@@ -15,7 +15,14 @@ import pytest
 from tests.support.chromium import chromium_path, open_page
 from tests.support.eventually import eventually
 from tests.support.services import free_port
-from tests.support.tandem_procs import MODEL, get_json, http_request, start_tandem, wait_healthy
+from tests.support.tandem_procs import (
+    MODEL,
+    get_json,
+    http_request,
+    start_tandem,
+    wait_healthy,
+    wait_instances,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -65,9 +72,10 @@ async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
     serve = start_tandem("serve", argv, tmp_path)
     try:
         await asyncio.to_thread(wait_healthy, base, 60.0)
-        _, health = get_json(f"{base}/health")
-        worker_ids = set(health["instances"][MODEL])
-        assert len(worker_ids) == 2
+        # healthy is one worker ready; the second may register a moment later
+        worker_ids = await asyncio.to_thread(
+            wait_instances, base, lambda ids: len(ids) == 2, timeout_s=60.0, proc=serve
+        )
         async with open_page(f"{base}/dashboard", tmp_path) as page:
             rows = await _eval_until(page, WORKER_ROWS, lambda r: len(r) == 2)
             assert {r["id"] for r in rows} == worker_ids

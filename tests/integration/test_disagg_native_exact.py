@@ -189,17 +189,32 @@ async def test_disagg_with_an_adapter_gives_the_aggregated_tokens(model, flow, t
         assert s.decode[0].decode is not None and s.decode[0].decode.num_fallbacks == 0
 
 
-def fetch_cases() -> list[tuple[list[int], list[int]]]:
-    """(prompt the holder ran, prompt the fetcher runs): the same prompt, or a shared prefix
-    with another suffix (the holder exports only the blocks they share)."""
+def fetch_cases() -> list[tuple[list[int] | None, list[int], list[int]]]:
+    """(prompt the fetcher ran before, if any; prompt the holder ran; prompt the fetcher
+    runs): the same prompt, or a shared prefix with another suffix (the holder exports only
+    the blocks they share), or one whose first blocks the fetcher caches itself (it pulls
+    only the blocks after them)."""
     rng = random.Random(11)
 
     def toks(n: int) -> list[int]:
         return [rng.randrange(100, 40000) for _ in range(n)]
 
-    same = [toks(33), toks(64)]
-    shared = [(toks(48), toks(10), toks(30)), (toks(64), toks(16), toks(47))]
-    return [(p, p) for p in same] + [(pre + a, pre + b) for pre, a, b in shared]
+    cases: list[tuple[list[int] | None, list[int], list[int]]] = []
+    for p in (toks(33), toks(64)):
+        cases.append((None, p, p))
+    for pre, a, b in ((toks(48), toks(10), toks(30)), (toks(64), toks(16), toks(47))):
+        cases.append((None, pre + a, pre + b))
+    for own_len, held_len in ((32, 50), (16, 70)):  # own blocks: 2, then 1
+        mine, held = toks(own_len), toks(held_len)
+        cases.append((mine + toks(9), mine + held, mine + held + toks(20)))
+    return cases
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    return next(
+        (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 async def _tokens(engine, req: PreprocessedRequest) -> tuple[list[int], int]:
@@ -222,7 +237,12 @@ async def test_peer_fetched_prefix_gives_the_recomputed_tokens(model) -> None:
         await e.start()
     try:
         assert holder.agent is not None and fetcher.fetch is not None
-        for i, (warm, prompt) in enumerate(fetch_cases()):
+        pulled = 0
+        for i, (before, warm, prompt) in enumerate(fetch_cases()):
+            own = 0
+            if before is not None:
+                await _tokens(fetcher, request(f"own{i}", before))
+                own = _common(before, prompt) // 16
             warm_tokens, _ = await _tokens(holder, request(f"warm{i}", warm))
             expected = (
                 warm_tokens
@@ -237,13 +257,13 @@ async def test_peer_fetched_prefix_gives_the_recomputed_tokens(model) -> None:
             tokens, cached = await _tokens(
                 fetcher, msgspec.structs.replace(request(f"f{i}", prompt), kv_fetch=hint)
             )
-            common = next(
-                (j for j, (x, y) in enumerate(zip(warm, prompt, strict=False)) if x != y), len(warm)
-            )
+            common = _common(warm, prompt)
             assert cached == min(common, len(prompt) - 1) // 16 * 16, f"case {i}"
             assert tokens == expected, f"case {i}: {cached} tokens fetched"
+            pulled += cached // 16 - own
         stats = fetcher.fetch.stats
         assert stats.num_fell_back == 0 and stats.num_succeeded == len(fetch_cases())
+        assert stats.num_blocks == pulled  # not the blocks the fetcher cached itself
         assert stats.num_bytes > 0
         for e in (holder, fetcher):
             await _wait_no_blocks(e)

@@ -1,7 +1,7 @@
 """Peer KV fetch between two mocker workers in one process (real transfer agents): the
-fetcher pulls the holder's cached prefix, prefills only the rest (reported as cached), emits
-the aggregated tokens, and caches the fetched blocks; a holder that evicted them, or one that
-is gone, costs a recompute, never the request."""
+fetcher pulls the holder's cached prefix (after the blocks it caches itself), prefills only
+the rest (reported as cached), emits the aggregated tokens, and caches the fetched blocks; a
+holder that evicted them, or one that is gone, costs a recompute, never the request."""
 
 from __future__ import annotations
 
@@ -94,6 +94,28 @@ async def test_fetch_pulls_the_prefix_and_matches_recompute() -> None:
             await e.stop()
 
 
+async def test_fetch_pulls_only_the_blocks_after_the_fetchers_own_prefix() -> None:
+    """The fetcher caches the prompt's first 3 blocks (an earlier, shorter prompt): it keeps
+    them, pulls the holder's other 4, and answers what recomputing would."""
+    holder, fetcher, plain = await started(3)
+    try:
+        ref, _ = await run(plain, request("ref"))
+        await run(holder, request("warm"))
+        await run(fetcher, request("own", n=13))  # blocks 0-2 of the prompt (4 tokens each)
+        tokens, cached = await run(fetcher, request("r1", hint=hint_to(holder, request("x"))))
+        assert tokens == ref and cached == 28
+        assert fetcher.fetch is not None and holder.fetch is not None
+        assert fetcher.fetch.stats.num_succeeded == 1 and fetcher.fetch.stats.num_blocks == 4
+        assert holder.fetch.stats.num_export_blocks == 4
+        again, cached = await run(fetcher, request("r2"))  # the pulled blocks joined its cache
+        assert again == ref and cached == 28
+        for e in (holder, fetcher):
+            await _settled(e)
+    finally:
+        for e in (holder, fetcher, plain):
+            await e.stop()
+
+
 async def test_fetch_falls_back_when_the_holder_lacks_or_is_gone() -> None:
     holder, fetcher = await started(2, HASTY)
     try:
@@ -111,7 +133,9 @@ async def test_fetch_falls_back_when_the_holder_lacks_or_is_gone() -> None:
         assert tokens == ref2 and cached == 0
         assert fetcher.fetch is not None and fetcher.fetch.stats.num_fell_back == 2
         with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
-            slow = KvFetchHint(**{**_fields(gone), "address": silent.getsockname()})
+            r3_hashes = sequence_hashes(request("r3", first=900).token_ids, MOCKER.block_size)
+            slow = KvFetchHint(**{**_fields(gone), "address": silent.getsockname(),
+                                  "block_hashes": r3_hashes})  # fmt: skip
             began = time.monotonic()
             tokens, cached = await run(fetcher, request("r3", hint=slow, first=900))
             assert cached == 0 and fetcher.fetch.stats.num_fell_back == 3

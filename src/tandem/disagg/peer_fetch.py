@@ -5,9 +5,10 @@ engine pins the longest prefix of them it caches (`KvHandoff.pin_cached`) and a 
 opens over those blocks; the op's release (the peer's completed pull, a cancel, its TTL)
 unpins them.
 
-Fetcher side: a request whose `PreprocessedRequest.kv_fetch` names a holder asks it to
-export, allocates fresh blocks for what it exported, pulls them (shm / tcp / nixl, as the
-agents choose), then resumes the request with those tokens computed: only the rest is
+Fetcher side: a request whose `PreprocessedRequest.kv_fetch` names a holder keeps the
+leading blocks of the prompt its own prefix cache holds, asks the holder to export the
+blocks after them, allocates fresh blocks for what it exported, pulls them (shm / tcp / nixl,
+as the agents choose), then resumes the request with those tokens computed: only the rest is
 prefilled, and the fetched full blocks join the prefix cache (KV stored events as usual).
 Whatever fails — the holder gone, refusing, evicted, no room here, the pull erring or
 passing ``kv_fetch_timeout_s`` — frees the blocks and the prompt is computed here as if
@@ -129,12 +130,17 @@ class PeerFetch:
                 yield out
 
     async def _fetch(self, request: PreprocessedRequest, hint: KvFetchHint) -> int:
-        """Tokens whose KV now sits in blocks allocated to ``request`` (resume from there);
-        0: nothing was fetched, nothing is allocated (compute the prompt)."""
+        """Tokens whose KV now sits in blocks allocated to ``request``: its own cached
+        leading blocks and the pulled ones after them (resume from there); 0: nothing was
+        fetched, nothing is allocated (compute the prompt)."""
         size = self.block_size
         max_blocks = (request.num_prompt_tokens - 1) // size  # the last token is computed here
         hashes = hint.block_hashes[:max_blocks]
         if hint.block_size != size or not hashes:
+            return 0
+        # the leading blocks this engine caches itself stay; only the rest is pulled
+        num_local = await self.handoff.cached_prefix_blocks(hashes)
+        if num_local >= len(hashes):
             return 0
         self.stats.num_started += 1
         started = time.monotonic()
@@ -148,19 +154,24 @@ class PeerFetch:
             ttl_s = self.config.kv_fetch_timeout_s
             num_blocks = await self._in_thread(
                 lambda: self.agent.request_export(
-                    target, hashes, ttl_s=ttl_s, timeout_s=_left(deadline)
+                    target, hashes[num_local:], ttl_s=ttl_s, timeout_s=_left(deadline)
                 )
             )
             if num_blocks == 0:
                 raise TransferError(f"holder {hint.source_instance_id} no longer caches them")
-            num_tokens = num_blocks * size
-            blocks = await self.handoff.allocate(request, num_tokens, prefix_only=True)
+            num_tokens = (num_local + num_blocks) * size
+            blocks = await self.handoff.allocate(
+                request, num_tokens, prefix_only=True, num_cached_blocks=num_local
+            )
             pull_started = time.monotonic()
             result = await guard.run(
-                lambda: self.agent.pull(target, REGION, blocks, timeout_s=_left(deadline)),
+                lambda: self.agent.pull(
+                    target, REGION, blocks[num_local:], timeout_s=_left(deadline)
+                ),
                 self.executor,
             )
-            await asyncio.sleep(self.handoff.transfer_delay_s(num_tokens))  # the mocker's
+            # the mocker's simulated transfer time, of the blocks that moved
+            await asyncio.sleep(self.handoff.transfer_delay_s(num_blocks * size))
             done = True
         except (TransferError, Overloaded, TimeoutError) as exc:
             self.stats.num_fell_back += 1
@@ -173,7 +184,7 @@ class PeerFetch:
                 guard.give_up()
         guard.keep()
         now = time.monotonic()
-        self._count(num_tokens, result.num_bytes, now - started, now - pull_started)
+        self._count(num_blocks * size, result.num_bytes, now - started, now - pull_started)
         return num_tokens
 
     def _count(self, num_tokens: int, moved_bytes: int, seconds: float, pull_s: float) -> None:

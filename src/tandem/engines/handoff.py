@@ -97,13 +97,26 @@ class KvHandoff(Protocol):
         transfer agent calls it from a connection thread."""
         ...
 
+    async def cached_prefix_blocks(self, block_hashes: list[int]) -> int:
+        """How many leading blocks of the chained ``block_hashes`` this engine's prefix cache
+        holds now (no pin: a peer KV fetch pulls only the blocks after them)."""
+        ...
+
     async def allocate(
-        self, request: PreprocessedRequest, num_tokens: int, *, prefix_only: bool = False
+        self,
+        request: PreprocessedRequest,
+        num_tokens: int,
+        *,
+        prefix_only: bool = False,
+        num_cached_blocks: int = 0,
     ) -> list[int]:
-        """Reserve fresh blocks for the first ``num_tokens`` tokens of ``request`` on the
-        decode side; raises `Overloaded` when the pool cannot hold them now. Tokens beyond
-        ``num_tokens`` are a decode-first prefill's first token, or with ``prefix_only``
-        (a peer KV fetch of a prompt prefix) prompt still to compute."""
+        """Reserve blocks for the first ``num_tokens`` tokens of ``request`` on the decode
+        side and return them in order; raises `Overloaded` when the pool cannot hold them
+        now. Tokens beyond ``num_tokens`` are a decode-first prefill's first token, or with
+        ``prefix_only`` (a peer KV fetch of a prompt prefix) prompt still to compute. The
+        blocks are fresh, except the first ``num_cached_blocks``: those are the prefix
+        cache's own blocks of the prompt, shared (a peer fetch pulls only what follows);
+        `TransferError` when the cache no longer holds that many."""
         ...
 
     def release(self, request_id: str) -> None:

@@ -98,10 +98,11 @@ class MmItem(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class KvFetchHint(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The KV router's peer fetch (issue 31): before prefilling, pull the KV of the prompt's
-    first ``len(block_hashes)`` blocks from instance ``source_instance_id`` (whose transfer
-    agent ``agent_id`` listens at ``address``) instead of recomputing it. A hint, never a
-    promise: the holder may have evicted some (a shorter fetch) or be gone (recompute)."""
+    """The KV router's peer fetch (issue 31): before prefilling, have the KV of the prompt's
+    first ``len(block_hashes)`` blocks instead of recomputing it: the leading ones this
+    worker caches itself stay, the rest is pulled from instance ``source_instance_id``
+    (whose transfer agent ``agent_id`` listens at ``address``). A hint, never a promise: the
+    holder may have evicted some (a shorter fetch) or be gone (recompute)."""
 
     source_instance_id: str
     address: tuple[str, int]

@@ -102,11 +102,14 @@ class DecisionLog:
 
 
 def _fetch(decision: RouteDecision) -> dict[str, Any] | None:
-    """The peer KV fetch the chosen worker was told to make, if any."""
+    """The peer KV fetch the chosen worker was told to make, if any: its holder and the
+    blocks to pull (the hint names the whole prefix; the worker keeps what it caches)."""
     hint = decision.kv_fetch
     if hint is None:
         return None
-    return {"source": hint.source_instance_id, "blocks": len(hint.block_hashes)}
+    planned = decision.details.get("kv_fetch")
+    blocks = planned["blocks"] if isinstance(planned, dict) else len(hint.block_hashes)
+    return {"source": hint.source_instance_id, "blocks": blocks}
 
 
 def _candidate(cost: CandidateCost) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 that holds it instead of recomputing it, and what that costs. Pure functions.
 
 A candidate holding ``local_blocks`` of the prompt's prefix, beside a holder with
-``holder_blocks`` > ``local_blocks``, can pull the holder's blocks (all of them: the fetch
-fills fresh blocks from the first) over the transfer plane:
+``holder_blocks`` > ``local_blocks``, can pull the holder's blocks after its own (the
+fetcher keeps its cached leading blocks and fills fresh ones after them) over the transfer
+plane:
 
-    fetch_s     = setup_s + holder_blocks · B · bytes_per_token / bandwidth
+    fetch_s     = setup_s + (holder_blocks − local_blocks) · B · bytes_per_token / bandwidth
     recompute_s = (holder_blocks − local_blocks) · B · prefill_s_per_token
 
 It pays when fetch_s < recompute_s. The KV cost then counts the fetched blocks as cached,
@@ -58,7 +59,8 @@ class FetchPlan:
     """One candidate's fetch from one holder: what moves and what it saves."""
 
     source_id: str
-    num_blocks: int  # the holder's prefix blocks pulled
+    first_block: int  # the candidate's own prefix: the pull starts after it
+    num_blocks: int  # the holder's prefix blocks pulled (after first_block)
     num_bytes: int
     fetch_ms: float
     recompute_ms: float  # recomputing the blocks beyond the candidate's own prefix
@@ -80,18 +82,19 @@ def plan_fetch(
     prefill_s_per_token: float,
     setup_s: float,
 ) -> FetchPlan | None:
-    """The fetch of ``holder_blocks`` for a candidate holding ``local_blocks``; None when the
-    holder has nothing more. Whether it pays is `FetchPlan.pays`."""
+    """The fetch of the holder's blocks after the ``local_blocks`` a candidate holds; None
+    when the holder has nothing more. Whether it pays is `FetchPlan.pays`."""
     gained = holder_blocks - local_blocks
     if gained <= 0 or holder_blocks <= 0:
         return None
-    num_bytes = holder_blocks * block_size * bytes_per_token
+    num_bytes = gained * block_size * bytes_per_token
     fetch_s = setup_s + num_bytes / bandwidth_bytes_per_s
     recompute_s = gained * block_size * prefill_s_per_token
     block_s = block_size * prefill_s_per_token
     return FetchPlan(
         source_id=source_id,
-        num_blocks=holder_blocks,
+        first_block=local_blocks,
+        num_blocks=gained,
         num_bytes=num_bytes,
         fetch_ms=fetch_s * 1e3,
         recompute_ms=recompute_s * 1e3,

@@ -315,7 +315,8 @@ class KvRouter(PolicyRouter):
             source_instance_id=plan.source_id,
             address=source.address,
             agent_id=source.agent_id,
-            block_hashes=scored.block_hashes[: plan.num_blocks],
+            # the whole prefix: the fetcher keeps what it caches and pulls the rest
+            block_hashes=scored.block_hashes[: plan.first_block + plan.num_blocks],
             block_size=self.block_size,
         )
 
@@ -358,9 +359,9 @@ class KvRouter(PolicyRouter):
         self._after_add(request.request_id, chosen.instance_id, scored, prefill_tokens)
         hint = self._fetch_hint(best.fetch, scored) if best.fetch is not None else None
         if hint is not None and best.fetch is not None:
-            self.metrics.observe_fetch(len(hint.block_hashes), best.fetch.num_bytes)
+            self.metrics.observe_fetch(best.fetch.num_blocks, best.fetch.num_bytes)
             details["kv_fetch"] = {"source": hint.source_instance_id,
-                                   "blocks": len(hint.block_hashes)}  # fmt: skip
+                                   "blocks": best.fetch.num_blocks}  # fmt: skip
         return RouteDecision(
             instance_id=chosen.instance_id,
             address=chosen.address,

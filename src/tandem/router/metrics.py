@@ -211,10 +211,10 @@ def _fetch_families(p: str, names: tuple[str, ...]) -> list[Metric]:
             labels=names,
         ),
         CounterMetricFamily(
-            f"{p}_kv_fetch_blocks", "KV blocks named by peer fetch hints", labels=names
+            f"{p}_kv_fetch_blocks", "KV blocks peer fetch hints ask to pull", labels=names
         ),
         CounterMetricFamily(
-            f"{p}_kv_fetch_bytes", "KV bytes named by peer fetch hints (estimated)", labels=names
+            f"{p}_kv_fetch_bytes", "KV bytes peer fetch hints ask to pull (estimated)", labels=names
         ),
     ]
 

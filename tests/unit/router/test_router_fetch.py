@@ -42,8 +42,14 @@ def test_fetch_pays_only_when_moving_bytes_beats_recomputing() -> None:
     assert 0 < fast.credit_blocks < 60
     slow = plan(0, 60, gbps=1.0)  # 126 ms of transfer > 48 ms of prefill
     assert slow is not None and not slow.pays and slow.credit_blocks == 0
-    # the candidate already holds most of it: the whole prefix moves, only 4 blocks are saved
-    assert not plan(56, 60, gbps=50.0).pays  # type: ignore[union-attr]
+    # the candidate already holds most of it: only the 4 blocks after its own move
+    tail = plan(56, 60, gbps=50.0)
+    assert tail is not None and tail.pays
+    assert (tail.first_block, tail.num_blocks) == (56, 4)
+    assert tail.num_bytes == 4 * B * KV_BYTES
+    assert tail.recompute_ms == pytest.approx(4 * B * 50e-3)
+    # one block saved (0.8 ms of prefill) does not pay the 2 ms setup
+    assert not plan(59, 60, gbps=50.0).pays  # type: ignore[union-attr]
     assert plan(60, 60, gbps=50.0) is None and plan(0, 0, gbps=50.0) is None
 
 
@@ -162,6 +168,22 @@ def test_worker_kv_fetch_refuses_an_engine_that_cannot_export() -> None:
     args.engine = "vllm"  # vLLM's flags parse only in its own venv; refused before it loads
     with pytest.raises(ValueError, match="--kv-fetch needs --engine mocker or native"):
         build_engine(args)
+
+
+async def test_a_worker_caching_part_of_the_prefix_is_told_to_pull_only_the_rest() -> None:
+    """w1 caches the prompt's first 40 blocks: its plan moves (and charges) the other 24, and
+    the hint names the whole prefix (w1 keeps what it caches)."""
+    fast = router(gbps=50.0)
+    fast.indexer.store(WorkerKey("w1"), sequence_hashes(PROMPT, B)[:40])
+    plan = fast.explain(req("e"))["kv_fetch"]
+    assert (plan["first_block"], plan["num_blocks"]) == (40, 24)
+    assert plan["num_bytes"] == 24 * B * KV_BYTES
+    d = await fast.route(req("a"))
+    assert d.instance_id == "w1" and d.kv_fetch is not None
+    assert d.kv_fetch.block_hashes == sequence_hashes(PROMPT, B)
+    assert d.details["kv_fetch"] == {"source": "w0", "blocks": 24}
+    assert fast.metrics.kv_fetch_blocks == 24
+    assert fast.decisions.snapshot(1)[0]["kv_fetch"] == {"source": "w0", "blocks": 24}
 
 
 async def test_no_fetch_for_a_worker_already_computing_that_prefix() -> None:

@@ -108,8 +108,16 @@ class MockerKvHandoff:
         return asyncio.run_coroutine_threadsafe(on_loop(), self._loop).result(PIN_TIMEOUT_S)
 
     # ------------------------------------------------------------------ decode side
+    async def cached_prefix_blocks(self, block_hashes: list[int]) -> int:
+        return len(self.scheduler.pool.match_prefix(block_hashes))
+
     async def allocate(
-        self, request: PreprocessedRequest, num_tokens: int, *, prefix_only: bool = False
+        self,
+        request: PreprocessedRequest,
+        num_tokens: int,
+        *,
+        prefix_only: bool = False,
+        num_cached_blocks: int = 0,
     ) -> list[int]:
         sched = self.scheduler
         seq = make_sequence(sched.config, request, {**sched.held})
@@ -121,7 +129,7 @@ class MockerKvHandoff:
             seq.min_tokens += extra
             prompt = msgspec.structs.replace(request, token_ids=request.token_ids[:num_tokens])
             seq.seed = request_seed(prompt)
-        blocks = sched.hold(seq, num_tokens)
+        blocks = sched.hold(seq, num_tokens, num_cached_blocks)
         if blocks is None:
             raise Overloaded(
                 f"decode worker has {sched.pool.num_allocatable_blocks} free KV blocks; "

@@ -31,7 +31,7 @@ from tandem.engines.mocker.admission import make_sequence
 from tandem.engines.mocker.c_block_pool import new_block_pool
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.sequence import Sequence
-from tandem.errors import InvalidRequest
+from tandem.errors import InvalidRequest, TransferError
 from tandem.kvbm.args import with_block_bytes
 from tandem.kvbm.base import BlockMeta
 from tandem.kvbm.sim import SimBlockManager
@@ -456,14 +456,27 @@ class Scheduler:
         if blocks is not None:
             self.pool.release(blocks)
 
-    def hold(self, seq: Sequence, num_tokens: int) -> list[int] | None:
-        """Give ``seq`` (not queued) fresh blocks for ``num_tokens`` tokens; None if short."""
-        fresh = self.pool.allocate(-(-num_tokens // self.config.block_size))
+    def hold(self, seq: Sequence, num_tokens: int, num_cached: int = 0) -> list[int] | None:
+        """Give ``seq`` (not queued) blocks for ``num_tokens`` tokens: its first
+        ``num_cached`` prompt blocks from the prefix cache (shared; `TransferError` if it no
+        longer holds them all), fresh ones after; None if the pool is short."""
+        hits: list[int] = []
+        if num_cached > 0:
+            hits = self.pool.match_prefix(seq.hashes_upto(num_cached))
+            if len(hits) < num_cached:
+                raise TransferError(
+                    f"request_id={seq.request_id}: {len(hits)} of the prompt's first "
+                    f"{num_cached} blocks are still cached here"
+                )
+            self.pool.acquire(hits)
+        fresh = self.pool.allocate(-(-num_tokens // self.config.block_size) - len(hits))
         if fresh is None:
+            self.pool.release(hits)
             return None
-        seq.block_ids = fresh
+        seq.block_ids = hits + fresh
+        seq.num_committed_blocks = len(hits)
         self.held[seq.request_id] = seq
-        return list(fresh)
+        return list(seq.block_ids)
 
     def release_held(self, request_id: str) -> None:
         seq = self.held.pop(request_id, None)

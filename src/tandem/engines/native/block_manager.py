@@ -75,10 +75,10 @@ class BlockManager:
         events, self.events = self.events, []
         return events
 
-    def match_prefix(self, seq: Sequence) -> int:
+    def match_prefix(self, seq: Sequence, *, max_blocks: int | None = None) -> int:
         """On a sequence's first schedule: share every cached full block of its prefix (at
-        most (len-1)//block_size blocks: the last token is always computed). Returns the
-        number of tokens served from the cache."""
+        most (len-1)//block_size blocks: the last token is always computed; at most
+        `max_blocks`). Returns the number of tokens served from the cache."""
         assert seq.seq_id not in self.tables, "match_prefix on a sequence that holds blocks"
         table: list[int] = []
         self.tables[seq.seq_id] = table
@@ -86,8 +86,10 @@ class BlockManager:
             self.num_committed[seq.seq_id] = 0
             return 0
         bs = self.block_size
-        max_blocks = (len(seq.token_ids) - 1) // bs
-        for i, h in enumerate(seq.full_block_hashes(bs)[:max_blocks]):
+        limit = (len(seq.token_ids) - 1) // bs
+        if max_blocks is not None:
+            limit = min(limit, max_blocks)
+        for i, h in enumerate(seq.full_block_hashes(bs)[:limit]):
             block = self.hash_to_block.get(h)
             if block is None or self.block_tokens[block] != seq.token_ids[i * bs : (i + 1) * bs]:
                 break

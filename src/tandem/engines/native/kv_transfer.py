@@ -25,7 +25,7 @@ from tandem.engines.handoff import FetchFigures, KvCacheSpec
 from tandem.engines.native.engine import NativeEngine
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.sequence import Sequence, SequenceStatus
-from tandem.errors import InvalidRequest, Overloaded
+from tandem.errors import InvalidRequest, Overloaded, TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 
 logger = logging.getLogger(__name__)
@@ -158,8 +158,23 @@ class NativeKvHandoff:
             return len(self._pins)
 
     # ------------------------------------------------------------------ decode side
+    async def cached_prefix_blocks(self, block_hashes: list[int]) -> int:
+        import asyncio
+
+        def count(core: EngineCore) -> int:
+            cached = core.block_manager.hash_to_block
+            return next((i for i, h in enumerate(block_hashes) if h not in cached),
+                        len(block_hashes))  # fmt: skip
+
+        return await asyncio.to_thread(self.engine.run_locked, count)
+
     async def allocate(
-        self, request: PreprocessedRequest, num_tokens: int, *, prefix_only: bool = False
+        self,
+        request: PreprocessedRequest,
+        num_tokens: int,
+        *,
+        prefix_only: bool = False,
+        num_cached_blocks: int = 0,
     ) -> list[int]:
         import asyncio
 
@@ -168,10 +183,20 @@ class NativeKvHandoff:
 
         def take(core: EngineCore) -> list[int]:
             bm = core.block_manager
+            if num_cached_blocks > 0:
+                shared = bm.match_prefix(seq, max_blocks=num_cached_blocks) // bm.block_size
+                if shared < num_cached_blocks:
+                    bm.free(seq)
+                    raise TransferError(
+                        f"request_id={request.request_id}: {shared} of the prompt's first "
+                        f"{num_cached_blocks} blocks are still cached here"
+                    )
             if bm.blocks_needed(seq, num_tokens) > bm.num_free_blocks:
+                needed = bm.blocks_needed(seq, num_tokens)
+                bm.free(seq)
                 raise Overloaded(
                     f"decode worker has {bm.num_free_blocks} free KV blocks; request_id="
-                    f"{request.request_id} needs {bm.blocks_needed(seq, num_tokens)}"
+                    f"{request.request_id} needs {needed}"
                 )
             bm.ensure_slots(seq, num_tokens)
             return list(bm.block_table(seq))

@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 
 # Every distinct word of every prompt lands here (numbers, ids, names: most never repeat),
 # ~190 B each with its ids: 2**17 words grew a frontend by ~25 MB before the first clear,
-# which a soak saw as RSS rising without levelling. 2**14 (~3 MB) holds the words that do
-# repeat (a language's common words, a chat template's), and a miss costs one BPE call.
+# which a soak saw as RSS rising without levelling. 2**14 a generation (two: ~6 MB) holds the
+# words that do repeat (a language's common words, a chat template's), and a miss costs one
+# BPE call.
 MAX_CACHED_WORDS = 1 << 14
 _WS = " \\t\\n\\x0b\\x0c\\r"  # ASCII White_Space, as the backend's \s
 SPLIT_PATTERN = re.compile(
@@ -54,16 +55,28 @@ PROBE_TEXT = (
 
 
 class _WordCache(dict[str, tuple[int, ...]]):
-    """word (ASCII, as split) → its BPE ids; a miss runs the model's BPE once."""
+    """word (ASCII, as split) → its BPE ids; a miss runs the model's BPE once.
+
+    Two generations, each at most `MAX_CACHED_WORDS`: the dict itself (the one lookups hit
+    first) and the previous one. A word found only in the previous generation moves back in;
+    a full generation becomes the previous one. A word that comes back before two turn-overs
+    therefore stays cached, where clearing one dict sent every word of the next prompts
+    through BPE at once (a 5000-word prompt: ~16 ms of BPE against 0.4 ms cached, on
+    whichever requests came after the clear, whenever the words in use outnumbered the
+    bound)."""
 
     def __init__(self, backend: Tokenizer) -> None:
         super().__init__()
         self._model = backend.model
+        self._previous: dict[str, tuple[int, ...]] = {}
 
     def __missing__(self, word: str) -> tuple[int, ...]:
-        ids = tuple(t.id for t in self._model.tokenize(word.translate(_TO_BYTE_LEVEL)))
+        ids = self._previous.get(word)
+        if ids is None:
+            ids = tuple(t.id for t in self._model.tokenize(word.translate(_TO_BYTE_LEVEL)))
         if len(self) >= MAX_CACHED_WORDS:
-            self.clear()  # bounded; a cold cache only costs BPE calls
+            self._previous = dict(self)  # bounded: the older generation is dropped
+            self.clear()
         self[word] = ids
         return ids
 

@@ -132,6 +132,27 @@ def test_step_duration_follows_perf_model() -> None:
     assert sched.clock_ms == pytest.approx(first.duration_ms + second.duration_ms)
 
 
+def test_a_prefill_beside_decodes_charges_them_for_the_decodes_kv_only() -> None:
+    """A long prompt mid-chunk holds blocks no decode reads: the decode pass beside it costs
+    the decoding sequence's KV (3 blocks of 64), not the prompt's 20 blocks as well."""
+    sched = Scheduler(_config(max_num_batched_tokens=16))
+    sched.add_request(_req("a", list(range(10)), max_tokens=20))
+    sched.step()  # a's prompt: 3 blocks
+    sched.add_request(_req("long", list(range(100, 180)), max_tokens=4))
+    mixed = sched.step()  # a decodes, long prefills its first 15 tokens
+    assert (mixed.num_decode_seqs, mixed.num_prefill_tokens) == (1, 15)
+    assert sched.pool.num_active_blocks == 3 + 4  # long's blocks so far, too
+    assert mixed.duration_ms == pytest.approx(
+        perf_model.prefill_ms(15) + perf_model.decode_ms(3 / 64)
+    )
+    while sched.step().num_prefill_tokens:  # long's chunks
+        pass
+    both = sched.step()  # both decode: all their blocks are read
+    assert both.num_decode_seqs == 2 and both.num_prefill_tokens == 0
+    usage = sched.pool.num_active_blocks / 64
+    assert both.duration_ms == pytest.approx(perf_model.decode_ms(usage))
+
+
 def test_preemption_is_lifo_and_recompute_gives_the_same_tokens() -> None:
     def run(num_blocks: int) -> tuple[dict[str, list[int]], int]:
         sched = Scheduler(_config(num_blocks=num_blocks))

@@ -2,7 +2,9 @@
 
 prefill_ms(T) = 4.209989e-7·T² + 1.518344e-2·T + 16.50142, T = uncached prompt tokens computed in
 the pass (= batch × (mean ISL − mean cached prefix) over the prefilling sequences);
-decode_ms(u)  = max(−25.74·u² + 54.01·u + 5.74, 1), u = fraction of KV blocks in use.
+decode_ms(u)  = max(−25.74·u² + 54.01·u + 5.74, 1), u = fraction of KV blocks in use (the
+scheduler leaves out the blocks that sequences still prefilling hold themselves: no decode
+reads them, and Dynamo's mocker charges a 61k-token prompt's chunks beside decodes the same).
 A pass that prefills and decodes costs the sum. Pure functions; the engine divides by
 `speedup_ratio`. `ProfilePerfModel` replaces the polynomials with a measured engine profile
 (`tandem profile`, tandem.engines.profile), interpolated (DESIGN.md §8).

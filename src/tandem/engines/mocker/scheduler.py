@@ -130,7 +130,7 @@ class Scheduler:
                 self._admit_waiting(scheduled, budget)
         outputs, self._ended = self._ended, []
         finished: list[Sequence] = []
-        num_prefill_tokens = num_decode = num_decode_kv = 0
+        num_prefill_tokens = num_decode = num_decode_kv = prefilling_blocks = 0
         size = self.config.block_size
         for seq, num_new in scheduled:  # once per running sequence per step: kept lean
             num_tokens = len(seq.token_ids)
@@ -144,12 +144,18 @@ class Scheduler:
                 num_decode_kv += num_tokens
             else:
                 num_prefill_tokens += num_new
+                # the blocks it took beyond its cache hits are its own: no decode reads them
+                prefilling_blocks += len(seq.block_ids) - (seq.num_cached_tokens or 0) // size
             seq.num_computed_tokens += num_new
             if seq.num_computed_tokens // size > seq.num_committed_blocks:
                 self._commit_full_blocks(seq)
             if seq.num_computed_tokens == num_tokens:
                 outputs.append(self._sample(seq, finished))
-        duration = self.perf.step_ms(num_prefill_tokens, num_decode, num_decode_kv, self.pool.usage)
+        # the decode pass reads the KV in use but for what prefilling sequences hold themselves
+        # (a 61k prompt mid-chunk does not slow the decodes beside it; Dynamo's mocker agrees)
+        pool = self.pool
+        usage = max(pool.num_active_blocks - prefilling_blocks, 0) / pool.num_blocks
+        duration = self.perf.step_ms(num_prefill_tokens, num_decode, num_decode_kv, usage)
         duration += self._onboard_ms
         self._onboard_ms = 0.0
         self.clock_ms += duration

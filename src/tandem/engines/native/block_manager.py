@@ -100,6 +100,17 @@ class BlockManager:
         self.num_committed[seq.seq_id] = len(table)
         return len(table) * bs
 
+    def cached_run(self, block_hashes: list[int]) -> list[int]:
+        """The blocks caching the leading run of the chained `block_hashes` (committed
+        blocks only: computed, immutable), without taking a reference."""
+        blocks: list[int] = []
+        for h in block_hashes:
+            block = self.hash_to_block.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """New blocks the sequence needs to hold `num_tokens` tokens in total."""
         have = len(self.tables.get(seq.seq_id, ()))

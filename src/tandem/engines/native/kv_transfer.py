@@ -130,12 +130,7 @@ class NativeKvHandoff:
     def pin_cached(self, request_id: str, block_hashes: list[int]) -> list[int]:
         def pin(core: EngineCore) -> list[int]:
             bm = core.block_manager
-            blocks: list[int] = []
-            for h in block_hashes:
-                block = bm.hash_to_block.get(h)  # committed blocks only: computed, immutable
-                if block is None:
-                    break
-                blocks.append(block)
+            blocks = bm.cached_run(block_hashes)
             for block in blocks:
                 if bm.ref_counts[block] == 0:
                     del bm.free_cached[block]
@@ -162,9 +157,7 @@ class NativeKvHandoff:
         import asyncio
 
         def count(core: EngineCore) -> int:
-            cached = core.block_manager.hash_to_block
-            return next((i for i, h in enumerate(block_hashes) if h not in cached),
-                        len(block_hashes))  # fmt: skip
+            return len(core.block_manager.cached_run(block_hashes))
 
         return await asyncio.to_thread(self.engine.run_locked, count)
 

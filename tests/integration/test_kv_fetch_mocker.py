@@ -71,43 +71,30 @@ async def started(n: int, config: DisaggWorkerConfig = WORKER) -> list[DisaggEng
     return engines
 
 
-async def test_fetch_pulls_the_prefix_and_matches_recompute() -> None:
+@pytest.mark.parametrize("own", [0, 3], ids=["cold", "own-prefix"])
+async def test_fetch_pulls_the_prefix_and_matches_recompute(own: int) -> None:
+    """The fetcher pulls the holder's 7 blocks of the prompt, or with ``own`` = 3 (an
+    earlier, shorter prompt cached its first 3 blocks) keeps those and pulls the other 4,
+    and answers what recomputing would."""
     holder, fetcher, plain = await started(3)
     try:
         ref, _ = await run(plain, request("ref"))
         await run(holder, request("warm"))
+        if own:
+            await run(fetcher, request("own", n=4 * own + 1))  # blocks 0..own-1 (4 tokens each)
         tokens, cached = await run(fetcher, request("r1", hint=hint_to(holder, request("x"))))
         assert tokens == ref
         assert cached == 28  # 7 full blocks of 4 fetched; (30 - 1) // 4 = 7
         assert fetcher.fetch is not None and fetcher.fetch.stats.num_succeeded == 1
         assert holder.fetch is not None and holder.fetch.stats.num_exported == 1
+        if own:  # only the blocks after its own moved
+            assert fetcher.fetch.stats.num_blocks == 4
+            assert holder.fetch.stats.num_export_blocks == 4
         assert plain.load().kv_fetch_bytes_per_s is None  # published once it measured one
         assert (fetcher.load().kv_fetch_bytes_per_s or 0) > 0
         assert fetcher.load().kv_fetch_setup_s is not None
         # the fetched blocks joined the fetcher's own cache
         again, cached = await run(fetcher, request("r2"))
-        assert again == ref and cached == 28
-        for e in (holder, fetcher):
-            await _settled(e)
-    finally:
-        for e in (holder, fetcher, plain):
-            await e.stop()
-
-
-async def test_fetch_pulls_only_the_blocks_after_the_fetchers_own_prefix() -> None:
-    """The fetcher caches the prompt's first 3 blocks (an earlier, shorter prompt): it keeps
-    them, pulls the holder's other 4, and answers what recomputing would."""
-    holder, fetcher, plain = await started(3)
-    try:
-        ref, _ = await run(plain, request("ref"))
-        await run(holder, request("warm"))
-        await run(fetcher, request("own", n=13))  # blocks 0-2 of the prompt (4 tokens each)
-        tokens, cached = await run(fetcher, request("r1", hint=hint_to(holder, request("x"))))
-        assert tokens == ref and cached == 28
-        assert fetcher.fetch is not None and holder.fetch is not None
-        assert fetcher.fetch.stats.num_succeeded == 1 and fetcher.fetch.stats.num_blocks == 4
-        assert holder.fetch.stats.num_export_blocks == 4
-        again, cached = await run(fetcher, request("r2"))  # the pulled blocks joined its cache
         assert again == ref and cached == 28
         for e in (holder, fetcher):
             await _settled(e)

@@ -9,6 +9,7 @@
     tandem bench planner [options]            planner vs static fleets on a time-varying load
     tandem bench soak [options]               RSS slope of every process under mixed load
     tandem bench tenants [options]            tenants, classes, batch, sessions vs FIFO (issue 33)
+    tandem bench events [options]             CPU per message of the ZMQ event bus's receive path
     tandem bench churn [options]              KV router memory under ever-new prefixes
     tandem bench lora-placement [options]     LoRA adapter placement vs random, least-loaded
     tandem bench lora [options]               native decode step with 1/4/8 LoRA adapters vs base
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
     "frontend": "compare.frontend",
     "frontend-stages": "component.frontend_stages",
     "mocker-path": "component.mocker_path",
+    "events": "component.events",
     "routers": "component.routers",
     "indexer": "component.indexer",
     "churn": "component.churn",

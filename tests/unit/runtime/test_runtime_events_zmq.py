@@ -13,7 +13,7 @@ from zmq.utils.monitor import parse_monitor_message
 from tandem.protocols.discovery import Instance
 from tandem.runtime.discovery.memory import MemoryDiscovery
 from tandem.runtime.events import curve
-from tandem.runtime.events.zmq import ZmqEventBus
+from tandem.runtime.events.zmq import DRAIN_BATCH, ZmqEventBus
 
 pytestmark = pytest.mark.timeout(15)
 
@@ -53,6 +53,45 @@ async def test_pub_sub_between_two_buses_with_wildcards() -> None:
         await a.close()
         await b.close()
     assert await disc.list_instances() == []
+
+
+async def test_a_burst_past_several_drain_batches_arrives_whole_and_in_order() -> None:
+    """The receive loop reads what is queued without awaiting, `DRAIN_BATCH` at a time: the
+    messages left after a full batch (no new one arrives to wake it) and those after a
+    malformed one are all delivered, in order."""
+    disc = MemoryDiscovery()
+    b = ZmqEventBus(disc, namespace="t")
+    raw = zmq.asyncio.Context().socket(zmq.PUB)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.SNDHWM, 0)  # nothing of the burst dropped at the publisher
+    port = raw.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        sub = await b.subscribe("t.kv")
+        await disc.register(Instance(instance_id="raw", namespace="t", component="_events",
+                                     endpoint="pub", address=f"127.0.0.1:{port}"))  # fmt: skip
+        async with asyncio.timeout(30):  # connected once a probe comes through
+            while True:
+                await raw.send_multipart([b"t.kv", b"probe"])
+                try:
+                    await asyncio.wait_for(anext(sub), 0.05)
+                    break
+                except TimeoutError:
+                    continue
+        count = 3 * DRAIN_BATCH + 7
+        for i in range(count):  # queued before the receive loop runs again
+            raw.send_multipart([b"t.kv", b"%d" % i], flags=zmq.NOBLOCK)
+            if i % DRAIN_BATCH == 5:
+                raw.send_multipart([b"t.kv", b"one", b"frame too many"], flags=zmq.NOBLOCK)
+        got: list[bytes] = []
+        while len(got) < count:
+            _, payload = await asyncio.wait_for(anext(sub), 2)
+            if payload != b"probe":
+                got.append(payload)
+        assert got == [b"%d" % i for i in range(count)]
+        assert b.num_malformed == 4
+    finally:
+        raw.close(linger=0)
+        await b.close()
 
 
 async def test_closed_subscription_stops_receiving() -> None:

@@ -40,6 +40,7 @@ from tandem.runtime.task import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 PUBLISHER_COMPONENT, PUBLISHER_ENDPOINT = "_events", "pub"
+DRAIN_BATCH = 64  # messages read without awaiting, per wake-up of the receive loop
 
 
 class ZmqEventBus:
@@ -168,27 +169,42 @@ class ZmqEventBus:
                 sock.disconnect(url)
 
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
+        """Deliver what arrives. One awaited receive per wake-up, then what is already queued
+        is read through a plain (shadow) socket, up to `DRAIN_BATCH` messages before the
+        loop gets a turn: an awaited receive costs a future and its callbacks per message,
+        and under load the workers' events arrive several to a wake-up."""
+        drain: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         try:
             while True:
-                msg = await sock.recv_multipart()
-                try:
-                    subject_b, payload = msg
-                    subject = subject_b.decode()
-                except ValueError:  # not [subject, payload], or a subject that is not UTF-8
-                    self.num_malformed += 1
-                    continue
-                if self._opener is not None:
-                    opened = self._opener.open(subject, payload)
-                    if opened is None:
-                        continue
-                    payload = opened
-                for sub in self._subs:
-                    if sub.matches(subject):
-                        sub.push(subject, payload)
+                self._deliver(await sock.recv_multipart())
+                for _ in range(DRAIN_BATCH):
+                    try:
+                        msg = drain.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._deliver(msg)
+                else:
+                    await asyncio.sleep(0)  # more queued: let the loop run between batches
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("zmq event bus receive loop failed")
+
+    def _deliver(self, msg: list[bytes]) -> None:
+        try:
+            subject_b, payload = msg
+            subject = subject_b.decode()
+        except ValueError:  # not [subject, payload], or a subject that is not UTF-8
+            self.num_malformed += 1
+            return
+        if self._opener is not None:
+            opened = self._opener.open(subject, payload)
+            if opened is None:
+                return
+            payload = opened
+        for sub in self._subs:
+            if sub.matches(subject):
+                sub.push(subject, payload)
 
     async def close(self) -> None:
         await cancel_and_wait(self._tasks)

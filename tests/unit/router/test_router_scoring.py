@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 
 import msgspec
 import pytest
@@ -109,6 +110,35 @@ def test_prefill_speed_is_the_fitted_slope_not_the_ratio() -> None:
     assert s["slow"] == pytest.approx(4.0, rel=0.01)
     speed.forget("slow")
     assert speed.ms_per_token("slow") is None
+
+
+def _theil_sen(points: list[tuple[float, int]]) -> tuple[float, float]:
+    """The fit by its definition, pair by pair (PrefillSpeed computes it over arrays)."""
+    spread = 0.25 * sum(t for _, t in points) / len(points)
+    slopes = [(mj - mi) / (tj - ti) for k, (mi, ti) in enumerate(points)
+              for mj, tj in points[k + 1 :] if abs(tj - ti) >= spread]  # fmt: skip
+    if len(slopes) >= len(points) and (slope := statistics.median(slopes)) > 0:
+        intercept = statistics.median(ms - slope * t for ms, t in points)
+        return slope, statistics.median(abs(ms - intercept - slope * t) / ms for ms, t in points)
+    ratio = statistics.median(ms / t for ms, t in points)
+    return ratio, statistics.median(abs(ms / t - ratio) / (ms / t) for ms, t in points)
+
+
+def test_the_prefill_speed_fit_is_theil_sen_over_every_pair_of_the_window() -> None:
+    """Windows of every size up to the full one, of mixed and of equal step sizes (then too
+    few pairs differ and the median ratio stands in), fit as the pair-by-pair definition."""
+    rng = random.Random(5)
+    for n in range(3, 80):
+        speed = PrefillSpeed()
+        sizes = [512] * n if n % 4 == 0 else [rng.choice([64, 300, 2048, 8192]) for _ in range(n)]
+        steps = [StepSample(16.5 + 0.015 * t * rng.uniform(0.8, 1.3), t, 0, 1, 0) for t in sizes]
+        speed.observe("w", steps)
+        window = [(s.wall_ms, s.num_prefill_tokens) for s in steps[-64:]]
+        slope, error = _theil_sen(window)
+        fit = speed._estimate["w"]
+        assert fit is not None
+        assert fit.ms == pytest.approx(slope, rel=1e-12)
+        assert fit.error == pytest.approx(error, rel=1e-12, abs=1e-15)
 
 
 def test_decode_rows_in_a_workers_steps_do_not_make_it_look_slow() -> None:

@@ -48,9 +48,11 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
         token_u32,
     )
     from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, prompt_inputs
+    from tandem.protocols.scaling import StepSample
     from tandem.router.config import RouterConfig
     from tandem.router.kv_router import KvRouter
     from tandem.router.source import StaticInstanceSet
+    from tandem.router.step_speed import DEFAULT_WINDOW, PrefillSpeed
     from tandem.tokens.chat_template import ChatTemplate
     from tandem.tokens.detokenizer import make_detokenizer
     from tandem.tokens.hashing import sequence_hashes
@@ -74,6 +76,13 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
     v2_payload = encode(request)
     router = KvRouter(RouterConfig(), instances=StaticInstanceSet())
     outputs = prompt[:32]
+    speed = PrefillSpeed()  # a full window of steps of mixed sizes, as a busy worker's
+    sizes = [64, 300, 512, 1024, 2048, 8192]
+    steps = [
+        StepSample(16.5 + 0.0152 * n + (k % 5) * 0.3, n, 0, 1, 0)
+        for k, n in enumerate(sizes[k % len(sizes)] for k in range(DEFAULT_WINDOW))
+    ]
+    speed.observe("w", steps)
 
     def detokenize() -> None:
         detok = make_detokenizer(tok)
@@ -98,6 +107,9 @@ def measure(isl: int, repeat: int) -> dict[str, float]:
         "prompt ids -> u32 (chat)": lambda: token_u32(prompt),
         "block hashes (block 16)": lambda: sequence_hashes(prompt, 16),
         "kv router score (empty index)": lambda: router.score(request, []),
+        "prefill-speed fit of a worker's window (per WorkerStats)": lambda: speed.observe(
+            "w", steps[:1]
+        ),
         "request-plane encode, v1 list of ints": lambda: msgspec.msgpack.encode(request),
         "request-plane encode, v2 (u32 cached)": lambda: encode(request_v2),
         "worker decode, v1 list of ints": lambda: decode_request(v1_payload),

@@ -52,7 +52,10 @@ async def _publish_async(conn: Connection, args: argparse.Namespace) -> None:
     curve.make_server(sock, keys)
     conn.send(sock.bind_to_random_port("tcp://127.0.0.1"))
     sealer = EventSealer(SECRET)
+    give_up = time.monotonic() + args.timeout_s
     while not conn.poll():  # the subscriber answers once a probe arrived
+        if time.monotonic() > give_up:
+            return
         await sock.send_multipart([SUBJECT.encode(), sealer.seal(SUBJECT, PROBE)])
         await asyncio.sleep(0.01)
     conn.recv()
@@ -61,7 +64,7 @@ async def _publish_async(conn: Connection, args: argparse.Namespace) -> None:
         await sock.send_multipart([SUBJECT.encode(), sealer.seal(SUBJECT, payload)])
         if i % args.burst == args.burst - 1:
             await asyncio.sleep(args.interval_ms / 1000.0)
-    conn.recv()  # blocks until the subscriber is done (ZMQ's I/O thread sends meanwhile)
+    conn.poll(args.timeout_s)  # until the subscriber is done (ZMQ's I/O thread sends meanwhile)
     sock.close(linger=0)
     auth.stop()
     ctx.term()
@@ -112,6 +115,10 @@ async def _measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     publisher = mp.Process(target=_publish, args=(there, args), daemon=True)
     publisher.start()
     try:
+        if not here.poll(args.timeout_s):
+            raise SystemExit(
+                f"tandem bench events: the publisher did not start in {args.timeout_s:g} s"
+            )
         port = here.recv()
         start = _bus_receiver if mode == "bus" else _loop_receiver
         sub, close = await start(port)

@@ -93,9 +93,7 @@ class BlockManager:
             block = self.hash_to_block.get(h)
             if block is None or self.block_tokens[block] != seq.token_ids[i * bs : (i + 1) * bs]:
                 break
-            if self.ref_counts[block] == 0:
-                del self.free_cached[block]
-            self.ref_counts[block] += 1
+            self.share(block)
             table.append(block)
         self.num_committed[seq.seq_id] = len(table)
         return len(table) * bs
@@ -110,6 +108,12 @@ class BlockManager:
                 break
             blocks.append(block)
         return blocks
+
+    def share(self, block: int) -> None:
+        """Take a reference to a cached block (out of the free LRU if nobody held it)."""
+        if self.ref_counts[block] == 0:
+            del self.free_cached[block]
+        self.ref_counts[block] += 1
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """New blocks the sequence needs to hold `num_tokens` tokens in total."""

@@ -132,9 +132,7 @@ class NativeKvHandoff:
             bm = core.block_manager
             blocks = bm.cached_run(block_hashes)
             for block in blocks:
-                if bm.ref_counts[block] == 0:
-                    del bm.free_cached[block]
-                bm.ref_counts[block] += 1
+                bm.share(block)
             if blocks:
                 key = next(self._keys)
                 bm.tables[key] = blocks

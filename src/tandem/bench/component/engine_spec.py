@@ -3,10 +3,14 @@ without prompt-lookup speculation (engines/native/speculation.py), on two worklo
 (`spec_workloads.py`): answers that quote the prompt, where drafts are accepted, and free
 chat, where they mostly are not (the cost of speculating for nothing).
 
-Per weight format and workload: decode tokens/s without and with speculation (each prompt's
-best of --repeats, the two modes interleaved so both meet the same load; the first token,
-which the prefill gives, is outside the clock), the speed-up, whether every output was token-
-identical, the acceptance rate and tokens per decoding step.
+Per weight format and workload: decode tokens/s without speculation and with it at each draft
+length policy of --spec-length (fixed k, and adaptive up to k), each prompt's best of
+--repeats, the modes interleaved so all meet the same load (the first token, which the prefill
+gives, is outside the clock); per policy the speed-up over plain, whether every output was
+token-identical, the acceptance rate, tokens per decoding step and the share of steps that
+drafted. With --spec-batch B (default 32) also B sequences at once, the quote and chat
+prompts in turn: the step's aggregate decode tokens/s, where a verified row costs about what
+a plain token does and drafts that do not hold cost throughput.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from typing import Any
 
 from tandem.bench.component.spec_workloads import WORKLOADS, chat_prompts
-from tandem.engines.native.config import NativeConfig
+from tandem.engines.native.config import SPEC_LENGTHS, NativeConfig
 from tandem.engines.native.engine import tokenizer_spec
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.loader import default_model_path
@@ -39,85 +43,133 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-ngram-max", type=int, default=4)
     g.add_argument("--spec-max-tokens", type=int, default=128, help="tokens generated per prompt")
     g.add_argument(
+        "--spec-length",
+        nargs="+",
+        choices=SPEC_LENGTHS,
+        default=list(SPEC_LENGTHS),
+        help="draft length policies to measure beside plain decoding (the engine's "
+        "--spec-length: adaptive up to k, or fixed k)",
+    )
+    g.add_argument(
+        "--spec-batch",
+        type=int,
+        nargs="*",
+        default=[32],
+        help="also decode this many sequences at once (quote and chat prompts in turn), "
+        "plain and speculative: aggregate tokens/s (none: batch 1 only)",
+    )
+    g.add_argument(
         "--spec-only",
         action="store_true",
         help="only the speculation figures (no prefill/decode table or baselines)",
     )
 
 
-def _generate(core: EngineCore, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
-    """Greedy tokens of one request alone and the seconds of its decode steps."""
-    core.add(
-        PreprocessedRequest(
-            request_id="spec",
-            model="bench",
-            token_ids=prompt,
-            sampling=SamplingParams(temperature=0.0),
-            stop=StopConditions(max_tokens=max_tokens),
+def _generate_batch(
+    core: EngineCore, prompts: list[list[int]], max_tokens: int
+) -> tuple[dict[str, list[int]], float]:
+    """Greedy tokens of the prompts decoding together, and the seconds of the steps after
+    every one has its first token (the prefills, off the clock)."""
+    for i, prompt in enumerate(prompts):
+        core.add(
+            PreprocessedRequest(
+                request_id=f"b{i}",
+                model="bench",
+                token_ids=prompt,
+                sampling=SamplingParams(temperature=0.0),
+                stop=StopConditions(max_tokens=max_tokens),
+            )
         )
-    )
-    tokens: list[int] = []
-    while not tokens:  # the prefill, off the clock
-        for _, out in core.step():
-            tokens += out.token_ids
+    tokens: dict[str, list[int]] = {f"b{i}": [] for i in range(len(prompts))}
+    while not all(tokens.values()):
+        for rid, out in core.step():
+            tokens[rid] += out.token_ids
     start = time.perf_counter()
     while core.has_work():
-        for _, out in core.step():
-            tokens += out.token_ids
+        for rid, out in core.step():
+            tokens[rid] += out.token_ids
     return tokens, time.perf_counter() - start
 
 
 def spec_figures(
     models: dict[str, LlamaModel], args: argparse.Namespace
 ) -> dict[str, dict[str, Any]]:
-    """{format: {workload: figures}} of batch-1 greedy decode, plain vs speculative."""
+    """{format: {workload: figures}} of batch-1 greedy decode, plain and speculative at each
+    --spec-length policy."""
     source = tokenizer_spec(args.model or default_model_path())
     try:
         tokenizer = load_tokenizer(source or "")
     except (OSError, ValueError) as exc:
         raise SystemExit(f"--spec-tokens needs the model's tokenizer ({source}): {exc}") from exc
+    batches = [b for b in args.spec_batch if b > 1]
+    prompts = {w: chat_prompts(tokenizer, tasks) for w, tasks in WORKLOADS.items()}
+    mixed = [p for pair in zip(*prompts.values(), strict=True) for p in pair]
+    longest = max(map(len, mixed)) + args.spec_max_tokens + args.spec_tokens + 1
+    seats = max([1, *batches])
     result: dict[str, dict[str, Any]] = {}
     for fmt, model in models.items():
         common = dict(weights=fmt, device=args.device, kv_cache_dtype=args.kv_cache_dtype,
-                      num_blocks=512, max_model_len=2048, enable_prefix_caching=False)  # fmt: skip
-        plain = EngineCore(NativeConfig(**common), model)  # type: ignore[arg-type]
-        spec = EngineCore(
-            NativeConfig(
-                **common,  # type: ignore[arg-type]
-                spec_method="ngram",
-                spec_tokens=args.spec_tokens,
-                spec_ngram_min=args.spec_ngram_min,
-                spec_ngram_max=args.spec_ngram_max,
-            ),
-            model,
-        )
-        assert spec.speculator is not None
+                      num_blocks=seats * (-(-longest // 16) + 1), max_num_seqs=seats,
+                      max_model_len=2048, enable_prefix_caching=False)  # fmt: skip
+        cores = {"plain": EngineCore(NativeConfig(**common), model)}  # type: ignore[arg-type]
+        for length in args.spec_length:
+            cores[length] = EngineCore(
+                NativeConfig(
+                    **common,  # type: ignore[arg-type]
+                    spec_method="ngram",
+                    spec_tokens=args.spec_tokens,
+                    spec_ngram_min=args.spec_ngram_min,
+                    spec_ngram_max=args.spec_ngram_max,
+                    spec_length=length,
+                ),
+                model,
+            )
         result[fmt] = {}
-        for workload, tasks in WORKLOADS.items():
-            spec.speculator.stats = SpecStats()
-            tokens, plain_s, spec_s, identical = 0, 0.0, 0.0, True
-            for prompt in chat_prompts(tokenizer, tasks):
-                best = {"plain": float("inf"), "spec": float("inf")}
-                outs: dict[str, list[int]] = {}
-                for _ in range(args.repeats):
-                    for mode, core in (("plain", plain), ("spec", spec)):
-                        outs[mode], seconds = _generate(core, prompt, args.spec_max_tokens)
-                        best[mode] = min(best[mode], seconds)
-                tokens += len(outs["plain"]) - 1  # decode tokens (timed)
-                plain_s, spec_s = plain_s + best["plain"], spec_s + best["spec"]
-                identical = identical and outs["plain"] == outs["spec"]
-            stats = spec.speculator.stats
-            figures = {
-                "tokens": tokens,
-                "identical": identical,
-                "plain_tok_s": tokens / plain_s,
-                "spec_tok_s": tokens / spec_s,
-                "acceptance_rate": stats.acceptance_rate,
-                "tokens_per_step": stats.tokens_per_step,
-                "draft_steps": stats.num_drafts / max(stats.num_decode_steps, 1),
-            }
-            result[fmt][workload] = figures
+        for workload, workload_prompts in prompts.items():
+            runs = [(workload, [p]) for p in workload_prompts]
+            result[fmt][workload] = _measure(cores, runs, args)
+        for b in batches:
+            runs = [(f"batch {b}", [mixed[i % len(mixed)] for i in range(b)])]
+            result[fmt][f"mixed x{b}"] = _measure(cores, runs, args)
     return result
+
+
+def _measure(
+    cores: dict[str, EngineCore], runs: list[tuple[str, list[list[int]]]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Decode tokens/s of each core over `runs` (each: prompts decoding together), each run's
+    best of --repeats with the cores interleaved; per speculative core its figures."""
+    for core in cores.values():
+        if core.speculator is not None:
+            core.speculator.stats = SpecStats()
+    lengths = [mode for mode in cores if mode != "plain"]
+    tokens, identical = 0, dict.fromkeys(lengths, True)
+    seconds = dict.fromkeys(cores, 0.0)
+    for _, run_prompts in runs:
+        best = dict.fromkeys(cores, float("inf"))
+        outs: dict[str, dict[str, list[int]]] = {}
+        for _ in range(args.repeats):
+            for mode, core in cores.items():
+                outs[mode], elapsed = _generate_batch(core, run_prompts, args.spec_max_tokens)
+                best[mode] = min(best[mode], elapsed)
+        tokens += sum(len(t) - 1 for t in outs["plain"].values())  # decode tokens (timed)
+        for mode in cores:
+            seconds[mode] += best[mode]
+        for length in lengths:
+            identical[length] = identical[length] and outs[length] == outs["plain"]
+    by_length: dict[str, dict[str, Any]] = {}
+    for length in lengths:
+        speculator = cores[length].speculator
+        assert speculator is not None
+        stats = speculator.stats
+        by_length[length] = {
+            "identical": identical[length],
+            "spec_tok_s": tokens / seconds[length],
+            "acceptance_rate": stats.acceptance_rate,
+            "tokens_per_step": stats.tokens_per_step,
+            "draft_steps": stats.num_drafts / max(stats.num_decode_steps, 1),
+        }
+    return {"tokens": tokens, "plain_tok_s": tokens / seconds["plain"], "lengths": by_length}
 
 
 def spec_result(models: dict[str, LlamaModel], args: argparse.Namespace) -> dict[str, Any]:
@@ -137,6 +189,8 @@ def spec_result(models: dict[str, LlamaModel], args: argparse.Namespace) -> dict
         "spec_tokens": args.spec_tokens,
         "spec_ngram": [args.spec_ngram_min, args.spec_ngram_max],
         "spec_max_tokens": args.spec_max_tokens,
+        "spec_lengths": args.spec_length,
+        "spec_batch": args.spec_batch,
         "spec_only": args.spec_only,
     }
 
@@ -147,17 +201,19 @@ def format_spec(r: dict[str, Any]) -> list[str]:
         return []
     lines = [
         f"speculation: prompt lookup, k={r['spec_tokens']}, n-gram "
-        f"{r['spec_ngram'][0]}..{r['spec_ngram'][1]}, batch 1 greedy decode "
-        f"({r['spec_max_tokens']} tokens a prompt)",
-        f"{'':24}{'plain tok/s':>12}{'spec tok/s':>12}{'speed-up':>10}{'accepted':>10}"
+        f"{r['spec_ngram'][0]}..{r['spec_ngram'][1]}, greedy decode at batch 1 (mixed xB: B "
+        f"at once), {r['spec_max_tokens']} tokens a prompt; draft length fixed k, or adaptive "
+        "up to k",
+        f"{'':33}{'plain tok/s':>12}{'spec tok/s':>12}{'speed-up':>10}{'accepted':>10}"
         f"{'tok/step':>10}{'drafting':>10}  identical",
     ]
     for fmt, per_workload in spec.items():
-        for workload, f in per_workload.items():
-            lines.append(
-                f"{'native-' + fmt + ' ' + workload:24}{f['plain_tok_s']:>12.1f}"
-                f"{f['spec_tok_s']:>12.1f}{f['spec_tok_s'] / f['plain_tok_s']:>9.2f}x"
-                f"{f['acceptance_rate']:>10.0%}{f['tokens_per_step']:>10.2f}"
-                f"{f['draft_steps']:>10.0%}  {'yes' if f['identical'] else 'NO'}"
-            )
+        for workload, w in per_workload.items():
+            for length, f in w["lengths"].items():
+                lines.append(
+                    f"{f'native-{fmt} {workload} {length}':33}{w['plain_tok_s']:>12.1f}"
+                    f"{f['spec_tok_s']:>12.1f}{f['spec_tok_s'] / w['plain_tok_s']:>9.2f}x"
+                    f"{f['acceptance_rate']:>10.0%}{f['tokens_per_step']:>10.2f}"
+                    f"{f['draft_steps']:>10.0%}  {'yes' if f['identical'] else 'NO'}"
+                )
     return lines

@@ -14,6 +14,7 @@ from tandem.engines.native.config import (
     DTYPES,
     KV_CACHE_DTYPES,
     MAX_SPEC_TOKENS,
+    SPEC_LENGTHS,
     SPEC_METHODS,
     WEIGHT_FORMATS,
     NativeConfig,
@@ -66,7 +67,14 @@ _FLAGS: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "--spec-tokens": (
         int,
         4,
-        f"draft tokens a step with --spec-method ngram (1..{MAX_SPEC_TOKENS})",
+        f"most draft tokens a step with --spec-method ngram (1..{MAX_SPEC_TOKENS})",
+    ),
+    "--spec-length": (
+        str,
+        "adaptive",
+        f"draft length: {', '.join(SPEC_LENGTHS)} (adaptive: 0..--spec-tokens, what pays by "
+        "the sequence's recent acceptance and the step's measured cost per row; fixed: all "
+        "--spec-tokens the match offers)",
     ),
     "--spec-ngram-min": (int, 2, "shortest recurring suffix that drafts (tokens)"),
     "--spec-ngram-max": (int, 4, "longest suffix matched first (tokens, >= --spec-ngram-min)"),
@@ -108,6 +116,7 @@ def config_from_args(ns: argparse.Namespace) -> NativeConfig:
         mm_placeholder_token_id=ns.mm_placeholder_token_id,
         spec_method=ns.spec_method,
         spec_tokens=ns.spec_tokens,
+        spec_length=ns.spec_length,
         spec_ngram_min=ns.spec_ngram_min,
         spec_ngram_max=ns.spec_ngram_max,
         max_loras=ns.max_loras,

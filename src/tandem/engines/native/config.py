@@ -15,6 +15,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", *DTYPES)
 WEIGHT_FORMATS = ("fp32", "int8", "int4")
 SPEC_METHODS = ("none", "ngram")
+SPEC_LENGTHS = ("adaptive", "fixed")  # how long a draft is (speculation.py)
 MAX_SPEC_TOKENS = 32  # draft tokens a step; more rows than this cost more than they save
 MAX_SPEC_NGRAM = 64
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -48,10 +49,13 @@ class NativeConfig:
     # and the token id the prompt holds at image rows (SmolLM2's <empty_output>)
     mm_encoder: str | None = "bridge"
     mm_placeholder_token_id: int = 16
-    # prompt-lookup speculative decoding (speculation.py): "none" or "ngram"; k draft tokens
-    # a step from the longest recurring suffix of ngram_min..ngram_max tokens
+    # prompt-lookup speculative decoding (speculation.py): "none" or "ngram"; up to k draft
+    # tokens a step from the longest recurring suffix of ngram_min..ngram_max tokens, as many
+    # as pay by the sequence's odds and the step's measured row cost ("adaptive") or all k
+    # the match offers ("fixed")
     spec_method: str = "none"
     spec_tokens: int = 4
+    spec_length: str = "adaptive"
     spec_ngram_min: int = 2
     spec_ngram_max: int = 4
     # LoRA adapters resident at once (tandem.engines.lora.LoraSlots); 0: serves none
@@ -95,6 +99,10 @@ class NativeConfig:
                 f"spec_method='{self.spec_method}'; expected one of: {', '.join(SPEC_METHODS)}"
             )
         check_range("spec_tokens", self.spec_tokens, low=1, high=MAX_SPEC_TOKENS)
+        if self.spec_length not in SPEC_LENGTHS:
+            raise ValueError(
+                f"spec_length='{self.spec_length}'; expected one of: {', '.join(SPEC_LENGTHS)}"
+            )
         check_range("spec_ngram_min", self.spec_ngram_min, low=1, high=MAX_SPEC_NGRAM)
         check_range(
             "spec_ngram_max",

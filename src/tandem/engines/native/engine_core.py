@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,7 +78,10 @@ class EngineCore:
                 config.spec_tokens, config.spec_ngram_min, config.spec_ngram_max
             )
             self.speculator = Speculator(
-                proposer, max_model_len=self.max_model_len, capacity_tokens=self.capacity_tokens
+                proposer,
+                max_model_len=self.max_model_len,
+                capacity_tokens=self.capacity_tokens,
+                adaptive=config.spec_length == "adaptive",
             )
         self.scheduler = Scheduler(
             self.block_manager,
@@ -234,7 +238,17 @@ class EngineCore:
         return outputs
 
     def _run_batch(self, batch: ScheduledBatch) -> list[tuple[str, EngineOutput]]:
+        # a step that only decodes (plain or verifying drafts) times what its rows cost
+        timed = self.speculator is not None and all(
+            n == 1 or seq.draft_token_ids
+            for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
+        )
+        rows = sum(batch.num_new_tokens)
+        started = time.perf_counter()
         sampled = self.runner.run(batch, self.block_manager)
+        if timed:
+            assert self.speculator is not None
+            self.speculator.observe_step(rows, (time.perf_counter() - started) * 1e3)
         outputs: list[tuple[str, EngineOutput]] = []
         finished: list[Sequence] = []
         for i, seq in enumerate(batch.seqs):
@@ -357,10 +371,10 @@ class EngineCore:
 
     def prometheus_lines(self) -> list[str]:
         """kvbm's tier metrics (transfers, hit rates, occupancy) and speculation's counters
-        (acceptance, tokens per step); empty without tiers and speculation."""
+        (acceptance, tokens per step) and step-cost fit; empty without tiers and speculation."""
         lines = [] if self.tiering is None else self.tiering.kvbm.prometheus_lines()
         if self.speculator is not None:
-            lines += self.speculator.stats.prometheus_lines()
+            lines += self.speculator.prometheus_lines()
         return lines
 
     def close(self) -> None:

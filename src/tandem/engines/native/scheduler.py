@@ -28,6 +28,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tandem.engines import step_policy
 from tandem.engines.native.block_manager import BlockManager
@@ -51,6 +52,10 @@ class ScheduledBatch:
         return sum(self.num_new_tokens)
 
 
+class DraftFn(Protocol):
+    def __call__(self, seq: Sequence, budget: int, *, seqs: int, rows: int) -> list[int]: ...
+
+
 class Scheduler:
     """Not thread-safe; driven by the engine thread."""
 
@@ -62,12 +67,13 @@ class Scheduler:
         max_num_batched_tokens: int,
         background_step_slack: float = step_policy.BACKGROUND_STEP_SLACK,
         onboard: Callable[[Sequence, int], int] | None = None,
-        draft: Callable[[Sequence, int], list[int]] | None = None,
+        draft: DraftFn | None = None,
     ) -> None:
         """`onboard(seq, num_cached_tokens)`, when given, runs at admission after the device
         prefix match and returns how many more prompt tokens it made cached (blocks brought
-        back from a lower KV tier into the sequence's table). `draft(seq, budget)`, when
-        given, proposes at most `budget` speculative tokens for a decoding sequence."""
+        back from a lower KV tier into the sequence's table). `draft(seq, budget, seqs=, rows=)`,
+        when given, proposes at most `budget` speculative tokens for a decoding sequence in
+        a step of `seqs` sequences and `rows` rows so far."""
         self.block_manager = block_manager
         self.onboard = onboard
         self.draft = draft
@@ -251,18 +257,20 @@ class Scheduler:
         """Give decoding sequences their drafts from what the step left: budget and free
         blocks after every running and admitted sequence has its tokens."""
         assert self.draft is not None
+        rows = sum(n for _, n in scheduled)
         for i, (seq, num_new) in enumerate(scheduled):
             if budget <= 0:
                 return
             if num_new != 1 or seq.num_uncomputed_tokens != 1:
                 continue
-            draft = self.draft(seq, budget)
+            draft = self.draft(seq, budget, seqs=len(scheduled), rows=rows)
             if draft and self.block_manager.ensure_slots(
                 seq, seq.num_computed_tokens + 1 + len(draft), evict=False
             ):
                 seq.draft_token_ids = draft
                 scheduled[i] = (seq, 1 + len(draft))
                 budget -= len(draft)
+                rows += len(draft)
 
     def _preempt(self, seq: Sequence) -> None:
         logger.debug("preempting request_id=%s", seq.request_id)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.engines.native.draft_odds import DraftOdds
 from tandem.protocols.engine import PreprocessedRequest, TopLogprob
 from tandem.tokens.hashing import sequence_hashes
 
@@ -39,6 +40,7 @@ class Sequence:
         self.draft_token_ids: list[int] = []
         self.spec_skip = 0  # decode steps left without drafting (after rejected drafts)
         self.spec_backoff = 0  # the next skip after a draft with nothing accepted
+        self.spec_odds = DraftOdds()  # its recent drafts' outcomes (how long to draft)
         self.num_cached_tokens: int | None = None  # prefix-cache hits on first schedule
         self.sampling = request.sampling
         self.stop = request.stop

@@ -169,8 +169,8 @@ def test_bench_engine_speculation_reports_both_modes_on_both_workloads(
     tmp_path, capsys, monkeypatch
 ):
     """--spec-tokens: plain vs speculative batch-1 decode on the quote and chat workloads,
-    speed-up, acceptance, tokens per step and token identity (a tiny random model: the
-    figures' plumbing; SmolLM2's own are in the README)."""
+    at each draft length policy: speed-up, acceptance, tokens per step and token identity (a
+    tiny random model: the figures' plumbing; SmolLM2's own are in the README)."""
     from tandem.bench.component import engine_spec
 
     save_hf_dir(TINY, random_weights(TINY), str(tmp_path / "tiny"))
@@ -187,9 +187,14 @@ def test_bench_engine_speculation_reports_both_modes_on_both_workloads(
     result = json.loads(out_json.read_text())
     for fmt in ("fp32", "int4"):
         for workload in ("quote", "chat"):
-            f = result["speculation"][fmt][workload]
-            assert f["identical"] and f["plain_tok_s"] > 0 and f["spec_tok_s"] > 0
-            assert f["tokens_per_step"] >= 1 and f"native-{fmt} {workload}" in text
+            w = result["speculation"][fmt][workload]
+            assert w["plain_tok_s"] > 0 and set(w["lengths"]) == {"adaptive", "fixed"}
+            for length, f in w["lengths"].items():
+                assert f["identical"] and f["spec_tok_s"] > 0 and f["tokens_per_step"] >= 1
+                assert f"native-{fmt} {workload} {length}" in text
+    assert main([*argv, "--spec-only", "--spec-length", "fixed", "--json", str(out_json)]) == 0
+    only = json.loads(out_json.read_text())["speculation"]["int4"]["quote"]["lengths"]
+    assert list(only) == ["fixed"]
     with pytest.raises(SystemExit, match="--spec-tokens=-1; expected 0"):
         main([*argv[:-4], "--spec-tokens", "-1"])
     with pytest.raises(SystemExit, match="spec_ngram_max=1 out of range"):

@@ -67,9 +67,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
 
 def _generate_batch(
     core: EngineCore, prompts: list[list[int]], max_tokens: int
-) -> tuple[dict[str, list[int]], float]:
-    """Greedy tokens of the prompts decoding together, and the seconds of the steps after
-    every one has its first token (the prefills, off the clock)."""
+) -> tuple[dict[str, list[int]], int, float]:
+    """Greedy tokens of the prompts decoding together, and the tokens and seconds of the steps
+    after every one has its first token (the prefills, off the clock)."""
     for i, prompt in enumerate(prompts):
         core.add(
             PreprocessedRequest(
@@ -84,18 +84,19 @@ def _generate_batch(
     while not all(tokens.values()):
         for rid, out in core.step():
             tokens[rid] += out.token_ids
-    start = time.perf_counter()
+    timed, start = 0, time.perf_counter()
     while core.has_work():
         for rid, out in core.step():
             tokens[rid] += out.token_ids
-    return tokens, time.perf_counter() - start
+            timed += len(out.token_ids)
+    return tokens, timed, time.perf_counter() - start
 
 
 def spec_figures(
     models: dict[str, LlamaModel], args: argparse.Namespace
 ) -> dict[str, dict[str, Any]]:
-    """{format: {workload: figures}} of batch-1 greedy decode, plain and speculative at each
-    --spec-length policy."""
+    """{format: {workload: figures}} of greedy decode at batch 1 (each workload) and of
+    --spec-batch sequences at once, plain and speculative at each --spec-length policy."""
     source = tokenizer_spec(args.model or default_model_path())
     try:
         tokenizer = load_tokenizer(source or "")
@@ -110,7 +111,8 @@ def spec_figures(
     for fmt, model in models.items():
         common = dict(weights=fmt, device=args.device, kv_cache_dtype=args.kv_cache_dtype,
                       num_blocks=seats * (-(-longest // 16) + 1), max_num_seqs=seats,
-                      max_model_len=2048, enable_prefix_caching=False)  # fmt: skip
+                      max_num_batched_tokens=seats * longest, max_model_len=2048,
+                      enable_prefix_caching=False)  # fmt: skip
         cores = {"plain": EngineCore(NativeConfig(**common), model)}  # type: ignore[arg-type]
         for length in args.spec_length:
             cores[length] = EngineCore(
@@ -126,35 +128,34 @@ def spec_figures(
             )
         result[fmt] = {}
         for workload, workload_prompts in prompts.items():
-            runs = [(workload, [p]) for p in workload_prompts]
-            result[fmt][workload] = _measure(cores, runs, args)
+            result[fmt][workload] = _measure(cores, [[p] for p in workload_prompts], args)
         for b in batches:
-            runs = [(f"batch {b}", [mixed[i % len(mixed)] for i in range(b)])]
-            result[fmt][f"mixed x{b}"] = _measure(cores, runs, args)
+            batch = [mixed[i % len(mixed)] for i in range(b)]
+            result[fmt][f"mixed x{b}"] = _measure(cores, [batch], args)
     return result
 
 
 def _measure(
-    cores: dict[str, EngineCore], runs: list[tuple[str, list[list[int]]]], args: argparse.Namespace
+    cores: dict[str, EngineCore], runs: list[list[list[int]]], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Decode tokens/s of each core over `runs` (each: prompts decoding together), each run's
-    best of --repeats with the cores interleaved; per speculative core its figures."""
+    """Decode tokens/s of each core over `runs` (each: prompts decoding together), from each
+    run's fastest of --repeats with the cores interleaved; per speculative core its figures."""
     for core in cores.values():
         if core.speculator is not None:
             core.speculator.stats = SpecStats()
     lengths = [mode for mode in cores if mode != "plain"]
-    tokens, identical = 0, dict.fromkeys(lengths, True)
-    seconds = dict.fromkeys(cores, 0.0)
-    for _, run_prompts in runs:
-        best = dict.fromkeys(cores, float("inf"))
+    identical = dict.fromkeys(lengths, True)
+    tokens, seconds = dict.fromkeys(cores, 0), dict.fromkeys(cores, 0.0)
+    for prompts in runs:
+        best: dict[str, tuple[float, int]] = {}
         outs: dict[str, dict[str, list[int]]] = {}
         for _ in range(args.repeats):
             for mode, core in cores.items():
-                outs[mode], elapsed = _generate_batch(core, run_prompts, args.spec_max_tokens)
-                best[mode] = min(best[mode], elapsed)
-        tokens += sum(len(t) - 1 for t in outs["plain"].values())  # decode tokens (timed)
-        for mode in cores:
-            seconds[mode] += best[mode]
+                outs[mode], timed, elapsed = _generate_batch(core, prompts, args.spec_max_tokens)
+                best[mode] = min(best.get(mode, (elapsed, timed)), (elapsed, timed))
+        for mode, (elapsed, timed) in best.items():
+            seconds[mode] += elapsed
+            tokens[mode] += timed
         for length in lengths:
             identical[length] = identical[length] and outs[length] == outs["plain"]
     by_length: dict[str, dict[str, Any]] = {}
@@ -164,12 +165,16 @@ def _measure(
         stats = speculator.stats
         by_length[length] = {
             "identical": identical[length],
-            "spec_tok_s": tokens / seconds[length],
+            "spec_tok_s": tokens[length] / seconds[length],
             "acceptance_rate": stats.acceptance_rate,
             "tokens_per_step": stats.tokens_per_step,
             "draft_steps": stats.num_drafts / max(stats.num_decode_steps, 1),
         }
-    return {"tokens": tokens, "plain_tok_s": tokens / seconds["plain"], "lengths": by_length}
+    return {
+        "tokens": tokens["plain"],
+        "plain_tok_s": tokens["plain"] / seconds["plain"],
+        "lengths": by_length,
+    }
 
 
 def spec_result(models: dict[str, LlamaModel], args: argparse.Namespace) -> dict[str, Any]:

@@ -12,9 +12,9 @@ FORGET = 7 / 8  # each draft's outcome weighs 7/8 of the next one's: odds follow
 class DraftOdds:
     """One sequence's recent draft outcomes, each count decayed by FORGET a draft, over a
     uniform prior (one held and one failed): how often a draft's first token holds, and how
-    often a token holds once the one before it did. Two rates, not one: drafts
-    hold in runs (the answer copies a span, then writes its own words), so a single per-token
-    rate would draft a copied span short and free text long."""
+    often a token holds once the one before it did. Two rates, not one: drafts hold in runs
+    (the answer copies a span, then writes its own words), so a single per-token rate would
+    draft a copied span short and free text long."""
 
     first_held: float = 0.0
     first_tried: float = 0.0

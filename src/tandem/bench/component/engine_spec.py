@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tandem.bench.component.spec_workloads import WORKLOADS, chat_prompts
@@ -57,6 +58,12 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
         default=[32],
         help="also decode this many sequences at once (quote and chat prompts in turn), "
         "plain and speculative: aggregate tokens/s (none: batch 1 only)",
+    )
+    g.add_argument(
+        "--spec-per-prompt",
+        action="store_true",
+        help="also each batch-1 prompt's figures (workload N: its Nth task, in "
+        "bench/component/spec_workloads.py)",
     )
     g.add_argument(
         "--spec-only",
@@ -128,53 +135,94 @@ def spec_figures(
             )
         result[fmt] = {}
         for workload, workload_prompts in prompts.items():
-            result[fmt][workload] = _measure(cores, [[p] for p in workload_prompts], args)
+            total, each = _measure(cores, [[p] for p in workload_prompts], args)
+            result[fmt][workload] = total
+            if args.spec_per_prompt:
+                for i, figures in enumerate(each, 1):
+                    result[fmt][f"{workload} {i}"] = figures
         for b in batches:
             batch = [mixed[i % len(mixed)] for i in range(b)]
-            result[fmt][f"mixed x{b}"] = _measure(cores, [batch], args)
+            result[fmt][f"mixed x{b}"], _ = _measure(cores, [batch], args)
     return result
 
 
 def _measure(
     cores: dict[str, EngineCore], runs: list[list[list[int]]], args: argparse.Namespace
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Decode tokens/s of each core over `runs` (each: prompts decoding together), from each
-    run's fastest of --repeats with the cores interleaved; per speculative core its figures."""
-    for core in cores.values():
-        if core.speculator is not None:
-            core.speculator.stats = SpecStats()
+    run's fastest of --repeats with the cores interleaved; per speculative core its figures.
+    Returns the figures over all runs and those of each run."""
     lengths = [mode for mode in cores if mode != "plain"]
-    identical = dict.fromkeys(lengths, True)
-    tokens, seconds = dict.fromkeys(cores, 0), dict.fromkeys(cores, 0.0)
+    per_run: list[_Run] = []
     for prompts in runs:
+        for core in cores.values():
+            if core.speculator is not None:
+                core.speculator.stats = SpecStats()
         best: dict[str, tuple[float, int]] = {}
         outs: dict[str, dict[str, list[int]]] = {}
         for _ in range(args.repeats):
             for mode, core in cores.items():
                 outs[mode], timed, elapsed = _generate_batch(core, prompts, args.spec_max_tokens)
                 best[mode] = min(best.get(mode, (elapsed, timed)), (elapsed, timed))
-        for mode, (elapsed, timed) in best.items():
-            seconds[mode] += elapsed
-            tokens[mode] += timed
+        stats = {}
         for length in lengths:
-            identical[length] = identical[length] and outs[length] == outs["plain"]
-    by_length: dict[str, dict[str, Any]] = {}
-    for length in lengths:
-        speculator = cores[length].speculator
-        assert speculator is not None
-        stats = speculator.stats
-        by_length[length] = {
-            "identical": identical[length],
-            "spec_tok_s": tokens[length] / seconds[length],
-            "acceptance_rate": stats.acceptance_rate,
-            "tokens_per_step": stats.tokens_per_step,
-            "draft_steps": stats.num_drafts / max(stats.num_decode_steps, 1),
+            speculator = cores[length].speculator
+            assert speculator is not None
+            stats[length] = speculator.stats
+        per_run.append(
+            _Run(
+                tokens={mode: timed for mode, (_, timed) in best.items()},
+                seconds={mode: elapsed for mode, (elapsed, _) in best.items()},
+                stats=stats,
+                identical={length: outs[length] == outs["plain"] for length in lengths},
+            )
+        )
+    return _Run.total(per_run, lengths).figures(), [run.figures() for run in per_run]
+
+
+@dataclass(slots=True)
+class _Run:
+    """What one run (or a sum of runs) measured: per mode the decode tokens on the clock and
+    their seconds; per draft length policy its counters and whether every output matched."""
+
+    tokens: dict[str, int]
+    seconds: dict[str, float]
+    stats: dict[str, SpecStats]
+    identical: dict[str, bool]
+
+    @classmethod
+    def total(cls, runs: list[_Run], lengths: list[str]) -> _Run:
+        modes = ["plain", *lengths]
+        return cls(
+            tokens={m: sum(r.tokens[m] for r in runs) for m in modes},
+            seconds={m: sum(r.seconds[m] for r in runs) for m in modes},
+            stats={
+                length: SpecStats(
+                    **{
+                        f.name: sum(getattr(r.stats[length], f.name) for r in runs)
+                        for f in fields(SpecStats)
+                    }
+                )
+                for length in lengths
+            },
+            identical={length: all(r.identical[length] for r in runs) for length in lengths},
+        )
+
+    def figures(self) -> dict[str, Any]:
+        by_length: dict[str, dict[str, Any]] = {}
+        for length, stats in self.stats.items():
+            by_length[length] = {
+                "identical": self.identical[length],
+                "spec_tok_s": self.tokens[length] / self.seconds[length],
+                "acceptance_rate": stats.acceptance_rate,
+                "tokens_per_step": stats.tokens_per_step,
+                "draft_steps": stats.num_drafts / max(stats.num_decode_steps, 1),
+            }
+        return {
+            "tokens": self.tokens["plain"],
+            "plain_tok_s": self.tokens["plain"] / self.seconds["plain"],
+            "lengths": by_length,
         }
-    return {
-        "tokens": tokens["plain"],
-        "plain_tok_s": tokens["plain"] / seconds["plain"],
-        "lengths": by_length,
-    }
 
 
 def spec_result(models: dict[str, LlamaModel], args: argparse.Namespace) -> dict[str, Any]:

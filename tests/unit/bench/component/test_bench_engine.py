@@ -192,9 +192,17 @@ def test_bench_engine_speculation_reports_both_modes_on_both_workloads(
             for length, f in w["lengths"].items():
                 assert f["identical"] and f["spec_tok_s"] > 0 and f["tokens_per_step"] >= 1
                 assert f"native-{fmt} {workload} {length}" in text
-    assert main([*argv, "--spec-only", "--spec-length", "fixed", "--json", str(out_json)]) == 0
-    only = json.loads(out_json.read_text())["speculation"]["int4"]["quote"]["lengths"]
-    assert list(only) == ["fixed"]
+    assert "quote 1" not in result["speculation"]["int4"]  # per prompt only when asked
+    batch = result["speculation"]["int4"]["mixed x32"]  # --spec-batch's default
+    assert batch["tokens"] > 0 and all(f["identical"] for f in batch["lengths"].values())
+    argv_fixed = [*argv, "--spec-only", "--spec-length", "fixed", "--spec-per-prompt"]
+    assert main([*argv_fixed, "--spec-batch", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    only = json.loads(out_json.read_text())["speculation"]["int4"]
+    assert list(only) == ["quote", "quote 1", "chat", "chat 1"]  # no batch: --spec-batch none
+    assert list(only["quote"]["lengths"]) == ["fixed"] and "native-int4 quote 1 fixed" in text
+    # one prompt a workload: its own figures are the workload's
+    assert only["quote 1"] == only["quote"]
     with pytest.raises(SystemExit, match="--spec-tokens=-1; expected 0"):
         main([*argv[:-4], "--spec-tokens", "-1"])
     with pytest.raises(SystemExit, match="spec_ngram_max=1 out of range"):

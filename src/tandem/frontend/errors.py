@@ -114,8 +114,8 @@ BODY_ERRORS = (msgspec.MsgspecError, UnicodeDecodeError, RecursionError)
 def decode_error(exc: Exception, body: bytes) -> InvalidRequest:
     """A 400 for a body that is not JSON or does not fit the request model (`exc` is one
     of BODY_ERRORS)."""
-    if isinstance(exc, UnicodeDecodeError):
-        return _utf8_error(body, exc)
+    if isinstance(exc, UnicodeDecodeError):  # msgspec < 0.23 on bad UTF-8 in a string
+        return _utf8_error(body, exc.reason)
     if isinstance(exc, RecursionError):
         return InvalidRequest(
             "request body nests JSON arrays/objects too deeply to decode; "
@@ -123,6 +123,12 @@ def decode_error(exc: Exception, body: bytes) -> InvalidRequest:
         )
     text = str(exc)
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
+        # msgspec >= 0.23 reports bad UTF-8 in a string as "Invalid UTF-8 encoded string"
+        # with no offset: say where it is, as for the UnicodeDecodeError of older versions
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as whole:
+            return _utf8_error(body, whole.reason)
         return InvalidRequest(f"request body is not valid JSON: {text}", param=None)
     if (m := _MISSING.search(text)) is not None:
         field = m.group("field")
@@ -137,15 +143,16 @@ def decode_error(exc: Exception, body: bytes) -> InvalidRequest:
     return InvalidRequest(f"{param}{shown} is invalid: {text[: m.start()]}", param=param)
 
 
-def _utf8_error(body: bytes, exc: UnicodeDecodeError) -> InvalidRequest:
-    """Where in the body the bad bytes are (msgspec's offset is within one string)."""
+def _utf8_error(body: bytes, reason: str) -> InvalidRequest:
+    """Where in the body the bad bytes are (msgspec's own offset, where it gives one, is
+    within one string)."""
     try:
         body.decode("utf-8")
         where = ""
     except UnicodeDecodeError as whole:
         before = body[max(0, whole.start - 24) : whole.start].decode("utf-8", "replace")
         where = f" at byte {whole.start} (after {before!r})"
-    return InvalidRequest(f"request body is not valid UTF-8{where}: {exc.reason}")
+    return InvalidRequest(f"request body is not valid UTF-8{where}: {reason}")
 
 
 _UNKNOWN = object()

@@ -210,9 +210,16 @@ def test_bodies_that_are_not_utf8_or_nest_too_deeply_are_400s() -> None:
     raw = b'{"model": "m", "prompt": "ab\xff"}'
     try:
         msgspec.json.decode(raw, type=CompletionRequest)
-    except UnicodeDecodeError as err:
+    except (UnicodeDecodeError, msgspec.DecodeError) as err:  # msgspec < 0.23, >= 0.23
         bad = http_errors.decode_error(err, raw)
     assert bad.status_code == 400 and "not valid UTF-8 at byte 28" in bad.message
+    # either form msgspec raises names the byte
+    for err in (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+                msgspec.DecodeError("Invalid UTF-8 encoded string")):  # fmt: skip
+        bad = http_errors.decode_error(err, raw)
+        assert "not valid UTF-8 at byte 28 (after" in bad.message and bad.status_code == 400
+    bad = http_errors.decode_error(msgspec.DecodeError("Input data was truncated"), b'{"a"')
+    assert bad.message == "request body is not valid JSON: Input data was truncated"
     raw = b'{"model": "m", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     try:
         msgspec.json.decode(raw, type=CompletionRequest)

@@ -115,7 +115,8 @@ def decode_error(exc: Exception, body: bytes) -> InvalidRequest:
     """A 400 for a body that is not JSON or does not fit the request model (`exc` is one
     of BODY_ERRORS)."""
     if isinstance(exc, UnicodeDecodeError):  # msgspec < 0.23 on bad UTF-8 in a string
-        return _utf8_error(body, exc.reason)
+        bad = _utf8_error(body, exc.reason)
+        return bad or InvalidRequest(f"request body is not valid UTF-8: {exc.reason}")
     if isinstance(exc, RecursionError):
         return InvalidRequest(
             "request body nests JSON arrays/objects too deeply to decode; "
@@ -125,11 +126,8 @@ def decode_error(exc: Exception, body: bytes) -> InvalidRequest:
     if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
         # msgspec >= 0.23 reports bad UTF-8 in a string as "Invalid UTF-8 encoded string"
         # with no offset: say where it is, as for the UnicodeDecodeError of older versions
-        try:
-            body.decode("utf-8")
-        except UnicodeDecodeError as whole:
-            return _utf8_error(body, whole.reason)
-        return InvalidRequest(f"request body is not valid JSON: {text}", param=None)
+        bad = _utf8_error(body)
+        return bad or InvalidRequest(f"request body is not valid JSON: {text}", param=None)
     if (m := _MISSING.search(text)) is not None:
         field = m.group("field")
         return InvalidRequest(f"missing required field '{field}'", param=field)
@@ -143,16 +141,19 @@ def decode_error(exc: Exception, body: bytes) -> InvalidRequest:
     return InvalidRequest(f"{param}{shown} is invalid: {text[: m.start()]}", param=param)
 
 
-def _utf8_error(body: bytes, reason: str) -> InvalidRequest:
-    """Where in the body the bad bytes are (msgspec's own offset, where it gives one, is
-    within one string)."""
+def _utf8_error(body: bytes, reason: str | None = None) -> InvalidRequest | None:
+    """The 400 naming where in the body the first bad UTF-8 byte is (msgspec's own offset,
+    where it gives one, is within one string), with `reason` or the decoder's; None when the
+    whole body decodes."""
     try:
         body.decode("utf-8")
-        where = ""
     except UnicodeDecodeError as whole:
         before = body[max(0, whole.start - 24) : whole.start].decode("utf-8", "replace")
-        where = f" at byte {whole.start} (after {before!r})"
-    return InvalidRequest(f"request body is not valid UTF-8{where}: {reason}")
+        return InvalidRequest(
+            f"request body is not valid UTF-8 at byte {whole.start} (after {before!r}): "
+            f"{reason or whole.reason}"
+        )
+    return None
 
 
 _UNKNOWN = object()

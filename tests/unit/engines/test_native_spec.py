@@ -178,39 +178,41 @@ def adaptive_core(line: tuple[float, float] | None = LINE, **kw: object) -> Engi
     return core
 
 
+def verified_drafts(core: EngineCore) -> list[tuple[str, int]]:
+    """(request id, draft length) of every decoding step the speculator records from now
+    on (0: a step without a draft)."""
+    log: list[tuple[str, int]] = []
+    real = core.speculator.record
+
+    def record(seq: Sequence, emitted: int) -> None:
+        log.append((seq.request_id, len(seq.draft_token_ids)))
+        real(seq, emitted)
+
+    core.speculator.record = record  # type: ignore[method-assign]
+    return log
+
+
 def test_adaptive_drafts_lengthen_while_they_hold_and_stop_when_they_fail():
     """Drafts that always hold grow to k; drafts whose first token always fails stop (the
     backoff, then the odds), with a one-token probe now and then; fixed k verifies k rows
     every time the backoff lets it. Output is the plain one either way."""
     ref = reference(max_tokens=48)
-    lengths: list[int] = []
-
-    def drafted_lengths(core: EngineCore) -> None:
-        real = core.speculator.record
-
-        def record(seq: Sequence, emitted: int) -> None:
-            lengths.append(len(seq.draft_token_ids))
-            real(seq, emitted)
-
-        core.speculator.record = record  # type: ignore[method-assign]
-
     core = adaptive_core()
     ScriptedDrafts(core, {"a": (PROMPTS["a"], ref["a"])}, k=8)
-    drafted_lengths(core)
+    log = verified_drafts(core)
     out, _ = run(core, [request("a", PROMPTS["a"], max_tokens=48)])
     assert out["a"] == ref["a"]
-    drafted = [n for n in lengths if n]
+    drafted = [n for _, n in log if n]
     assert drafted[0] < 8 and 8 in drafted and drafted[-2] == 8  # longer as they held
 
     failing = {}
     for length in ("adaptive", "fixed"):
-        lengths.clear()
         core = adaptive_core(spec_length=length)
         ScriptedDrafts(core, {"a": (PROMPTS["a"], ref["a"])}, k=8, wrong_first=True)
-        drafted_lengths(core)
+        log = verified_drafts(core)
         out, _ = run(core, [request("a", PROMPTS["a"], max_tokens=48)])
         assert out["a"] == ref["a"]
-        failing[length] = list(lengths)
+        failing[length] = [n for _, n in log]
     # after 1, 2, 4, 8, 16 skipped steps: k rows each
     assert sum(failing["fixed"]) >= 8 * 4
     # one-token probes while the odds say a token may still hold (about 1 in 5), then none
@@ -277,14 +279,7 @@ def test_in_a_full_batch_only_a_sequence_whose_drafts_hold_drafts():
     core = adaptive_core(max_num_batched_tokens=128)
     prompts = {f"s{i}": PROMPTS["a"] for i in range(8)}
     ScriptedDrafts(core, {"a": (PROMPTS["a"], ref["a"])}, k=4)
-    verified: Counter[str] = Counter()
-    real = core.speculator.record
-
-    def record(seq: Sequence, emitted: int) -> None:
-        verified[seq.request_id] += len(seq.draft_token_ids)
-        real(seq, emitted)
-
-    core.speculator.record = record  # type: ignore[method-assign]
+    log = verified_drafts(core)
     reqs = [request(rid, p, max_tokens=24) for rid, p in prompts.items()]
     for r in reqs:
         core.add(r)
@@ -298,6 +293,9 @@ def test_in_a_full_batch_only_a_sequence_whose_drafts_hold_drafts():
         for rid, o in core.step():
             out[rid] += o.token_ids
     assert all(tokens == ref["a"][1:] for tokens in out.values())
+    verified: Counter[str] = Counter()
+    for rid, n in log:
+        verified[rid] += n
     assert verified["s0"] > 0 and sum(verified.values()) == verified["s0"]
 
 

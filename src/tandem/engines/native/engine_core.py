@@ -243,12 +243,12 @@ class EngineCore:
             n == 1 or seq.draft_token_ids
             for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
         )
-        rows = sum(batch.num_new_tokens)
         started = time.perf_counter()
         sampled = self.runner.run(batch, self.block_manager)
         if timed:
             assert self.speculator is not None
-            self.speculator.observe_step(rows, (time.perf_counter() - started) * 1e3)
+            ms = (time.perf_counter() - started) * 1e3
+            self.speculator.observe_step(sum(batch.num_new_tokens), ms)
         outputs: list[tuple[str, EngineOutput]] = []
         finished: list[Sequence] = []
         for i, seq in enumerate(batch.seqs):

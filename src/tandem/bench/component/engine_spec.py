@@ -109,7 +109,7 @@ def spec_figures(
         tokenizer = load_tokenizer(source or "")
     except (OSError, ValueError) as exc:
         raise SystemExit(f"--spec-tokens needs the model's tokenizer ({source}): {exc}") from exc
-    batches = [b for b in args.spec_batch if b > 1]
+    batches = args.spec_batch
     prompts = {w: chat_prompts(tokenizer, tasks) for w, tasks in WORKLOADS.items()}
     mixed = [p for pair in zip(*prompts.values(), strict=True) for p in pair]
     longest = max(map(len, mixed)) + args.spec_max_tokens + args.spec_tokens + 1
@@ -229,6 +229,11 @@ def spec_result(models: dict[str, LlamaModel], args: argparse.Namespace) -> dict
     """The speculation keys of the bench's result ({} without --spec-tokens)."""
     if args.spec_tokens < 0:
         raise SystemExit(f"--spec-tokens={args.spec_tokens}; expected 0 (skip) or more")
+    if bad := [b for b in args.spec_batch if b < 2]:
+        raise SystemExit(
+            f"--spec-batch {bad[0]}: batch 1 is always measured (the workloads); expected 2 or "
+            "more sequences at once"
+        )
     if args.spec_only and not args.spec_tokens:
         raise SystemExit("--spec-only without --spec-tokens K: nothing to measure")
     if not args.spec_tokens:

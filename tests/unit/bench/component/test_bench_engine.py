@@ -203,6 +203,8 @@ def test_bench_engine_speculation_reports_both_modes_on_both_workloads(
     assert list(only["quote"]["lengths"]) == ["fixed"] and "native-int4 quote 1 fixed" in text
     # one prompt a workload: its own figures are the workload's
     assert only["quote 1"] == only["quote"]
+    with pytest.raises(SystemExit, match="--spec-batch 1: batch 1 is always measured"):
+        main([*argv, "--spec-only", "--spec-batch", "8", "1"])
     with pytest.raises(SystemExit, match="--spec-tokens=-1; expected 0"):
         main([*argv[:-4], "--spec-tokens", "-1"])
     with pytest.raises(SystemExit, match="spec_ngram_max=1 out of range"):

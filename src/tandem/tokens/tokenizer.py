@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from tandem.tokens.ascii_encoder import AsciiByteLevelEncoder
+from tandem.tokens.ascii_encoder import AsciiByteLevelEncoder, OverBudget
 from tandem.tokens.byte_level import token_bytes
 from tandem.tokens.gguf import load_gguf_tokenizer
 
@@ -49,12 +49,19 @@ class ModelTokenizer:
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, miss_budget: int | None = None
+    ) -> list[int]:
         """Token ids of `text`. Special tokens written in the text match whole; with
-        `add_special_tokens` the BOS is prepended where the model asks for one."""
+        `add_special_tokens` the BOS is prepended where the model asks for one. With
+        `miss_budget`: OverBudget rather than run BPE on more words than that (ASCII text
+        through the word cache), or at all (other text: its pre-tokenizer's cost grows with
+        the text)."""
         ids: list[int]
         if self.ascii_encoder is not None and text.isascii():
-            ids = self.ascii_encoder.encode(text)
+            ids = self.ascii_encoder.encode(text, miss_budget=miss_budget)
+        elif miss_budget is not None:
+            raise OverBudget("not ASCII: no word cache")
         else:
             ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         if (

@@ -15,6 +15,7 @@ from tandem.protocols.discovery import ModelCard
 from tandem.protocols.openai import ChatCompletionRequest, CompletionRequest, StreamOptions
 from tandem.router.source import StaticInstanceSet
 from tandem.tokens.chat_template import ChatTemplate
+from tandem.tokens.tokenizer import ModelTokenizer
 
 
 @pytest.fixture
@@ -256,3 +257,47 @@ async def test_best_of_fans_out_candidates_with_logprobs_for_ranking(model) -> N
     assert len(prepared.requests) == 3 and (prepared.best_of, prepared.n) == (3, 2)
     assert all(r.sampling.logprobs == 0 for r in prepared.requests)
     assert prepared.num_top_logprobs is None  # the client did not ask: stripped later
+
+
+async def test_a_long_prompt_whose_words_are_cached_is_tokenized_without_a_thread(
+    smollm2: ModelTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenizing in a thread buys fairness only at the GIL's switch interval, and its hop
+    cost more than a cached prompt's encode: a long prompt runs inline while few of its words
+    need BPE, and in the thread otherwise (then and for text without the word cache)."""
+    import asyncio
+    import dataclasses
+    import random
+    import re
+
+    from tandem.frontend.pipeline import preprocess
+    from tandem.tokens.ascii_encoder import AsciiByteLevelEncoder
+
+    backend = smollm2.backend
+    fresh = AsciiByteLevelEncoder.build(backend)  # a cold cache of its own
+    tok = dataclasses.replace(smollm2, ascii_encoder=fresh)
+    words = [
+        " " + token[1:]
+        for i in range(backend.get_vocab_size())
+        if (token := backend.id_to_token(i) or "") and re.fullmatch("\u0120[a-z]+", token)
+    ]
+    text = "".join(random.Random(7).sample(words, 3000))
+    assert len(text) > preprocess._THREAD_TOKENIZE_CHARS
+    threaded: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def counting(fn, text, **kw):  # type: ignore[no-untyped-def]
+        threaded.append(text)
+        return await to_thread(fn, text, **kw)
+
+    monkeypatch.setattr(preprocess.asyncio, "to_thread", counting)
+    expected = backend.encode(text, add_special_tokens=False).ids
+    assert await preprocess._encode(tok, text, add_special_tokens=False) == expected
+    assert len(threaded) == 1  # cold: past the BPE budget, finished in the thread
+    assert await preprocess._encode(tok, text, add_special_tokens=False) == expected
+    assert len(threaded) == 1  # cached: inline
+    other = "é" + text
+    assert await preprocess._encode(tok, other, add_special_tokens=False) == (
+        backend.encode(other, add_special_tokens=False).ids
+    )
+    assert len(threaded) == 2  # not ASCII: no word cache, the thread

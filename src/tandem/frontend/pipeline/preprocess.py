@@ -4,9 +4,10 @@ conditions, check the context length. Pure functions of (request, model); no I/O
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +52,18 @@ from tandem.protocols.openai import (
     validate_completion,
 )
 from tandem.protocols.tenancy import RequestIdentity
+from tandem.tokens.ascii_encoder import OverBudget
+from tandem.tokens.tokenizer import ModelTokenizer
 
-# prompts longer than this (characters) are tokenized off the event loop
+# A long prompt (characters) is tokenized off the event loop unless its words are cached:
+# the word-cache encoder holds the GIL, so a thread buys fairness only at the interpreter's
+# 5 ms switch interval, and its hop cost 0.3-0.5 ms of a cached 3000-token prompt's 0.2 ms
+# (more under load: the result waits for the loop). So one up to _INLINE_TOKENIZE_CHARS
+# (~2 ms cached) runs inline while at most _INLINE_BPE_WORDS of its words need BPE (~3.5 µs
+# each), and goes to the thread from where it stopped (its words done stay cached).
 _THREAD_TOKENIZE_CHARS = 16_384
+_INLINE_TOKENIZE_CHARS = 1 << 18
+_INLINE_BPE_WORDS = 256
 SEED_MODULUS = 2**64  # per-choice seeds wrap here: engines take any 64-bit seed
 
 
@@ -127,7 +137,7 @@ async def preprocess_chat(
         tools=tools,
         template_kwargs=req.chat_template_kwargs,
     )
-    ids = await _encode(tok.encode, text, add_special_tokens=False)
+    ids = await _encode(tok, text, add_special_tokens=False)
     mm_items: list[MmItem] = []
     if prompt_images is not None:
         ids, mm_items = expand_placeholders(ids, prompt_images)
@@ -213,7 +223,7 @@ async def preprocess_completion(
     for i, prompt in enumerate(prompt_inputs(req.prompt) if not prompts else ()):
         if isinstance(prompt, str):
             tok = model.require_tokenizer("a text prompt")
-            ids = await _encode(tok.encode, prompt, add_special_tokens=True)
+            ids = await _encode(tok, prompt, add_special_tokens=True)
             if not ids:  # an engine needs at least one prompt token
                 param = f"prompt[{i}]" if isinstance(req.prompt, list) else "prompt"
                 raise InvalidRequest(
@@ -263,12 +273,15 @@ def _structured(response_format: Any, plan: ToolPlan | None) -> StructuredOutput
     return plan.structured
 
 
-async def _encode(
-    encode: Callable[..., list[int]], text: str, *, add_special_tokens: bool
-) -> list[int]:
-    if len(text) > _THREAD_TOKENIZE_CHARS:
-        return list(await asyncio.to_thread(encode, text, add_special_tokens=add_special_tokens))
-    return list(encode(text, add_special_tokens=add_special_tokens))
+async def _encode(tok: ModelTokenizer, text: str, *, add_special_tokens: bool) -> list[int]:
+    if len(text) <= _THREAD_TOKENIZE_CHARS:
+        return list(tok.encode(text, add_special_tokens=add_special_tokens))
+    if len(text) <= _INLINE_TOKENIZE_CHARS:
+        with contextlib.suppress(OverBudget):
+            return tok.encode(
+                text, add_special_tokens=add_special_tokens, miss_budget=_INLINE_BPE_WORDS
+            )
+    return list(await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special_tokens))
 
 
 def prompt_id_bytes(ids: list[int], vocab: int | None) -> bytes | None:

@@ -106,6 +106,7 @@ class ServedModel:
         if self.card.tokenizer is None:
             return
         tok = await self._load_tokenizer(self.card.tokenizer, cache_dir)
+        await asyncio.to_thread(tok.prewarm)  # before any prompt: none pays a cold cache's BPE
         bos = tok.token_text(tok.bos_token_id) if tok.bos_token_id is not None else None
         eos = tok.token_text(tok.eos_token_ids[0]) if tok.eos_token_ids else None
         self.chat_template = ChatTemplate(

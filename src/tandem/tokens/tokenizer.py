@@ -73,6 +73,10 @@ class ModelTokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
+    def prewarm(self) -> int:
+        """Fill the word cache with the vocabulary's one-token words (0 without the cache)."""
+        return self.ascii_encoder.prewarm() if self.ascii_encoder is not None else 0
+
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return str(self.backend.decode(token_ids, skip_special_tokens=skip_special_tokens))
 

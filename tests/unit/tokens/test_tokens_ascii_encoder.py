@@ -227,3 +227,30 @@ def test_words_in_use_stay_cached_when_the_cache_turns_over(
         assert encoder.encode(text) == _backend_ids(smollm2, text)
     assert len(calls) == 60 + 2 * 20  # only the new words
     assert cache.num_several <= 2 * 64
+
+
+def test_prewarm_caches_the_one_token_words_as_a_miss_would(smollm2: ModelTokenizer) -> None:
+    """A frontend fills the cache with the vocabulary's one-token words as it loads: a prompt
+    of them then needs no BPE, and each entry is what a miss would have cached."""
+    backend = smollm2.backend
+    warm = AsciiByteLevelEncoder.build(backend)
+    cold = AsciiByteLevelEncoder.build(backend)
+    assert warm is not None and cold is not None
+    num = warm.prewarm()
+    assert num > 40_000 and warm.prewarm() == 0  # once
+    rng = random.Random(3)
+    sample = rng.sample(sorted(warm._cache), 2000)
+    for word in sample:
+        assert warm._cache[word] == cold._cache[word]  # cold: through __missing__ (BPE)
+    calls: list[str] = []
+    model = warm._cache._model
+
+    class Counting:
+        def tokenize(self, word: str):  # type: ignore[no-untyped-def]
+            calls.append(word)
+            return model.tokenize(word)
+
+    warm._cache._model = Counting()  # type: ignore[assignment]
+    text = "".join(w for w in sample if w.startswith(" ") and w[1:].isalpha())
+    assert warm.encode(text) == _backend_ids(smollm2, text)
+    assert calls == []

@@ -103,9 +103,11 @@ class _WordCache(dict[str, tuple[int, ...]]):
 
     def _turn_over(self) -> None:
         """The generation's words of several tokens become the previous one (the older is
-        dropped); the words of one token stay."""
-        self._previous = {w: ids for w, ids in self.items() if len(ids) > 1}
-        ones = {w: ids for w, ids in self.items() if len(ids) == 1}
+        dropped); the words of one token stay. The items are copied in one C call first: the
+        comprehensions run bytecode, where another thread's encode may add a word."""
+        items = list(self.items())
+        self._previous = {w: ids for w, ids in items if len(ids) > 1}
+        ones = {w: ids for w, ids in items if len(ids) == 1}
         self.clear()
         self.update(ones)
         self._num_words = 0

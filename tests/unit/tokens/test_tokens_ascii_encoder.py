@@ -254,3 +254,38 @@ def test_prewarm_caches_the_one_token_words_as_a_miss_would(smollm2: ModelTokeni
     text = "".join(w for w in sample if w.startswith(" ") and w[1:].isalpha())
     assert warm.encode(text) == _backend_ids(smollm2, text)
     assert calls == []
+
+
+def test_threads_encoding_while_the_cache_turns_over_get_exact_ids(
+    smollm2: ModelTokenizer,
+) -> None:
+    """A frontend encodes on its loop and in threads at once; turn-overs (every 64 new words
+    here) happen while the other thread adds words, and every prompt's ids stay exact."""
+    import sys
+    import threading
+
+    encoder = AsciiByteLevelEncoder.build(smollm2.backend)
+    assert encoder is not None
+    encoder._cache.max_words = 64
+    failures: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(300):
+                text = f"thread{k} request{i} user{i * 7919 + k} item{i}x{k} again"
+                assert encoder.encode(text) == _backend_ids(smollm2, text)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures, failures[0]
+    assert encoder._cache.num_several <= 2 * 64 + 4  # each thread may add one past a turn-over

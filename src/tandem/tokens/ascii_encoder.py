@@ -93,13 +93,17 @@ class _WordCache(dict[str, tuple[int, ...]]):
                 if left <= 0:
                     raise OverBudget(word)
                 _budget.misses = left - 1
-            ids = tuple(t.id for t in self._model.tokenize(word.translate(_TO_BYTE_LEVEL)))
+            ids = self.bpe(word)
         if len(ids) > 1:
             if self._num_words >= self.max_words:
                 self._turn_over()
             self._num_words += 1
         self[word] = ids
         return ids
+
+    def bpe(self, word: str) -> tuple[int, ...]:
+        """The model's BPE of one ASCII word (what a miss caches)."""
+        return tuple(t.id for t in self._model.tokenize(word.translate(_TO_BYTE_LEVEL)))
 
     def _turn_over(self) -> None:
         """The generation's words of several tokens become the previous one (the older is
@@ -138,7 +142,7 @@ class AsciiByteLevelEncoder:
         if self._prewarmed:  # a process's tokenizer serves every model that loads it
             return 0
         self._prewarmed = True
-        model, cache, num = self._backend.model, self._cache, 0
+        cache, num = self._cache, 0
         for spelled in self._backend.get_vocab(with_added_tokens=False):
             raw = token_bytes(spelled)
             if raw is None or not raw.isascii():
@@ -146,7 +150,7 @@ class AsciiByteLevelEncoder:
             word = raw.decode("ascii")
             if word in self._added or not SPLIT_PATTERN.fullmatch(word):
                 continue
-            ids = tuple(t.id for t in model.tokenize(spelled))
+            ids = cache.bpe(word)
             if len(ids) == 1:  # what a miss would cache; one-token words are kept for good
                 cache[word] = ids
                 num += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import string
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
@@ -20,6 +21,20 @@ PIECES = ["'s", "'ll", "'ve", "'D", "  ", "\n\n", " \n ", "<|im_start|>", "<|im_
 
 def _backend_ids(tok: ModelTokenizer, text: str) -> list[int]:
     return list(tok.backend.encode(text, add_special_tokens=False).ids)
+
+
+def _count_bpe(cache: Any) -> list[str]:
+    """The words the cache runs BPE on from now on (its misses), in order."""
+    calls: list[str] = []
+    model = cache._model
+
+    class Counting:
+        def tokenize(self, word: str):  # type: ignore[no-untyped-def]
+            calls.append(word)
+            return model.tokenize(word)
+
+    cache._model = Counting()
+    return calls
 
 
 def test_smollm2_gets_the_ascii_encoder(smollm2: ModelTokenizer) -> None:
@@ -177,15 +192,7 @@ def test_one_token_words_stay_cached_however_many_conversations_interleave(
     encoder = AsciiByteLevelEncoder.build(backend)
     assert encoder is not None
     cache = encoder._cache
-    calls: list[str] = []
-    model = cache._model
-
-    class Counting:
-        def tokenize(self, word: str):  # type: ignore[no-untyped-def]
-            calls.append(word)
-            return model.tokenize(word)
-
-    cache._model = Counting()  # type: ignore[assignment]
+    calls = _count_bpe(cache)
     conversations = ["".join(words[i::50]) for i in range(50)]
     for text in conversations:
         encoder.encode(text)
@@ -196,9 +203,7 @@ def test_one_token_words_stay_cached_however_many_conversations_interleave(
     assert len(calls) == first
 
 
-def test_words_in_use_stay_cached_when_the_cache_turns_over(
-    smollm2: ModelTokenizer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_words_in_use_stay_cached_when_the_cache_turns_over(smollm2: ModelTokenizer) -> None:
     """The cache fills up and turns over while the same words keep coming back: they never go
     through BPE again, where clearing the one dict sent every word of the next prompt
     through it."""
@@ -206,15 +211,7 @@ def test_words_in_use_stay_cached_when_the_cache_turns_over(
     assert encoder is not None
     cache = encoder._cache
     cache.max_words = 64
-    calls: list[str] = []
-    model = cache._model
-
-    class Counting:
-        def tokenize(self, word: str):  # type: ignore[no-untyped-def]
-            calls.append(word)
-            return model.tokenize(word)
-
-    cache._model = Counting()  # type: ignore[assignment]
+    calls = _count_bpe(cache)
 
     def word(prefix: str, i: int) -> str:  # letters only: one split word each
         return prefix + "".join(string.ascii_lowercase[int(d)] for d in str(i))
@@ -242,15 +239,7 @@ def test_prewarm_caches_the_one_token_words_as_a_miss_would(smollm2: ModelTokeni
     sample = rng.sample(sorted(warm._cache), 2000)
     for word in sample:
         assert warm._cache[word] == cold._cache[word]  # cold: through __missing__ (BPE)
-    calls: list[str] = []
-    model = warm._cache._model
-
-    class Counting:
-        def tokenize(self, word: str):  # type: ignore[no-untyped-def]
-            calls.append(word)
-            return model.tokenize(word)
-
-    warm._cache._model = Counting()  # type: ignore[assignment]
+    calls = _count_bpe(warm._cache)
     text = "".join(w for w in sample if w.startswith(" ") and w[1:].isalpha())
     assert warm.encode(text) == _backend_ids(smollm2, text)
     assert calls == []

@@ -11,6 +11,7 @@ file converted its own before, ~12 s each; skips where .venv-vllm is not built).
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,48 @@ from tests.support.smollm2 import smollm2_gguf
 from tests.support.vllm_env import convert_smollm2, require_vllm_venv
 
 __all__ = ["free_port"]
+
+
+TIMEOUT_SCALE_ENV = "TANDEM_TEST_TIMEOUT_SCALE"
+
+
+def timeout_scale() -> float:
+    """How much longer than written each test's timeout runs in this process: the float in
+    TANDEM_TEST_TIMEOUT_SCALE, 1 without it. `make test` sets it for the niced process
+    (tests/support/pytest_pair.sh says why); a timeout here guards against hangs, it is never a
+    performance check, so it must hold on a starved core as on an idle one."""
+    raw = os.environ.get(TIMEOUT_SCALE_ENV, "")
+    if not raw:
+        return 1.0
+    try:
+        scale = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{TIMEOUT_SCALE_ENV}={raw!r}: expected a number >= 1") from None
+    if not scale >= 1.0:
+        raise pytest.UsageError(f"{TIMEOUT_SCALE_ENV}={raw!r}: expected a number >= 1")
+    return scale
+
+
+def scaled_timeout_marker(marker: pytest.Mark | None, default: float | None, scale: float):
+    """The timeout marker to put first on an item: `marker`'s (its method and func_only kept)
+    or, where it names no seconds, the configured default, times `scale`; None where the limit
+    is 0 or there is none (no limit, which scaling keeps)."""
+    args, kwargs = (list(marker.args), dict(marker.kwargs)) if marker else ([], {})
+    seconds = args.pop(0) if args else kwargs.pop("timeout", default)
+    if not seconds:
+        return None
+    return pytest.mark.timeout(float(seconds) * scale, *args, **kwargs)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scale = timeout_scale()
+    if scale == 1.0:
+        return
+    default = getattr(config, "_env_timeout", None)  # pytest-timeout's ini/CLI/env setting
+    for item in items:
+        marker = scaled_timeout_marker(item.get_closest_marker("timeout"), default, scale)
+        if marker is not None:
+            item.add_marker(marker, append=False)  # first: get_closest_marker finds it
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -19,6 +19,7 @@ from tandem.disagg.worker_engine import DisaggEngine
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.protocols.engine import (
+    EngineOutput,
     KvFetchHint,
     PreprocessedRequest,
     SamplingParams,
@@ -130,6 +131,57 @@ async def test_fetch_falls_back_when_the_holder_lacks_or_is_gone() -> None:
         await _settled(fetcher)
     finally:
         await fetcher.stop()
+
+
+async def run_direct(engine: DisaggEngine, req: PreprocessedRequest) -> tuple[list[int], int]:
+    """`run` with a direct sink the engine may hand outputs (never the last): the tokens of
+    both paths in order, and how many outputs the sink took."""
+    assert engine.capabilities.accepts_direct_sink
+    outs: list[EngineOutput] = []
+    taken = 0
+
+    def sink(out: EngineOutput) -> bool:
+        nonlocal taken
+        if out.finish_reason is not None:
+            return False
+        outs.append(out)
+        taken += 1
+        return True
+
+    async for out in engine.generate(req, direct=sink):
+        outs.append(out)
+    return [t for out in outs for t in out.token_ids], taken
+
+
+async def test_a_direct_sink_takes_the_outputs_it_can_and_changes_no_token() -> None:
+    """A peer-fetch worker takes the Worker's direct sink: a request without a hint, and one
+    whose fetch fell back, stream through it; a fetched one (its first output's cached count
+    is rewritten) yields every output instead. A decode worker takes none."""
+    holder, fetcher = await started(2)
+    try:
+        ref, _ = await run(holder, request("ref"))
+        assert fetcher.capabilities.accepts_direct_sink
+        assert not DisaggEngine(
+            MockerEngine(MOCKER), DisaggWorkerConfig(mode="decode")
+        ).capabilities.accepts_direct_sink
+        tokens, taken = await run_direct(fetcher, request("plain", first=300))
+        assert taken > 0 and len(tokens) == 6
+        ref2, _ = await run(holder, request("ref2", first=500))
+        other_size = KvFetchHint(  # fetches nothing: the computed path
+            **{**_fields(hint_to(holder, request("y", first=500))), "block_size": 8}
+        )
+        tokens, taken = await run_direct(fetcher, request("fell-back", first=500, hint=other_size))
+        assert tokens == ref2 and taken > 0
+        assert fetcher.fetch is not None and fetcher.fetch.stats.num_started == 0
+        hint = hint_to(holder, request("x"))
+        tokens, taken = await run_direct(fetcher, request("fetched", first=100, n=30, hint=hint))
+        assert fetcher.fetch.stats.num_succeeded == 1
+        assert tokens == ref and taken == 0
+        for e in (holder, fetcher):
+            await _settled(e)
+    finally:
+        for e in (holder, fetcher):
+            await e.stop()
 
 
 def _fields(hint: KvFetchHint) -> dict[str, object]:

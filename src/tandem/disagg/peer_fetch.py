@@ -43,6 +43,8 @@ from tandem.transfer import OpRef, TransferAgent
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
+    from tandem.engines.output_stream import DirectSink
+
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 BANDWIDTH_EWMA = 0.2  # weight of the newest fetch in the measured bandwidth
@@ -117,12 +119,19 @@ class PeerFetch:
         return len(blocks)
 
     # ------------------------------------------------------------------ fetcher side
-    async def generate(self, request: PreprocessedRequest) -> AsyncGenerator[EngineOutput, None]:
+    async def generate(
+        self, request: PreprocessedRequest, *, direct: DirectSink | None = None
+    ) -> AsyncGenerator[EngineOutput, None]:
+        """`direct` goes to the engine when nothing was fetched (the outputs are the engine's
+        own); a resumed stream's first output is changed here, so it takes none."""
         assert request.kv_fetch is not None
         local = msgspec.structs.replace(request, kv_fetch=None)
         num_fetched = await self._fetch(local, request.kv_fetch)
         if num_fetched == 0:
-            stream: AsyncIterator[EngineOutput] = self.engine.generate(local)
+            stream: AsyncIterator[EngineOutput] = (
+                self.engine.generate(local) if direct is None
+                else self.engine.generate(local, direct=direct)
+            )  # fmt: skip
         else:
             stream = _counted_cached(self.handoff.resume(local, num_fetched), num_fetched)
         async with contextlib.aclosing(stream):  # type: ignore[type-var]

@@ -137,8 +137,12 @@ class DisaggEngine(EngineDefaults):
 
     @property
     def capabilities(self) -> EngineCapabilities:
+        """The engine's, but token bytes are never read, and a direct sink is taken only by a
+        worker that serves requests itself (not prefill, not decode: peer fetch alone), which
+        passes it to the engine wherever its outputs go out unchanged."""
+        direct = self.engine.capabilities.accepts_direct_sink and self.config.mode == "none"
         return dataclasses.replace(
-            self.engine.capabilities, reads_token_bytes=False, accepts_direct_sink=False
+            self.engine.capabilities, reads_token_bytes=False, accepts_direct_sink=direct
         )
 
     def attach_embedding_provider(self, provider: EmbeddingProvider) -> None:
@@ -173,16 +177,20 @@ class DisaggEngine(EngineDefaults):
     def generate(
         self, request: PreprocessedRequest, *, direct: DirectSink | None = None
     ) -> AsyncGenerator[EngineOutput, None]:
-        """`direct` is never given (its capabilities take no direct sink)."""
+        """`direct` (given only where `capabilities` take one) reaches the engine on the
+        paths whose outputs pass through unchanged: a request computed here, and a peer
+        fetch that fetched nothing; the other paths ignore it and yield every output."""
         if self.prefill is not None:
             return self.prefill.generate(request)
         if self.decode is not None and request.disagg_params is not None:
             return self.decode.generate(request)
         if self.fetch is not None and request.kv_fetch is not None:
-            return self.fetch.generate(request)
+            return self.fetch.generate(request, direct=direct)
         if request.kv_fetch is not None:  # a hint this worker cannot take: compute it
             request = msgspec.structs.replace(request, kv_fetch=None)
-        return self.engine.generate(request)
+        if direct is None:
+            return self.engine.generate(request)
+        return self.engine.generate(request, direct=direct)
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

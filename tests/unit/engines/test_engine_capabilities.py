@@ -6,6 +6,7 @@ prompt's bytes runs a request whose token_ids never became a list."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -38,6 +39,7 @@ def _engines() -> dict[str, Engine]:
         "vllm": VllmEngine(VllmWorkerConfig()),
         "encoder": EncoderEngine(EncodeWorkerConfig()),
         "disagg-mocker": DisaggEngine(mocker, DisaggWorkerConfig(mode="decode")),
+        "fetch-mocker": DisaggEngine(mocker, DisaggWorkerConfig(kv_fetch=True)),
     }
 
 
@@ -71,6 +73,10 @@ def test_each_engine_declares_what_it_does() -> None:
     # the disaggregated sides read token_ids and consume every output themselves
     assert caps["disagg-mocker"] == EngineCapabilities(
         embeds=True, images=ImageInput(embeddings_as_arrays=True), lora=True
+    )
+    # peer fetch alone: the engine's direct sink, on the paths whose outputs it leaves alone
+    assert caps["fetch-mocker"] == dataclasses.replace(
+        caps["disagg-mocker"], accepts_direct_sink=True
     )
 
 

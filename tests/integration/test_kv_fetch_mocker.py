@@ -133,16 +133,18 @@ async def test_fetch_falls_back_when_the_holder_lacks_or_is_gone() -> None:
         await fetcher.stop()
 
 
-async def run_direct(engine: DisaggEngine, req: PreprocessedRequest) -> tuple[list[int], int]:
+async def run_direct(
+    engine: DisaggEngine, req: PreprocessedRequest
+) -> tuple[list[int], int | None, int]:
     """`run` with a direct sink the engine may hand outputs (never the last): the tokens of
-    both paths in order, and how many outputs the sink took."""
+    both paths in order, the first cached count, and how many outputs the sink took."""
     assert engine.capabilities.accepts_direct_sink
     outs: list[EngineOutput] = []
     taken = 0
 
     def sink(out: EngineOutput) -> bool:
         nonlocal taken
-        if out.finish_reason is not None:
+        if out.finish_reason is not None or taken >= 2:  # refuse some: both paths run
             return False
         outs.append(out)
         taken += 1
@@ -150,13 +152,15 @@ async def run_direct(engine: DisaggEngine, req: PreprocessedRequest) -> tuple[li
 
     async for out in engine.generate(req, direct=sink):
         outs.append(out)
-    return [t for out in outs for t in out.token_ids], taken
+    cached = next((o.num_cached_tokens for o in outs if o.num_cached_tokens is not None), None)
+    return [t for out in outs for t in out.token_ids], cached, taken
 
 
-async def test_a_direct_sink_takes_the_outputs_it_can_and_changes_no_token() -> None:
-    """A peer-fetch worker takes the Worker's direct sink: a request without a hint, and one
-    whose fetch fell back, stream through it; a fetched one (its first output's cached count
-    is rewritten) yields every output instead. A decode worker takes none."""
+async def test_a_direct_sink_takes_outputs_on_every_path_and_changes_none() -> None:
+    """A peer-fetch worker takes the Worker's direct sink and hands it outputs (the first
+    of them counting what was fetched as cached) whether the request had no hint, a fetch
+    that fetched nothing, or a fetched prefix; the tokens are those of the plain path. A
+    decode worker takes none."""
     holder, fetcher = await started(2)
     try:
         ref, _ = await run(holder, request("ref"))
@@ -164,19 +168,21 @@ async def test_a_direct_sink_takes_the_outputs_it_can_and_changes_no_token() -> 
         assert not DisaggEngine(
             MockerEngine(MOCKER), DisaggWorkerConfig(mode="decode")
         ).capabilities.accepts_direct_sink
-        tokens, taken = await run_direct(fetcher, request("plain", first=300))
-        assert taken > 0 and len(tokens) == 6
+        tokens, cached, taken = await run_direct(fetcher, request("plain", first=300))
+        assert taken > 0 and len(tokens) == 6 and cached == 0
         ref2, _ = await run(holder, request("ref2", first=500))
         other_size = KvFetchHint(  # fetches nothing: the computed path
             **{**_fields(hint_to(holder, request("y", first=500))), "block_size": 8}
         )
-        tokens, taken = await run_direct(fetcher, request("fell-back", first=500, hint=other_size))
-        assert tokens == ref2 and taken > 0
+        tokens, cached, taken = await run_direct(
+            fetcher, request("fell-back", first=500, hint=other_size)
+        )
+        assert tokens == ref2 and taken > 0 and cached == 0
         assert fetcher.fetch is not None and fetcher.fetch.stats.num_started == 0
         hint = hint_to(holder, request("x"))
-        tokens, taken = await run_direct(fetcher, request("fetched", first=100, n=30, hint=hint))
+        tokens, cached, taken = await run_direct(fetcher, request("fetched", hint=hint))
         assert fetcher.fetch.stats.num_succeeded == 1
-        assert tokens == ref and taken == 0
+        assert tokens == ref and taken > 0 and cached == 28  # 7 blocks of 4 fetched
         for e in (holder, fetcher):
             await _settled(e)
     finally:

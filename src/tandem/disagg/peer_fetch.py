@@ -122,8 +122,8 @@ class PeerFetch:
     async def generate(
         self, request: PreprocessedRequest, *, direct: DirectSink | None = None
     ) -> AsyncGenerator[EngineOutput, None]:
-        """`direct` goes to the engine when nothing was fetched (the outputs are the engine's
-        own); a resumed stream's first output is changed here, so it takes none."""
+        """`direct` goes to the engine: as given when nothing was fetched, through
+        `_CountFetched` (which counts the fetched tokens as cached) when it resumes."""
         assert request.kv_fetch is not None
         local = msgspec.structs.replace(request, kv_fetch=None)
         num_fetched = await self._fetch(local, request.kv_fetch)
@@ -133,7 +133,9 @@ class PeerFetch:
                 else self.engine.generate(local, direct=direct)
             )  # fmt: skip
         else:
-            stream = _counted_cached(self.handoff.resume(local, num_fetched), num_fetched)
+            counted = _CountFetched(num_fetched)
+            sink = counted.sink(direct) if direct is not None else None
+            stream = counted.stream(self.handoff.resume(local, num_fetched, direct=sink))
         async with contextlib.aclosing(stream):  # type: ignore[type-var]
             async for out in stream:
                 yield out
@@ -253,15 +255,33 @@ def _left(deadline: float) -> float:
     return left
 
 
-async def _counted_cached(
-    stream: AsyncIterator[EngineOutput], num_fetched: int
-) -> AsyncIterator[EngineOutput]:
-    """``stream`` whose first chunk counts the fetched tokens as cached (not computed here)."""
-    first = True
-    async with contextlib.aclosing(stream):  # type: ignore[type-var]
-        async for out in stream:
-            if first:
-                first = False
-                cached = max(out.num_cached_tokens or 0, num_fetched)
-                out = msgspec.structs.replace(out, num_cached_tokens=cached)
-            yield out
+class _CountFetched:
+    """A resumed stream whose first output counts the fetched tokens as cached (they were
+    not computed here), whichever way it leaves: through the direct sink or the stream. An
+    output the sink refuses comes out of the stream next, so the count waits for it."""
+
+    def __init__(self, num_fetched: int) -> None:
+        self.num_fetched = num_fetched
+        self.first = True
+
+    def counted(self, out: EngineOutput) -> EngineOutput:
+        if not self.first:
+            return out
+        cached = max(out.num_cached_tokens or 0, self.num_fetched)
+        return msgspec.structs.replace(out, num_cached_tokens=cached)
+
+    def sink(self, direct: DirectSink) -> DirectSink:
+        def take(out: EngineOutput) -> bool:
+            if not direct(self.counted(out)):
+                return False
+            self.first = False
+            return True
+
+        return take
+
+    async def stream(self, stream: AsyncIterator[EngineOutput]) -> AsyncIterator[EngineOutput]:
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async for out in stream:
+                counted = self.counted(out)
+                self.first = False
+                yield counted

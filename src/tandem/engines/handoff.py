@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tandem.engines.output_stream import DirectSink
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 
 
@@ -124,11 +125,16 @@ class KvHandoff(Protocol):
         ...
 
     def resume(
-        self, request: PreprocessedRequest, num_computed: int
+        self,
+        request: PreprocessedRequest,
+        num_computed: int,
+        *,
+        direct: DirectSink | None = None,
     ) -> AsyncIterator[EngineOutput]:
         """Decode ``request`` whose first ``num_computed`` tokens' KV now sits in its
         allocated blocks (``request.token_ids[num_computed:]`` are computed next). Streams
-        like `Engine.generate`; closing it early aborts the request. ``request.token_ids``
+        like `Engine.generate`, ``direct`` as there (an engine that takes no direct sink
+        ignores it); closing it early aborts the request. ``request.token_ids``
         may extend the tokens given to `allocate` (decode-first: the prefill's first token,
         already sent to the client): they are taken as given, never emitted again, and
         ``request.stop`` is the budget left after them."""

@@ -22,6 +22,7 @@ from tandem.engines.mocker.admission import make_sequence
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.mocker.scheduler import Scheduler
 from tandem.engines.mocker.sequence import request_seed
+from tandem.engines.output_stream import DirectSink
 from tandem.errors import Overloaded
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 
@@ -141,7 +142,11 @@ class MockerKvHandoff:
         self._on_loop(self.scheduler.release_held, request_id)
 
     def resume(
-        self, request: PreprocessedRequest, num_computed: int
+        self,
+        request: PreprocessedRequest,
+        num_computed: int,
+        *,
+        direct: DirectSink | None = None,
     ) -> AsyncIterator[EngineOutput]:
         def install(sched: Scheduler) -> None:
             held = sched.held.get(request.request_id)
@@ -150,4 +155,4 @@ class MockerKvHandoff:
                 held.token_ids.extend(request.token_ids[len(held.token_ids) :])
             sched.resume(request.request_id, num_computed)
 
-        return self.engine.generate(request, install=install)
+        return self.engine.generate(request, install=install, direct=direct)

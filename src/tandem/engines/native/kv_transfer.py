@@ -25,6 +25,7 @@ from tandem.engines.handoff import FetchFigures, KvCacheSpec
 from tandem.engines.native.engine import NativeEngine
 from tandem.engines.native.engine_core import EngineCore
 from tandem.engines.native.sequence import Sequence, SequenceStatus
+from tandem.engines.output_stream import DirectSink
 from tandem.errors import InvalidRequest, Overloaded, TransferError
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 
@@ -204,7 +205,11 @@ class NativeKvHandoff:
             self.engine.run_locked(lambda core: core.block_manager.free(seq))
 
     def resume(
-        self, request: PreprocessedRequest, num_computed: int
+        self,
+        request: PreprocessedRequest,
+        num_computed: int,
+        *,
+        direct: DirectSink | None = None,
     ) -> AsyncIterator[EngineOutput]:
         with self._lock:
             seq = self._allocs.pop(request.request_id, None)
@@ -228,7 +233,7 @@ class NativeKvHandoff:
             core.scheduler.running.append(live)
             core.block_manager.commit(live)  # the imported full blocks join the prefix cache
 
-        return self.engine.generate(request, install=install)
+        return self.engine.generate(request, install=install, direct=direct)
 
     def _extended(self, core: EngineCore, seq: Sequence, request: PreprocessedRequest) -> Sequence:
         """``seq`` as allocated, or — when ``request`` carries more tokens (decode-first: the

@@ -37,6 +37,20 @@ from tandem.tokens.tokenizer import load_tokenizer
 pytestmark = pytest.mark.timeout(120)
 CONFIG = NativeConfig(num_blocks=96, block_size=16, max_num_batched_tokens=2048, num_threads=2)
 MAX_TOKENS = 6
+# a decode's wait for its KV and a peer fetch's deadline, here: the 16 prompts' prefills,
+# computed while `make test`'s e2e half may leave this niced process a tenth of a core, took
+# past the default 10 s; these tests check tokens, not how soon a transfer gives up
+# (test_disagg_mocker_faults.py and test_kv_fetch_mocker.py do)
+SLOW_CPU_TIMEOUT_S = 120.0
+
+
+def decode_config(backends: tuple[str, ...]) -> DisaggWorkerConfig:
+    return DisaggWorkerConfig(
+        mode="decode",
+        backends=backends,
+        on_transfer_failure="fail",
+        transfer_timeout_s=SLOW_CPU_TIMEOUT_S,
+    )
 
 
 @pytest.fixture(scope="module", params=["fp32", "int4"])
@@ -92,7 +106,7 @@ async def test_disagg_tokens_equal_aggregated(model, reference, flow, backends) 
         s = await start_stack(
             stack,
             lambda: engine_of(model),
-            worker=DisaggWorkerConfig(mode="decode", backends=backends, on_transfer_failure="fail"),
+            worker=decode_config(backends),
             route=DisaggRouteConfig(enabled=True, flow=flow),
         )
         results = await asyncio.gather(
@@ -146,7 +160,7 @@ async def test_penalties_count_the_prefills_token_as_output(model, flow) -> None
         s = await start_stack(
             stack,
             lambda: engine_of(model),
-            worker=DisaggWorkerConfig(mode="decode", backends=("tcp",), on_transfer_failure="fail"),
+            worker=decode_config(("tcp",)),
             route=DisaggRouteConfig(enabled=True, flow=flow),
         )
         tokens, reason = await s.generate(req("pd"))
@@ -177,7 +191,7 @@ async def test_disagg_with_an_adapter_gives_the_aggregated_tokens(model, flow, t
         s = await start_stack(
             stack,
             lambda: engine_of(model),
-            worker=DisaggWorkerConfig(mode="decode", backends=("tcp",), on_transfer_failure="fail"),
+            worker=decode_config(("tcp",)),
             route=DisaggRouteConfig(enabled=True, flow=flow),
         )
         for e in [*s.prefill, *s.decode]:
@@ -230,7 +244,9 @@ async def _tokens(engine, req: PreprocessedRequest) -> tuple[list[int], int]:
 async def test_peer_fetched_prefix_gives_the_recomputed_tokens(model) -> None:
     """The fetcher pulls the holder's blocks of the prompt (whole, or the shared prefix),
     reports them cached and emits exactly the tokens of a cold engine."""
-    worker = DisaggWorkerConfig(backends=("shm", "tcp"), kv_fetch=True, kv_fetch_timeout_s=10.0)
+    worker = DisaggWorkerConfig(
+        backends=("shm", "tcp"), kv_fetch=True, kv_fetch_timeout_s=SLOW_CPU_TIMEOUT_S
+    )
     plain = engine_of(model)
     holder, fetcher = DisaggEngine(engine_of(model), worker), DisaggEngine(engine_of(model), worker)
     for e in (plain, holder, fetcher):

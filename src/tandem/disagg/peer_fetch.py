@@ -128,10 +128,7 @@ class PeerFetch:
         local = msgspec.structs.replace(request, kv_fetch=None)
         num_fetched = await self._fetch(local, request.kv_fetch)
         if num_fetched == 0:
-            stream: AsyncIterator[EngineOutput] = (
-                self.engine.generate(local) if direct is None
-                else self.engine.generate(local, direct=direct)
-            )  # fmt: skip
+            stream: AsyncIterator[EngineOutput] = self.engine.generate(local, direct=direct)
         else:
             counted = _CountFetched(num_fetched)
             sink = counted.sink(direct) if direct is not None else None

@@ -188,8 +188,6 @@ class DisaggEngine(EngineDefaults):
             return self.fetch.generate(request, direct=direct)
         if request.kv_fetch is not None:  # a hint this worker cannot take: compute it
             request = msgspec.structs.replace(request, kv_fetch=None)
-        if direct is None:
-            return self.engine.generate(request)
         return self.engine.generate(request, direct=direct)
 
     async def abort(self, request_id: str) -> None:

@@ -275,13 +275,13 @@ def _structured(response_format: Any, plan: ToolPlan | None) -> StructuredOutput
 
 async def _encode(tok: ModelTokenizer, text: str, *, add_special_tokens: bool) -> list[int]:
     if len(text) <= _THREAD_TOKENIZE_CHARS:
-        return list(tok.encode(text, add_special_tokens=add_special_tokens))
+        return tok.encode(text, add_special_tokens=add_special_tokens)
     if len(text) <= _INLINE_TOKENIZE_CHARS:
         with contextlib.suppress(OverBudget):
             return tok.encode(
                 text, add_special_tokens=add_special_tokens, miss_budget=_INLINE_BPE_WORDS
             )
-    return list(await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special_tokens))
+    return await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special_tokens)
 
 
 def prompt_id_bytes(ids: list[int], vocab: int | None) -> bytes | None:

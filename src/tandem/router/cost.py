@@ -1,18 +1,11 @@
 """The KV-aware cost of DESIGN.md §7 and the choice among candidates. Pure functions.
 
-queued(w)         = active_prefill_tokens(w) + max(ISL − overlap_blocks(w)·B, 0)
-prefill_blocks(w) = (queued(w) + chunks(w) · mixed_tokens(w)) / B
+prefill_blocks(w) = (active_prefill_tokens(w) + max(ISL − overlap_blocks(w)·B, 0)) / B
 decode_blocks(w)  = active_blocks(w) + request blocks not already active on w
 cost(w)           = overlap_weight · slowness(w) · prefill_blocks(w) + decode_blocks(w)
 
 slowness(w): w's measured prefill ms per token over the fastest candidate's (router/step_speed.py;
 1 for equal or unmeasured workers), so prefill blocks weigh what they take on w.
-mixed_tokens(w): what decode rows add to one of w's prefill steps, measured in ms
-(router/step_speed.py) and read as the prompt tokens w prefills in that time; 0 while w serves
-no request (nothing decodes beside the prompt) or is not measured. chunks(w) =
-max(⌈queued(w) / max_num_batched_tokens(w)⌉, 1): the steps until the prompt's last chunk, each
-carrying the decode rows. A long prompt beside one short decoding request waits that much
-longer than on an idle worker, which the block counts alone do not tell apart.
 """
 
 from __future__ import annotations
@@ -23,8 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tandem.router.fetch import FetchPlan
-
-DEFAULT_CHUNK_TOKENS = 8192  # a worker's step budget when its card does not say (ModelCard's)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,7 +28,6 @@ class CandidateCost:
     cached_blocks: int  # size of the worker's cached set (tie-break: smaller first)
     is_busy: bool = False
     prefill_slowness: float = 1.0  # measured prefill ms/token over the fastest candidate's
-    mixed_blocks: float = 0.0  # of prefill_blocks: the decode rows the prompt's chunks carry
     fetch: FetchPlan | None = None  # a peer KV fetch that pays (router/fetch.py), if any
 
 
@@ -60,25 +50,19 @@ def candidate_cost(
     num_new_blocks: int,
     overlap_weight: float,
     prefill_slowness: float = 1.0,
-    mixed_tokens: float = 0.0,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     cached_blocks: int = 0,
     is_busy: bool = False,
     fetch: FetchPlan | None = None,
 ) -> CandidateCost:
     """`num_new_blocks`: request blocks (including a partial last one) not active on w.
-    `mixed_tokens`: the decode rows' time per step in w's prompt tokens (0: nothing decodes);
-    `chunk_tokens`: w's most tokens in one step. A `fetch` that pays adds its credit (fetched
-    blocks net of the fetch's time) to the overlap; one that does not is dropped."""
+    A `fetch` that pays adds its credit (fetched blocks net of the fetch's time) to the
+    overlap; one that does not is dropped."""
     if fetch is not None and not fetch.pays:
         fetch = None
     if fetch is not None:
         overlap_blocks += fetch.credit_blocks
-    queued = active_prefill_tokens + max(num_tokens - overlap_blocks * block_size, 0.0)
-    mixed = 0.0
-    if mixed_tokens > 0:
-        mixed = max(math.ceil(queued / max(chunk_tokens, 1)), 1) * mixed_tokens / block_size
-    prefill = queued / block_size + mixed
+    uncached_tokens = max(num_tokens - overlap_blocks * block_size, 0.0)
+    prefill = (active_prefill_tokens + uncached_tokens) / block_size
     decode = float(active_blocks + num_new_blocks)
     return CandidateCost(
         worker_id=worker_id,
@@ -89,7 +73,6 @@ def candidate_cost(
         cached_blocks=cached_blocks,
         is_busy=is_busy,
         prefill_slowness=prefill_slowness,
-        mixed_blocks=mixed,
         fetch=fetch,
     )
 

@@ -20,13 +20,7 @@ from tandem.router.active_sequences import ActiveSequences
 from tandem.router.approx import ApproxCache
 from tandem.router.base import RouteDecision
 from tandem.router.config import RouterConfig
-from tandem.router.cost import (
-    DEFAULT_CHUNK_TOKENS,
-    CandidateCost,
-    candidate_cost,
-    choose,
-    tiered_overlap,
-)
+from tandem.router.cost import CandidateCost, candidate_cost, choose, tiered_overlap
 from tandem.router.event_applier import EventApplier
 from tandem.router.fetch import FetchPlan, FetchSource, best_holder, plan_fetch
 from tandem.router.indexer import MEDIA, KvIndexer, WorkerKey
@@ -255,10 +249,6 @@ class KvRouter(PolicyRouter):
                 num_new_blocks=self.active.num_new_blocks(c.instance_id, hashes) + partial,
                 overlap_weight=weight,
                 prefill_slowness=slowness[c.instance_id],
-                mixed_tokens=self._mixed_tokens(c.instance_id),
-                chunk_tokens=(
-                    c.model.max_num_batched_tokens if c.model is not None else DEFAULT_CHUNK_TOKENS
-                ),
                 cached_blocks=cached.get(c.instance_id, 0),
                 is_busy=self._is_busy(c),
                 fetch=fetches.get(c.instance_id),
@@ -266,18 +256,6 @@ class KvRouter(PolicyRouter):
             for c in candidates
         ]
         return Scored(hashes, num_tokens, costs, weight, temperature)
-
-    def _mixed_tokens(self, worker_id: str) -> float:
-        """What the decode rows of the requests the worker serves add to each of a prompt's
-        chunks there, in the prompt tokens it prefills in that time (router/cost.py); 0 when
-        it serves none or is not measured."""
-        if not self.active.num_requests(worker_id):
-            return 0.0
-        mixed_ms = self.speed.mixed_ms(worker_id)
-        ms_per_token = self.speed.ms_per_token(worker_id)
-        if not mixed_ms or not ms_per_token:
-            return 0.0
-        return mixed_ms / ms_per_token
 
     def _fetch_plans(
         self, hashes: list[int], overlaps: dict[str, float], candidates: Sequence[Instance]
@@ -463,7 +441,4 @@ class KvRouter(PolicyRouter):
         speed = self.speed.ms_per_token(worker_id)
         if speed is not None:  # measured prefill speed: what the cost's slowness reads
             row["prefill_ms_per_token"] = speed
-        mixed = self.speed.mixed_ms(worker_id)
-        if mixed is not None:  # what decode rows add to its prefill steps (the cost reads it)
-            row["prefill_step_decode_ms"] = mixed
         return row

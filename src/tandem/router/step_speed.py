@@ -22,14 +22,6 @@ sizes fit slopes ~10 % apart). Read as speed, that spread outweighed a few decod
 the cost and put a long prompt beside a running request instead of on an idle worker. A worker
 not measured yet counts as the fastest (1). The estimate is recomputed when a worker's steps
 arrive, not per route.
-
-The slope's pairs are steps of one kind: both carried decode rows, or neither (a pair across
-the kinds has the decode rows' time in its rise). `mixed_ms(w)` is what decode rows add to a
-step that prefills: the median of the mixed steps' distances above the line less the median
-of the pure steps' (≥ 0; None until each kind has `min_steps` steps). Every chunk of a prompt
-pays it while the worker decodes (the mocker charges a decode pass per pass, an engine with
-chunked prefill runs the decode rows in each chunk's forward), so the KV cost charges a prompt
-that much per chunk on a worker that serves requests (router/cost.py).
 """
 
 from __future__ import annotations
@@ -53,12 +45,10 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Slope(NamedTuple):
-    """ms per prompt token, the median relative distance of the steps from the line, and
-    what decode rows add to a step that prefills (None: not measured)."""
+    """ms per prompt token, and the median relative distance of the steps from the line."""
 
     ms: float
     error: float
-    mixed_ms: float | None = None
 
 
 class PrefillSpeed:
@@ -75,8 +65,7 @@ class PrefillSpeed:
         self._window = window
         self._min_tokens = min_tokens  # below this a worker's ratio is too noisy to use
         self._min_steps = min_steps
-        # (wall ms, prefill tokens, 1 if the step also decoded else 0)
-        self._steps: dict[str, deque[tuple[float, int, int]]] = {}
+        self._steps: dict[str, deque[tuple[float, int]]] = {}
         self._estimate: dict[str, Slope | None] = {}
 
     def observe(self, worker_id: str, samples: Iterable[StepSample]) -> None:
@@ -87,7 +76,7 @@ class PrefillSpeed:
                 continue
             if steps is None:
                 steps = self._steps[worker_id] = deque(maxlen=self._window)
-            steps.append((s.wall_ms, s.num_prefill_tokens, 1 if s.num_decode_kv_tokens > 0 else 0))
+            steps.append((s.wall_ms, s.num_prefill_tokens))
             added = True
         if added and steps is not None:
             self._estimate[worker_id] = self._fit(steps)
@@ -100,41 +89,26 @@ class PrefillSpeed:
         estimate = self._estimate.get(worker_id)
         return None if estimate is None else estimate.ms
 
-    def mixed_ms(self, worker_id: str) -> float | None:
-        """What decode rows add to one of the worker's prefill steps (None: not measured)."""
-        estimate = self._estimate.get(worker_id)
-        return None if estimate is None else estimate.mixed_ms
-
-    def _fit(self, steps: deque[tuple[float, int, int]]) -> Slope | None:
+    def _fit(self, steps: deque[tuple[float, int]]) -> Slope | None:
         n = len(steps)
-        if n < self._min_steps or sum(t for _, t, _ in steps) < self._min_tokens:
+        if n < self._min_steps or sum(t for _, t in steps) < self._min_tokens:
             return None
         # numpy over the window's pairs: the fit runs on every WorkerStats with prefill steps
         # (each worker, twice a second), and the pairs loop in Python was 3 % of a busy
         # frontend's CPU
-        ms, tokens, mixed = np.array(steps, dtype=np.float64).T
+        ms, tokens = np.array(steps, dtype=np.float64).T
         spread = 0.25 * float(tokens.sum()) / n
         i, j = _pairs(n)
         d_tokens = tokens[j] - tokens[i]
-        usable = (np.abs(d_tokens) >= spread) & (mixed[i] == mixed[j])
-        slopes = (ms[j] - ms[i])[usable] / d_tokens[usable]
+        apart = np.abs(d_tokens) >= spread
+        slopes = (ms[j] - ms[i])[apart] / d_tokens[apart]
         if len(slopes) >= n and (slope := float(np.median(slopes))) > 0:
-            above = ms - slope * tokens
-            intercept = float(np.median(above))
-            error = float(np.median(np.abs(above - intercept) / ms))
-            return Slope(slope, error, self._mixed_ms(above, mixed))
+            intercept = float(np.median(ms - slope * tokens))
+            error = float(np.median(np.abs(ms - intercept - slope * tokens) / ms))
+            return Slope(slope, error)
         ratios = ms / tokens
         ratio = float(np.median(ratios))
-        error = float(np.median(np.abs(ratios - ratio) / ratios))
-        return Slope(ratio, error, self._mixed_ms(ms - ratio * tokens, mixed))
-
-    def _mixed_ms(self, above: np.ndarray, mixed: np.ndarray) -> float | None:
-        """Median distance above the line of the steps with decode rows less that of those
-        without; None while either kind has fewer than `min_steps` steps."""
-        with_rows, without = above[mixed > 0], above[mixed == 0]
-        if len(with_rows) < self._min_steps or len(without) < self._min_steps:
-            return None
-        return max(float(np.median(with_rows)) - float(np.median(without)), 0.0)
+        return Slope(ratio, float(np.median(np.abs(ratios - ratio) / ratios)))
 
     def slowness(self, worker_ids: Sequence[str]) -> dict[str, float]:
         """Each worker's ms per token over the fastest measured one's; 1 when unmeasured

@@ -112,121 +112,33 @@ def test_prefill_speed_is_the_fitted_slope_not_the_ratio() -> None:
     assert speed.ms_per_token("slow") is None
 
 
-def _theil_sen(points: list[tuple[float, int, bool]]) -> tuple[float, float, float | None]:
-    """The fit by its definition, pair by pair (PrefillSpeed computes it over arrays):
-    slope, error, and what decode rows add to a step (points: ms, tokens, decoded too)."""
-    spread = 0.25 * sum(t for _, t, _ in points) / len(points)
-    slopes = [(mj - mi) / (tj - ti) for k, (mi, ti, di) in enumerate(points)
-              for mj, tj, dj in points[k + 1 :] if abs(tj - ti) >= spread and di == dj]  # fmt: skip
+def _theil_sen(points: list[tuple[float, int]]) -> tuple[float, float]:
+    """The fit by its definition, pair by pair (PrefillSpeed computes it over arrays)."""
+    spread = 0.25 * sum(t for _, t in points) / len(points)
+    slopes = [(mj - mi) / (tj - ti) for k, (mi, ti) in enumerate(points)
+              for mj, tj in points[k + 1 :] if abs(tj - ti) >= spread]  # fmt: skip
     if len(slopes) >= len(points) and (slope := statistics.median(slopes)) > 0:
-        intercept = statistics.median(ms - slope * t for ms, t, _ in points)
-        error = statistics.median(abs(ms - intercept - slope * t) / ms for ms, t, _ in points)
-    else:
-        slope = statistics.median(ms / t for ms, t, _ in points)
-        error = statistics.median(abs(ms / t - slope) / (ms / t) for ms, t, _ in points)
-    mixed = [ms - slope * t for ms, t, d in points if d]
-    pure = [ms - slope * t for ms, t, d in points if not d]
-    if len(mixed) < 3 or len(pure) < 3:
-        return slope, error, None
-    return slope, error, max(statistics.median(mixed) - statistics.median(pure), 0.0)
+        intercept = statistics.median(ms - slope * t for ms, t in points)
+        return slope, statistics.median(abs(ms - intercept - slope * t) / ms for ms, t in points)
+    ratio = statistics.median(ms / t for ms, t in points)
+    return ratio, statistics.median(abs(ms / t - ratio) / (ms / t) for ms, t in points)
 
 
 def test_the_prefill_speed_fit_is_theil_sen_over_every_pair_of_the_window() -> None:
     """Windows of every size up to the full one, of mixed and of equal step sizes (then too
-    few pairs differ and the median ratio stands in), some steps carrying decode rows, fit as
-    the pair-by-pair definition."""
+    few pairs differ and the median ratio stands in), fit as the pair-by-pair definition."""
     rng = random.Random(5)
     for n in range(3, 80):
         speed = PrefillSpeed()
         sizes = [512] * n if n % 4 == 0 else [rng.choice([64, 300, 2048, 8192]) for _ in range(n)]
-        decoded = [rng.random() < (n % 3) / 2 for _ in range(n)]  # none, about half, all
-        steps = [
-            StepSample(16.5 + 0.015 * t * rng.uniform(0.8, 1.3) + (6.0 if d else 0.0), t,
-                       900 if d else 0, 1, 0)
-            for t, d in zip(sizes, decoded, strict=True)
-        ]  # fmt: skip
+        steps = [StepSample(16.5 + 0.015 * t * rng.uniform(0.8, 1.3), t, 0, 1, 0) for t in sizes]
         speed.observe("w", steps)
-        window = [(s.wall_ms, s.num_prefill_tokens, s.num_decode_kv_tokens > 0)
-                  for s in steps[-64:]]  # fmt: skip
-        slope, error, mixed = _theil_sen(window)
+        window = [(s.wall_ms, s.num_prefill_tokens) for s in steps[-64:]]
+        slope, error = _theil_sen(window)
         fit = speed._estimate["w"]
         assert fit is not None
         assert fit.ms == pytest.approx(slope, rel=1e-12)
         assert fit.error == pytest.approx(error, rel=1e-12, abs=1e-15)
-        if mixed is None:
-            assert fit.mixed_ms is None
-        else:
-            assert fit.mixed_ms == pytest.approx(mixed, rel=1e-9, abs=1e-12)
-
-
-def test_what_decode_rows_add_to_a_prefill_step_is_measured_apart_from_the_speed() -> None:
-    """The small steps also decoded and took 6 ms more: the slope is the prompt tokens' own
-    (a pair of a small step that decoded and a big one that did not would read the 6 ms as
-    fewer ms per token, and such pairs are most), and the 6 ms is what decode rows add. One
-    kind of step alone measures no difference."""
-    sizes = [8192, 4096, 6000, 2048, 512, 1024] * 4
-    steps = [StepSample(16.5 + 0.015 * t + (6.0 if t < 4000 else 0.0), t,
-                        5000 if t < 4000 else 0, 2, 0) for t in sizes]  # fmt: skip
-    speed = PrefillSpeed()
-    speed.observe("w", steps)
-    assert speed.ms_per_token("w") == pytest.approx(0.015, rel=1e-9)
-    assert speed.mixed_ms("w") == pytest.approx(6.0, rel=1e-9)
-    speed.observe("pure", _steps(0.015, 16.5, sizes))
-    assert speed.mixed_ms("pure") is None
-    speed.observe("busy", [s for s in steps if s.num_decode_kv_tokens])
-    assert speed.mixed_ms("busy") is None and speed.mixed_ms("unknown") is None
-
-
-def test_each_chunk_of_a_prompt_beside_decodes_pays_the_decode_rows() -> None:
-    """20000 tokens in steps of 8192: 3 chunks, each 400 prompt tokens' time more; tokens
-    queued ahead add chunks; a prompt all cached still takes one step; nothing decoding, no
-    charge."""
-    common = dict(block_size=16, overlap_blocks=0.0, active_blocks=0, num_new_blocks=0,
-                  overlap_weight=1.0, chunk_tokens=8192)  # fmt: skip
-    c = candidate_cost(worker_id="w", num_tokens=20000, active_prefill_tokens=0,
-                       mixed_tokens=400.0, **common)  # type: ignore[arg-type]  # fmt: skip
-    assert c.mixed_blocks == 3 * 400 / 16
-    assert c.prefill_blocks == pytest.approx(20000 / 16 + 75)
-    assert c.cost == pytest.approx(20000 / 16 + 75)
-    queued = candidate_cost(worker_id="w", num_tokens=20000, active_prefill_tokens=5000,
-                            mixed_tokens=400.0, **common)  # type: ignore[arg-type]  # fmt: skip
-    assert queued.mixed_blocks == 4 * 400 / 16
-    cached = candidate_cost(worker_id="w", num_tokens=64, active_prefill_tokens=0,
-                            mixed_tokens=400.0, **{**common, "overlap_blocks": 4.0})  # type: ignore[arg-type]  # fmt: skip
-    assert cached.mixed_blocks == 400 / 16
-    idle = candidate_cost(worker_id="w", num_tokens=20000, active_prefill_tokens=0,
-                          **common)  # type: ignore[arg-type]  # fmt: skip
-    assert idle.mixed_blocks == 0 and idle.prefill_blocks == 20000 / 16
-
-
-async def test_a_long_prompt_goes_to_an_idle_worker_not_beside_a_short_decoding_one() -> None:
-    """A short request decodes on one worker and its prompt starts the long one, so the block
-    counts alone favour that worker by its two in-flight blocks. Measured, each of the long
-    prompt's steps there carries decode rows (6 ms = 400 tokens' time), and the idle worker
-    is cheaper; once the short request ends, the charge is gone."""
-    long_prompt = list(range(4000))
-    for measured in (False, True):
-        r = kv(2)
-        if measured:
-            sizes = [8192, 4096, 6000, 2048, 512, 1024] * 4
-            for w in ("w0", "w1"):
-                r.speed.observe(w, [StepSample(16.5 + 0.015 * t + (6.0 if k % 2 else 0.0), t,
-                                               5000 if k % 2 else 0, 2, 0)
-                                    for k, t in enumerate(sizes)])  # fmt: skip
-        short = await r.route(req("short", long_prompt[:8]))
-        r.on_first_token("short")
-        d = await r.route(req("long", long_prompt))
-        rows = {c["worker_id"]: c for c in r.explain(req("x", long_prompt))["candidates"]}
-        if measured:
-            assert d.instance_id != short.instance_id
-            assert rows[short.instance_id]["mixed_blocks"] == pytest.approx(400 / B)
-        else:
-            assert d.instance_id == short.instance_id
-            assert rows[short.instance_id]["mixed_blocks"] == 0
-    r.on_finish("short")
-    r.on_finish("long")
-    assert all(c["mixed_blocks"] == 0 for c in r.explain(req("y", long_prompt))["candidates"])
-    assert r.worker_loads()["w0"]["prefill_step_decode_ms"] == pytest.approx(6.0)
 
 
 def test_decode_rows_in_a_workers_steps_do_not_make_it_look_slow() -> None:

@@ -297,6 +297,7 @@ def _add_dashboard(
         discovery=runtime.discovery,
         namespace=runtime.namespace,
         batches=batch.summary,
+        tenancy=app.tenancy,
     )
     app.add_route("GET", "/dashboard", dashboard.page)
     app.add_route("GET", "/dashboard/state", dashboard.state_endpoint)

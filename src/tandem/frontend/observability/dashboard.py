@@ -4,8 +4,9 @@
 JS, nothing fetched from elsewhere) that polls `GET /dashboard/state` once a second (one
 request in flight at a time). The state is built from the frontend's live objects — the
 model registry and each model's router (`worker_loads`, its queue, its `DecisionLog`), the
-prefill pool, the health monitor's liveness, admission's in-flight count, and discovery for
-the encode workers — never by parsing `/metrics`. Access: `tandem.frontend.auth`.
+prefill pool, the health monitor's liveness, admission's in-flight count, discovery for
+the encode workers, the tenants' counters (`TenantStats`) and the batch lane's progress —
+never by parsing `/metrics`. Access: `tandem.frontend.auth`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import msgspec
 from tandem.frontend.http.message import HttpRequest, HttpResponse
 from tandem.frontend.models import ModelRegistry
 from tandem.frontend.observability.health import HealthMonitor
+from tandem.frontend.tenancy import Tenancy
 from tandem.protocols.discovery import Instance
 from tandem.protocols.tenancy import class_name
 from tandem.router.base import Router
@@ -52,6 +54,7 @@ class Dashboard:
         namespace: str = "tandem",
         encoder_component: str = "encoder",
         batches: Callable[[], dict[str, Any]] | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self._registry, self._num_inflight, self._max_inflight = (
             registry,
@@ -61,6 +64,7 @@ class Dashboard:
         self._health, self._prefill, self._discovery = health, prefill_pool, discovery
         self._encoder_prefix = f"{namespace}.{encoder_component}."
         self._batches = batches  # the batch lane's progress (frontend/batch/lane.py)
+        self._tenancy = tenancy  # its table and TenantStats; None without a tenants file
         self._page = resources.files("tandem.frontend").joinpath("static/dashboard.html")
 
     async def page(self, request: HttpRequest, response: HttpResponse) -> None:
@@ -88,6 +92,7 @@ class Dashboard:
                 "queued": sum(m["router"]["queued"] for m in models if m["router"]),
             },
             "models": models,
+            "tenants": None if self._tenancy is None else _tenant_usage(self._tenancy),
             "batches": None if self._batches is None else await asyncio.to_thread(self._batches),
         }
 
@@ -205,9 +210,35 @@ def _router_summary(router: Router, pool: str) -> dict[str, Any]:
     }
 
 
+def _tenant_usage(tenancy: Tenancy) -> list[dict[str, Any]]:
+    """Issue 33, per tenant as this frontend counted it (`TenantStats`, the same counters as
+    `tandem_frontend_tenant_tokens_total` and `tandem_frontend_tenant_rate_limited_total`):
+    tokens served (prompt tokens when a request is admitted, completion tokens when it ends)
+    and the requests answered 429 by its requests/min and tokens/min limits, beside its weight
+    and limits. Every configured tenant has a row, and any other one that was counted."""
+    table, stats = tenancy.table, tenancy.stats
+    names = set(table.tenants) | {t for t, _ in stats.tokens} | {t for t, _ in stats.limited}
+    rows = []
+    for name in sorted(names):
+        config = table.get(name)
+        rows.append({
+            "tenant": name,
+            "weight": config.weight,
+            "prompt_tokens": stats.tokens[(name, "prompt")],
+            "completion_tokens": stats.tokens[(name, "output")],
+            "limit_hits": {"requests": stats.limited[(name, "requests")],
+                           "tokens": stats.limited[(name, "tokens")]},
+            "limits": {"requests_per_minute": config.requests_per_minute,
+                       "tokens_per_minute": config.tokens_per_minute},
+        })  # fmt: skip
+    return rows
+
+
 def _tenancy(metrics: RouterMetrics | None) -> dict[str, Any]:
     """Issue 33: per (class, tenant) what waits in the router queue, how many waited and how
-    long on average, deadline misses; tokens routed per tenant; session bindings."""
+    long on average, deadline misses; session bindings; and `tenant_tokens`, the router's
+    fair-share count per tenant (prompt + 2 x output tokens, the output expected until the
+    request ends): what the queue weighs, not tokens served (`_tenant_usage` has those)."""
     if metrics is None:
         return {"tenants": [], "tenant_tokens": {}, "sessions": None}
     rows: dict[tuple[str, str], dict[str, Any]] = {}

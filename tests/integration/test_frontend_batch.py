@@ -1,14 +1,17 @@
 """The batch lane (`/v1/files`, `/v1/batches`) through a real frontend to mocker workers, driven
 by the official `openai` SDK: upload, create, progress, output and error files in OpenAI's line
-format, a bad line reported while the rest runs, list, cancel, ownership between two keys, the
-refusals (oversized file, unknown endpoint, a model that is not served), the lines' priority
-class, a restarted frontend resuming a batch from its database, and a worker killed mid-batch
-losing no line."""
+format, a bad line reported while the rest runs, chat and completions lines (the latter answered
+as the same requests sent online), list, cancel, ownership between two keys, the refusals
+(oversized file, unknown endpoint, a model that is not served), the lines' priority class, a
+restarted frontend resuming a batch from its database, and a worker stopped, or a worker process
+killed (SIGKILL), mid-batch losing no line."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -18,16 +21,20 @@ import openai
 import pytest
 from openai.types import Batch
 from tests.support.frontend_stack import FrontendStack
+from tests.support.tandem_procs import start_worker
 
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.frontend.batch.config import BatchConfig
 from tandem.protocols.engine import PreprocessedRequest
 from tandem.protocols.tenancy import BATCH_PRIORITY
+from tandem.runtime.base import Discovery
+from tandem.runtime.discovery.file import FileDiscovery
 
 pytestmark = pytest.mark.timeout(90)
 MODEL = "smollm2"
 CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+COMPLETIONS: Literal["/v1/completions"] = "/v1/completions"
 READY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
@@ -37,6 +44,11 @@ def _line(custom_id: str, text: str, max_tokens: int = 3, url: str = CHAT) -> st
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
 
 
+def _completion_line(custom_id: str, prompt: str, max_tokens: int = 4) -> str:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": COMPLETIONS, "body": body})
+
+
 @asynccontextmanager
 async def _stack(
     db: Path | None,
@@ -44,10 +56,15 @@ async def _stack(
     num_workers: int = 1,
     speedup: float = 0,
     api_keys: tuple[str, ...] = (),
+    discovery: Discovery | None = None,
     **batch: Any,
 ) -> AsyncIterator[tuple[FrontendStack, list[PreprocessedRequest], openai.AsyncOpenAI]]:
+    """A frontend with the batch lane and `num_workers` in-process mocker workers (their
+    requests recorded); `discovery` (default: in memory) can be shared with worker processes."""
     async with AsyncExitStack() as exit_stack:
         s = FrontendStack(exit_stack)
+        if discovery is not None:
+            s.discovery = discovery
         seen: list[PreprocessedRequest] = []
         for _ in range(num_workers):
             engine = MockerEngine(MockerConfig(speedup_ratio=speedup))
@@ -84,8 +101,10 @@ async def _until(
     return batch
 
 
-async def _wait(client: openai.AsyncOpenAI, batch_id: str, status: str) -> Batch:
-    return await _until(client, batch_id, lambda b: b.status == status)
+async def _wait(
+    client: openai.AsyncOpenAI, batch_id: str, status: str, timeout_s: float = 60
+) -> Batch:
+    return await _until(client, batch_id, lambda b: b.status == status, timeout_s)
 
 
 def _completed(batch: Batch) -> int:
@@ -215,3 +234,83 @@ async def test_a_restarted_frontend_resumes_and_a_killed_worker_loses_no_line(
         assert all(o["response"]["status_code"] == 200 for o in out)
         _, metrics = await s.get("/metrics")
         assert 'tandem_frontend_batches{status="completed"} 1\n' in metrics
+
+
+async def test_a_completions_batch_runs_with_the_sdk_and_answers_as_online() -> None:
+    prompts = ["the first line", "a second, longer line of text", "3"]
+    async with _stack(None) as (_s, seen, client):
+        lines = [_completion_line(f"c{i}", prompt) for i, prompt in enumerate(prompts)]
+        batch = await client.batches.create(
+            input_file_id=await _upload(client, lines), endpoint=COMPLETIONS,
+            completion_window="24h",
+        )  # fmt: skip
+        assert batch.endpoint == COMPLETIONS
+        done = await _wait(client, batch.id, "completed")
+        assert done.request_counts is not None
+        assert (done.request_counts.total, done.request_counts.completed) == (3, 3)
+        assert done.request_counts.failed == 0 and done.error_file_id is None
+        out = await _lines(client, done.output_file_id)
+        assert [o["custom_id"] for o in out] == ["c0", "c1", "c2"]
+        assert len(seen) == 3 and {r.priority for r in seen} == {BATCH_PRIORITY}
+        for o, prompt in zip(out, prompts, strict=True):
+            assert o["error"] is None and o["response"]["status_code"] == 200
+            body = o["response"]["body"]
+            assert body["object"] == "text_completion" and body["model"] == MODEL
+            assert body["usage"]["completion_tokens"] == 4
+            online = await client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=4, temperature=0
+            )
+            assert body["choices"][0]["text"] == online.choices[0].text
+            assert online.usage is not None
+            assert body["usage"] == online.usage.model_dump(exclude_none=True)
+
+
+async def _inflight_on(s: FrontendStack, worker_id: str) -> float:
+    """The router's count of requests in flight on `worker_id`, from /metrics."""
+    _, text = await s.get("/metrics")
+    labels = f'model="{MODEL}",worker_id="{worker_id}",metric="inflight"'
+    m = re.search(rf"^tandem_frontend_worker_load\{{{labels}\}} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def test_a_worker_process_killed_mid_batch_loses_no_line(tmp_path: Path) -> None:
+    """Two workers, one in its own process: SIGKILL it while lines run on it; they run again
+    on the other worker and every line completes with its result."""
+    directory = tmp_path / "discovery"
+    runtime = ["--discovery", "file", "--discovery-dir", str(directory)]
+    # slow (a line ~1 s): the lines the router counts in flight on it are still running when
+    # the kill lands
+    victim, victim_id = await asyncio.to_thread(
+        start_worker, "victim", runtime, tmp_path, "--speedup-ratio", "0.1"
+    )
+    discovery = FileDiscovery(str(directory), poll_interval_s=0.05)
+    num = 16
+    lines = [_line(f"req-{i}", f"turn {i}", 16) for i in range(num)]
+    try:
+        async with _stack(None, speedup=4, max_inflight=4, discovery=discovery) as stack:
+            s, seen, client = stack
+            assert victim_id in await s.instance_ids(MODEL)
+            batch = await client.batches.create(
+                input_file_id=await _upload(client, lines), endpoint=CHAT,
+                completion_window="24h",
+            )  # fmt: skip
+            async with asyncio.timeout(30):
+                while await _inflight_on(s, victim_id) == 0:  # noqa: ASYNC110 - over HTTP
+                    await asyncio.sleep(0.01)
+            victim.signal(signal.SIGKILL)  # lines in flight on it
+            assert await asyncio.to_thread(victim.proc.wait, 10) == -signal.SIGKILL
+            assert _completed(await client.batches.retrieve(batch.id)) < num
+            num_seen = len(seen)
+            done = await _wait(client, batch.id, "completed", timeout_s=45)
+            assert done.request_counts is not None
+            assert (done.request_counts.completed, done.request_counts.failed) == (num, 0)
+            assert done.error_file_id is None
+            out = await _lines(client, done.output_file_id)
+            assert sorted(o["custom_id"] for o in out) == sorted(f"req-{i}" for i in range(num))
+            for o in out:
+                assert o["error"] is None and o["response"]["status_code"] == 200
+                assert o["response"]["body"]["usage"]["completion_tokens"] == 16
+            assert len(seen) > num_seen  # the survivor ran lines after the kill
+    finally:
+        victim.stop(grace_s=0)
+        await discovery.close()

@@ -1,8 +1,8 @@
 """KV isolation (issue 33): a request's `cache_salt` (vLLM's field, on chat, completions and
 responses) and a tenant configured `isolated` never share KV blocks with other salts: not in
 the router's index (`/v1/route/explain` overlap), not in the engine's prefix cache (usage's
-cached tokens), not in the KV tiers (the prompt's blocks offloaded to the mocker's simulated
-host tier still credit the unsalted prompt, never a salted one)."""
+cached tokens), not in the KV tiers (blocks offloaded to the mocker's simulated host tier still
+credit the salt or tenant that wrote them, never another salt or tenant)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ pytestmark = pytest.mark.timeout(90)
 MODEL = "smollm2"
 ADMIN = "sk-admin-isolation"
 PROMPT = list(range(300, 364))  # 4 full blocks of 16
+OPEN_PROMPT = list(range(700, 764))  # sent by tenant open only
+ISO_PROMPT = list(range(800, 864))  # sent by tenant iso only
 
 
 async def _until(pred: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
@@ -81,18 +83,32 @@ async def test_salts_and_isolated_tenants_share_no_blocks_in_router_engine_or_ti
         assert await cached("iso", cache_salt="alice") == 0  # iso's own salt, not alice's
         assert await cached() > 0
         assert await cached(cache_salt="alice") > 0  # one salt shares with itself
+        # each tenant caches a prompt the other never sends
+        assert await cached(prompt=OPEN_PROMPT) == 0
+        assert await cached("iso", prompt=ISO_PROMPT) == 0
         # the host tier: churn the 16-block device pool so every block above is offloaded
         for i in range(6):
             other = list(range(1000 + 64 * i, 1064 + 64 * i))
             assert (await s.post("/v1/completions", _body(other)))[0] == 200
 
-        async def offloaded() -> bool:
-            return 0 < await overlap() < 4  # host blocks earn partial credit only
+        def offloaded(tenant: str = "open", **extra: Any) -> Callable[[], Awaitable[bool]]:
+            async def pred() -> bool:
+                return 0 < await overlap(tenant, **extra) < 4  # host blocks: partial credit
 
-        await _until(offloaded)
+            return pred
+
+        await _until(offloaded())
+        await _until(offloaded(prompt=OPEN_PROMPT))
+        await _until(offloaded("iso", prompt=ISO_PROMPT))  # iso's own blocks, in the tier
         assert await overlap(cache_salt="bob") == 0
         assert await overlap("iso", cache_salt="bob") == 0
+        # neither tenant matches the other's offloaded blocks of an identical prompt
+        assert await overlap(prompt=ISO_PROMPT) == 0
+        assert await overlap("iso", prompt=OPEN_PROMPT) == 0
         assert await cached(cache_salt="bob") == 0
+        assert await cached(prompt=ISO_PROMPT) == 0
+        assert await cached("iso", prompt=OPEN_PROMPT) == 0
+        assert await cached("iso", prompt=ISO_PROMPT) > 0  # onboarded from the host tier
         # a client cannot name an isolated tenant's salt
         s.headers["x-tenant-id"] = "open"
         status, err, _ = await s.post("/v1/completions", _body(cache_salt="\x00tenant:iso"))

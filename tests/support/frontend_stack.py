@@ -18,6 +18,7 @@ from tandem.engines.worker import Worker, WorkerConfig
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.serve import serve_frontend
 from tandem.protocols.discovery import ModelCard
+from tandem.runtime.base import Discovery
 from tandem.runtime.config import RuntimeConfig
 from tandem.runtime.discovery.memory import MemoryDiscovery
 from tandem.runtime.events.memory import MemoryEventBus
@@ -51,7 +52,9 @@ class FrontendStack:
 
     def __init__(self, exit_stack: AsyncExitStack) -> None:
         self.exit_stack = exit_stack
-        self.discovery, self.events = MemoryDiscovery(), MemoryEventBus()
+        # any Discovery: a test may share a file one with worker processes
+        self.discovery: Discovery = MemoryDiscovery()
+        self.events = MemoryEventBus()
         self.base = ""
         self.http: aiohttp.ClientSession | None = None
         self.workers: list[Worker] = []

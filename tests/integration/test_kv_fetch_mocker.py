@@ -1,7 +1,8 @@
 """Peer KV fetch between two mocker workers in one process (real transfer agents): the
 fetcher pulls the holder's cached prefix (after the blocks it caches itself), prefills only
 the rest (reported as cached), emits the aggregated tokens, and caches the fetched blocks; a
-holder that evicted them, or one that is gone, costs a recompute, never the request."""
+holder that evicted them, or one that is gone, costs a recompute, never the request. Each
+worker's `tandem_kv_fetch_*` series (what its /metrics exposes) count both."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tandem.protocols.engine import (
     SamplingParams,
     StopConditions,
 )
+from tandem.runtime.metrics import Families, parse, render
 from tandem.tokens.hashing import sequence_hashes
 
 pytestmark = pytest.mark.timeout(30)
@@ -65,6 +67,20 @@ async def run(engine: DisaggEngine, req: PreprocessedRequest) -> tuple[list[int]
     return tokens, cached
 
 
+def scrape(engine: DisaggEngine) -> dict[str, float]:
+    """The engine's ``tandem_kv_fetch_*`` series as a worker's /metrics renders them."""
+    text = render(Families(engine.metric_families())).decode()
+    return {name: value for name, series in parse(text).items()
+            if name.startswith("tandem_kv_fetch_") for value in series.values()}  # fmt: skip
+
+
+def fetch_counts(engine: DisaggEngine) -> tuple[float, ...]:
+    """Fetches started, succeeded, fell back; blocks and bytes fetched; exports served."""
+    m = scrape(engine)
+    return tuple(m[f"tandem_kv_fetch_{name}_total"] for name in
+                 ("started", "succeeded", "fell_back", "blocks", "bytes", "exported"))  # fmt: skip
+
+
 async def started(n: int, config: DisaggWorkerConfig = WORKER) -> list[DisaggEngine]:
     engines = [DisaggEngine(MockerEngine(MOCKER), config) for _ in range(n)]
     for e in engines:
@@ -91,6 +107,14 @@ async def test_fetch_pulls_the_prefix_and_matches_recompute(own: int) -> None:
         if own:  # only the blocks after its own moved
             assert fetcher.fetch.stats.num_blocks == 4
             assert holder.fetch.stats.num_export_blocks == 4
+        moved = 7 - own  # blocks pulled, of 4 tokens each
+        assert fetch_counts(fetcher) == (1, 1, 0, moved, moved * 4 * MOCKER.kv_bytes_per_token, 0)
+        assert fetch_counts(holder) == (0, 0, 0, 0, 0, 1)
+        assert scrape(holder)["tandem_kv_fetch_exported_blocks_total"] == moved
+        measured = scrape(fetcher)
+        assert measured["tandem_kv_fetch_bandwidth_bytes_per_second"] == (
+            fetcher.fetch.stats.bandwidth_bytes_per_s)  # fmt: skip
+        assert measured["tandem_kv_fetch_setup_seconds"] == fetcher.fetch.stats.setup_s
         assert plain.load().kv_fetch_bytes_per_s is None  # published once it measured one
         assert (fetcher.load().kv_fetch_bytes_per_s or 0) > 0
         assert fetcher.load().kv_fetch_setup_s is not None
@@ -120,6 +144,7 @@ async def test_fetch_falls_back_when_the_holder_lacks_or_is_gone() -> None:
         tokens, cached = await run(fetcher, request("r2", hint=gone, first=500))
         assert tokens == ref2 and cached == 0
         assert fetcher.fetch is not None and fetcher.fetch.stats.num_fell_back == 2
+        assert fetch_counts(fetcher) == (2, 0, 2, 0, 0, 0)
         with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
             r3_hashes = sequence_hashes(request("r3", first=900).token_ids, MOCKER.block_size)
             slow = KvFetchHint(**{**_fields(gone), "address": silent.getsockname(),
@@ -127,6 +152,7 @@ async def test_fetch_falls_back_when_the_holder_lacks_or_is_gone() -> None:
             began = time.monotonic()
             tokens, cached = await run(fetcher, request("r3", hint=slow, first=900))
             assert cached == 0 and fetcher.fetch.stats.num_fell_back == 3
+            assert fetch_counts(fetcher) == (3, 0, 3, 0, 0, 0)
             assert time.monotonic() - began < HASTY.kv_fetch_timeout_s + 2.0
         await _settled(fetcher)
     finally:

@@ -1,7 +1,8 @@
 """KvRouter + real Workers hosting MockerEngines, in one process: memory discovery and events,
 the TCP request plane. Checks the kv_state contract as the router reads it (see
-router_fake_worker.py) against the real Worker, prefix-aware placement, and that a router
-restarted under load converges to the workers' true block sets."""
+router_fake_worker.py) against the real Worker, prefix-aware placement, that a router
+restarted under load converges to the workers' true block sets, and that the step times
+workers publish make a slow worker's prefill cost more."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.frontend.migration import EngineStreamer
-from tandem.protocols.engine import PreprocessedRequest, StopConditions
+from tandem.protocols.engine import PreprocessedRequest, RoutingHints, StopConditions
 from tandem.protocols.kv_events import BlockStored
 from tandem.router.config import RouterConfig
 from tandem.router.indexer import WorkerKey
@@ -68,13 +69,21 @@ class Cluster:
         self.stack.push_async_callback(insts.close)
         return router
 
-    async def generate(self, router: KvRouter, rid: str, tokens: list[int], max_tokens: int = 3):
+    async def generate(
+        self,
+        router: KvRouter,
+        rid: str,
+        tokens: list[int],
+        max_tokens: int = 3,
+        worker_id: str | None = None,
+    ):
         streamer = EngineStreamer(self.runtime.client, f"{NS}.backend.generate")
         request = PreprocessedRequest(
             request_id=rid,
             model="smollm2",
             token_ids=tokens,
             stop=StopConditions(max_tokens=max_tokens),
+            routing=RoutingHints(worker_id=worker_id) if worker_id else None,
         )
         outs = [o async for o in streamer.stream(request, router)]
         assert outs[-1].finish_reason == "length"
@@ -102,10 +111,31 @@ class LossyBus:
         pass
 
 
+class SimTime:
+    """A mocker's clock that its step loop's sleeps advance at once: each step's wall time is
+    its modelled time over the speedup ratio, exactly, however busy the host is."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def clock(self) -> float:
+        return self.now_s
+
+    async def sleep(self, seconds: float) -> None:
+        self.now_s += max(seconds, 0.0)
+        await asyncio.sleep(0)
+
+
 @contextlib.asynccontextmanager
 async def cluster(
-    num_workers: int, *, num_blocks: int = 64, lossy: bool = False
+    num_workers: int,
+    *,
+    num_blocks: int = 64,
+    lossy: bool = False,
+    speedup_ratios: tuple[float, ...] | None = None,
 ) -> AsyncIterator[Cluster]:
+    """`speedup_ratios`: one per worker, each mocker on its own `SimTime` (default: 0, as
+    fast as possible, no step times)."""
     disc, bus = MemoryDiscovery(), MemoryEventBus()
     cfg = RuntimeConfig(namespace=NS)
     async with contextlib.AsyncExitStack() as stack:
@@ -115,11 +145,16 @@ async def cluster(
             rt = await stack.enter_async_context(
                 open_runtime(cfg, discovery=disc, events=events)  # type: ignore[arg-type]
             )
-            engine = MockerEngine(
-                MockerConfig(num_blocks=num_blocks, block_size=BS, speedup_ratio=0, tokenizer=None)
+            ratio = speedup_ratios[i] if speedup_ratios else 0.0
+            mocker = MockerConfig(
+                num_blocks=num_blocks, block_size=BS, speedup_ratio=ratio, tokenizer=None
             )
-            # a small replay buffer: a late router's gap falls out of it (full dump path)
-            worker = Worker(engine, rt, WorkerConfig(instance_id=f"w{i}", event_buffer_size=8))
+            sim = SimTime()
+            engine = MockerEngine(mocker, clock=sim.clock, sleep=sim.sleep)
+            # a small replay buffer: a late router's gap falls out of it (full dump path);
+            # step times (WorkerStats) every 20 ms
+            wcfg = WorkerConfig(instance_id=f"w{i}", event_buffer_size=8, stats_period_s=0.02)
+            worker = Worker(engine, rt, wcfg)
             await worker.start()
             stack.push_async_callback(worker.stop, 0)
             workers.append(worker)
@@ -212,3 +247,45 @@ async def test_restarted_router_under_load_converges() -> None:
         removed = second.metrics.events[("removed", "applied")]
         assert removed > 0, "the small pools must evict, or removals went untested"
         await second.close()
+
+
+async def test_published_step_times_send_prefill_to_the_faster_worker() -> None:
+    """Issue 31, heterogeneous workers: each worker publishes the engine steps it ran
+    (WorkerStats on the event plane); the router fits each one's prefill time per token from
+    them, so a worker 4x slower (speedup ratio 0.25 against 1) counts its prefill 4x, and
+    new prompts go to the fast worker even while the slow one is idle."""
+    async with cluster(2, num_blocks=1024, speedup_ratios=(1.0, 0.25)) as c:
+        router = await c.new_router()
+        fast, slow = (w.instance_id for w in c.workers)
+        assert router.speed.slowness([fast, slow]) == {fast: 1.0, slow: 1.0}  # none measured
+        for w, worker_id in enumerate((fast, slow)):
+            for i, n in enumerate((256, 512, 1024, 384)):  # prefill steps of several sizes
+                tokens = [100_000 * (2 * w + 1) + 1000 * i + t for t in range(n)]
+                await c.generate(router, f"{worker_id}-{i}", tokens, max_tokens=1,
+                                 worker_id=worker_id)  # fmt: skip
+        # each worker's last steps arrive with its next WorkerStats: the fits over all four
+        # steps of each (the same sizes, each step 4x as long on the slow one) are 4x apart
+        await eventually(
+            lambda: router.speed.slowness([fast, slow])[slow] == pytest.approx(4.0, rel=1e-6)
+        )
+        assert router.worker_loads()[slow]["prefill_ms_per_token"] > 0
+        prompt_a = [900_000 + t for t in range(BS * 64)]
+        prompt_b = [950_000 + t for t in range(BS * 64)]
+        explained = router.explain(PreprocessedRequest(
+            request_id="x", model="smollm2", token_ids=prompt_a, stop=StopConditions(max_tokens=1)
+        ))  # fmt: skip
+        slowness = {x["worker_id"]: x["prefill_slowness"] for x in explained["candidates"]}
+        assert slowness == {fast: 1.0, slow: pytest.approx(4.0, rel=1e-6)}
+        assert explained["choice"] == fast
+        # two prompts in flight at once: equal workers would take one each; the fast one
+        # prefills both sooner than the slow one prefills one
+        routed = [
+            await router.route(PreprocessedRequest(
+                request_id=rid, model="smollm2", token_ids=p, stop=StopConditions(max_tokens=1)
+            ))
+            for rid, p in (("a", prompt_a), ("b", prompt_b))
+        ]  # fmt: skip
+        assert [d.instance_id for d in routed] == [fast, fast]
+        for rid in ("a", "b"):
+            router.on_finish(rid)
+        await router.close()

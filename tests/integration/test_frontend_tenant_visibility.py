@@ -210,6 +210,9 @@ async def test_queue_depth_and_waits_per_class_and_tenant(tmp_path: Path) -> Non
         missed = queue_rows(current)[("normal", "acme")]
         assert missed["queued"] == 0 and missed["waited"] == 1
         assert missed["deadline_misses"] == 1 and missed["mean_wait_s"] > 0.05
+        # a request answered 504 before it ran was not served: none of its tokens count
+        (acme,) = [row for row in current["tenants"] if row["tenant"] == "acme"]
+        assert acme["prompt_tokens"] == acme["completion_tokens"] == 0, acme
         assert current["frontend"]["queued"] == 3
         _, text = await s.get("/metrics")
         pattern = r'^tandem_router_tenant_queued_requests\{priority_class="low",tenant="tiny"'

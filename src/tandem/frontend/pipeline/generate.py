@@ -311,7 +311,6 @@ class GeneratePipeline:
         `output` (streamed or collected) and account the request in the metrics."""
         name = prepared.model.name
         self.charge_tokens(response, prepared, sum(prepared.prompt_lens), done=False)
-        self._count_tokens(prepared, "prompt", sum(prepared.prompt_lens))
         self.metrics.arrived(name)
         timer = TokenTimer(self.metrics, name)
         failed = True
@@ -342,6 +341,8 @@ class GeneratePipeline:
                 failed=failed,
             )
             self.charge_tokens(None, prepared, sum(s.num_tokens for s in states), done=True)
+            if timer.last > 0.0 or not failed:  # served: its prompt was computed
+                self._count_tokens(prepared, "prompt", sum(prepared.prompt_lens))
             self._count_tokens(prepared, "output", sum(s.num_tokens for s in states))
 
     def _count_tokens(self, prepared: Prepared, kind: str, num_tokens: int) -> None:

@@ -60,6 +60,7 @@ class Result:
     ok: bool
     output: list[int] = field(default_factory=list)
     route_s: float | None = None  # of ttft_s: waiting for a worker (the router queue)
+    ended_at: float | None = None  # time.perf_counter() when its last token came
 
 
 @dataclass(slots=True)
@@ -109,7 +110,7 @@ class Fleet:
                 result.num_output += len(out.token_ids)
                 if keep_output:
                     result.output.extend(out.token_ids)
-            result.ok = True
+            result.ok, result.ended_at = True, time.perf_counter()
         finally:
             self.router.on_finish(request.request_id)
         self.results.append(result)
@@ -243,14 +244,19 @@ async def noisy(args: argparse.Namespace, cap: float, mode: str) -> dict[str, fl
     stop = asyncio.Event()
     lags = asyncio.create_task(loop_lags(stop))
     fired = await asyncio.gather(*jobs)
+    window_end = time.perf_counter()  # A was sending all along: the overload's window
     stop.set()
     await drain(fleet, [t for tasks in fired for t in tasks], args.duration_s)
-    served_a = sum(r.num_prompt + r.num_output for r in fleet.results if r.tenant == "a" and r.ok)
+    a_done = [r for r in fleet.results if r.tenant == "a" and r.ok]
+    served_a = sum(r.num_prompt + r.num_output for r in a_done)
+    # what A got of the fleet while it flooded it (the drain serves all of it in the end)
+    in_window = [r for r in a_done if r.ended_at is not None and r.ended_at <= window_end]
     await close_fleet(fleet)
     b_served = [r for r in fleet.results if r.tenant == "b" and r.ttft_s is not None]
     return {
         "b_ttft_p99_s": p99(ttfts(fleet.results, "b")),
         "a_served_tokens": served_a,
+        "a_served_in_window_tokens": sum(r.num_prompt + r.num_output for r in in_window),
         # where B's TTFT goes: waiting for a worker, then the engine (its wait and steps)
         "b_route_p99_s": p99([r.route_s or 0.0 for r in b_served]),
         "b_engine_p99_s": p99([(r.ttft_s or 0.0) - (r.route_s or 0.0) for r in b_served]),
@@ -434,7 +440,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _ratio(a: float, b: float, form: str) -> str:
-    return "-" if a != a or b != b else format(a / b - (1 if "+" in form else 0), form)
+    return "-" if a != a or b != b or b == 0 else format(a / b - (1 if "+" in form else 0), form)
 
 
 def _ms(seconds: float) -> str:
@@ -454,9 +460,13 @@ def format_result(r: dict[str, Any]) -> str:
         lines.append(
             f"noisy:    B TTFT p99 alone {_ms(alone)} | FIFO {_ms(fifo)} "
             f"({_ratio(fifo, alone, '.2f')}x) | "
-            f"fair {_ms(fair)} ({_ratio(fair, alone, '.2f')}x, target <= 1.2x); A served "
-            f"{n['fifo']['a_served_tokens']:.0f} tokens FIFO, "
-            f"{n['fair']['a_served_tokens']:.0f} fair"
+            f"fair {_ms(fair)} ({_ratio(fair, alone, '.2f')}x, target <= 1.2x)"
+        )
+        a_fifo, a_fair = (n[m].get("a_served_in_window_tokens", nan) for m in ("fifo", "fair"))
+        lines.append(
+            f"          A served while it flooded: FIFO {a_fifo:.0f} tokens, fair {a_fair:.0f} "
+            f"({_ratio(a_fair, a_fifo, '.2f')}x FIFO's); in all, drain included: FIFO "
+            f"{n['fifo']['a_served_tokens']:.0f}, fair {n['fair']['a_served_tokens']:.0f}"
         )
         split = [
             f"{m} {_ms(n[m].get('b_route_p99_s', nan))} / {_ms(n[m].get('b_engine_p99_s', nan))}"

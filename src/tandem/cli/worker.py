@@ -182,10 +182,10 @@ def build_engine(
     disagg = disagg_worker_config_from_args(args)
     if disagg.kv_fetch and args.engine not in ("mocker", "native"):
         raise ValueError(
-            f"--kv-fetch needs --engine mocker or native, not '{args.engine}': vLLM's KV "
-            "connector API loads external KV into a new request, but offers no way to export a "
-            "running engine's cached blocks on demand, so a vLLM worker can neither serve nor "
-            "take a peer fetch (the router sends it no hint)"
+            f"--kv-fetch needs --engine mocker or native, not '{args.engine}': tandem does not "
+            "fetch between vLLM workers yet (vLLM's NixlConnector moves KV only as requests: a "
+            "fetch would be an export request on the holder and a pull request on the "
+            "fetcher), so the router sends a vLLM worker no hint"
         )
     engine = make_engine(args.engine, engine_config_from_args(args.engine, args))
     if args.engine == "encoder":  # its embedding transfer agent authenticates its peers

@@ -213,8 +213,8 @@ def _router_summary(router: Router, pool: str) -> dict[str, Any]:
 def _tenant_usage(tenancy: Tenancy) -> list[dict[str, Any]]:
     """Issue 33, per tenant as this frontend counted it (`TenantStats`, the same counters as
     `tandem_frontend_tenant_tokens_total` and `tandem_frontend_tenant_rate_limited_total`):
-    tokens served (prompt tokens when a request is admitted, completion tokens when it ends)
-    and the requests answered 429 by its requests/min and tokens/min limits, beside its weight
+    tokens served (counted when a request ends; one refused or timed out before it ran counts
+    none) and the requests answered 429 by its requests/min and tokens/min limits, beside its weight
     and limits. Every configured tenant has a row, and any other one that was counted."""
     table, stats = tenancy.table, tenancy.stats
     names = set(table.tenants) | {t for t, _ in stats.tokens} | {t for t, _ in stats.limited}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 from tests.support.eventually import eventually
+from tests.support.sim_time import SimTime
 
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
@@ -109,21 +110,6 @@ class LossyBus:
 
     async def close(self) -> None:
         pass
-
-
-class SimTime:
-    """A mocker's clock that its step loop's sleeps advance at once: each step's wall time is
-    its modelled time over the speedup ratio, exactly, however busy the host is."""
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def clock(self) -> float:
-        return self.now_s
-
-    async def sleep(self, seconds: float) -> None:
-        self.now_s += max(seconds, 0.0)
-        await asyncio.sleep(0)
 
 
 @contextlib.asynccontextmanager

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.support.sim_time import SimTime
 
 from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
@@ -24,21 +25,7 @@ def adapter_dir(root: Path, name: str, rank: int = 16) -> str:
     return str(path)
 
 
-class FakeTime:
-    """A clock the engine's sleeps advance (instantly)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += max(seconds, 0.0)
-        await asyncio.sleep(0)
-
-
-def engine(t: FakeTime | None = None, **kw: object) -> MockerEngine:
+def engine(t: SimTime | None = None, **kw: object) -> MockerEngine:
     base: dict[str, object] = dict(
         num_blocks=256, block_size=4, speedup_ratio=1.0, tokenizer=None, max_loras=2
     )
@@ -64,7 +51,7 @@ async def collect(e: MockerEngine, r: PreprocessedRequest) -> list[EngineOutput]
 
 
 async def test_load_takes_the_simulated_time_and_stalls_the_step_loop(tmp_path: Path) -> None:
-    t = FakeTime()
+    t = SimTime()
     e = engine(t, lora_load_ms=250.0, speedup_ratio=2.0)
     info = await e.start()
     assert info.max_loras == 2 and e.capabilities.lora
@@ -94,7 +81,7 @@ async def test_request_waits_for_its_adapter_to_load(tmp_path: Path) -> None:
 
 
 async def test_lru_eviction_of_idle_adapters_under_the_slot_limit(tmp_path: Path) -> None:
-    e = engine(FakeTime(), max_loras=2)
+    e = engine(SimTime(), max_loras=2)
     await e.start()
     for name in ("a", "b"):
         await e.load_lora(name, adapter_dir(tmp_path, name))
@@ -108,7 +95,7 @@ async def test_lru_eviction_of_idle_adapters_under_the_slot_limit(tmp_path: Path
 
 
 async def test_an_adapter_in_use_is_never_evicted(tmp_path: Path) -> None:
-    t = FakeTime()
+    t = SimTime()
     e = engine(t, max_loras=1)
     await e.start()
     await e.load_lora("a", adapter_dir(tmp_path, "a"))
@@ -126,7 +113,7 @@ async def test_an_adapter_in_use_is_never_evicted(tmp_path: Path) -> None:
 
 
 async def test_bad_adapters_and_unload(tmp_path: Path) -> None:
-    e = engine(FakeTime())
+    e = engine(SimTime())
     await e.start()
     with pytest.raises(InvalidRequest, match=r"no adapter_config\.json"):
         await e.load_lora("x", str(tmp_path / "missing"))
@@ -142,7 +129,7 @@ async def test_bad_adapters_and_unload(tmp_path: Path) -> None:
     assert e.loras() == []
     with pytest.raises(ModelNotFound):
         await e.unload_lora("a")
-    none = engine(FakeTime(), max_loras=0)
+    none = engine(SimTime(), max_loras=0)
     assert not none.capabilities.lora
     await none.start()
     with pytest.raises(InvalidRequest, match="--max-loras 0"):

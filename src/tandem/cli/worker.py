@@ -180,20 +180,16 @@ def build_engine(
         args.transfer_host or transfer_host or getattr(args, "runtime_host", None) or "127.0.0.1"
     )
     disagg = disagg_worker_config_from_args(args)
-    if disagg.kv_fetch and args.engine not in ("mocker", "native"):
-        raise ValueError(
-            f"--kv-fetch needs --engine mocker or native, not '{args.engine}': tandem does not "
-            "fetch between vLLM workers yet (vLLM's NixlConnector moves KV only as requests: a "
-            "fetch would be an export request on the holder and a pull request on the "
-            "fetcher), so the router sends a vLLM worker no hint"
-        )
+    if disagg.kv_fetch and args.engine not in ("mocker", "native", "vllm"):
+        raise ValueError(f"--kv-fetch needs --engine mocker, native or vllm, not '{args.engine}'")
     engine = make_engine(args.engine, engine_config_from_args(args.engine, args))
     if args.engine == "encoder":  # its embedding transfer agent authenticates its peers
         from tandem.multimodal.encode_engine import EncoderEngine
 
         assert isinstance(engine, EncoderEngine)
         engine.cluster_secret, engine.tls = cluster_secret, tls
-    if not disagg.enabled or args.engine == "vllm":  # vLLM hands KV over with its NixlConnector
+    # vLLM hands KV over (disaggregation, peer fetch) with its own NixlConnector
+    if not disagg.enabled or args.engine == "vllm":
         return engine
     from tandem.disagg.worker_engine import DisaggEngine
 

@@ -18,23 +18,21 @@ there had been no hint; the request never fails because of a fetch.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import secrets
-import statistics
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tandem.disagg.config import DisaggWorkerConfig
 from tandem.disagg.guard import BlockGuard
 from tandem.disagg.prefill import REGION
 from tandem.engines.base import Engine
+from tandem.engines.fetch_stats import PeerFetchStats
 from tandem.engines.handoff import KvHandoff
 from tandem.errors import Overloaded, TransferError
 from tandem.protocols.engine import EngineOutput, KvFetchHint, PreprocessedRequest
@@ -47,32 +45,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-BANDWIDTH_EWMA = 0.2  # weight of the newest fetch in the measured bandwidth
-SETUP_WINDOW = 32  # fetches whose setup time's median the router charges
-
-
-class PeerFetchStats:
-    """Counters of one worker's fetches (fetcher) and exports (holder). Loop thread, except
-    `num_exported`/`num_export_blocks` (agent threads; int updates are atomic enough)."""
-
-    def __init__(self, bandwidth_bytes_per_s: float) -> None:
-        self.num_started = 0
-        self.num_succeeded = 0
-        self.num_fell_back = 0
-        self.num_blocks = 0
-        self.num_bytes = 0
-        self.seconds = 0.0
-        self.num_exported = 0
-        self.num_export_blocks = 0
-        self.bandwidth_bytes_per_s = bandwidth_bytes_per_s  # declared, then measured (EWMA)
-        # the measured fixed part of a fetch, all of it but the pull: the median of the last
-        # SETUP_WINDOW (one starved by a busy host moves it little); None before the first
-        self.setup_s: float | None = None
-        self._setups: collections.deque[float] = collections.deque(maxlen=SETUP_WINDOW)
-
-    def add_setup(self, seconds: float) -> None:
-        self._setups.append(seconds)
-        self.setup_s = statistics.median(self._setups)
 
 
 class PeerFetch:
@@ -196,53 +168,18 @@ class PeerFetch:
         return num_tokens
 
     def _count(self, num_tokens: int, moved_bytes: int, seconds: float, pull_s: float) -> None:
-        """Count a fetch of ``seconds`` in all; the bandwidth is measured over its pull
-        (``pull_s``: the bytes moving, and the mocker's simulated time), not its round trips
-        (the router charges those as the fetch's setup)."""
-        stats = self.stats
-        stats.num_succeeded += 1
-        stats.num_blocks += num_tokens // self.block_size
+        """Count a fetch of ``seconds`` in all, ``pull_s`` of it the pull (the bytes moving,
+        and the mocker's simulated time)."""
         num_bytes = max(moved_bytes, num_tokens * self.bytes_per_token)  # mocker: 1 B/block
-        stats.num_bytes += num_bytes
-        stats.seconds += seconds
-        stats.add_setup(max(seconds - pull_s, 0.0))
-        if pull_s > 0:
-            measured = num_bytes / pull_s
-            stats.bandwidth_bytes_per_s += BANDWIDTH_EWMA * (measured - stats.bandwidth_bytes_per_s)
+        self.stats.succeeded(num_blocks=num_tokens // self.block_size, num_bytes=num_bytes,
+                             seconds=seconds, pull_s=pull_s)  # fmt: skip
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
 
     def families(self) -> list[Metric]:
         """``tandem_kv_fetch_*``: this worker's peer KV fetches and exports."""
-        s = self.stats
-        out: list[Metric] = []
-        for name, doc, value in (
-            ("started", "peer KV fetches started", s.num_started),
-            ("succeeded", "peer KV fetches that filled the prefix", s.num_succeeded),
-            ("fell_back", "peer KV fetches given up (the prompt was computed)", s.num_fell_back),
-            ("blocks", "KV blocks fetched from peers", s.num_blocks),
-            ("bytes", "KV bytes fetched from peers", s.num_bytes),
-            ("seconds", "time spent fetching KV from peers", s.seconds),
-            ("exported", "peer fetches this worker served", s.num_exported),
-            ("exported_blocks", "KV blocks this worker exported to peers", s.num_export_blocks),
-        ):
-            out.append(CounterMetricFamily(f"tandem_kv_fetch_{name}", doc, value=value))
-        out.append(
-            GaugeMetricFamily(
-                "tandem_kv_fetch_bandwidth_bytes_per_second",
-                "peer KV fetch bandwidth (declared, then measured)",
-                value=s.bandwidth_bytes_per_s,
-            )
-        )
-        out.append(
-            GaugeMetricFamily(
-                "tandem_kv_fetch_setup_seconds",
-                "measured fixed part of a peer KV fetch (round trips, not the bytes)",
-                value=s.setup_s or 0.0,
-            )
-        )
-        return out
+        return self.stats.families()
 
 
 def _left(deadline: float) -> float:

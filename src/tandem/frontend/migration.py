@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tandem.disagg.params import PINNED_ANNOTATION
+from tandem.disagg.vllm_fetch import needs_export, with_export
 from tandem.errors import NoWorkersAvailable, PeerGone
 from tandem.frontend.watchdog import (
     StallConfig,
@@ -193,8 +194,11 @@ class EngineStreamer:
             if self._on_routed is not None:
                 self._on_routed(current.model, time.perf_counter() - asked)
             sent = current  # a peer fetch hint is for this dispatch only (never a re-route)
-            if decision.kv_fetch is not None:
-                sent = msgspec.structs.replace(current, kv_fetch=decision.kv_fetch)
+            hint = decision.kv_fetch
+            if hint is not None and needs_export(hint):  # vLLM's: the holder exports first
+                hint = await with_export(self._client, self._path, current, hint)
+            if hint is not None:
+                sent = msgspec.structs.replace(current, kv_fetch=hint)
             payload = encode_request(
                 sent, block_hashes=decision.block_hashes, hash_block_size=decision.block_size
             )

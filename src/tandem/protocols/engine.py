@@ -109,6 +109,12 @@ class KvFetchHint(msgspec.Struct, kw_only=True, omit_defaults=True):
     agent_id: str
     block_hashes: list[int]  # the router's chained hashes (DESIGN.md §5) of those blocks
     block_size: int
+    # how the KV moves: None, tandem's transfer agents (native, mocker); "vllm-nixl", vLLM's
+    # NixlConnector, whose export is a request on the holder: the frontend sends it to the
+    # holder's request-plane ``source_address`` and hands the result on in ``export``
+    protocol: str | None = None
+    source_address: str | None = None
+    export: dict[str, Any] | None = None
 
 
 class PreprocessedRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

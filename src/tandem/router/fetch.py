@@ -33,6 +33,9 @@ class FetchSource:
     bytes_per_token: int  # KV bytes of one token (all layers)
     bandwidth_bytes_per_s: float  # its transfer plane's, measured or declared
     prefill_s_per_token: float | None  # its own prefill speed, when it knows it
+    # how its KV moves (KvFetchHint.protocol): None, tandem's transfer agents; a fetcher
+    # pulls only from a holder of its own protocol
+    protocol: str | None = None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> FetchSource | None:
@@ -43,12 +46,14 @@ class FetchSource:
         try:
             host, port = entry["address"]
             prefill = entry.get("prefill_s_per_token")
+            protocol = entry.get("protocol")
             return cls(
                 address=(str(host), int(port)),
                 agent_id=str(entry["agent_id"]),
                 bytes_per_token=int(entry["bytes_per_token"]),
                 bandwidth_bytes_per_s=float(entry["bandwidth_bytes_per_s"]),
                 prefill_s_per_token=None if prefill is None else float(prefill),
+                protocol=None if protocol is None else str(protocol),
             )
         except (KeyError, TypeError, ValueError):
             return None

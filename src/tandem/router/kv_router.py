@@ -260,8 +260,9 @@ class KvRouter(PolicyRouter):
     def _fetch_plans(
         self, hashes: list[int], overlaps: dict[str, float], candidates: Sequence[Instance]
     ) -> dict[str, FetchPlan]:
-        """Per candidate offering peer fetch, its fetch from the worker caching the longest
-        device prefix (router/fetch.py); empty when fetch is off or nobody offers it."""
+        """Per candidate offering peer fetch, its fetch from the worker of its protocol
+        caching the longest device prefix (router/fetch.py); empty when fetch is off or
+        nobody offers it."""
         if not self.config.kv_fetch:
             return {}
         sources = {c.instance_id: s for c in candidates
@@ -270,6 +271,18 @@ class KvRouter(PolicyRouter):
             return {}
         if self.indexer.has_tiers():  # only device blocks are exported
             overlaps = {k.worker_id: float(d) for k, d in self.indexer.find_matches(hashes).items()}
+        by_protocol: dict[str | None, dict[str, FetchSource]] = {}
+        for worker_id, source in sources.items():  # KV moves only between workers of one kind
+            by_protocol.setdefault(source.protocol, {})[worker_id] = source
+        plans: dict[str, FetchPlan] = {}
+        for group in by_protocol.values():
+            plans.update(self._fetch_plans_among(hashes, overlaps, group))
+        return plans
+
+    def _fetch_plans_among(
+        self, hashes: list[int], overlaps: dict[str, float], sources: dict[str, FetchSource]
+    ) -> dict[str, FetchPlan]:
+        """`_fetch_plans` among `sources`, workers whose KV moves one way (one protocol)."""
         holder = best_holder(overlaps, sources)
         if holder is None:
             return {}
@@ -309,7 +322,7 @@ class KvRouter(PolicyRouter):
         """The hint for the chosen worker's fetch (None if its holder left meanwhile)."""
         holder = self._instances.instances.get(plan.source_id)
         source = FetchSource.from_metadata(holder.metadata) if holder is not None else None
-        if source is None:
+        if holder is None or source is None:
             return None
         return KvFetchHint(
             source_instance_id=plan.source_id,
@@ -318,6 +331,9 @@ class KvRouter(PolicyRouter):
             # the whole prefix: the fetcher keeps what it caches and pulls the rest
             block_hashes=scored.block_hashes[: plan.first_block + plan.num_blocks],
             block_size=self.block_size,
+            protocol=source.protocol,
+            # where the frontend asks the holder to export (protocols other than tandem's)
+            source_address=None if source.protocol is None else holder.address,
         )
 
     def _cached_counts(self) -> dict[str, int]:

@@ -101,4 +101,6 @@ def config_from_args(ns: argparse.Namespace) -> VllmWorkerConfig:
         metrics_port=None if ns.metrics_port < 0 else ns.metrics_port,
         disagg_mode=getattr(ns, "disagg_mode", "none") or "none",
         cpus=ns.vllm_cpus,
+        kv_fetch=bool(getattr(ns, "kv_fetch", False)),
+        kv_fetch_timeout_s=getattr(ns, "kv_fetch_timeout_s", None) or 2.0,
     )

@@ -31,12 +31,26 @@ class VllmWorkerConfig:
     disagg_mode: str = "none"
     # cores for vLLM's OMP compute threads (VLLM_CPU_OMP_THREADS_BIND); None = vLLM's choice
     cpus: str | None = None
+    # peer KV fetch (issue 31, `peer_fetch.py`): export cached prefixes to peers and pull the
+    # ones a router's hint names (NixlConnector as kv_both); a pull not done within
+    # kv_fetch_timeout_s is aborted and the prompt computed; kv_lease_s: how long an export
+    # keeps its blocks for the pull (vLLM's kv_lease_duration, whole seconds)
+    kv_fetch: bool = False
+    kv_fetch_timeout_s: float = 2.0
+    kv_lease_s: int = 30
 
     def __post_init__(self) -> None:
         if self.disagg_mode not in ("none", "prefill", "decode"):
             raise ValueError(
                 f"disagg_mode={self.disagg_mode!r}; expected one of: none, prefill, decode"
             )
+        if self.kv_fetch and self.disagg_mode != "none":
+            raise ValueError(
+                f"kv_fetch with disagg_mode={self.disagg_mode!r}; a vLLM worker takes peer "
+                "fetch only when aggregated (disagg_mode none): its NixlConnector has one role"
+            )
+        check_range("kv_fetch_timeout_s", self.kv_fetch_timeout_s, low=0.01, high=600)
+        check_range("kv_lease_s", self.kv_lease_s, low=6, high=3600)
         if self.cpus is not None and not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", self.cpus):
             raise ValueError(
                 f"cpus={self.cpus!r}; expected core ids and ranges such as '0', '2-3' or '0,2'"

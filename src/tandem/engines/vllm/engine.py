@@ -17,7 +17,9 @@ import os
 import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from tandem.engines.base import EngineCapabilities, EngineDefaults, EngineInfo, EngineLoad
 from tandem.engines.kv_event_queue import KvEventQueue
@@ -32,6 +34,7 @@ from tandem.engines.vllm.metrics import (
     stat_logger_factory,
 )
 from tandem.engines.vllm.model_dir import ensure_hf_dir
+from tandem.engines.vllm.peer_fetch import VllmPeerFetch, exported, is_export
 from tandem.engines.vllm.reaper import Reaper
 from tandem.engines.vllm.sampling import (
     engine_output,
@@ -46,7 +49,11 @@ from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.lora import LoraLoaded
 from tandem.protocols.scaling import StepSample
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
 logger = logging.getLogger(__name__)
+FETCH_METADATA_KEY = "kv_fetch"  # tandem.router.fetch.METADATA_KEY (what the router reads)
 
 # vLLM on these CPUs (issue 16): no reserved core for the frontend thread, a small KV space
 WATCH_PERIOD_S = 0.5
@@ -82,6 +89,7 @@ class VllmEngine(EngineDefaults):
         # reloads an adapter its LRU cache (--max-cpu-loras) dropped
         self._loras: dict[str, Any] = {}
         self._next_lora_id = 1
+        self.fetch: VllmPeerFetch | None = None  # with config.kv_fetch, once started
 
     @property
     def capabilities(self) -> EngineCapabilities:
@@ -115,19 +123,26 @@ class VllmEngine(EngineDefaults):
         if self.config.metrics_port is not None:
             self._metrics = start_metrics_server(self.config.metrics_host, self.config.metrics_port)
         self._info = self._make_info(vc)
+        if self.config.kv_fetch:
+            self.fetch = VllmPeerFetch(
+                block_size=self._info.block_size, bytes_per_token=_bytes_per_token(vc),
+                timeout_s=self.config.kv_fetch_timeout_s, lease_s=self.config.kv_lease_s,
+                external_tokens=lambda: self.snapshot.num_external_kv_tokens,
+            )  # fmt: skip
         self.snapshot.kv_capacity_tokens = self._info.num_total_blocks * self._info.block_size
         self._failed = asyncio.get_running_loop().create_future()
         self._watchdog = asyncio.create_task(self._watch(), name="vllm-watchdog")
         policy = str(vc.scheduler_config.policy)
         logger.info(
             "vLLM engine started: model=%s blocks=%d block_size=%d disagg=%s metrics=%s "
-            "scheduling=%s",
+            "scheduling=%s kv_fetch=%s",
             self._info.model_name,
             self._info.num_total_blocks,
             self._info.block_size,
             self.config.disagg_mode,
             self._metrics.url if self._metrics else None,
             policy,
+            self.fetch is not None,
         )
         if policy != "priority":
             logger.warning(
@@ -162,19 +177,23 @@ class VllmEngine(EngineDefaults):
                 buffer_steps=self.config.kv_event_buffer_steps,
                 topic="",
             )
-        if self.config.disagg_mode != "none":
+        if self.config.disagg_mode != "none" or self.config.kv_fetch:
             from vllm.config import KVTransferConfig
 
             # each worker its own NIXL handshake port, on loopback
             os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())
             os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
-            role = "kv_producer" if self.config.disagg_mode == "prefill" else "kv_consumer"
+            roles = {"prefill": "kv_producer", "decode": "kv_consumer"}
+            # peer fetch: each worker exports (producer) and pulls (consumer)
+            role = roles.get(self.config.disagg_mode, "kv_both")
+            extra = {"kv_lease_duration": self.config.kv_lease_s} if self.config.kv_fetch else {}
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 kv_connector="NixlConnector",
                 # vLLM's connector, its NIXL agent without a spinning progress thread
                 kv_connector_module_path="tandem.engines.vllm.nixl_connector",
                 kv_role=role,
                 kv_buffer_device="cpu",
+                kv_connector_extra_config=extra,
             )
         args = AsyncEngineArgs(**kwargs)
         return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.snapshot)])
@@ -255,7 +274,10 @@ class VllmEngine(EngineDefaults):
         """Stream the request's outputs. Raises InvalidRequest / ContextLengthExceeded on the
         first iteration when vLLM refuses it, EngineError when the engine is not running.
         Closing early aborts it in vLLM (its blocks are freed). `direct` is never given (its
-        capabilities take no direct sink)."""
+        capabilities take no direct sink). With peer fetch, a request carrying a `kv_fetch`
+        hint first pulls the prefix (`VllmPeerFetch.pull`), and a request whose
+        disagg_params ask for an export computes one token and returns vLLM's
+        kv_transfer_params (`peer_fetch.py`)."""
         if self.llm is None or self._info is None or self._stopping:
             raise EngineError("vLLM engine is not running; call start() first")
         self._check(request)
@@ -264,15 +286,54 @@ class VllmEngine(EngineDefaults):
                 f"request_id={request.request_id} carries {len(request.mm_items)} image(s); "
                 "the vLLM worker serves text only (expected no images)"
             )
+        if request.request_id in self._running:
+            raise InvalidRequest(
+                f"request_id={request.request_id} is already running on this engine"
+            )
+        export = is_export(request)
+        if export and self.fetch is None:
+            raise InvalidRequest(
+                f"request_id={request.request_id} asks for a KV export; this vLLM worker was "
+                "started without --kv-fetch"
+            )
+        if request.kv_fetch is not None:  # a hint this worker cannot take is ignored
+            if self.fetch is not None:
+                await self.fetch.pull(request, self._pull_stream)
+            request = msgspec.structs.replace(request, kv_fetch=None)
+        one_token = self.config.disagg_mode == "prefill" or export
+        # an export keeps its blocks for a peer's pull as a prefill worker's do for a decode
+        extra = handoff_args(request, "prefill" if export else self.config.disagg_mode)
+        async for out in self._outputs(request, extra, one_token=one_token):
+            if export and self.fetch is not None and out.finish_reason is not None:
+                out = exported(out, self.config.kv_lease_s)
+                self.fetch.stats.num_exported += 1
+                self.fetch.stats.num_export_blocks += (len(request.token_ids) - 1) // (
+                    self._info.block_size
+                )
+            yield out
+
+    def _pull_stream(
+        self, request: PreprocessedRequest, extra_args: dict[str, Any]
+    ) -> AsyncIterator[EngineOutput]:
+        """A peer fetch's pull (step 2): one token, pulling the prefix with `extra_args`."""
+        return self._outputs(request, extra_args, one_token=True, handoff=False)
+
+    async def _outputs(
+        self,
+        request: PreprocessedRequest,
+        extra_args: dict[str, Any] | None,
+        *,
+        one_token: bool,
+        handoff: bool = True,
+    ) -> AsyncGenerator[EngineOutput, None]:
+        """vLLM's outputs of `request` as EngineOutputs; `one_token`: a single greedy pass
+        (a prefill or an export: its last output carries vLLM's kv_transfer_params when
+        `handoff`, and no token)."""
+        assert self.llm is not None
         request_id = request.request_id
-        if request_id in self._running:
-            raise InvalidRequest(f"request_id={request_id} is already running on this engine")
-        prefill_only = self.config.disagg_mode == "prefill"
-        params = sampling_params(
-            request, max_logprobs=self._max_logprobs, constrain=not prefill_only
-        )
-        params.extra_args = handoff_args(request, self.config.disagg_mode)
-        if prefill_only:
+        params = sampling_params(request, max_logprobs=self._max_logprobs, constrain=not one_token)
+        params.extra_args = extra_args
+        if one_token:
             params.max_tokens, params.min_tokens = 1, 0
         num_top = request.sampling.logprobs
         self._running.add(request_id)
@@ -288,7 +349,7 @@ class VllmEngine(EngineDefaults):
             )  # fmt: skip
             async for out in self._guarded(stream, request_id):
                 result = engine_output(out, first=first, num_top_logprobs=num_top)
-                if prefill_only and result.finish_reason is not None:
+                if one_token and handoff and result.finish_reason is not None:
                     result = prefill_result(result, out, request_id)
                 first = False
                 finished = result.finish_reason is not None
@@ -394,14 +455,23 @@ class VllmEngine(EngineDefaults):
         return [] if self._subscriber is None else self._subscriber.translator.snapshot()
 
     def load(self) -> EngineLoad:
+        """With the bandwidth and setup time its peer fetches measured, once there are some."""
         total = self._info.num_total_blocks if self._info else 0
         snap = self.snapshot
+        stats = self.fetch.stats if self.fetch is not None else None
+        measured = stats is not None and stats.num_succeeded > 0
         return EngineLoad(
             num_active_blocks=round(snap.kv_cache_usage * total),
             num_total_blocks=total,
             num_waiting=snap.num_waiting,
             num_running=snap.num_running,
+            kv_fetch_bytes_per_s=stats.bandwidth_bytes_per_s if stats and measured else None,
+            kv_fetch_setup_s=stats.setup_s if stats and measured else None,
         )
+
+    def metric_families(self) -> list[Metric]:
+        """``tandem_kv_fetch_*`` with peer fetch (vLLM's own metrics are on its server)."""
+        return self.fetch.stats.families() if self.fetch is not None else []
 
     def take_step_samples(self) -> list[StepSample]:
         """The vLLM iterations since the last call, for the planner (see
@@ -413,6 +483,12 @@ class VllmEngine(EngineDefaults):
         if self.config.disagg_mode != "none":
             meta["disagg_mode"] = self.config.disagg_mode
             meta["kv_connector"] = "NixlConnector"
+        if self.fetch is not None and self.llm is not None:
+            host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+            port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "0"))
+            engine_id = str(self.llm.vllm_config.kv_transfer_config.engine_id)
+            meta["kv_connector"] = "NixlConnector"
+            meta[FETCH_METADATA_KEY] = self.fetch.metadata(address=(host, port), agent_id=engine_id)
         return meta
 
 
@@ -421,6 +497,19 @@ _PLAIN, _LORA = EngineCapabilities(), EngineCapabilities(lora=True)
 
 def _lora_enabled(config: VllmWorkerConfig) -> bool:
     return bool(config.engine_args.get("enable_lora"))
+
+
+def _bytes_per_token(vc: Any) -> int:
+    """KV bytes of one token over all layers (keys and values) in vLLM's cache."""
+    import torch
+
+    mc, pc = vc.model_config, vc.parallel_config
+    cache_dtype = vc.cache_config.cache_dtype
+    dtype = (
+        mc.dtype if cache_dtype in (None, "auto") else getattr(torch, str(cache_dtype), mc.dtype)
+    )
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return int(2 * mc.get_num_layers(pc) * mc.get_num_kv_heads(pc) * mc.get_head_size() * itemsize)
 
 
 def _rank(path: str) -> int:

@@ -24,6 +24,8 @@ class SchedulerSnapshot:
         self.num_steps = 0
         self.on_change: Callable[[], None] | None = None
         self.kv_capacity_tokens = 0  # num_gpu_blocks × block_size, set once the engine started
+        # prompt tokens whose KV vLLM loaded from another engine (its NixlConnector: peer fetch)
+        self.num_external_kv_tokens = 0
         self.steps: deque[StepSample] = deque(maxlen=4096)  # for the planner; oldest dropped
         self._last_ts: float | None = None  # previous record's IterationStats.iteration_timestamp
         self._last_idle = True
@@ -105,6 +107,9 @@ def stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
             mm_cache_stats: Any = None,
             engine_idx: int = 0,
         ) -> None:
+            if iteration_stats is not None:
+                tokens = iteration_stats.prompt_token_stats.external_kv_transfer
+                snapshot.num_external_kv_tokens += int(tokens)
             if scheduler_stats is None:
                 return
             snapshot.num_running = scheduler_stats.num_running_reqs

@@ -31,7 +31,7 @@ from tandem.engines.base import Engine, EngineCapabilities, EngineDefaults, Engi
 from tandem.engines.handoff import KvHandoff
 from tandem.engines.output_stream import DirectSink
 from tandem.engines.vision import EmbeddingProvider
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.engine import FETCH_METADATA_KEY, EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.lora import LoraLoaded
 from tandem.protocols.scaling import StepSample
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
-FETCH_METADATA_KEY = "kv_fetch"  # tandem.router.fetch.METADATA_KEY (what the router reads)
 
 MAX_TRANSFER_THREADS = 32  # concurrent pulls/pushes of one worker (a transfer is bounded)
 # engine name (EngineInfo.engine) -> "module:class" of its KvHandoff(engine)

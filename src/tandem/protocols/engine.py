@@ -97,6 +97,11 @@ class MmItem(msgspec.Struct, kw_only=True, omit_defaults=True):
     embedding_handle: dict[str, Any] | None = None
 
 
+# what a worker offering peer fetch publishes under this key of its instance metadata (the
+# KV router's `tandem.router.fetch.FetchSource` reads it)
+FETCH_METADATA_KEY = "kv_fetch"
+
+
 class KvFetchHint(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The KV router's peer fetch (issue 31): before prefilling, have the KV of the prompt's
     first ``len(block_hashes)`` blocks instead of recomputing it: the leading ones this

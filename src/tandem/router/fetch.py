@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# what a worker started with --kv-fetch publishes under this key of its instance metadata
-METADATA_KEY = "kv_fetch"
+from tandem.protocols.engine import FETCH_METADATA_KEY
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,7 +39,7 @@ class FetchSource:
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> FetchSource | None:
         """None when the worker offers no peer fetch (or a malformed entry)."""
-        entry = metadata.get(METADATA_KEY)
+        entry = metadata.get(FETCH_METADATA_KEY)
         if not isinstance(entry, Mapping):
             return None
         try:

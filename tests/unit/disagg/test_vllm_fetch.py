@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tandem.disagg.vllm_fetch import needs_export, with_export
-from tandem.engines.vllm.peer_fetch import EXPORT_S_KEY, PARAMS_KEY, PROTOCOL, is_export
+from tandem.engines.vllm.peer_fetch import EXPORT_S_KEY, PROTOCOL, is_export
+from tandem.engines.vllm.sampling import VLLM_PARAMS_KEY
 from tandem.errors import PeerGone
 from tandem.protocols.engine import (
     EngineOutput,
@@ -51,14 +52,14 @@ class Client:
 
 
 async def test_the_holder_exports_and_its_params_ride_the_hint() -> None:
-    params = {PARAMS_KEY: {"remote_block_ids": [4, 5]}, "start_by_s": 1e12}
+    params = {VLLM_PARAMS_KEY: {"remote_block_ids": [4, 5]}, "start_by_s": 1e12}
     client = Client([EngineOutput(finish_reason="stop", disagg_params=params)])
     assert needs_export(HINT)
     hint = await with_export(client, "t.backend.generate", REQUEST, HINT)  # type: ignore[arg-type]
     ((address, path, sent),) = client.sent
     assert (address, path) == ("tcp://holder:1", "t.backend.generate")
     assert is_export(sent) and sent.token_ids == REQUEST.token_ids[: 2 * B + 1]
-    assert hint.export is not None and hint.export[PARAMS_KEY] == params[PARAMS_KEY]
+    assert hint.export is not None and hint.export[VLLM_PARAMS_KEY] == params[VLLM_PARAMS_KEY]
     assert hint.export[EXPORT_S_KEY] >= 0 and not needs_export(hint)
 
 

@@ -15,7 +15,6 @@ from tandem.engines.vllm.config import VllmWorkerConfig
 from tandem.engines.vllm.peer_fetch import (
     EXPORT_KEY,
     EXPORT_S_KEY,
-    PARAMS_KEY,
     PROTOCOL,
     START_BY_KEY,
     VllmPeerFetch,
@@ -25,6 +24,7 @@ from tandem.engines.vllm.peer_fetch import (
     prefix_tokens,
     usable,
 )
+from tandem.engines.vllm.sampling import VLLM_PARAMS_KEY
 from tandem.protocols.engine import (
     EngineOutput,
     KvFetchHint,
@@ -57,7 +57,7 @@ def request(num_tokens: int = 3 * B + 5, h: KvFetchHint | None = None) -> Prepro
 
 
 def fresh_export() -> dict[str, Any]:
-    return {PARAMS_KEY: dict(PARAMS), START_BY_KEY: time.time() + 10, EXPORT_S_KEY: 0.05}
+    return {VLLM_PARAMS_KEY: dict(PARAMS), START_BY_KEY: time.time() + 10, EXPORT_S_KEY: 0.05}
 
 
 def test_the_export_is_one_greedy_token_on_the_prefix_and_one_more() -> None:
@@ -81,10 +81,10 @@ def test_the_prefix_never_takes_the_prompts_last_token() -> None:
 
 
 def test_an_export_says_until_when_a_pull_may_start() -> None:
-    out = EngineOutput(finish_reason="stop", disagg_params={PARAMS_KEY: PARAMS})
+    out = EngineOutput(finish_reason="stop", disagg_params={VLLM_PARAMS_KEY: PARAMS})
     before = time.time()
     params = exported(out, lease_s=30).disagg_params
-    assert params is not None and params[PARAMS_KEY] == PARAMS
+    assert params is not None and params[VLLM_PARAMS_KEY] == PARAMS
     assert before + 15 <= params[START_BY_KEY] <= time.time() + 15
     failed = EngineOutput(finish_reason="error", error="no params")
     assert exported(failed, 30) is failed
@@ -138,7 +138,7 @@ async def test_the_pull_asks_for_the_exported_head_and_counts_what_moved() -> No
     assert {"tandem_kv_fetch_started", "tandem_kv_fetch_fell_back"} <= names
 
 
-STALE = {PARAMS_KEY: PARAMS, START_BY_KEY: 0.0}  # half the lease passed long ago
+STALE = {VLLM_PARAMS_KEY: PARAMS, START_BY_KEY: 0.0}  # half the lease passed long ago
 
 
 @pytest.mark.parametrize(

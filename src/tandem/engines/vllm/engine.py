@@ -44,7 +44,7 @@ from tandem.engines.vllm.sampling import (
     tokens_prompt,
 )
 from tandem.errors import ContextLengthExceeded, EngineError, InvalidRequest, ModelNotFound
-from tandem.protocols.engine import EngineOutput, PreprocessedRequest
+from tandem.protocols.engine import FETCH_METADATA_KEY, EngineOutput, PreprocessedRequest
 from tandem.protocols.kv_events import KvEvent
 from tandem.protocols.lora import LoraLoaded
 from tandem.protocols.scaling import StepSample
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
-FETCH_METADATA_KEY = "kv_fetch"  # tandem.router.fetch.METADATA_KEY (what the router reads)
 
 # vLLM on these CPUs (issue 16): no reserved core for the frontend thread, a small KV space
 WATCH_PERIOD_S = 0.5

@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from tandem.engines.fetch_stats import PeerFetchStats
+from tandem.engines.vllm.sampling import VLLM_PARAMS_KEY
 from tandem.errors import InvalidRequest, TransferError
 from tandem.protocols.engine import (
     EngineOutput,
@@ -44,7 +45,6 @@ logger = logging.getLogger(__name__)
 
 PROTOCOL = "vllm-nixl"  # KvFetchHint.protocol, FetchSource.protocol
 EXPORT_KEY = "vllm_kv_export"  # disagg_params of a request asking its worker to export
-PARAMS_KEY = "vllm_kv_transfer_params"  # as tandem.engines.vllm.sampling.VLLM_PARAMS_KEY
 START_BY_KEY = "start_by_s"  # wall-clock time (time.time()) by which the pull must start
 EXPORT_S_KEY = "export_s"  # how long the export took, as the frontend measured it
 DEFAULT_LEASE_S = 30  # vLLM's own kv_lease_duration default
@@ -168,7 +168,7 @@ class VllmPeerFetch:
         )  # fmt: skip
 
     def _params(self, hint: KvFetchHint, export: dict[str, Any]) -> dict[str, Any]:
-        params = export.get(PARAMS_KEY)
+        params = export.get(VLLM_PARAMS_KEY)
         if hint.block_size != self.block_size:
             raise TransferError(f"hint block_size {hint.block_size} != vLLM's {self.block_size}")
         if not isinstance(params, dict):

@@ -17,10 +17,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 
-from tandem.engines.vllm.peer_fetch import EXPORT_S_KEY, PROTOCOL, export_request, usable
+from tandem.engines.vllm.peer_fetch import (
+    EXPORT_S_KEY,
+    PROTOCOL,
+    export_request,
+    last_output,
+    usable,
+)
 from tandem.errors import ServingError
 from tandem.protocols.engine import (
     EngineOutput,
@@ -57,14 +64,16 @@ async def with_export(
     step = export_request(request, hint)
     try:
         async with asyncio.timeout(timeout_s):
-            last = await _last(client, hint.source_address, endpoint_path, step, request)
+            last = await last_output(
+                _outputs(client, hint.source_address, endpoint_path, step, request)
+            )
     except (ServingError, TimeoutError, OSError) as exc:
         logger.info("request_id=%s: holder %s did not export the prefix (%s); the fetcher "
                     "computes it", request.request_id, hint.source_instance_id,
                     exc or type(exc).__name__)  # fmt: skip
         return hint
     if last is None or last.finish_reason != "stop" or not last.disagg_params:
-        reason = "no output" if last is None else last.error or last.finish_reason
+        reason = "no output" if last is None else last.error or last.finish_reason or "no end"
         logger.info("request_id=%s: holder %s exported nothing (%s)", request.request_id,
                     hint.source_instance_id, reason)  # fmt: skip
         return hint
@@ -72,20 +81,17 @@ async def with_export(
     return msgspec.structs.replace(hint, export=export)
 
 
-async def _last(
+async def _outputs(
     client: RequestClient,
     address: str,
     endpoint_path: str,
     step: PreprocessedRequest,
     request: PreprocessedRequest,
-) -> EngineOutput | None:
+) -> AsyncIterator[EngineOutput]:
     stream = client.stream(address, endpoint_path, encode(step), request_id=step.request_id,
                            deadline_s=request.deadline_s)  # fmt: skip
     try:
         async for payload in stream:
-            out = decode_output(payload)
-            if out.finish_reason is not None:
-                return out
-        return None
+            yield decode_output(payload)
     finally:
         await stream.aclose()

@@ -149,7 +149,7 @@ class VllmPeerFetch:
             params = self._params(hint, export)
             step = _head(request, hint, "kv-fetch")
             async with asyncio.timeout(self.timeout_s):
-                last = await _last(run(step, {"kv_transfer_params": params}))
+                last = await last_output(run(step, {"kv_transfer_params": params}))
             if last is None or last.finish_reason not in ("stop", "length"):
                 reason = last.error if last is not None else "no output"
                 raise TransferError(f"vLLM's pull ended with {reason}")
@@ -181,7 +181,8 @@ class VllmPeerFetch:
         return params
 
 
-async def _last(stream: AsyncIterator[EngineOutput]) -> EngineOutput | None:
+async def last_output(stream: AsyncIterator[EngineOutput]) -> EngineOutput | None:
+    """The stream's final output (its last, if none finishes), the stream closed after it."""
     last = None
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
         async for out in stream:

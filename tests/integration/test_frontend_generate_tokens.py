@@ -18,11 +18,10 @@ from tests.integration.test_frontend_openai import _start as start_fake_workers
 from tests.integration.test_frontend_utility import _validator
 from tests.support.eventually import eventually
 from tests.support.frontend_stack import COMPLETIONS, FrontendStack, start_frontend_task
-from tests.support.smollm2 import smollm2_gguf
+from tests.support.smollm2 import smollm2_mocker
 
 from tandem.disagg.config import DisaggRouteConfig, DisaggWorkerConfig
 from tandem.disagg.worker_engine import DisaggEngine
-from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.frontend.config import FrontendConfig
@@ -40,15 +39,7 @@ _response = msgspec.json.Decoder(GenerateResponse)
 
 
 def mocker() -> MockerEngine:
-    return MockerEngine(
-        MockerConfig(
-            num_blocks=256,
-            block_size=16,
-            speedup_ratio=0,
-            tokenizer=f"gguf:{smollm2_gguf()}",
-            model_name=MODEL,
-        )
-    )
+    return smollm2_mocker(MODEL)
 
 
 def body(token_ids: list[int] = PROMPT, **sampling: Any) -> dict[str, Any]:

@@ -12,11 +12,9 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from tests.support.smollm2 import smollm2_gguf
+from tests.support.smollm2 import smollm2_mocker
 
 from tandem.disagg.config import DisaggRouteConfig
-from tandem.engines.mocker.config import MockerConfig
-from tandem.engines.mocker.engine import MockerEngine
 from tandem.engines.worker import Worker, WorkerConfig
 from tandem.frontend.config import FrontendConfig
 from tandem.frontend.serve import serve_frontend
@@ -41,15 +39,7 @@ class Cluster:
         )
 
     async def add_worker(self, component: str = "backend", **metadata: Any) -> Worker:
-        engine = MockerEngine(
-            MockerConfig(
-                num_blocks=256,
-                block_size=16,
-                speedup_ratio=0,
-                tokenizer=f"gguf:{smollm2_gguf()}",
-                model_name=MODEL,
-            )
-        )
+        engine = smollm2_mocker(MODEL)
         config = WorkerConfig(component=component, metrics_period_s=0.1, metadata=metadata)
         worker = Worker(engine, await self.runtime(), config)
         await worker.start()

@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 from tests.support.frontend_stack import COMPLETIONS, FrontendStack
-from tests.support.smollm2 import smollm2_gguf
+from tests.support.smollm2 import smollm2_mocker
 
-from tandem.engines.mocker.config import MockerConfig
 from tandem.engines.mocker.engine import MockerEngine
 from tandem.protocols.engine import EngineOutput, PreprocessedRequest
 from tandem.router.config import RouterConfig
@@ -79,15 +78,7 @@ async def start(
     path = tmp_path / "tenants.yaml"
     path.write_text(text)
     s = FrontendStack(stack)
-    engine = MockerEngine(
-        MockerConfig(
-            num_blocks=256,
-            block_size=16,
-            speedup_ratio=0,
-            tokenizer=f"gguf:{smollm2_gguf()}",
-            model_name=MODEL,
-        )
-    )
+    engine = smollm2_mocker(MODEL)
     tap = EngineTap(engine)
     await s.add_worker(engine)
     await s.start_frontend(
@@ -222,12 +213,7 @@ async def test_without_a_tenants_file_the_headers_still_hold(tmp_path: Path) -> 
     tenant named in a header is honoured or refused, never silently ignored."""
     async with AsyncExitStack() as stack:
         s = FrontendStack(stack)
-        await s.add_worker(
-            MockerEngine(
-                MockerConfig(num_blocks=256, block_size=16, speedup_ratio=0,
-                             tokenizer=f"gguf:{smollm2_gguf()}", model_name=MODEL)
-            )
-        )  # fmt: skip
+        await s.add_worker(smollm2_mocker(MODEL))
         await s.start_frontend(body(), ready_path=COMPLETIONS)
         s.headers = {"x-tandem-priority": "low", "x-session-id": "s1"}
         assert (await s.post(COMPLETIONS, body()))[0] == 200

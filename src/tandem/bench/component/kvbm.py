@@ -129,6 +129,13 @@ class ConfigRun:
                                      self.args.output_tokens)  # fmt: skip
         self.result.wall_s += time.perf_counter() - start
         self.history[conv] = prompt + out
+        # the user's pause before the next turn: the copies this turn queued land in the
+        # tiers (untimed), so which blocks a later turn onboards does not depend on how
+        # busy the host was, and the token counts repeat exactly (merge_repeats)
+        if self.core.tiering is not None and not self.core.tiering.kvbm.flush():
+            raise RuntimeError(
+                f"{self.result.name}: copies to the KV tiers still queued after 10 s"
+            )
         self.result.ttft_s.append(ttft)
         self.result.prompt_tokens += len(prompt)
         self.result.recomputed_tokens += len(prompt) - cached
